@@ -1,0 +1,3 @@
+from effkit.cli import main
+
+main()

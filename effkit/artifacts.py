@@ -1,0 +1,129 @@
+"""Run and artifact folders: atomic writes, metadata (effkit.json), and `runs/latest` resolution."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import json
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from effkit.errors import EffkitError
+
+META = "effkit.json"
+
+
+def new_run_name(model: str) -> str:
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return f"{stamp}-{Path(model).name}"
+
+
+@contextlib.contextmanager
+def atomic_dir(final: Path):
+    """Yield a temporary folder beside `final`; on success it replaces `final` in one rename,
+    on error it is removed, so a reader never sees a half-written artifact."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".tmp-{final.name}-"))
+    tmp.chmod(0o755)
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = None
+    if final.exists():
+        old = final.parent / f".old-{final.name}-{os.getpid()}"
+        final.rename(old)
+    tmp.rename(final)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp-{path.name}-")
+    os.chmod(tmp, 0o644)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def set_latest(runs_dir: Path, run_dir: Path) -> None:
+    """Point `runs/latest` at `run_dir` (a relative symlink, swapped atomically)."""
+    runs_dir = Path(runs_dir)
+    link = runs_dir / "latest"
+    tmp = runs_dir / f".latest-{os.getpid()}"
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    tmp.symlink_to(Path(run_dir).name)
+    os.replace(tmp, link)
+
+
+def latest_run(runs_dir: Path) -> Path:
+    link = Path(runs_dir) / "latest"
+    if not link.exists():
+        raise EffkitError(f"no runs found under {runs_dir}/; run `effkit train` first or pass --from PATH")
+    return link.resolve()
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                             text=True, timeout=5)
+        if out.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=Path(__file__).parent, capture_output=True, text=True, timeout=5).stdout
+        return out.stdout.strip() + ("-dirty" if dirty.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def versions() -> dict[str, str]:
+    import importlib.metadata as md
+
+    out = {"python": platform.python_version(), "platform": platform.platform()}
+    for pkg in ("effkit", "torch", "transformers", "accelerate", "tokenizers", "safetensors", "torch-pruning",
+                "bitsandbytes", "torchao"):
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            pass
+    return out
+
+
+def write_meta(folder: Path, stage: str, config: dict[str, Any], metrics: dict[str, Any],
+               parent: str | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    meta = {
+        "stage": stage,
+        "parent": parent,
+        "config": config,
+        "metrics": metrics,
+        "versions": versions(),
+        "git_commit": git_commit(),
+        "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        **(extra or {}),
+    }
+    (Path(folder) / META).write_text(json.dumps(meta, indent=2, default=str))
+    return meta
+
+
+def read_meta(folder: Path) -> dict[str, Any]:
+    path = Path(folder) / META
+    if not path.is_file():
+        raise EffkitError(f"{folder} is not an effkit artifact (no {META}); give a folder written by effkit")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise EffkitError(f"{path} is corrupt ({e}); re-run the stage that wrote it") from None
+
+
+def dir_size(folder: Path) -> int:
+    return sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())

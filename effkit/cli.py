@@ -1,0 +1,131 @@
+"""The `effkit` command line: flags -> config -> stage. Thin by design; every EffkitError becomes one
+line on stderr and exit code 2."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from effkit.config import TrainConfig, build_config
+from effkit.errors import EffkitError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="effkit: train, prune, quantize and benchmark GPT-2-class models, with honest numbers.")
+
+_D = TrainConfig()  # defaults shown in --help
+
+
+@app.callback()
+def _root() -> None:
+    """effkit: train, prune, quantize and benchmark GPT-2-class models, with honest numbers."""
+
+
+def _explicit(ctx: typer.Context, names: list[str]) -> dict:
+    """Values the user actually typed (so that they override the recipe, and defaults do not)."""
+    out = {}
+    for name in names:
+        source = ctx.get_parameter_source(name)
+        if source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT"):
+            out[name] = ctx.params[name]
+    return out
+
+
+def _quiet_libraries() -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
+@app.command()
+def train(
+    ctx: typer.Context,
+    recipe: Optional[Path] = typer.Option(None, help="TOML recipe; its [train] table sets defaults, flags override"),
+    model: str = typer.Option(_D.model, help="preset (gpt2-nano, gpt2-mini, gpt2, gpt2-medium, gpt2-large), "
+                              "a Hugging Face model folder, or a hub id (online)"),
+    data: str = typer.Option(_D.data, help="builtin (State of the Union speeches), wikitext-103, wikitext-2, "
+                             "or a .txt / folder / .jsonl path"),
+    vocab_size: int = typer.Option(_D.vocab_size, help="BPE vocabulary size (ignored for pretrained models)"),
+    block_size: int = typer.Option(_D.block_size, help="tokens per training block (<= model context)"),
+    heldout_fraction: float = typer.Option(_D.heldout_fraction, help="fraction of documents held out"),
+    eval_blocks: int = typer.Option(_D.eval_blocks, help="number of held-out blocks in every evaluation"),
+    max_steps: int = typer.Option(_D.max_steps, help="optimizer steps (0 = bounded by tokens/time)"),
+    max_tokens: int = typer.Option(_D.max_tokens, help="stop after this many training tokens (0 = no limit)"),
+    time_budget: float = typer.Option(_D.time_budget, help="stop after this many seconds (0 = no limit)"),
+    batch_size: int = typer.Option(_D.batch_size, help="blocks per micro-step per data-parallel rank"),
+    grad_accum: int = typer.Option(_D.grad_accum, help="micro-steps per optimizer step"),
+    lr: float = typer.Option(_D.lr, help="peak learning rate"),
+    min_lr: float = typer.Option(_D.min_lr, help="learning rate at the end of the cosine"),
+    warmup_steps: int = typer.Option(_D.warmup_steps, help="linear warm-up steps"),
+    weight_decay: float = typer.Option(_D.weight_decay, help="AdamW weight decay (matrices only)"),
+    grad_clip: float = typer.Option(_D.grad_clip, help="gradient norm clip (0 = off)"),
+    dropout: float = typer.Option(_D.dropout, help="dropout probability"),
+    seed: int = typer.Option(_D.seed, help="random seed (model init and data order)"),
+    amp: bool = typer.Option(_D.amp, "--amp/--no-amp", help="mixed precision autocast (bf16 by default)"),
+    amp_dtype: str = typer.Option(_D.amp_dtype, help="bf16, or fp16 (CUDA only, with GradScaler)"),
+    activation_checkpointing: bool = typer.Option(_D.activation_checkpointing,
+                                                  "--activation-checkpointing/--no-activation-checkpointing",
+                                                  help="recompute each block in backward to save memory"),
+    workers: int = typer.Option(_D.workers, help="DataLoader worker processes"),
+    threads: int = typer.Option(_D.threads, help="torch threads per process (0 = torch default)"),
+    parallel: str = typer.Option(_D.parallel, help="none, ddp, fsdp, tp, fsdp+tp"),
+    eval_interval: int = typer.Option(_D.eval_interval, help="steps between held-out evaluations (0 = end only)"),
+    log_interval: int = typer.Option(_D.log_interval, help="steps between progress updates"),
+    checkpoint_interval: int = typer.Option(_D.checkpoint_interval, help="steps between checkpoints (0 = never)"),
+    run_name: str = typer.Option(_D.run_name, help="run folder name (default: timestamp-model)"),
+    runs_dir: str = typer.Option(_D.runs_dir, help="where runs/<run>/<stage>/ artifacts go"),
+    reports_dir: str = typer.Option(_D.reports_dir, help="where reports/<run>/ go"),
+    resume: bool = typer.Option(_D.resume, "--resume", help="continue the run (--run-name, default: latest) "
+                                "from its last checkpoint"),
+):
+    """Train a GPT-2 model (default: the CPU quickstart on the embedded corpus)."""
+    _quiet_libraries()
+    names = [f.name for f in dataclasses.fields(TrainConfig) if f.name in ctx.params]
+    cfg = build_config(TrainConfig, str(recipe) if recipe else None, _explicit(ctx, names))
+    if cfg.resume and not cfg.run_name:
+        from effkit.artifacts import latest_run
+
+        cfg.run_name = latest_run(Path(cfg.runs_dir)).name
+    from effkit.train import train as run_train
+
+    report = run_train(cfg)
+    _print_train_summary(report)
+
+
+def _print_train_summary(report: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    m, w = report["metrics"], report["what_ran"]
+    t = Table(title=f"train: {report['run']}")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    rows = [("held-out loss", f"{m['eval_loss']:.4f}"), ("perplexity", f"{m['perplexity']:.1f}"),
+            ("steps", str(m["steps"])), ("train tokens/s", f"{m['train_tokens_per_s']:,.0f}"),
+            ("MFU", f"{m['mfu']:.1%}" if m["mfu"] else "n/a"),
+            ("peak memory / rank", ", ".join(f"{b / 2**20:,.0f} MiB" for b in m["peak_memory_bytes_per_rank"])),
+            ("parameters", f"{m['params']:,}"), ("size on disk", f"{m['size_bytes'] / 2**20:.1f} MiB"),
+            ("parallel", f"{w['parallel']} x{w['world_size']}"), ("precision", w["amp_dtype"])]
+    for r in rows:
+        t.add_row(*r)
+    Console().print(t)
+    print(f"artifact: {report['artifact']}\nreport:   {Path(report['config']['reports_dir']) / report['run']}")
+
+
+def main() -> None:
+    from effkit.train import Interrupted
+
+    try:
+        app()
+    except EffkitError as e:
+        print(f"effkit: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except Interrupted as e:
+        print(f"effkit: {e}", file=sys.stderr)
+        sys.exit(130)

@@ -1,0 +1,158 @@
+"""Config dataclasses, recipe loading and validation.
+
+Flow: recipe (TOML) + CLI flags -> config dataclass -> stage. A recipe holds one table per stage
+(`[train]`, `[prune]`, ...); every key must be a field of that stage's dataclass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from effkit.errors import EffkitError
+
+PARALLEL_MODES = ("none", "ddp", "fsdp", "tp", "fsdp+tp")
+SYNC_MODES = ("ddp", "all-reduce", "gather-scatter")
+
+
+@dataclass
+class TrainConfig:
+    # what
+    model: str = "gpt2-mini"
+    data: str = "builtin"
+    vocab_size: int = 8192
+    block_size: int = 128
+    heldout_fraction: float = 0.05
+    eval_blocks: int = 64
+    # how long
+    max_steps: int = 250
+    max_tokens: int = 0  # 0 = no limit
+    time_budget: float = 0.0  # seconds, 0 = no limit
+    # optimisation
+    batch_size: int = 8  # per data-parallel rank, per micro-step
+    grad_accum: int = 1
+    lr: float = 1e-3
+    min_lr: float = 1e-4
+    warmup_steps: int = 20
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    dropout: float = 0.0
+    seed: int = 1337
+    # efficiency
+    amp: bool = False
+    amp_dtype: str = "bf16"  # bf16 | fp16 (fp16 only on CUDA)
+    activation_checkpointing: bool = False
+    workers: int = 0
+    threads: int = 0  # torch intra-op threads per process, 0 = torch default
+    # parallelism
+    parallel: str = "none"
+    nproc: int = 0  # 0 = number of GPUs, or 2 on CPU when a parallel mode is asked for
+    tp_size: int = 0  # fsdp+tp: tensor-parallel size (0 = all processes on one node)
+    sync: str = "ddp"
+    reshard_after_forward: bool = True
+    cpu_offload: bool = False
+    # bookkeeping
+    eval_interval: int = 50
+    log_interval: int = 10
+    checkpoint_interval: int = 100
+    warmup_steps_excluded: int = 5  # steps left out of the steady-state tokens/s
+    run_name: str = ""
+    runs_dir: str = "runs"
+    reports_dir: str = "reports"
+    resume: bool = False
+
+    def validate(self) -> TrainConfig:
+        if self.batch_size < 1:
+            raise EffkitError(f"--batch-size must be at least 1 (got {self.batch_size})")
+        if self.grad_accum < 1:
+            raise EffkitError(f"--grad-accum must be at least 1 (got {self.grad_accum})")
+        if self.max_steps < 0:
+            raise EffkitError(f"--max-steps must be >= 0 (got {self.max_steps}); use 0 with --max-tokens "
+                              "or --time-budget")
+        if self.max_tokens < 0 or self.time_budget < 0:
+            raise EffkitError("--max-tokens and --time-budget must be >= 0")
+        if self.max_steps == 0 and self.max_tokens == 0 and self.time_budget == 0:
+            raise EffkitError("nothing bounds training: set --max-steps, --max-tokens or --time-budget")
+        if self.block_size < 2:
+            raise EffkitError(f"--block-size must be at least 2 (got {self.block_size})")
+        if self.vocab_size < 300:
+            raise EffkitError(f"--vocab-size must be at least 300 for byte-level BPE (got {self.vocab_size})")
+        if not 0 < self.heldout_fraction < 1:
+            raise EffkitError(f"--heldout-fraction must be in (0, 1) (got {self.heldout_fraction})")
+        if self.amp_dtype not in ("bf16", "fp16"):
+            raise EffkitError(f"--amp-dtype must be bf16 or fp16 (got {self.amp_dtype!r})")
+        if self.parallel not in PARALLEL_MODES:
+            raise EffkitError(f"unknown --parallel {self.parallel!r}; choose one of {', '.join(PARALLEL_MODES)}")
+        if self.sync not in SYNC_MODES:
+            raise EffkitError(f"unknown --sync {self.sync!r}; choose one of {', '.join(SYNC_MODES)}")
+        if self.nproc < 0:
+            raise EffkitError(f"--nproc must be at least 1 (got {self.nproc})")
+        if self.eval_blocks < 1:
+            raise EffkitError(f"--eval-blocks must be at least 1 (got {self.eval_blocks})")
+        if self.workers < 0:
+            raise EffkitError(f"--workers must be >= 0 (got {self.workers})")
+        return self
+
+
+STAGES: dict[str, type] = {"train": TrainConfig}
+
+
+def field_names(cls: type) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls)]
+
+
+def load_recipe(path: str | Path) -> dict[str, dict[str, Any]]:
+    """Read a TOML recipe: `{stage: {key: value}}`. Unknown stages or keys are errors naming the file."""
+    p = Path(path)
+    if not p.is_file():
+        raise EffkitError(f"recipe {p} not found; pass an existing .toml file (see recipes/)")
+    try:
+        data = tomllib.loads(p.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise EffkitError(f"recipe {p} is not valid TOML: {e}") from None
+    for stage, table in data.items():
+        if stage not in STAGES and stage not in EXTRA_SECTIONS:
+            known = ", ".join(sorted([*STAGES, *EXTRA_SECTIONS]))
+            raise EffkitError(f"recipe {p}: unknown section [{stage}]; known sections: {known}")
+        if not isinstance(table, dict):
+            raise EffkitError(f"recipe {p}: [{stage}] must be a table of key = value")
+        if stage in STAGES:
+            names = field_names(STAGES[stage])
+            for key in table:
+                if key.replace("-", "_") not in names:
+                    raise EffkitError(f"recipe {p}: unknown key {key!r} in [{stage}]; "
+                                      f"run `effkit {stage} --help` for the options")
+    return data
+
+
+EXTRA_SECTIONS: set[str] = {"run"}
+
+
+def build_config(cls: type, recipe: str | None, overrides: dict[str, Any]) -> Any:
+    """Defaults <- recipe[stage] <- explicit CLI overrides; then validate."""
+    stage = next(name for name, c in STAGES.items() if c is cls)
+    values: dict[str, Any] = {}
+    if recipe:
+        values.update({k.replace("-", "_"): v for k, v in load_recipe(recipe).get(stage, {}).items()})
+    values.update(overrides)
+    defaults = {f.name: f for f in dataclasses.fields(cls)}
+    for key, value in values.items():
+        default = defaults[key].default
+        if default is not dataclasses.MISSING and value is not None:
+            want = type(default)
+            if want is float and isinstance(value, int) and not isinstance(value, bool):
+                values[key] = float(value)
+            elif not isinstance(value, want) or (want is int and isinstance(value, bool)):
+                raise EffkitError(f"{key} must be {want.__name__} (got {value!r})")
+    cfg = cls(**values)
+    return cfg.validate() if hasattr(cfg, "validate") else cfg
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+__all__ = ["TrainConfig", "load_recipe", "build_config", "to_dict", "PARALLEL_MODES", "SYNC_MODES"]

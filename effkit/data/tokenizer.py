@@ -1,0 +1,66 @@
+"""Byte-level BPE tokenizer trained with `tokenizers` on the training split, cached by corpus fingerprint."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from effkit.data.corpus import Corpus
+from effkit.errors import EffkitError
+
+EOS = "<|endoftext|>"
+
+
+def cache_dir() -> Path:
+    root = Path(os.environ.get("EFFKIT_CACHE", Path.home() / ".cache" / "effkit"))
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def _wrap(tok):
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, bos_token=EOS, unk_token=EOS,
+                                   pad_token=EOS, model_max_length=1_000_000)
+
+
+def train_tokenizer(corpus: Corpus, vocab_size: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator((text for _, text in corpus.train), trainer=trainer)
+    return _wrap(tok)
+
+
+def get_tokenizer(corpus: Corpus, vocab_size: int, pretrained: str | None = None):
+    """Return (tokenizer, source). A pretrained model folder brings its own tokenizer; otherwise train
+    (or reuse from the cache) a BPE tokenizer on the corpus' training split."""
+    from transformers import AutoTokenizer
+
+    if pretrained is not None:
+        try:
+            tok = AutoTokenizer.from_pretrained(pretrained)
+        except Exception as e:
+            raise EffkitError(f"could not load the tokenizer of {pretrained} ({type(e).__name__}: {e})") from None
+        if tok.eos_token is None:
+            raise EffkitError(f"the tokenizer of {pretrained} has no end-of-text token")
+        return tok, f"pretrained:{pretrained}"
+    key = f"bpe-{corpus.fingerprint('train')}-v{vocab_size}"
+    path = cache_dir() / "tokenizers" / key
+    if (path / "tokenizer.json").is_file():
+        return AutoTokenizer.from_pretrained(path), f"cache:{path}"
+    tok = train_tokenizer(corpus, vocab_size)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=".tmp-"))
+    tok.save_pretrained(tmp)
+    try:
+        tmp.rename(path)
+    except OSError:  # another process won the race
+        shutil.rmtree(tmp, ignore_errors=True)
+    return AutoTokenizer.from_pretrained(path), f"trained:{path}"

@@ -1,0 +1,149 @@
+"""Measurement: peak memory, peak FLOP/s (for MFU), evaluation protocol, device description."""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import threading
+import time
+from contextlib import nullcontext
+
+import torch
+import torch.nn.functional as F
+
+from effkit.data.tokenizer import cache_dir
+
+EVAL_PROTOCOL = ("token-level mean cross-entropy over the fixed held-out blocks (documents held out by a hash "
+                 "of their id, non-overlapping blocks of block_size, the first eval_blocks of them); "
+                 "perplexity = exp(loss)")
+
+# Dense bf16/fp16 tensor-core peak FLOP/s per GPU (vendor data sheets, without sparsity)
+GPU_PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12,
+                 "L4": 121e12, "V100": 125e12, "T4": 65e12, "4090": 165e12, "3090": 71e12}
+
+
+def describe_device(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"CPU {cpu} ({torch.get_num_threads()} threads)"
+
+
+def cpu_has_native_bf16() -> bool:
+    """True when the CPU has bf16 matrix instructions (AVX512-BF16 or AMX), read from /proc/cpuinfo."""
+    try:
+        flags = next((ln for ln in open("/proc/cpuinfo") if ln.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def cpu_peak_flops(dtype: torch.dtype, n: int = 1024, repeats: int = 10) -> tuple[float, str]:
+    """Measured square-GEMM FLOP/s on this CPU with the current thread count, cached per machine."""
+    key = f"{describe_device(torch.device('cpu'))}|{dtype}|{n}|torch {torch.__version__}"
+    path = cache_dir() / "cpu_peak.json"
+    cache = {}
+    if path.is_file():
+        try:
+            cache = json.loads(path.read_text())
+        except json.JSONDecodeError:
+            cache = {}
+    if key not in cache:
+        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+        for _ in range(3):
+            a @ b
+        best = math.inf
+        for _ in range(repeats):
+            t = time.perf_counter()
+            a @ b
+            best = min(best, time.perf_counter() - t)
+        cache[key] = 2 * n**3 / best
+        path.write_text(json.dumps(cache, indent=1))
+    return cache[key], f"measured {n}x{n} {str(dtype).removeprefix('torch.')} GEMM peak on this CPU (cached)"
+
+
+def peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[float | None, str]:
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for k, v in GPU_PEAK_BF16.items():
+            if k in name:
+                return (v if dtype != torch.float32 else v / 2), f"data-sheet dense peak of {k}"
+        return None, f"unknown GPU {name}: MFU not computed"
+    return cpu_peak_flops(dtype)
+
+
+class PeakMemory:
+    """Peak memory over a stage. CUDA: torch.cuda.max_memory_allocated. CPU: the process' resident set
+    sampled every 5 ms by a thread (psutil), peak minus the value at the start of the stage."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.method = ("cuda max_memory_allocated" if device.type == "cuda"
+                       else "cpu RSS high-water mark over the stage minus RSS at its start (sampled every 5 ms)")
+        self.peak_bytes = 0
+
+    def __enter__(self):
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._base = torch.cuda.memory_allocated(self.device)
+        else:
+            import psutil
+
+            self._proc = psutil.Process()
+            self._base = self._peak = self._proc.memory_info().rss
+            self._stop = threading.Event()
+            self._thread = threading.Thread(target=self._sample, daemon=True)
+            self._thread.start()
+        return self
+
+    def _sample(self):
+        while not self._stop.wait(0.005):
+            self._peak = max(self._peak, self._proc.memory_info().rss)
+
+    def read(self) -> int:
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device)
+        self._peak = max(self._peak, self._proc.memory_info().rss)
+        return self._peak - self._base
+
+    def __exit__(self, *exc):
+        if self.device.type != "cuda":
+            self._stop.set()
+            self._thread.join()
+        self.peak_bytes = self.read()
+        return False
+
+
+def autocast_ctx(device: torch.device, dtype: torch.dtype | None):
+    return torch.autocast(device.type, dtype=dtype) if dtype is not None else nullcontext()
+
+
+def lm_loss(logits: torch.Tensor, blocks: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Next-token cross-entropy of a batch of blocks (each block predicts its own tokens 1..T-1)."""
+    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)).float(), blocks[:, 1:].reshape(-1),
+                           reduction=reduction)
+
+
+@torch.no_grad()
+def evaluate(model, blocks: torch.Tensor, batch_size: int, device: torch.device,
+             amp_dtype: torch.dtype | None = None) -> dict[str, float]:
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    for start in range(0, len(blocks), batch_size):
+        batch = blocks[start:start + batch_size].to(device)
+        with autocast_ctx(device, amp_dtype):
+            logits = model(batch).logits
+        total += lm_loss(logits, batch, reduction="sum").item()
+        count += batch[:, 1:].numel()
+    model.train(was_training)
+    loss = total / count
+    return {"eval_loss": loss, "perplexity": math.exp(min(loss, 50)), "eval_tokens": count}

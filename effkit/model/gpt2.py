@@ -1,0 +1,103 @@
+"""GPT-2 presets and build / load / save.
+
+Artifacts are plain Hugging Face folders (config.json + model.safetensors + tokenizer files), written
+through `save_pretrained` from a Conv1D-layout state dict, so `AutoModelForCausalLM.from_pretrained`
+loads them and gives the same logits.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from effkit.errors import EffkitError
+from effkit.model.convert import conv1d_to_linear, hf_state_dict
+
+# n_layer, n_embd, n_head, n_positions
+PRESETS: dict[str, dict[str, int]] = {
+    "gpt2-nano": dict(n_layer=2, n_embd=64, n_head=2, n_positions=128),  # tests
+    "gpt2-mini": dict(n_layer=6, n_embd=384, n_head=6, n_positions=256),  # CPU quickstart
+    "gpt2": dict(n_layer=12, n_embd=768, n_head=12, n_positions=1024),  # 124M
+    "gpt2-medium": dict(n_layer=24, n_embd=1024, n_head=16, n_positions=1024),  # 355M
+    "gpt2-large": dict(n_layer=36, n_embd=1280, n_head=20, n_positions=1024),  # 774M
+}
+
+
+def is_pretrained_source(name: str) -> bool:
+    """A model that brings its own weights and tokenizer: a local folder, or a hub id (online users)."""
+    return name not in PRESETS
+
+
+def _finish(model: nn.Module) -> nn.Module:
+    model.config.use_cache = False
+    return conv1d_to_linear(model)
+
+
+def build_model(name: str, vocab_size: int, dropout: float = 0.0, eos_token_id: int | None = None) -> nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    if name not in PRESETS:
+        raise EffkitError(f"unknown model preset {name!r}; choose one of {', '.join(PRESETS)}, "
+                          "or give a Hugging Face model folder")
+    cfg = GPT2Config(vocab_size=vocab_size, resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout,
+                     bos_token_id=eos_token_id, eos_token_id=eos_token_id, **PRESETS[name])
+    cfg._attn_implementation = "sdpa"
+    return _finish(GPT2LMHeadModel(cfg))
+
+
+def load_model(path: str, dropout: float | None = None) -> nn.Module:
+    """Load a transformers GPT-2 (folder or hub id) and convert it to effkit's Linear layout."""
+    from transformers import AutoModelForCausalLM
+
+    p = Path(path)
+    if p.exists():
+        if not (p / "config.json").is_file():
+            raise EffkitError(f"{p} is not a model folder (no config.json); give an effkit artifact or a "
+                              "Hugging Face model folder")
+        if not any(p.glob("*.safetensors")):
+            raise EffkitError(f"{p} holds no .safetensors weights; effkit never loads pickled weights")
+    elif "/" in path and (path.startswith((".", "/", "~")) or path.count("/") > 1):
+        raise EffkitError(f"model path {path} does not exist")
+    kwargs = {}
+    if dropout is not None:
+        kwargs = dict(resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa", use_safetensors=True,
+                                                     dtype=torch.float32, **kwargs)
+    except EffkitError:
+        raise
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise EffkitError(f"could not load model {path}: {type(e).__name__}: {first[:200]}") from None
+    if model.config.model_type != "gpt2":
+        raise EffkitError(f"{path} is a {model.config.model_type!r} model; effkit handles GPT-2 models")
+    return _finish(model)
+
+
+def save_model(model: nn.Module, path: Path, tokenizer=None, state_dict: dict | None = None) -> None:
+    """Write a plain transformers folder (safetensors) into `path` (the caller makes it atomic)."""
+    sd = state_dict if state_dict is not None else model.state_dict()
+    sd = {k: v.detach().to("cpu").contiguous() for k, v in hf_state_dict(sd).items()}
+    model.config.use_cache = True
+    try:
+        model.save_pretrained(path, state_dict=sd)
+    finally:
+        model.config.use_cache = False
+    if tokenizer is not None:
+        tokenizer.save_pretrained(path)
+
+
+def count_params(model: nn.Module, non_embedding: bool = False) -> int:
+    n = sum(p.numel() for p in model.parameters())
+    if non_embedding:
+        n -= model.transformer.wpe.weight.numel()
+    return n
+
+
+def flops_per_token(config, seq_len: int, n_params: int, training: bool = True) -> float:
+    """Model FLOPs per token: 6N (2N forward) for the weights plus the attention term
+    12 * n_layer * n_embd * seq_len (forward+backward; a third of it forward only), as in PaLM / nanoGPT."""
+    attn = 12 * config.n_layer * config.n_embd * seq_len
+    return (6 * n_params + attn) if training else (2 * n_params + attn / 3)
