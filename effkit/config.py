@@ -7,10 +7,11 @@ Flow: recipe (TOML) + CLI flags -> config dataclass -> stage. A recipe holds one
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 from effkit.errors import EffkitError
 

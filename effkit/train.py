@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -17,7 +18,17 @@ from effkit.checkpoint import load_checkpoint, save_checkpoint
 from effkit.config import TrainConfig
 from effkit.data import BlockSampler, get_tokenizer, load_blocks, load_corpus, make_loader
 from effkit.errors import EffkitError
-from effkit.model import build_model, count_params, flops_per_token, is_pretrained_source, load_model, save_model
+from effkit.model import (
+    activation_checkpointing_enabled,
+    build_model,
+    check_preset,
+    count_params,
+    enable_activation_checkpointing,
+    flops_per_token,
+    is_pretrained_source,
+    load_model,
+    save_model,
+)
 from effkit.parallel import Runtime, init_runtime
 from effkit.report import plot_loss_curve, write_rows_csv, write_stage_report
 
@@ -99,8 +110,14 @@ class _Progress:
     def __init__(self, enabled: bool, total: int | None, start: int, desc: str):
         self.bar = None
         if enabled:
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                                       TimeRemainingColumn)
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
 
             self.bar = Progress(TextColumn(f"[bold]{desc}"), BarColumn(), MofNCompleteColumn(),
                                 TextColumn("loss {task.fields[loss]:.3f}"), TextColumn("{task.fields[tps]:,.0f} tok/s"),
@@ -147,6 +164,11 @@ def train(cfg: TrainConfig, on_step: Callable[[int, float], None] | None = None,
     cfg.run_name = run_name
 
     amp_dtype, amp_note = resolve_amp(cfg, rt.device)
+    if not is_pretrained_source(cfg.model):  # fail fast, before any data work
+        n_positions = check_preset(cfg.model)["n_positions"]
+        if cfg.block_size > n_positions:
+            raise EffkitError(f"--block-size {cfg.block_size} is larger than the model's context "
+                              f"({n_positions}); use --block-size {n_positions} or less")
     torch.manual_seed(cfg.seed)
     corpus, tokenizer, tok_source, data = prepare_data(cfg)
     model = prepare_model(cfg, tokenizer)
@@ -154,7 +176,7 @@ def train(cfg: TrainConfig, on_step: Callable[[int, float], None] | None = None,
     if resumed is not None:
         model.load_state_dict(resumed["model"])
     if cfg.activation_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_activation_checkpointing(model)
     model.to(rt.device)
     model.train()
     from effkit.parallel.apply import parallelize
@@ -261,8 +283,7 @@ def train(cfg: TrainConfig, on_step: Callable[[int, float], None] | None = None,
             "device": metrics.describe_device(rt.device), "world_size": rt.world_size,
             "parallel": applied["mode"], "parallel_detail": applied.get("detail"),
             "amp_dtype": str(amp_dtype).removeprefix("torch.") if amp_dtype else "fp32", "amp_note": amp_note,
-            "activation_checkpointing": any(getattr(mod, "gradient_checkpointing", False) is True
-                                            for mod in par.base_model.modules()),
+            "activation_checkpointing": activation_checkpointing_enabled(par.base_model),
             "model": cfg.model, "data": corpus.name, "tokenizer": tok_source, "resumed_from_step":
                 resumed["step"] if resumed else None, "stopped_by": stop_reason,
         }

@@ -67,7 +67,8 @@ def _read_local(path: Path) -> list[tuple[str, str]]:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError:
-                raise EffkitError(f"{path}:{i + 1} is not valid JSON; each line needs a {{\"text\": ...}} object")
+                msg = f"{path}:{i + 1} is not valid JSON; each line needs a {{\"text\": ...}} object"
+                raise EffkitError(msg) from None
             if not isinstance(record, dict) or not isinstance(record.get("text"), str):
                 raise EffkitError(f"{path}:{i + 1} has no string field 'text'")
             docs.append((f"{path.name}:{i + 1}", record["text"]))

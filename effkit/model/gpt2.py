@@ -26,8 +26,9 @@ PRESETS: dict[str, dict[str, int]] = {
 
 
 def is_pretrained_source(name: str) -> bool:
-    """A model that brings its own weights and tokenizer: a local folder, or a hub id (online users)."""
-    return name not in PRESETS
+    """A model that brings its own weights and tokenizer: an existing local folder, or a hub id written
+    with its owner (`openai-community/gpt2-medium`, online users only). Other names must be presets."""
+    return name not in PRESETS and (Path(name).expanduser().exists() or "/" in name)
 
 
 def _finish(model: nn.Module) -> nn.Module:
@@ -35,12 +36,17 @@ def _finish(model: nn.Module) -> nn.Module:
     return conv1d_to_linear(model)
 
 
-def build_model(name: str, vocab_size: int, dropout: float = 0.0, eos_token_id: int | None = None) -> nn.Module:
-    from transformers import GPT2Config, GPT2LMHeadModel
-
+def check_preset(name: str) -> dict[str, int]:
     if name not in PRESETS:
         raise EffkitError(f"unknown model preset {name!r}; choose one of {', '.join(PRESETS)}, "
                           "or give a Hugging Face model folder")
+    return PRESETS[name]
+
+
+def build_model(name: str, vocab_size: int, dropout: float = 0.0, eos_token_id: int | None = None) -> nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    check_preset(name)
     cfg = GPT2Config(vocab_size=vocab_size, resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout,
                      bos_token_id=eos_token_id, eos_token_id=eos_token_id, **PRESETS[name])
     cfg._attn_implementation = "sdpa"
@@ -87,6 +93,20 @@ def save_model(model: nn.Module, path: Path, tokenizer=None, state_dict: dict | 
         model.config.use_cache = False
     if tokenizer is not None:
         tokenizer.save_pretrained(path)
+
+
+def enable_activation_checkpointing(model: nn.Module) -> None:
+    """Recompute each GPT-2 block in backward (non-reentrant torch.utils.checkpoint, via transformers)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def activation_checkpointing_enabled(model: nn.Module) -> bool:
+    """Read back from the blocks whether they recompute in backward."""
+    return any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())
 
 
 def count_params(model: nn.Module, non_embedding: bool = False) -> int:

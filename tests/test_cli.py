@@ -1,0 +1,98 @@
+"""Bad input ends in one line on stderr, exit code 2, no traceback, and no half-written artifact."""
+
+import subprocess
+import sys
+
+import pytest
+
+from effkit import cli
+
+
+def run_cli(args, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["effkit", *args])
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    err = capsys.readouterr().err.strip()
+    return exc.value.code, err
+
+
+def tiny(tmp_path, corpus_dir, *extra):
+    return ["train", "--model", "gpt2-nano", "--data", str(corpus_dir), "--vocab-size", "512", "--block-size", "32",
+            "--eval-blocks", "4", "--batch-size", "4", "--max-steps", "2", "--warmup-steps", "1",
+            "--runs-dir", str(tmp_path / "runs"), "--reports-dir", str(tmp_path / "reports"),
+            "--run-name", "bad", *extra]
+
+
+def assert_clean_failure(code, err, tmp_path, needle):
+    assert code == 2
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("effkit: error:") and needle in err
+    assert "Traceback" not in err
+    assert not (tmp_path / "runs" / "bad" / "train").exists()
+    assert not list((tmp_path / "runs").glob("bad/.tmp-*")) if (tmp_path / "runs").exists() else True
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--model", "gpt2-huge"], "unknown model preset 'gpt2-huge'"),
+    (["--block-size", "256"], "larger than the model's context (128)"),
+    (["--batch-size", "0"], "--batch-size must be at least 1"),
+    (["--max-steps", "-3"], "--max-steps must be >= 0"),
+    (["--parallel", "pipeline"], "unknown --parallel 'pipeline'"),
+])
+def test_bad_options(extra, needle, tmp_path, corpus_dir, capsys, monkeypatch):
+    code, err = run_cli(tiny(tmp_path, corpus_dir, *extra), capsys, monkeypatch)
+    assert_clean_failure(code, err, tmp_path, needle)
+
+
+def test_missing_data_path(tmp_path, corpus_dir, capsys, monkeypatch):
+    code, err = run_cli(tiny(tmp_path, corpus_dir, "--data", str(tmp_path / "nope")), capsys, monkeypatch)
+    assert_clean_failure(code, err, tmp_path, "does not exist")
+
+
+def test_empty_data_folder(tmp_path, corpus_dir, capsys, monkeypatch):
+    (tmp_path / "empty").mkdir()
+    code, err = run_cli(tiny(tmp_path, corpus_dir, "--data", str(tmp_path / "empty")), capsys, monkeypatch)
+    assert_clean_failure(code, err, tmp_path, "holds no .txt files")
+
+
+def test_file_without_text(tmp_path, corpus_dir, capsys, monkeypatch):
+    blank = tmp_path / "blank.txt"
+    blank.write_text("  \n\n \n")
+    code, err = run_cli(tiny(tmp_path, corpus_dir, "--data", str(blank)), capsys, monkeypatch)
+    assert_clean_failure(code, err, tmp_path, "contains no text")
+
+
+def test_recipe_with_unknown_key(tmp_path, corpus_dir, capsys, monkeypatch):
+    recipe = tmp_path / "r.toml"
+    recipe.write_text("[train]\nmodel = 'gpt2-nano'\nlearning_rate = 0.1\n")
+    code, err = run_cli(tiny(tmp_path, corpus_dir, "--recipe", str(recipe)), capsys, monkeypatch)
+    assert_clean_failure(code, err, tmp_path, "unknown key 'learning_rate' in [train]")
+    assert str(recipe) in err
+
+
+def test_recipe_values_apply_and_flags_override(tmp_path, corpus_dir, monkeypatch):
+    from effkit.config import TrainConfig, build_config
+
+    recipe = tmp_path / "r.toml"
+    recipe.write_text("[train]\nmodel = 'gpt2-nano'\nlr = 0.01\nbatch_size = 3\n")
+    cfg = build_config(TrainConfig, str(recipe), {"batch_size": 5})
+    assert (cfg.model, cfg.lr, cfg.batch_size, cfg.block_size) == ("gpt2-nano", 0.01, 5, 128)
+
+
+def test_truncated_checkpoint_on_resume(tmp_path, corpus_dir, capsys, monkeypatch):
+    code, _ = run_cli(tiny(tmp_path, corpus_dir, "--checkpoint-interval", "1", "--run-name", "ck"),
+                      capsys, monkeypatch)
+    assert code in (0, None)
+    weights = tmp_path / "runs" / "ck" / "checkpoints" / "last" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    code, err = run_cli(tiny(tmp_path, corpus_dir, "--resume", "--run-name", "ck"), capsys, monkeypatch)
+    assert code == 2 and len(err.splitlines()) == 1 and "unreadable or truncated" in err, err
+
+
+def test_entry_point_exit_code_and_no_traceback(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "effkit", "train", "--model", "nope", "--runs-dir",
+                          str(tmp_path / "runs")], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        "effkit: error: unknown model preset 'nope'; choose one of gpt2-nano, gpt2-mini, gpt2, gpt2-medium, "
+        "gpt2-large, or give a Hugging Face model folder"]

