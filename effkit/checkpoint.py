@@ -26,10 +26,10 @@ def _flatten_optimizer(state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], 
 
 
 def _unflatten_optimizer(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> dict[str, Any]:
-    state: dict[int, dict[str, Any]] = {}
+    state: dict[int | str, dict[str, Any]] = {}
     for key, v in list(tensors.items()) + list(meta["scalars"].items()):
-        idx, name = key.split(".", 1)
-        state.setdefault(int(idx), {})[name] = v
+        idx, name = key.rsplit(".", 1)  # idx: a parameter index, or its name (distributed state dicts)
+        state.setdefault(int(idx) if idx.isdigit() else idx, {})[name] = v
     return {"state": state, "param_groups": meta["param_groups"]}
 
 

@@ -4,6 +4,7 @@ line on stderr and exit code 2."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import sys
 from pathlib import Path
@@ -35,7 +36,7 @@ def _explicit(ctx: typer.Context, names: list[str]) -> dict:
     return out
 
 
-def _quiet_libraries() -> None:
+def quiet_libraries() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import transformers
 
@@ -75,6 +76,17 @@ def train(
     workers: int = typer.Option(_D.workers, help="DataLoader worker processes"),
     threads: int = typer.Option(_D.threads, help="torch threads per process (0 = torch default)"),
     parallel: str = typer.Option(_D.parallel, help="none, ddp, fsdp, tp, fsdp+tp"),
+    nproc: int = typer.Option(_D.nproc, help="processes per node (0 = number of GPUs, or 2 on CPU)"),
+    tp_size: int = typer.Option(_D.tp_size, help="tensor-parallel size for fsdp+tp (0 = 2)"),
+    sync: str = typer.Option(_D.sync, help="gradient sync for --parallel ddp: ddp, all-reduce, gather-scatter"),
+    reshard_after_forward: bool = typer.Option(_D.reshard_after_forward,
+                                               "--reshard-after-forward/--no-reshard-after-forward",
+                                               help="fsdp: free gathered parameters after forward"),
+    cpu_offload: bool = typer.Option(_D.cpu_offload, "--cpu-offload", help="fsdp: keep parameters on CPU (GPU only)"),
+    nnodes: int = typer.Option(_D.nnodes, help="number of machines"),
+    node_rank: int = typer.Option(_D.node_rank, help="rank of this machine"),
+    master_addr: str = typer.Option(_D.master_addr, help="address of the rank-0 machine"),
+    master_port: int = typer.Option(_D.master_port, help="port of the rank-0 machine"),
     eval_interval: int = typer.Option(_D.eval_interval, help="steps between held-out evaluations (0 = end only)"),
     log_interval: int = typer.Option(_D.log_interval, help="steps between progress updates"),
     checkpoint_interval: int = typer.Option(_D.checkpoint_interval, help="steps between checkpoints (0 = never)"),
@@ -85,17 +97,55 @@ def train(
                                 "from its last checkpoint"),
 ):
     """Train a GPT-2 model (default: the CPU quickstart on the embedded corpus)."""
-    _quiet_libraries()
+    quiet_libraries()
     names = [f.name for f in dataclasses.fields(TrainConfig) if f.name in ctx.params]
     cfg = build_config(TrainConfig, str(recipe) if recipe else None, _explicit(ctx, names))
     if cfg.resume and not cfg.run_name:
         from effkit.artifacts import latest_run
 
         cfg.run_name = latest_run(Path(cfg.runs_dir)).name
-    from effkit.train import train as run_train
+    if cfg.parallel != "none" or cfg.nproc > 1 or cfg.nnodes > 1:
+        report = _launch_parallel(cfg)
+    else:
+        from effkit.train import train as run_train
 
-    report = run_train(cfg)
+        report = run_train(cfg)
     _print_train_summary(report)
+
+
+def _n_head(model: str) -> int | None:
+    from effkit.model import check_preset, is_pretrained_source
+
+    if not is_pretrained_source(model):
+        return check_preset(model)["n_head"]
+    config = Path(model) / "config.json"
+    if config.is_file():
+        return json.loads(config.read_text()).get("n_head")
+    return None  # a hub id: checked when the model is loaded
+
+
+def _launch_parallel(cfg: TrainConfig) -> dict:
+    """Validate the process layout here (one line, exit 2), then start the processes through Accelerate."""
+    import torch
+
+    from effkit.artifacts import new_run_name
+    from effkit.parallel.launch import launch, plan_processes
+
+    if cfg.parallel == "none":
+        raise EffkitError("--nproc/--nnodes > 1 need a parallel mode: add --parallel ddp (or fsdp, tp, fsdp+tp)")
+    if cfg.cpu_offload and not torch.cuda.is_available():
+        raise EffkitError("--cpu-offload moves FSDP parameters from GPU to CPU; there is no GPU here, drop it")
+    n_head = _n_head(cfg.model)
+    cfg.nproc, _ = plan_processes(cfg, n_head if n_head is not None else 1)
+    if not torch.cuda.is_available() and not cfg.threads:
+        cfg.threads = max(1, (os.cpu_count() or 1) // cfg.nproc)
+    cfg.run_name = cfg.run_name or new_run_name(cfg.model)
+    from effkit.train import prepare_data
+
+    prepare_data(cfg)  # bad data fails here in one line, and the tokenizer / token caches are built once
+    launch(cfg, Path(cfg.runs_dir) / cfg.run_name)
+    report_path = Path(cfg.reports_dir) / cfg.run_name / "train.json"
+    return json.loads(report_path.read_text())
 
 
 def _print_train_summary(report: dict) -> None:
@@ -125,7 +175,7 @@ def main() -> None:
         app()
     except EffkitError as e:
         print(f"effkit: error: {e}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(e.exit_code)
     except Interrupted as e:
         print(f"effkit: {e}", file=sys.stderr)
         sys.exit(130)

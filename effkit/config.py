@@ -29,7 +29,7 @@ class TrainConfig:
     heldout_fraction: float = 0.05
     eval_blocks: int = 64
     # how long
-    max_steps: int = 250
+    max_steps: int = 200
     max_tokens: int = 0  # 0 = no limit
     time_budget: float = 0.0  # seconds, 0 = no limit
     # optimisation
@@ -52,7 +52,11 @@ class TrainConfig:
     parallel: str = "none"
     nproc: int = 0  # 0 = number of GPUs, or 2 on CPU when a parallel mode is asked for
     tp_size: int = 0  # fsdp+tp: tensor-parallel size (0 = all processes on one node)
-    sync: str = "ddp"
+    sync: str = "ddp"  # gradient sync of plain data parallelism: ddp | all-reduce | gather-scatter
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
     reshard_after_forward: bool = True
     cpu_offload: bool = False
     # bookkeeping
@@ -91,6 +95,10 @@ class TrainConfig:
             raise EffkitError(f"unknown --sync {self.sync!r}; choose one of {', '.join(SYNC_MODES)}")
         if self.nproc < 0:
             raise EffkitError(f"--nproc must be at least 1 (got {self.nproc})")
+        if self.sync != "ddp" and self.parallel not in ("ddp", "none"):
+            raise EffkitError(f"--sync {self.sync} applies to plain data parallelism; use it with --parallel ddp")
+        if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
+            raise EffkitError(f"--node-rank must be in [0, --nnodes) (got {self.node_rank} of {self.nnodes})")
         if self.eval_blocks < 1:
             raise EffkitError(f"--eval-blocks must be at least 1 (got {self.eval_blocks})")
         if self.workers < 0:

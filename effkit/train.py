@@ -183,6 +183,8 @@ def train(cfg: TrainConfig, on_step: Callable[[int, float], None] | None = None,
 
     par = parallelize(model, cfg, rt)
     model = par.model
+    if cfg.threads:  # launchers and Accelerate may have changed it
+        torch.set_num_threads(cfg.threads)
 
     optimizer = make_optimizer(model, cfg)
     tokens_per_step = cfg.batch_size * cfg.grad_accum * rt.dp_size * cfg.block_size
@@ -270,7 +272,7 @@ def train(cfg: TrainConfig, on_step: Callable[[int, float], None] | None = None,
     tokens_per_s = tokens_per_step * len(steady) / sum(steady) if steady else None
     peak_dtype = amp_dtype or torch.float32
     peak, peak_source = metrics.peak_flops(rt.device, peak_dtype)
-    fpt = flops_per_token(model.config, cfg.block_size, n_params)
+    fpt = flops_per_token(par.base_model.config, cfg.block_size, n_params)
     mfu = (fpt * tokens_per_s / (peak * rt.world_size)) if (peak and tokens_per_s) else None
     peak_mem = par.gather_ints(memory.peak_bytes)
     state = par.full_state_dict()

@@ -1,57 +1,270 @@
-"""`parallelize(model, cfg, rt)`: apply the parallel mode and return a handle the training loop uses
-for everything mode-specific (gradient sync, clipping, full state dicts, describing what was applied)."""
+"""`parallelize(model, cfg, rt)`: apply the parallel mode, torchtitan style (one small `apply_*` function per
+parallelism), and return a handle with everything mode-specific that the one training loop needs: gradient
+sync, clipping, loss averaging, full state dicts, and a description read back from the model itself.
+
+- ddp:      Accelerate's `prepare_model` (torch DistributedDataParallel: bucketed, overlapped all-reduce)
+- --sync all-reduce / gather-scatter: plain replicas, gradients synchronised by hand after backward
+- fsdp:     FSDP2 `fully_shard` on every block and on the root
+- tp:       Megatron-style plan on a DeviceMesh: q/k/v column-parallel by whole heads, attention output
+            row-parallel, MLP up column-parallel and down row-parallel; embeddings, LayerNorms and the tied
+            LM head replicated
+- fsdp+tp:  2-D mesh (dp, tp): TP inside each dp group, FSDP2 across groups
+"""
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from effkit.errors import EffkitError
 
 
+def _is_dtensor(t) -> bool:
+    return type(t).__name__ == "DTensor"
+
+
+# ---------------------------------------------------------------------------------------------- apply_* functions
+
+def qkv_interleave_index(embed_dim: int, tp: int) -> torch.Tensor:
+    """Row order of the fused q/k/v projection such that an even split into `tp` chunks gives each rank
+    [q_r; k_r; v_r] for its own heads (the fused layout is [q; k; v], each embed_dim rows)."""
+    local = embed_dim // tp
+    parts = [torch.arange(r * local, (r + 1) * local) + j * embed_dim for r in range(tp) for j in range(3)]
+    return torch.cat(parts)
+
+
+def apply_tp(model: nn.Module, tp_mesh) -> None:
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    tp = tp_mesh.size()
+    for block in model.transformer.h:
+        attn = block.attn
+        if attn.num_heads % tp:
+            raise EffkitError(f"tensor-parallel size {tp} does not divide n_head={attn.num_heads}")
+        idx = qkv_interleave_index(attn.split_size, tp).to(attn.c_attn.weight.device)
+        with torch.no_grad():
+            attn.c_attn.weight.copy_(attn.c_attn.weight[idx])
+            attn.c_attn.bias.copy_(attn.c_attn.bias[idx])
+        parallelize_module(block, tp_mesh, {
+            "attn.c_attn": ColwiseParallel(), "attn.c_proj": RowwiseParallel(),
+            "mlp.c_fc": ColwiseParallel(), "mlp.c_proj": RowwiseParallel(),
+        })
+        attn.split_size //= tp  # local q/k/v width: attention runs on n_head / tp local heads
+        attn.num_heads //= tp
+
+
+def apply_fsdp(model: nn.Module, dp_mesh, param_dtype: torch.dtype | None, reshard_after_forward: bool,
+               cpu_offload: bool) -> None:
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype \
+        else MixedPrecisionPolicy()
+    kwargs: dict[str, Any] = {"mesh": dp_mesh, "mp_policy": mp, "reshard_after_forward": reshard_after_forward}
+    if cpu_offload:
+        kwargs["offload_policy"] = CPUOffloadPolicy()
+    for block in model.transformer.h:
+        fully_shard(block, **kwargs)
+    fully_shard(model, **kwargs)
+
+
+def apply_ddp(model: nn.Module) -> nn.Module:
+    from accelerate import Accelerator
+    from torch.nn.parallel import DistributedDataParallel
+
+    acc = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision="no")
+    wrapped = acc.prepare_model(model)
+    if not isinstance(wrapped, DistributedDataParallel):
+        raise EffkitError(f"Accelerate did not wrap the model in DDP (its state: {acc.distributed_type}); on CPU "
+                          "launch with ACCELERATE_USE_CPU=1 (effkit train --parallel ddp does this)")
+    return wrapped
+
+
+# ---------------------------------------------------------------------------------------------- the handle
+
 class Parallelized:
-    """Single process (mode `none`); subclasses override what their mode changes."""
+    def __init__(self, model: nn.Module, base_model: nn.Module, rt, mode: str, sync: str = "none",
+                 dp_group=None, tp: int = 1, cpu_offload: bool = False, reshard_after_forward: bool = True):
+        self.model, self.base_model, self.rt = model, base_model, rt
+        self.mode, self.sync, self.dp_group, self.tp = mode, sync, dp_group, tp
+        self.cpu_offload, self.reshard_after_forward = cpu_offload, reshard_after_forward
 
-    mode = "none"
-
-    def __init__(self, model: nn.Module, rt):
-        self.model = model
-        self.base_model = model
-        self.rt = rt
-
+    # gradient synchronisation -------------------------------------------------------------------
     def no_sync(self):
+        """Skip gradient communication on micro-steps that are not the last of an accumulation."""
+        if self.mode == "ddp" and self.sync == "ddp":
+            return self.model.no_sync()
+        if self.mode in ("fsdp", "fsdp+tp"):
+            return self._fsdp_no_sync()
         return nullcontext()
 
+    @contextmanager
+    def _fsdp_no_sync(self):
+        self.model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            self.model.set_requires_gradient_sync(True)
+
     def sync_gradients(self) -> None:
-        pass
+        if self.sync == "all-reduce":
+            world = dist.get_world_size()
+            for p in self.base_model.parameters():
+                if p.grad is not None:
+                    dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+                    p.grad.div_(world)
+        elif self.sync == "gather-scatter":
+            world, rank = dist.get_world_size(), dist.get_rank()
+            for p in self.base_model.parameters():
+                if p.grad is None:
+                    continue
+                gathered = [torch.empty_like(p.grad) for _ in range(world)] if rank == 0 else None
+                dist.gather(p.grad, gather_list=gathered, dst=0)
+                chunks = [torch.stack(gathered).mean(0)] * world if rank == 0 else None
+                dist.scatter(p.grad, scatter_list=chunks, src=0)
 
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
-        return torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        """Global L2 norm of all gradients (sharded DTensors summed over their shard dims), then scale."""
+        grads = [p.grad for p in self.base_model.parameters() if p.grad is not None]
+        total = torch.zeros((), device=self.rt.device, dtype=torch.float32)
+        for g in grads:
+            if _is_dtensor(g):
+                local = g.to_local().float().pow(2).sum()
+                for dim, placement in enumerate(g.placements):
+                    if placement.is_shard():
+                        dist.all_reduce(local, group=g.device_mesh.get_group(dim))
+                total += local.to(total.device)
+            else:
+                total += g.float().pow(2).sum()
+        norm = total.sqrt()
+        coef = min(1.0, max_norm / (norm.item() + 1e-6))
+        if coef < 1.0:
+            for g in grads:
+                g.mul_(coef)
+        return norm
 
+    # collectives for reporting --------------------------------------------------------------------
     def mean_over_dp(self, t: torch.Tensor) -> torch.Tensor:
-        return t
+        if not self.rt.distributed or self.rt.dp_size == 1:
+            return t
+        t = t.clone()
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.dp_group)
+        return t / self.rt.dp_size
 
     def gather_ints(self, x: int) -> list[int]:
-        return [int(x)]
+        if not self.rt.distributed:
+            return [int(x)]
+        t = torch.tensor([int(x)], dtype=torch.int64, device=self.rt.device)
+        out = [torch.zeros_like(t) for _ in range(self.rt.world_size)]
+        dist.all_gather(out, t)
+        return [int(o.item()) for o in out]
 
+    # state dicts ----------------------------------------------------------------------------------
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().cpu() for k, v in self.base_model.state_dict().items()}
+        """The full, unsharded model state on rank 0 (CPU), in effkit's Linear layout; {} elsewhere."""
+        if not self.rt.distributed:
+            return {k: v.detach().cpu() for k, v in self.base_model.state_dict().items()}
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-        return optimizer.state_dict()
+        sd = get_model_state_dict(self.base_model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self.tp > 1 and sd:
+            for key in [k for k in sd if k.endswith(("attn.c_attn.weight", "attn.c_attn.bias"))]:
+                idx = qkv_interleave_index(sd[key].shape[0] // 3, self.tp)
+                restored = torch.empty_like(sd[key])
+                restored[idx] = sd[key]
+                sd[key] = restored
+        return sd
 
-    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
-        optimizer.load_state_dict(state)
+    def optimizer_state(self, optimizer) -> dict[str, Any]:
+        if not self.rt.distributed:
+            return optimizer.state_dict()
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
+        return get_optimizer_state_dict(self.base_model, optimizer,
+                                        options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def load_optimizer_state(self, optimizer, state: dict[str, Any]) -> None:
+        if not self.rt.distributed:
+            optimizer.load_state_dict(state)
+            return
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        set_optimizer_state_dict(self.base_model, optimizer, state,
+                                 options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+
+    # what was applied, read back from the model -----------------------------------------------------
     def describe(self) -> dict[str, Any]:
-        return {"mode": self.mode, "detail": "single process"}
+        from torch.nn.parallel import DistributedDataParallel
+
+        sharded_dims: set[str] = set()
+        for p in self.base_model.parameters():
+            if _is_dtensor(p):
+                names = p.device_mesh.mesh_dim_names or ()
+                sharded_dims |= {names[i] for i, pl in enumerate(p.placements) if pl.is_shard() and i < len(names)}
+        if isinstance(self.model, DistributedDataParallel):
+            mode = "ddp"
+        elif {"dp", "tp"} <= sharded_dims:
+            mode = "fsdp+tp"
+        elif "dp" in sharded_dims:
+            mode = "fsdp"
+        elif "tp" in sharded_dims:
+            mode = "tp"
+        elif self.rt.distributed and self.sync in ("all-reduce", "gather-scatter"):
+            mode = f"data-parallel ({self.sync})"
+        else:
+            mode = "none"
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        param_bytes = sum((p.to_local() if _is_dtensor(p) else p).numel() * p.element_size()
+                          for p in self.base_model.parameters())
+        detail = {"process_group_world_size": world, "backend": self.rt.backend, "dp_size": self.rt.dp_size,
+                  "tp_size": self.tp, "param_bytes_this_rank": param_bytes}
+        if self.tp > 1:
+            detail["tp_plan"] = ("q/k/v colwise by whole heads, attn out rowwise, mlp up colwise, mlp down rowwise; "
+                                 "embeddings, LayerNorms, tied LM head replicated")
+        if self.mode in ("fsdp", "fsdp+tp"):
+            detail["fsdp"] = {"reshard_after_forward": self.reshard_after_forward, "cpu_offload": self.cpu_offload}
+        return {"mode": mode, "detail": detail, "param_bytes_this_rank": param_bytes}
 
 
 def parallelize(model: nn.Module, cfg, rt) -> Parallelized:
-    if cfg.parallel == "none" and rt.world_size == 1:
-        return Parallelized(model, rt)
-    raise EffkitError(f"--parallel {cfg.parallel} is not available in this version of effkit; "
-                      "use --parallel none")
+    mode = cfg.parallel
+    if mode == "none":
+        if rt.distributed:
+            raise EffkitError("several processes were started but --parallel is none; choose a parallel mode")
+        return Parallelized(model, model, rt, "none")
+    if not rt.distributed and not dist.is_initialized():
+        raise EffkitError(f"--parallel {mode} needs launched processes; use `effkit train --parallel {mode}`")
+    from torch.distributed.device_mesh import init_device_mesh
+
+    world = rt.world_size
+    amp = torch.bfloat16 if cfg.amp and cfg.amp_dtype == "bf16" else (torch.float16 if cfg.amp else None)
+    if mode == "ddp":
+        if cfg.sync == "ddp":
+            return Parallelized(apply_ddp(model), model, rt, "ddp", sync="ddp")
+        for p in model.parameters():  # identical replicas to start from
+            dist.broadcast(p.data, src=0)
+        return Parallelized(model, model, rt, "ddp", sync=cfg.sync)
+    if mode == "fsdp":
+        mesh = init_device_mesh(rt.device.type, (world,), mesh_dim_names=("dp",))
+        apply_fsdp(model, mesh, amp, cfg.reshard_after_forward, cfg.cpu_offload)
+        return Parallelized(model, model, rt, "fsdp", cpu_offload=cfg.cpu_offload,
+                            reshard_after_forward=cfg.reshard_after_forward)
+    elif mode == "tp":
+        mesh = init_device_mesh(rt.device.type, (world,), mesh_dim_names=("tp",))
+        apply_tp(model, mesh)
+        rt.dp_size, rt.dp_rank, rt.tp_size = 1, 0, world
+        return Parallelized(model, model, rt, "tp", tp=world)
+    elif mode == "fsdp+tp":
+        tp = cfg.tp_size or min(world, 2)
+        if world % tp:
+            raise EffkitError(f"fsdp+tp: {world} processes are not divisible by --tp-size {tp}")
+        mesh = init_device_mesh(rt.device.type, (world // tp, tp), mesh_dim_names=("dp", "tp"))
+        apply_tp(model, mesh["tp"])
+        apply_fsdp(model, mesh["dp"], amp, cfg.reshard_after_forward, cfg.cpu_offload)
+        rt.dp_size, rt.dp_rank, rt.tp_size = world // tp, mesh["dp"].get_local_rank(), tp
+        return Parallelized(model, model, rt, "fsdp+tp", dp_group=mesh["dp"].get_group(), tp=tp,
+                            cpu_offload=cfg.cpu_offload, reshard_after_forward=cfg.reshard_after_forward)
+    raise EffkitError(f"unknown --parallel {mode!r}")

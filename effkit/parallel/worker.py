@@ -1,0 +1,59 @@
+"""Entry point of each launched process: `python -m effkit.parallel.worker CONFIG.json`."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+
+def _report_error(kind: str, message: str) -> None:
+    errors = os.environ.get("EFFKIT_ERRORS_DIR")
+    rank = os.environ.get("RANK", "0")
+    if errors:
+        Path(errors).mkdir(parents=True, exist_ok=True)
+        (Path(errors) / f"rank{rank}.json").write_text(json.dumps({"rank": int(rank), "kind": kind, "message": message,
+                                                                   "time": time.time()}))
+
+
+def _fault_injection():
+    """`EFFKIT_FAULT_INJECT=RANK:STEP` makes that rank crash after that step (to test failure handling)."""
+    spec = os.environ.get("EFFKIT_FAULT_INJECT")
+    if not spec:
+        return None
+    rank, step = (int(x) for x in spec.split(":"))
+
+    def on_step(s: int, loss: float) -> None:
+        if s == step and int(os.environ.get("RANK", "0")) == rank:
+            raise RuntimeError(f"fault injected at step {s} (EFFKIT_FAULT_INJECT={spec})")
+
+    return on_step
+
+
+def main(argv: list[str]) -> int:
+    from effkit.cli import quiet_libraries
+    from effkit.config import TrainConfig
+    from effkit.errors import EffkitError
+
+    quiet_libraries()
+    try:
+        cfg = TrainConfig(**json.loads(Path(argv[0]).read_text()))
+        from effkit.train import train
+
+        train(cfg, on_step=_fault_injection(), progress=True)
+    except EffkitError as e:
+        _report_error("user", str(e))
+        print(f"effkit: error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # noqa: BLE001 - reported to the parent with the failing rank
+        _report_error("crash", f"{type(e).__name__}: {e}".splitlines()[0][:300])
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

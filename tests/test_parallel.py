@@ -1,0 +1,158 @@
+"""Every parallel mode, with 2 gloo processes and the same global batch, follows the single-process loss curve
+(fp32), and every mode saves one full Hugging Face artifact with the same logits."""
+
+import json
+import os
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from transformers import AutoModelForCausalLM
+
+from effkit.config import TrainConfig
+from effkit.train import train
+
+STEPS = 5
+GLOBAL_BATCH = 4
+# mode name -> (parallel, sync, per-rank batch with 2 processes)
+MODES = {
+    "ddp": ("ddp", "ddp", GLOBAL_BATCH // 2),
+    "all-reduce": ("ddp", "all-reduce", GLOBAL_BATCH // 2),
+    "gather-scatter": ("ddp", "gather-scatter", GLOBAL_BATCH // 2),
+    "fsdp": ("fsdp", "ddp", GLOBAL_BATCH // 2),
+    "tp": ("tp", "ddp", GLOBAL_BATCH),  # both ranks see the same batch
+    "fsdp+tp": ("fsdp+tp", "ddp", GLOBAL_BATCH),  # 2 processes: a (dp=1, tp=2) mesh
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, port: int, base: dict, out_path: str):
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port), ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1")
+    torch.set_num_threads(1)
+    results = {}
+    for name, (parallel, sync, batch) in MODES.items():
+        cfg = TrainConfig(**{**base, "parallel": parallel, "sync": sync, "batch_size": batch, "run_name": name,
+                             "threads": 1})
+        report = train(cfg, progress=False)
+        if rank == 0:
+            results[name] = {"applied": report["what_ran"]["parallel"], "world": report["what_ran"]["world_size"],
+                             "detail": report["what_ran"]["parallel_detail"], "artifact": report["artifact"]}
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump(results, f)
+    torch.distributed.destroy_process_group()
+
+
+def _losses(reports_dir, run):
+    import csv
+
+    with open(os.path.join(reports_dir, run, "train_steps.csv")) as f:
+        return [float(r["loss"]) for r in csv.DictReader(f)]
+
+
+@pytest.fixture(scope="module")
+def parallel_runs(tmp_path_factory, corpus_dir):
+    tmp = tmp_path_factory.mktemp("parallel")
+    base = dict(model="gpt2-nano", data=str(corpus_dir), vocab_size=512, block_size=32, eval_blocks=4,
+                max_steps=STEPS, warmup_steps=2, eval_interval=0, checkpoint_interval=0, warmup_steps_excluded=1,
+                runs_dir=str(tmp / "runs"), reports_dir=str(tmp / "reports"), lr=3e-3)
+    single = train(TrainConfig(**{**base, "batch_size": GLOBAL_BATCH, "run_name": "single"}), progress=False)
+    out = tmp / "results.json"
+    mp.start_processes(_worker, args=(_free_port(), base, str(out)), nprocs=2, start_method="spawn")
+    return base, single, json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_loss_matches_single_process(mode, parallel_runs):
+    base, single, results = parallel_runs
+    ref = _losses(base["reports_dir"], "single")
+    got = _losses(base["reports_dir"], mode)
+    assert len(got) == len(ref) == STEPS
+    assert got == pytest.approx(ref, rel=2e-5, abs=2e-5), (mode, got, ref)
+    assert results[mode]["world"] == 2
+
+
+@pytest.mark.parametrize("mode, applied", [("ddp", "ddp"), ("all-reduce", "data-parallel (all-reduce)"),
+                                           ("gather-scatter", "data-parallel (gather-scatter)"), ("fsdp", "fsdp"),
+                                           ("tp", "tp"), ("fsdp+tp", "fsdp+tp")])
+def test_mode_is_read_back_from_the_model(mode, applied, parallel_runs):
+    _, _, results = parallel_runs
+    assert results[mode]["applied"] == applied
+    assert results[mode]["detail"]["process_group_world_size"] == 2
+
+
+def test_sharded_modes_hold_fewer_parameter_bytes(parallel_runs):
+    _, _, results = parallel_runs
+    full = results["ddp"]["detail"]["param_bytes_this_rank"]
+    assert results["fsdp"]["detail"]["param_bytes_this_rank"] < 0.6 * full
+    assert results["tp"]["detail"]["param_bytes_this_rank"] < full
+
+
+def test_saved_artifacts_of_all_modes_give_the_same_logits(parallel_runs):
+    _, single, results = parallel_runs
+    x = torch.randint(0, 512, (2, 32), generator=torch.Generator().manual_seed(0))
+    ref_model = AutoModelForCausalLM.from_pretrained(single["artifact"]).eval()
+    with torch.no_grad():
+        ref = ref_model(x).logits
+        for mode, r in results.items():
+            logits = AutoModelForCausalLM.from_pretrained(r["artifact"]).eval()(x).logits
+            assert torch.allclose(logits, ref, atol=2e-4, rtol=1e-4), mode
+
+
+def _cli(args, tmp_path, env=None, timeout=180):
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "effkit", "train", "--model", "gpt2-nano", "--vocab-size", "512", "--block-size",
+           "32", "--eval-blocks", "4", "--warmup-steps", "1", "--eval-interval", "0", "--checkpoint-interval", "0",
+           "--runs-dir", str(tmp_path / "runs"), "--reports-dir", str(tmp_path / "reports"), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+
+
+def test_cli_launches_two_processes_through_accelerate(tmp_path, corpus_dir):
+    out = _cli(["--data", str(corpus_dir), "--parallel", "ddp", "--nproc", "2", "--max-steps", "3",
+                "--batch-size", "2", "--run-name", "cli"], tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    report = json.loads((tmp_path / "reports" / "cli" / "train.json").read_text())
+    assert report["what_ran"]["parallel"] == "ddp"
+    assert report["what_ran"]["world_size"] == 2  # read back from the process group
+    assert len(report["metrics"]["peak_memory_bytes_per_rank"]) == 2
+    assert (tmp_path / "runs" / "cli" / "train" / "model.safetensors").is_file()
+
+
+def test_a_crashing_rank_stops_the_others_and_is_named(tmp_path, corpus_dir):
+    import time
+
+    t0 = time.monotonic()
+    out = _cli(["--data", str(corpus_dir), "--parallel", "ddp", "--nproc", "2", "--max-steps", "50",
+                "--batch-size", "2", "--run-name", "crash"], tmp_path, env={"EFFKIT_FAULT_INJECT": "1:2"})
+    assert out.returncode == 1
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("effkit: error: rank 1 failed: RuntimeError: fault injected at step 2"), out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
+    assert time.monotonic() - t0 < 150
+    assert not (tmp_path / "runs" / "crash" / "train").exists()
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--parallel", "tp", "--nproc", "3"], "tensor-parallel size 3 does not divide the model's 2 attention heads"),
+    (["--parallel", "fsdp+tp", "--nproc", "2", "--tp-size", "4"], "divisible by --tp-size 4"),
+    (["--parallel", "ddp", "--nproc", "-1"], "--nproc must be at least 1"),
+    (["--nproc", "2"], "need a parallel mode"),
+    (["--parallel", "fsdp", "--cpu-offload"], "there is no GPU here"),
+    (["--parallel", "fsdp", "--sync", "all-reduce"], "use it with --parallel ddp"),
+])
+def test_bad_process_layouts_fail_before_launch(args, needle, tmp_path, corpus_dir):
+    out = _cli(["--data", str(corpus_dir), "--run-name", "bad", *args], tmp_path, timeout=60)
+    assert out.returncode == 2, out.stderr[-1500:]
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], lines
+    assert not (tmp_path / "runs" / "bad").exists()
