@@ -127,3 +127,12 @@ def read_meta(folder: Path) -> dict[str, Any]:
 
 def dir_size(folder: Path) -> int:
     return sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())
+
+
+def resolve_artifact(source: str, runs_dir: str | Path, default_tag: str = "train") -> Path:
+    """`--from PATH`, or the `default_tag` artifact of the latest run; must be an effkit artifact."""
+    path = Path(source) if source else latest_run(Path(runs_dir)) / default_tag
+    if not path.exists():
+        raise EffkitError(f"artifact {path} does not exist; pass --from PATH to an effkit artifact folder")
+    read_meta(path)
+    return path

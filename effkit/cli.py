@@ -12,7 +12,7 @@ from typing import Optional
 
 import typer
 
-from effkit.config import TrainConfig, build_config
+from effkit.config import PruneConfig, TrainConfig, build_config
 from effkit.errors import EffkitError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -166,6 +166,53 @@ def _print_train_summary(report: dict) -> None:
         t.add_row(*r)
     Console().print(t)
     print(f"artifact: {report['artifact']}\nreport:   {Path(report['config']['reports_dir']) / report['run']}")
+
+
+_P = PruneConfig()
+
+
+@app.command()
+def prune(
+    ctx: typer.Context,
+    recipe: Optional[Path] = typer.Option(None, help="TOML recipe; its [prune] table sets defaults"),
+    source: str = typer.Option(_P.source, "--from", help="artifact folder to prune (default: runs/latest/train)"),
+    mode: str = typer.Option(_P.mode, help="row (remove MLP channels: smaller, faster) or weight (unstructured)"),
+    target: float = typer.Option(_P.target, help="fraction of prunable weights removed by the last round (0-1)"),
+    rounds: int = typer.Option(_P.rounds, help="prune in this many steps up to the target"),
+    finetune_steps: int = typer.Option(_P.finetune_steps, help="fine-tuning steps after each round (0 = none)"),
+    importance: str = typer.Option(_P.importance, help="weight mode: magnitude, or wanda (|W| x input norm)"),
+    scope: str = typer.Option(_P.scope, help="weight mode, magnitude: rank globally or per layer"),
+    calib_batches: int = typer.Option(_P.calib_batches, help="wanda: calibration batches"),
+    batch_size: int = typer.Option(_P.batch_size, help="fine-tuning batch size (blocks)"),
+    lr: float = typer.Option(_P.lr, help="fine-tuning peak learning rate"),
+    warmup_steps: int = typer.Option(_P.warmup_steps, help="fine-tuning warm-up steps"),
+    seed: int = typer.Option(_P.seed, help="random seed"),
+    latency_repeats: int = typer.Option(_P.latency_repeats, help="timed forward passes per latency figure"),
+    runs_dir: str = typer.Option(_P.runs_dir, help="where runs/ are"),
+    reports_dir: str = typer.Option(_P.reports_dir, help="where reports/ go"),
+):
+    """Prune a trained model (row or weight), fine-tuning between rounds; one artifact per round."""
+    quiet_libraries()
+    names = [f.name for f in dataclasses.fields(PruneConfig) if f.name in ctx.params]
+    cfg = build_config(PruneConfig, str(recipe) if recipe else None, _explicit(ctx, names))
+    from effkit.prune.stage import run_prune
+
+    report = run_prune(cfg)
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"prune --mode {cfg.mode}: {report['run']}")
+    for col in ("round", "target", "achieved", "eval loss", "params", "latency b1", "latency b12",
+                "speed-up b12 (measured / FLOPs)"):
+        t.add_column(col, justify="right")
+    for r in report["curve"]:
+        t.add_row(str(r["round"]), f"{r['target']:.2f}", f"{r['achieved_sparsity']:.3f}", f"{r['eval_loss']:.4f}",
+                  f"{r['params']:,}", f"{r['latency_b1_s'] * 1000:.1f} ms", f"{r['latency_b12_s'] * 1000:.1f} ms",
+                  f"{r.get('speedup_measured_b12', 1.0):.2f}x / {r.get('speedup_projected', 1.0):.2f}x")
+    Console().print(t)
+    for v in report["verdicts"]:
+        print(f"note: {v}")
+    print(f"artifact: {report['artifact']}\nreport:   {Path(cfg.reports_dir) / report['run']}")
 
 
 def main() -> None:

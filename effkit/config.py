@@ -69,7 +69,7 @@ class TrainConfig:
     reports_dir: str = "reports"
     resume: bool = False
 
-    def validate(self) -> TrainConfig:
+    def validate(self, allow_no_steps: bool = False) -> TrainConfig:
         if self.batch_size < 1:
             raise EffkitError(f"--batch-size must be at least 1 (got {self.batch_size})")
         if self.grad_accum < 1:
@@ -79,7 +79,7 @@ class TrainConfig:
                               "or --time-budget")
         if self.max_tokens < 0 or self.time_budget < 0:
             raise EffkitError("--max-tokens and --time-budget must be >= 0")
-        if self.max_steps == 0 and self.max_tokens == 0 and self.time_budget == 0:
+        if self.max_steps == 0 and self.max_tokens == 0 and self.time_budget == 0 and not allow_no_steps:
             raise EffkitError("nothing bounds training: set --max-steps, --max-tokens or --time-budget")
         if self.block_size < 2:
             raise EffkitError(f"--block-size must be at least 2 (got {self.block_size})")
@@ -106,7 +106,50 @@ class TrainConfig:
         return self
 
 
-STAGES: dict[str, type] = {"train": TrainConfig}
+PRUNE_MODES = ("weight", "row")
+IMPORTANCE = ("magnitude", "wanda")
+
+
+@dataclass
+class PruneConfig:
+    source: str = ""  # --from: an effkit artifact folder (default: runs/latest/train)
+    mode: str = "row"
+    target: float = 0.5  # fraction of the prunable weights removed at the last round
+    rounds: int = 3
+    finetune_steps: int = 40  # per round; 0 = no fine-tuning
+    importance: str = "magnitude"  # weight mode: magnitude | wanda
+    scope: str = "global"  # weight mode, magnitude: global | layer
+    calib_batches: int = 4
+    batch_size: int = 8
+    lr: float = 3e-4
+    warmup_steps: int = 5
+    seed: int = 1337
+    latency_repeats: int = 20
+    runs_dir: str = "runs"
+    reports_dir: str = "reports"
+
+    def validate(self) -> PruneConfig:
+        if self.mode not in PRUNE_MODES:
+            raise EffkitError(f"unknown --mode {self.mode!r}; choose weight or row")
+        if not 0 < self.target < 1:
+            raise EffkitError(f"--target must be between 0 and 1, exclusive (got {self.target}); "
+                              "it is the fraction of prunable weights removed")
+        if self.rounds < 1:
+            raise EffkitError(f"--rounds must be at least 1 (got {self.rounds})")
+        if self.finetune_steps < 0:
+            raise EffkitError(f"--finetune-steps must be >= 0 (got {self.finetune_steps})")
+        if self.importance not in IMPORTANCE:
+            raise EffkitError(f"unknown --importance {self.importance!r}; choose magnitude or wanda")
+        if self.importance == "wanda" and self.mode != "weight":
+            raise EffkitError("--importance wanda applies to --mode weight")
+        if self.scope not in ("global", "layer"):
+            raise EffkitError(f"unknown --scope {self.scope!r}; choose global or layer")
+        if self.batch_size < 1 or self.calib_batches < 1 or self.latency_repeats < 1:
+            raise EffkitError("--batch-size, --calib-batches and --latency-repeats must be at least 1")
+        return self
+
+
+STAGES: dict[str, type] = {"train": TrainConfig, "prune": PruneConfig}
 
 
 def field_names(cls: type) -> list[str]:

@@ -147,3 +147,35 @@ def evaluate(model, blocks: torch.Tensor, batch_size: int, device: torch.device,
     model.train(was_training)
     loss = total / count
     return {"eval_loss": loss, "perplexity": math.exp(min(loss, 50)), "eval_tokens": count}
+
+
+LATENCY_PROTOCOL = ("forward pass of (batch, block) random token ids in eval mode under torch.inference_mode, "
+                    "after {warmup} warm-up passes, {repeats} timed repeats with time.perf_counter "
+                    "(CUDA synchronised); percentiles over the repeats")
+
+
+@torch.inference_mode()
+def measure_latency(model, batch: int, block: int, device: torch.device, repeats: int = 20, warmup: int = 3,
+                    vocab: int | None = None, amp_dtype: torch.dtype | None = None) -> dict[str, float]:
+    """Forward latency of one (batch, block) input: p50/p90/p99, min/max and the relative spread."""
+    was_training = model.training
+    model.eval()
+    vocab = vocab or model.config.vocab_size
+    x = torch.randint(0, vocab, (batch, block), generator=torch.Generator().manual_seed(0)).to(device)
+    times = []
+    for i in range(warmup + repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t = time.perf_counter()
+        with autocast_ctx(device, amp_dtype):
+            model(x)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if i >= warmup:
+            times.append(time.perf_counter() - t)
+    model.train(was_training)
+    ts = torch.tensor(times, dtype=torch.float64)
+    p50 = float(ts.quantile(0.5))
+    return {"p50_s": p50, "p90_s": float(ts.quantile(0.9)), "p99_s": float(ts.quantile(0.99)),
+            "min_s": float(ts.min()), "max_s": float(ts.max()), "spread": float((ts.max() - ts.min()) / p50),
+            "repeats": repeats, "warmup": warmup, "batch": batch, "block": block}

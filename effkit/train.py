@@ -143,9 +143,18 @@ class _Progress:
 
 
 def train(cfg: TrainConfig, on_step: Callable[[int, float], None] | None = None, progress: bool = True,
-          rt: Runtime | None = None) -> dict[str, Any]:
-    """Train per `cfg`; returns the report dict. `on_step(step, loss)` is called after every step."""
-    cfg.validate()
+          rt: Runtime | None = None, *, model: torch.nn.Module | None = None, stage: str = "train",
+          tag: str = "train", parent: str | None = None, after_step: Callable[[torch.nn.Module], None] | None = None,
+          extra_metrics: Callable[[torch.nn.Module], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Train per `cfg`; returns the report dict. `on_step(step, loss)` is called after every step.
+
+    Fine-tuning (used by `effkit prune`): pass `model` (already built, e.g. pruned), with `cfg.model` the
+    parent artifact it came from (for its tokenizer); `after_step(model)` runs after every optimizer step (to
+    re-apply pruning masks); `extra_metrics(model)` adds stage metrics before the artifact is saved under
+    `runs/<run>/<tag>/`. With a given model, `max_steps = 0` means: evaluate and save without training.
+    """
+    finetune_only_eval = model is not None and cfg.max_steps == 0 and not cfg.max_tokens and not cfg.time_budget
+    cfg.validate(allow_no_steps=model is not None)
     rt = rt or init_runtime()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -171,7 +180,8 @@ def train(cfg: TrainConfig, on_step: Callable[[int, float], None] | None = None,
                               f"({n_positions}); use --block-size {n_positions} or less")
     torch.manual_seed(cfg.seed)
     corpus, tokenizer, tok_source, data = prepare_data(cfg)
-    model = prepare_model(cfg, tokenizer)
+    if model is None:
+        model = prepare_model(cfg, tokenizer)
     n_params = count_params(model)
     if resumed is not None:
         model.load_state_dict(resumed["model"])
@@ -219,7 +229,7 @@ def train(cfg: TrainConfig, on_step: Callable[[int, float], None] | None = None,
     memory = metrics.PeakMemory(rt.device)
     with memory, _Progress(progress and rt.is_main, horizon, start_step, "train") as bar:
         try:
-            while horizon == 0 or step < horizon:
+            while not finetune_only_eval and (horizon == 0 or step < horizon):
                 t0 = time.perf_counter()
                 loss_sum = torch.zeros((), device=rt.device)
                 for micro in range(cfg.grad_accum):
@@ -236,6 +246,8 @@ def train(cfg: TrainConfig, on_step: Callable[[int, float], None] | None = None,
                 scaler.step(optimizer)
                 scaler.update()
                 optimizer.zero_grad(set_to_none=True)
+                if after_step is not None:
+                    after_step(par.base_model)
                 lr = scheduler.get_last_lr()[0]
                 scheduler.step()
                 step_loss = par.mean_over_dp(loss_sum).item()
@@ -277,7 +289,8 @@ def train(cfg: TrainConfig, on_step: Callable[[int, float], None] | None = None,
     peak_mem = par.gather_ints(memory.peak_bytes)
     state = par.full_state_dict()
 
-    artifact = run_dir / "train"
+    stage_metrics = extra_metrics(par.base_model) if extra_metrics is not None else {}
+    artifact = run_dir / tag
     report = None
     if rt.is_main:
         applied = par.describe()
@@ -296,14 +309,16 @@ def train(cfg: TrainConfig, on_step: Callable[[int, float], None] | None = None,
             "train_wall_s": train_wall, "flops_per_token": fpt, "mfu": mfu, "peak_flops": peak,
             "peak_memory_bytes_per_rank": peak_mem, "params": n_params,
             "train_split_tokens": data.train_tokens, "heldout_split_tokens": data.heldout_tokens,
+            **stage_metrics,
         }
         with artifacts.atomic_dir(artifact) as tmp:
             save_model(par.base_model, tmp, tokenizer, state_dict=state)
             m["size_bytes"] = artifacts.dir_size(tmp)
-            meta = artifacts.write_meta(tmp, "train", asdict(cfg), m, parent=None, extra={"what_ran": what_ran})
+            meta = artifacts.write_meta(tmp, stage, asdict(cfg), m, parent=parent, extra={"what_ran": what_ran})
         artifacts.set_latest(runs_dir, run_dir)
         report = {
-            "stage": "train", "tag": "train", "run": run_name, "artifact": str(artifact), "time": meta["time"],
+            "stage": stage, "tag": tag, "parent": parent, "run": run_name, "artifact": str(artifact),
+            "time": meta["time"],
             "what_ran": what_ran, "metrics": m, "config": asdict(cfg), "versions": meta["versions"],
             "git_commit": meta["git_commit"], "verdicts": [],
             "protocol": {
@@ -321,9 +336,10 @@ def train(cfg: TrainConfig, on_step: Callable[[int, float], None] | None = None,
                                       "emulated and usually slower than fp32 here; compare with --no-amp")
         reports_dir = Path(cfg.reports_dir) / run_name
         write_stage_report(reports_dir, report)
-        write_rows_csv(reports_dir / "train_steps.csv", rows)
+        write_rows_csv(reports_dir / f"{tag}_steps.csv", rows)
         if rows:
-            plot_loss_curve(rows, reports_dir / "train_loss.png", f"{cfg.model} on {corpus.name}")
+            title = f"{tag}: {Path(cfg.model).name} on {corpus.name}"
+            plot_loss_curve(rows, reports_dir / f"{tag}_loss.png", title)
     rt.barrier()
     return report or {"stage": "train", "metrics": {"eval_loss": final["eval_loss"]}, "run": run_name,
                       "rows": rows}

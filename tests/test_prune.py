@@ -1,0 +1,114 @@
+import json
+import sys
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from effkit import cli
+from effkit.config import PruneConfig, TrainConfig
+from effkit.prune.stage import run_prune
+from effkit.train import train
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, corpus_dir):
+    tmp = tmp_path_factory.mktemp("prune")
+    cfg = TrainConfig(model="gpt2-nano", data=str(corpus_dir), vocab_size=512, block_size=32, eval_blocks=4,
+                      batch_size=4, max_steps=4, warmup_steps=1, eval_interval=0, checkpoint_interval=0,
+                      runs_dir=str(tmp / "runs"), reports_dir=str(tmp / "reports"), run_name="p")
+    report = train(cfg, progress=False)
+    return tmp, report["artifact"]
+
+
+def prune_cfg(tmp, artifact, **kw):
+    base = dict(source=artifact, rounds=2, finetune_steps=3, batch_size=4, latency_repeats=2, calib_batches=1,
+                runs_dir=str(tmp / "runs"), reports_dir=str(tmp / "reports"))
+    return PruneConfig(**{**base, **kw})
+
+
+def block_weights(model):
+    """The Conv1D weights of the blocks of a plain transformers GPT-2."""
+    return {n: p for n, p in model.named_parameters() if ".h." in n and n.endswith("weight") and p.dim() == 2}
+
+
+def test_row_pruned_artifact_is_smaller_and_loads_in_plain_transformers(trained):
+    tmp, artifact = trained
+    report = run_prune(prune_cfg(tmp, artifact, mode="row", target=0.5), progress=False)
+    assert [r["round"] for r in report["curve"]] == [0, 1, 2]
+    final = report["curve"][-1]["artifact"]
+    model = AutoModelForCausalLM.from_pretrained(final).eval()
+    assert model.config.n_inner == 128  # half of 4 x 64
+    mlp = model.transformer.h[0].mlp
+    assert tuple(mlp.c_fc.weight.shape) == (64, 128) and tuple(mlp.c_proj.weight.shape) == (128, 64)
+    with torch.no_grad():
+        logits = model(torch.randint(0, 512, (2, 16))).logits
+    assert logits.shape == (2, 16, 512) and torch.isfinite(logits).all()
+    assert report["curve"][-1]["params"] < report["curve"][0]["params"]
+    rdir = tmp / "reports" / "p"
+    for name in ("prune-row.json", "prune-row.csv", "prune_loss.png", "prune_latency.png", "prune-row-r2.json"):
+        assert (rdir / name).is_file(), name
+    meta = json.loads((tmp / "runs" / "p" / "prune-row-r2" / "effkit.json").read_text())
+    assert meta["stage"] == "prune" and meta["parent"].endswith("prune-row-r1")
+
+
+def test_weight_masks_stay_zero_through_finetuning_and_sparsity_is_counted(trained):
+    tmp, artifact = trained
+    report = run_prune(prune_cfg(tmp, artifact, mode="weight", target=0.6), progress=False)
+    r1, r2 = (AutoModelForCausalLM.from_pretrained(report["curve"][i]["artifact"]) for i in (1, 2))
+    w1, w2 = block_weights(r1), block_weights(r2)
+    zeros = sum(int((w == 0).sum()) for w in w2.values())
+    total = sum(w.numel() for w in w2.values())
+    assert report["curve"][-1]["achieved_sparsity"] == pytest.approx(zeros / total)
+    assert 0.59 <= zeros / total <= 0.61
+    for name in w1:  # every weight pruned in round 1 is still exactly zero after round 2's fine-tuning
+        assert (w2[name][w1[name] == 0] == 0).all(), name
+    # embeddings and layer norms are left alone
+    assert (r2.transformer.wte.weight != 0).all()
+
+
+def test_wanda_prunes_the_same_fraction_of_every_row(trained):
+    tmp, artifact = trained
+    report = run_prune(prune_cfg(tmp, artifact, mode="weight", importance="wanda", target=0.5, rounds=1,
+                                 finetune_steps=0), progress=False)
+    model = AutoModelForCausalLM.from_pretrained(report["artifact"])
+    w = model.transformer.h[0].mlp.c_fc.weight  # Conv1D: (in, out); Linear rows are its columns
+    per_row = (w == 0).sum(0)
+    assert (per_row == w.shape[0] // 2).all()
+
+
+def run_cli(args, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["effkit", "prune", *args])
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    return exc.value.code, capsys.readouterr().err.strip()
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--target", "0"], "--target must be between 0 and 1"),
+    (["--target", "1.5"], "--target must be between 0 and 1"),
+    (["--mode", "channel"], "unknown --mode 'channel'"),
+    (["--from", "/nonexistent/model"], "does not exist"),
+])
+def test_bad_prune_input(args, needle, trained, capsys, monkeypatch):
+    tmp, artifact = trained
+    base = ["--runs-dir", str(tmp / "runs"), "--reports-dir", str(tmp / "reports")]
+    if "--from" not in args:
+        base += ["--from", artifact]
+    code, err = run_cli([*base, *args], capsys, monkeypatch)
+    assert code == 2 and len(err.splitlines()) == 1 and needle in err, err
+
+
+def test_prune_refuses_non_effkit_and_quantized_folders(trained, tmp_path, capsys, monkeypatch):
+    tmp, artifact = trained
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "config.json").write_text("{}")
+    code, err = run_cli(["--from", str(plain)], capsys, monkeypatch)
+    assert code == 2 and "not an effkit artifact" in err
+    quant = tmp_path / "quant"
+    quant.mkdir()
+    (quant / "effkit.json").write_text(json.dumps({"stage": "quantize", "parent": artifact, "config": {},
+                                                   "metrics": {}}))
+    code, err = run_cli(["--from", str(quant)], capsys, monkeypatch)
+    assert code == 2 and "is a quantized artifact" in err and len(err.splitlines()) == 1
