@@ -12,7 +12,7 @@ from typing import Optional
 
 import typer
 
-from effkit.config import PruneConfig, TrainConfig, build_config
+from effkit.config import PruneConfig, QuantizeConfig, TrainConfig, build_config
 from effkit.errors import EffkitError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -37,7 +37,13 @@ def _explicit(ctx: typer.Context, names: list[str]) -> dict:
 
 
 def quiet_libraries() -> None:
+    import logging
+    import warnings
+
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    warnings.filterwarnings("ignore", message=".*inputs will be cast from torch.float32 to float16.*")  # bnb, CPU
+    warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
+    logging.getLogger("torchao").setLevel(logging.ERROR)
     import transformers
 
     transformers.utils.logging.set_verbosity_error()
@@ -210,6 +216,52 @@ def prune(
                   f"{r['params']:,}", f"{r['latency_b1_s'] * 1000:.1f} ms", f"{r['latency_b12_s'] * 1000:.1f} ms",
                   f"{r.get('speedup_measured_b12', 1.0):.2f}x / {r.get('speedup_projected', 1.0):.2f}x")
     Console().print(t)
+    for v in report["verdicts"]:
+        print(f"note: {v}")
+    print(f"artifact: {report['artifact']}\nreport:   {Path(cfg.reports_dir) / report['run']}")
+
+
+_Q = QuantizeConfig()
+
+
+@app.command()
+def quantize(
+    ctx: typer.Context,
+    recipe: Optional[Path] = typer.Option(None, help="TOML recipe; its [quantize] table sets defaults"),
+    source: str = typer.Option(_Q.source, "--from", help="artifact to quantize (default: newest of the latest run)"),
+    backend: str = typer.Option(_Q.backend, help="auto (measure, keep the fastest), dynamic, bnb, torchao"),
+    include_head: bool = typer.Option(_Q.include_head, "--include-head/--no-include-head",
+                                      help="also quantize the tied LM head / token embedding"),
+    threshold: float = typer.Option(_Q.threshold, help="bnb LLM.int8 outlier threshold"),
+    torchao_scheme: str = typer.Option(_Q.torchao_scheme, help="torchao: da8w8 (int8 act + weight) or w8"),
+    batch_size: int = typer.Option(_Q.batch_size, help="evaluation batch size"),
+    latency_repeats: int = typer.Option(_Q.latency_repeats, help="timed forward passes per latency figure"),
+    gen_tokens: int = typer.Option(_Q.gen_tokens, help="new tokens in the generation sample"),
+    runs_dir: str = typer.Option(_Q.runs_dir, help="where runs/ are"),
+    reports_dir: str = typer.Option(_Q.reports_dir, help="where reports/ go"),
+):
+    """Quantize an artifact to int8 and compare it with its parent (fp32 and bf16)."""
+    quiet_libraries()
+    from effkit.quantize import run_quantize
+
+    names = [f.name for f in dataclasses.fields(QuantizeConfig) if f.name in ctx.params]
+    cfg = build_config(QuantizeConfig, str(recipe) if recipe else None, _explicit(ctx, names))
+    report = run_quantize(cfg)
+    from rich.console import Console
+    from rich.table import Table
+
+    m = report["metrics"]
+    t = Table(title=f"quantize ({report['what_ran']['backend']}): {report['run']}")
+    for col in ("", "eval loss", "size", "latency b1 (p50)", "latency b12 (p50)", "generate tok/s"):
+        t.add_column(col, justify="right")
+    for label, r in (("parent fp32", m["parent_fp32"]), ("parent bf16", m["parent_bf16"]), ("int8", m)):
+        gen = r.get("generation", {}).get("tokens_per_s")
+        t.add_row(label, f"{r['eval_loss']:.4f}", f"{r['size_bytes'] / 2**20:.1f} MiB" if "size_bytes" in r else "",
+                  f"{r['latency_b1']['p50_s'] * 1000:.1f} ms", f"{r['latency_b12']['p50_s'] * 1000:.1f} ms",
+                  f"{gen:.0f}" if gen else "")
+    Console().print(t)
+    print(f"parent: {m['parent_fp32']['generation']['text'][:120]!r}")
+    print(f"int8:   {m['generation']['text'][:120]!r}")
     for v in report["verdicts"]:
         print(f"note: {v}")
     print(f"artifact: {report['artifact']}\nreport:   {Path(cfg.reports_dir) / report['run']}")

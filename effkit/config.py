@@ -149,7 +149,33 @@ class PruneConfig:
         return self
 
 
-STAGES: dict[str, type] = {"train": TrainConfig, "prune": PruneConfig}
+BACKENDS = ("auto", "dynamic", "bnb", "torchao")
+
+
+@dataclass
+class QuantizeConfig:
+    source: str = ""  # --from: an effkit artifact (default: the newest artifact of the latest run)
+    backend: str = "auto"
+    include_head: bool = False  # also the (tied) LM head and token embeddings
+    threshold: float = 6.0  # bnb outlier threshold
+    torchao_scheme: str = "da8w8"  # da8w8 (dynamic activation + weight) or w8 (weight-only)
+    batch_size: int = 8  # evaluation batch
+    latency_repeats: int = 20
+    gen_tokens: int = 64
+    runs_dir: str = "runs"
+    reports_dir: str = "reports"
+
+    def validate(self) -> QuantizeConfig:
+        if self.backend not in BACKENDS:
+            raise EffkitError(f"unknown --backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
+        if self.torchao_scheme not in ("da8w8", "w8"):
+            raise EffkitError(f"unknown --torchao-scheme {self.torchao_scheme!r}; choose da8w8 or w8")
+        if self.batch_size < 1 or self.latency_repeats < 1 or self.gen_tokens < 1:
+            raise EffkitError("--batch-size, --latency-repeats and --gen-tokens must be at least 1")
+        return self
+
+
+STAGES: dict[str, type] = {"train": TrainConfig, "prune": PruneConfig, "quantize": QuantizeConfig}
 
 
 def field_names(cls: type) -> list[str]:

@@ -1,0 +1,318 @@
+"""`effkit quantize`: int8 Linear layers through one of several backends, behind one interface.
+
+Backends: `dynamic` (PyTorch dynamic int8, per-channel weights, fbgemm/onednn kernels), `bnb` (bitsandbytes
+LLM.int8 `Linear8bitLt`, with its outlier threshold), `torchao` (int8 dynamic-activation + int8-weight, or
+int8 weight-only with `--torchao-scheme w8`). `auto` measures every backend that runs here at batch 12 and
+keeps the fastest.
+
+Storage is the same for all backends and never uses pickle: the weights of the quantized layers are stored as
+symmetric per-output-row int8 plus fp32 scales in safetensors, next to `quantization.json` (backend, scheme,
+layer names). At quantize time the weights are first rounded to exactly those int8 values; reloading
+dequantizes them and applies the same backend again, which reproduces the measured model (per-row symmetric
+int8 of an already-int8 tensor is the tensor itself).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from effkit import artifacts, metrics
+from effkit.config import QuantizeConfig
+from effkit.errors import EffkitError
+
+QUANT_FILE = "quantization.json"
+WEIGHTS_FILE = "quantized.safetensors"
+PROMPT = "The state of the Union"
+
+
+# ------------------------------------------------------------------------------------------------ int8 storage
+
+def quant_targets(model: nn.Module, include_head: bool) -> list[str]:
+    names = [f"transformer.h.{n}" for n, m in model.transformer.h.named_modules() if isinstance(m, nn.Linear)]
+    return names + (["lm_head"] if include_head else [])
+
+
+def int8_rowwise(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    scale = (w.abs().amax(dim=1, keepdim=True) / 127).clamp(min=1e-12)
+    return torch.round(w / scale).clamp(-127, 127).to(torch.int8), scale.squeeze(1).float()
+
+
+def _module(model: nn.Module, name: str) -> nn.Module:
+    return model.get_submodule(name)
+
+
+# ------------------------------------------------------------------------------------------------ backends
+
+def backend_available(backend: str) -> str | None:
+    """None if the backend can run here, else the reason it cannot."""
+    if backend == "dynamic":
+        engines = torch.backends.quantized.supported_engines
+        return None if any(e in engines for e in ("fbgemm", "x86", "onednn", "qnnpack")) else \
+            f"no quantized engine in this torch build ({engines})"
+    if backend == "bnb":
+        try:
+            import bitsandbytes  # noqa: F401
+        except Exception as e:  # noqa: BLE001 - any import failure means: not available
+            return f"bitsandbytes does not import ({type(e).__name__}: {str(e)[:100]}); pip install bitsandbytes"
+        return None
+    if backend == "torchao":
+        try:
+            import torchao.quantization  # noqa: F401
+        except Exception as e:  # noqa: BLE001
+            return f"torchao does not import ({type(e).__name__}: {str(e)[:100]}); pip install torchao"
+        return None
+    return f"unknown backend {backend}"
+
+
+def apply_backend(model: nn.Module, names: list[str], backend: str, threshold: float = 6.0,
+                  torchao_scheme: str = "da8w8") -> nn.Module:
+    """Replace the Linear layers `names` of `model` with the backend's int8 modules (in place)."""
+    import warnings
+
+    if backend == "dynamic":
+        from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # quantize_dynamic is deprecated, and still the fastest CPU int8 path
+            return quantize_dynamic(model, {n: per_channel_dynamic_qconfig for n in names}, dtype=torch.qint8,
+                                    inplace=True)
+    if backend == "torchao":
+        from torchao.quantization import Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig, quantize_
+
+        config = Int8DynamicActivationInt8WeightConfig() if torchao_scheme == "da8w8" else Int8WeightOnlyConfig()
+        targets = set(names)
+        if "lm_head" in targets:  # a quantized head cannot stay tied to the embedding
+            model.lm_head.weight = nn.Parameter(model.lm_head.weight.detach().clone())
+        quantize_(model, config, filter_fn=lambda m, fqn: fqn in targets)
+        return model
+    if backend == "bnb":
+        import bitsandbytes as bnb
+
+        for name in names:
+            lin = _module(model, name)
+            q = bnb.nn.Linear8bitLt(lin.in_features, lin.out_features, bias=lin.bias is not None,
+                                    has_fp16_weights=False, threshold=threshold)
+            q.weight = bnb.nn.Int8Params(lin.weight.detach().clone(), requires_grad=False, has_fp16_weights=False)
+            if lin.bias is not None:
+                q.bias = nn.Parameter(lin.bias.detach().clone(), requires_grad=False)
+            q = q.to(lin.weight.device)  # the move quantizes the weight row-wise
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, child, q)
+        return model
+    raise EffkitError(f"unknown backend {backend}")
+
+
+# ------------------------------------------------------------------------------------------------ save / load
+
+@torch.no_grad()
+def fake_quantize(model: nn.Module, names: list[str], include_head: bool) -> dict[str, torch.Tensor]:
+    """Round the target weights to per-row int8 in place; return the int8 tensors and scales to store."""
+    stored = {}
+    for name in names + (["transformer.wte"] if include_head else []):
+        w = _module(model, name).weight
+        q, s = int8_rowwise(w.float())
+        w.copy_((q.float() * s.unsqueeze(1)).to(w.dtype))
+        stored[f"{name}.weight.int8"], stored[f"{name}.weight.scale"] = q, s
+    return stored
+
+
+def save_quantized(folder: Path, model_fp: nn.Module, stored: dict[str, torch.Tensor], names: list[str],
+                   description: dict[str, Any], tokenizer) -> None:
+    skip = {f"{n}.weight" for n in names} | ({"transformer.wte.weight", "lm_head.weight"}
+                                            if description["include_head"] else set())
+    rest = {k: v.detach().cpu().contiguous() for k, v in model_fp.state_dict().items()
+            if k not in skip and k != "lm_head.weight"}  # the LM head is tied to the embedding
+    save_file({**rest, **{k: v.contiguous() for k, v in stored.items()}}, folder / WEIGHTS_FILE)
+    model_fp.config.save_pretrained(folder)
+    (folder / QUANT_FILE).write_text(json.dumps({**description, "layers": names}, indent=2))
+    tokenizer.save_pretrained(folder)
+
+
+def is_quantized(path: str | Path) -> bool:
+    return (Path(path) / QUANT_FILE).is_file()
+
+
+def load_quantized(path: str | Path) -> nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from effkit.model import conv1d_to_linear
+
+    path = Path(path)
+    desc = json.loads((path / QUANT_FILE).read_text())
+    reason = backend_available(desc["backend"])
+    if reason:
+        raise EffkitError(f"{path} was quantized with {desc['backend']}, which cannot run here: {reason}")
+    config = GPT2Config.from_pretrained(path)
+    config._attn_implementation = "sdpa"
+    model = conv1d_to_linear(GPT2LMHeadModel(config))
+    tensors = load_file(path / WEIGHTS_FILE)
+    with torch.no_grad():
+        for key in [k for k in tensors if k.endswith(".weight.int8")]:
+            name = key.removesuffix(".weight.int8")
+            w = tensors.pop(key).float() * tensors.pop(f"{name}.weight.scale").unsqueeze(1)
+            tensors[f"{name}.weight"] = w
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    if unexpected or set(missing) - {"lm_head.weight"}:
+        raise EffkitError(f"{path} does not match its config (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    model.tie_weights()
+    model.eval()
+    model.config.use_cache = False
+    return apply_backend(model, desc["layers"], desc["backend"], desc.get("threshold", 6.0),
+                         desc.get("torchao_scheme", "da8w8"))
+
+
+def load_any(path: str | Path) -> nn.Module:
+    """Any effkit artifact: quantized ones through their description, others through transformers."""
+    from effkit.model import load_model
+
+    return load_quantized(path) if is_quantized(path) else load_model(str(path))
+
+
+# ------------------------------------------------------------------------------------------------ measurement
+
+@torch.inference_mode()
+def generate_sample(model: nn.Module, tokenizer, max_new_tokens: int) -> dict[str, Any]:
+    """Greedy generation with the KV cache from a fixed prompt: the text and new tokens per second."""
+    ids = tokenizer(PROMPT, return_tensors="pt").input_ids
+    model.config.use_cache = True
+    try:
+        model.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=tokenizer.eos_token_id)  # warm-up
+        t = time.perf_counter()
+        out = model.generate(ids, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False,
+                             pad_token_id=tokenizer.eos_token_id)
+        dt = time.perf_counter() - t
+    finally:
+        model.config.use_cache = False
+    new = out.shape[1] - ids.shape[1]
+    return {"prompt": PROMPT, "text": tokenizer.decode(out[0][ids.shape[1]:]), "new_tokens": new,
+            "tokens_per_s": new / dt}
+
+
+def measure(model: nn.Module, tokenizer, eval_blocks: torch.Tensor, cfg: QuantizeConfig, block: int,
+            amp_dtype: torch.dtype | None = None, sample: bool = True) -> dict[str, Any]:
+    device = torch.device("cpu")
+    m: dict[str, Any] = metrics.evaluate(model, eval_blocks, cfg.batch_size, device, amp_dtype)
+    for b in (1, 12):
+        m[f"latency_b{b}"] = metrics.measure_latency(model, b, block, device, repeats=cfg.latency_repeats,
+                                                     vocab=model.config.vocab_size, amp_dtype=amp_dtype)
+    if sample:
+        m["generation"] = generate_sample(model, tokenizer, cfg.gen_tokens)
+    return m
+
+
+# ------------------------------------------------------------------------------------------------ the stage
+
+def newest_artifact(runs_dir: str) -> Path:
+    run = artifacts.latest_run(Path(runs_dir))
+    found = []
+    for d in run.iterdir():
+        if (d / artifacts.META).is_file() and not is_quantized(d):
+            found.append((artifacts.read_meta(d).get("time", ""), d))
+    if not found:
+        raise EffkitError(f"no artifact to quantize in {run}; run `effkit train` first or pass --from PATH")
+    return max(found)[1]
+
+
+def run_quantize(cfg: QuantizeConfig) -> dict[str, Any]:
+    import copy
+
+    from effkit.config import TrainConfig
+    from effkit.model import load_model
+    from effkit.report import write_stage_report
+    from effkit.train import prepare_data
+
+    cfg.validate()
+    source = Path(cfg.source) if cfg.source else newest_artifact(cfg.runs_dir)
+    if not source.exists():
+        raise EffkitError(f"artifact {source} does not exist; pass --from PATH to an effkit artifact folder")
+    meta = artifacts.read_meta(source)
+    if meta["stage"] == "quantize" or is_quantized(source):
+        raise EffkitError(f"{source} is already quantized; quantize its parent ({meta.get('parent')}) instead")
+    if cfg.backend != "auto" and (reason := backend_available(cfg.backend)):
+        raise EffkitError(f"--backend {cfg.backend} cannot run here: {reason}")
+
+    train_cfg = TrainConfig(**{k: v for k, v in meta["config"].items() if k in TrainConfig.__dataclass_fields__})
+    train_cfg.model = str(source)
+    _, tokenizer, _, data = prepare_data(train_cfg)
+    block = train_cfg.block_size
+    parent = load_model(str(source)).eval()
+    parent_fp32 = measure(parent, tokenizer, data.eval, cfg, block)
+    parent_bf16 = measure(parent, tokenizer, data.eval, cfg, block, amp_dtype=torch.bfloat16, sample=False)
+    parent_fp32["size_bytes"] = artifacts.dir_size(source)
+
+    names = quant_targets(parent, cfg.include_head)
+    backend, auto_note = cfg.backend, None
+    if backend == "auto":
+        trials = {}
+        for b in ("dynamic", "torchao", "bnb"):
+            if reason := backend_available(b):
+                trials[b] = f"not run: {reason}"
+                continue
+            cand = copy.deepcopy(parent)
+            fake_quantize(cand, names, cfg.include_head)
+            apply_backend(cand, names, b, cfg.threshold, cfg.torchao_scheme)
+            trials[b] = metrics.measure_latency(cand, 12, block, torch.device("cpu"), repeats=5)["p50_s"]
+        timed = {b: t for b, t in trials.items() if isinstance(t, float)}
+        backend = min(timed, key=timed.get)
+        auto_note = {"picked": backend, "how": "measured forward latency p50 at batch 12 (5 repeats) per backend",
+                     "latency_b12_s": trials}
+
+    model = copy.deepcopy(parent)
+    stored = fake_quantize(model, names, cfg.include_head)
+    fp_copy = copy.deepcopy(model)  # the fake-quantized fp32 weights, for storage of the non-quantized rest
+    apply_backend(model, names, backend, cfg.threshold, cfg.torchao_scheme)
+    q = measure(model, tokenizer, data.eval, cfg, block)
+
+    run_dir = source.parent
+    tag = f"quantize-{backend}" + (f"-{cfg.torchao_scheme}" if backend == "torchao" else "")
+    description = {"backend": backend, "include_head": cfg.include_head, "threshold": cfg.threshold,
+                   "torchao_scheme": cfg.torchao_scheme, "storage": "per-output-row symmetric int8 + fp32 scales"}
+    verdicts = []
+    if q["latency_b12"]["p50_s"] > parent_fp32["latency_b12"]["p50_s"]:
+        verdicts.append(f"int8 ({backend}) is slower than the fp32 parent on this device at batch 12")
+    if q["eval_loss"] > 1.01 * parent_fp32["eval_loss"]:
+        verdicts.append(f"eval loss is {q['eval_loss'] / parent_fp32['eval_loss'] - 1:.2%} worse than the parent")
+    if parent_bf16["latency_b12"]["p50_s"] > parent_fp32["latency_b12"]["p50_s"] and not metrics.cpu_has_native_bf16():
+        verdicts.append("bf16 is slower than fp32 here: this CPU has no native bf16 (AVX512-BF16/AMX)")
+
+    artifact = run_dir / tag
+    with artifacts.atomic_dir(artifact) as tmp:
+        save_quantized(tmp, fp_copy, stored, names, description, tokenizer)
+        q["size_bytes"] = artifacts.dir_size(tmp)
+        m = {**{k: v for k, v in q.items()},
+             "parent_fp32": parent_fp32, "parent_bf16": parent_bf16,
+             "eval_loss_delta_vs_parent": q["eval_loss"] / parent_fp32["eval_loss"] - 1,
+             "eval_loss_delta_vs_parent_bf16": q["eval_loss"] / parent_bf16["eval_loss"] - 1,
+             "size_ratio_vs_parent": q["size_bytes"] / parent_fp32["size_bytes"],
+             **{f"latency_ratio_b{b}_vs_parent": q[f"latency_b{b}"]["p50_s"] / parent_fp32[f"latency_b{b}"]["p50_s"]
+                for b in (1, 12)},
+             **{f"latency_ratio_b{b}_vs_parent_bf16":
+                q[f"latency_b{b}"]["p50_s"] / parent_bf16[f"latency_b{b}"]["p50_s"] for b in (1, 12)},
+             "params": sum(p.numel() for p in parent.parameters()), "quantized_layers": len(names)}
+        if auto_note:
+            m["auto"] = auto_note
+        meta_out = artifacts.write_meta(tmp, "quantize", asdict(cfg), m, parent=str(source),
+                                        extra={"quantization": description})
+    report = {
+        "stage": "quantize", "tag": tag, "parent": str(source), "run": run_dir.name, "artifact": str(artifact),
+        "time": meta_out["time"], "config": asdict(cfg), "metrics": m, "verdicts": verdicts,
+        "what_ran": {"device": metrics.describe_device(torch.device("cpu")), "backend": backend,
+                     "world_size": 1, "parallel": "none", "amp_dtype": "fp32 activations, int8 weights",
+                     "quantized_layers": len(names), "include_head": cfg.include_head},
+        "versions": meta_out["versions"], "git_commit": meta_out["git_commit"],
+        "protocol": {"eval_loss": metrics.EVAL_PROTOCOL,
+                     "latency": metrics.LATENCY_PROTOCOL.format(warmup=3, repeats=cfg.latency_repeats),
+                     "generation": f"greedy decoding with the KV cache of {cfg.gen_tokens} new tokens from "
+                                   f"{PROMPT!r} after a 4-token warm-up; new tokens / wall time",
+                     "size": "bytes of all files in the artifact folder"},
+    }
+    write_stage_report(Path(cfg.reports_dir) / run_dir.name, report)
+    return report

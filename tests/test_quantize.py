@@ -1,0 +1,83 @@
+import json
+import sys
+
+import pytest
+import torch
+
+from effkit import cli, metrics
+from effkit.config import PruneConfig, QuantizeConfig, TrainConfig
+from effkit.prune.stage import run_prune
+from effkit.quantize import backend_available, load_quantized, run_quantize
+from effkit.train import prepare_data, train
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, corpus_dir):
+    tmp = tmp_path_factory.mktemp("quant")
+    cfg = TrainConfig(model="gpt2-nano", data=str(corpus_dir), vocab_size=512, block_size=32, eval_blocks=4,
+                      batch_size=4, max_steps=6, warmup_steps=1, eval_interval=0, checkpoint_interval=0,
+                      runs_dir=str(tmp / "runs"), reports_dir=str(tmp / "reports"), run_name="q", lr=3e-3)
+    report = train(cfg, progress=False)
+    _, _, _, data = prepare_data(cfg)
+    return tmp, report["artifact"], data.eval
+
+
+def qcfg(tmp, source, **kw):
+    return QuantizeConfig(**{"source": source, "latency_repeats": 2, "gen_tokens": 4, "batch_size": 4,
+                             "runs_dir": str(tmp / "runs"), "reports_dir": str(tmp / "reports"), **kw})
+
+
+@pytest.mark.parametrize("backend", ["dynamic", "torchao", "bnb"])
+def test_backend_quantizes_reloads_and_stays_close(backend, trained):
+    if reason := backend_available(backend):
+        pytest.skip(f"not run: {reason}")
+    tmp, artifact, eval_blocks = trained
+    report = run_quantize(qcfg(tmp, artifact, backend=backend, include_head=backend == "dynamic"))
+    m = report["metrics"]
+    assert report["what_ran"]["backend"] == backend
+    assert abs(m["eval_loss_delta_vs_parent"]) < 0.02
+    assert m["size_bytes"] < m["parent_fp32"]["size_bytes"]
+    assert m["generation"]["new_tokens"] == 4 and m["parent_fp32"]["generation"]["text"]
+    reloaded = load_quantized(report["artifact"])  # from the folder alone
+    again = metrics.evaluate(reloaded, eval_blocks, 4, torch.device("cpu"))
+    assert again["eval_loss"] == pytest.approx(m["eval_loss"], rel=1e-4)
+    saved = json.loads((tmp / "runs" / "q" / report["tag"] / "effkit.json").read_text())
+    assert saved["stage"] == "quantize" and saved["parent"] == artifact
+
+
+def test_auto_measures_and_names_its_choice(trained):
+    tmp, artifact, _ = trained
+    report = run_quantize(qcfg(tmp, artifact, backend="auto"))
+    auto = report["metrics"]["auto"]
+    assert auto["picked"] == report["what_ran"]["backend"]
+    timed = {b: t for b, t in auto["latency_b12_s"].items() if isinstance(t, float)}
+    assert auto["picked"] == min(timed, key=timed.get)
+
+
+def test_a_row_pruned_artifact_quantizes(trained):
+    tmp, artifact, eval_blocks = trained
+    pruned = run_prune(PruneConfig(source=artifact, mode="row", target=0.5, rounds=1, finetune_steps=0,
+                                   latency_repeats=2, runs_dir=str(tmp / "runs"), reports_dir=str(tmp / "reports")),
+                       progress=False)
+    report = run_quantize(qcfg(tmp, pruned["artifact"], backend="dynamic"))
+    model = load_quantized(report["artifact"])
+    assert model.config.n_inner == 128
+    assert abs(report["metrics"]["eval_loss_delta_vs_parent"]) < 0.02
+
+
+def run_cli(args, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["effkit", "quantize", *args])
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    return exc.value.code, capsys.readouterr().err.strip()
+
+
+def test_bad_quantize_input(trained, capsys, monkeypatch):
+    tmp, artifact, _ = trained
+    code, err = run_cli(["--from", artifact, "--backend", "fp4"], capsys, monkeypatch)
+    assert code == 2 and "unknown --backend 'fp4'" in err and len(err.splitlines()) == 1
+    code, err = run_cli(["--from", str(tmp / "missing")], capsys, monkeypatch)
+    assert code == 2 and "does not exist" in err
+    done = run_quantize(qcfg(tmp, artifact, backend="dynamic"))
+    code, err = run_cli(["--from", done["artifact"]], capsys, monkeypatch)
+    assert code == 2 and "already quantized" in err and len(err.splitlines()) == 1
