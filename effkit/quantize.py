@@ -272,7 +272,8 @@ def run_quantize(cfg: QuantizeConfig) -> dict[str, Any]:
     q = measure(model, tokenizer, data.eval, cfg, block)
 
     run_dir = source.parent
-    tag = f"quantize-{backend}" + (f"-{cfg.torchao_scheme}" if backend == "torchao" else "")
+    tag = (f"quantize-{backend}" + (f"-{cfg.torchao_scheme}" if backend == "torchao" else "")
+           + ("-head" if cfg.include_head else ""))
     description = {"backend": backend, "include_head": cfg.include_head, "threshold": cfg.threshold,
                    "torchao_scheme": cfg.torchao_scheme, "storage": "per-output-row symmetric int8 + fp32 scales"}
     verdicts = []
