@@ -12,7 +12,7 @@ from typing import Optional
 
 import typer
 
-from effkit.config import PruneConfig, QuantizeConfig, TrainConfig, build_config
+from effkit.config import BenchConfig, PruneConfig, QuantizeConfig, TrainConfig, build_config
 from effkit.errors import EffkitError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -265,6 +265,112 @@ def quantize(
     for v in report["verdicts"]:
         print(f"note: {v}")
     print(f"artifact: {report['artifact']}\nreport:   {Path(cfg.reports_dir) / report['run']}")
+
+
+_B = BenchConfig()
+
+
+@app.command()
+def bench(
+    ctx: typer.Context,
+    paths: Optional[list[str]] = typer.Argument(None, help="artifact folders (default: every artifact of the run)"),
+    recipe: Optional[Path] = typer.Option(None, help="TOML recipe; its [bench] table sets defaults"),
+    run: str = typer.Option(_B.run, help="run name under --runs-dir (default: the latest run)"),
+    quick: bool = typer.Option(_B.quick, "--quick", help="fewer repeats and tokens: a fast, noisier look"),
+    repeats: int = typer.Option(_B.repeats, help="timed forward passes per latency figure"),
+    gen_tokens: int = typer.Option(_B.gen_tokens, help="new tokens for generation tokens/s"),
+    train_steps: int = typer.Option(_B.train_steps, help="timed steps per training-throughput figure"),
+    batch_size: int = typer.Option(_B.batch_size, help="evaluation batch size"),
+    json_out: bool = typer.Option(False, "--json", help="print the machine-readable result instead of the table"),
+    runs_dir: str = typer.Option(_B.runs_dir, help="where runs/ are"),
+    reports_dir: str = typer.Option(_B.reports_dir, help="where reports/ go"),
+):
+    """Measure every artifact of a run with one protocol; table, bench.json/csv/md and leaderboard.json."""
+    quiet_libraries()
+    names = [f.name for f in dataclasses.fields(BenchConfig) if f.name in ctx.params and f.name != "paths"]
+    cfg = build_config(BenchConfig, str(recipe) if recipe else None, _explicit(ctx, names))
+    cfg.paths = tuple(paths or ())
+    from effkit.bench import run_bench, table_rows
+
+    report = run_bench(cfg, progress=not json_out)
+    if json_out:
+        print(json.dumps(report, indent=2, default=str))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    cols, rows = table_rows(report)
+    t = Table(title=f"effkit bench: {report['run']} ({report['device']})")
+    for c in cols:
+        t.add_column(c, justify="left" if c == "artifact" else "right")
+    for r in rows:
+        t.add_row(*r)
+    Console().print(t)
+    if any(r["flags"] for r in report["artifacts"]):
+        print("⚠: latency spread above 10% (noisy timing); see bench.md")
+    print(f"report: {Path(cfg.reports_dir) / report['run']}/bench.md")
+
+
+@app.command()
+def generate(
+    source: str = typer.Option("", "--from", help="artifact folder (default: newest artifact of the latest run)"),
+    prompt: str = typer.Option("The state of the Union", help="text to continue"),
+    max_new_tokens: int = typer.Option(64, help="tokens to generate"),
+    temperature: float = typer.Option(0.0, help="0 = greedy; otherwise sample at this temperature"),
+    top_k: int = typer.Option(50, help="sample among the k most likely tokens (with --temperature > 0)"),
+    seed: int = typer.Option(0, help="random seed for sampling"),
+    runs_dir: str = typer.Option("runs", help="where runs/ are"),
+):
+    """Stream text from any artifact, quantized ones included."""
+    quiet_libraries()
+    import torch
+    from transformers import AutoTokenizer, TextStreamer
+
+    from effkit.artifacts import read_meta, resolve_artifact
+    from effkit.quantize import load_any
+
+    if max_new_tokens < 1:
+        raise EffkitError(f"--max-new-tokens must be at least 1 (got {max_new_tokens})")
+    if temperature < 0:
+        raise EffkitError(f"--temperature must be >= 0 (got {temperature})")
+    path = resolve_artifact(source, runs_dir, default_tag="") if source else _newest(runs_dir)
+    read_meta(path)
+    tok = AutoTokenizer.from_pretrained(path)
+    model = load_any(path).eval()
+    model.config.use_cache = True
+    ids = tok(prompt, return_tensors="pt").input_ids
+    if ids.shape[1] + max_new_tokens > model.config.n_positions:
+        raise EffkitError(f"prompt ({ids.shape[1]} tokens) + --max-new-tokens exceed the model's context "
+                          f"({model.config.n_positions}); ask for fewer tokens")
+    torch.manual_seed(seed)
+    kwargs = {"do_sample": True, "temperature": temperature, "top_k": top_k} if temperature > 0 else \
+        {"do_sample": False}
+    with torch.inference_mode():
+        model.generate(ids, max_new_tokens=max_new_tokens, pad_token_id=tok.eos_token_id,
+                       streamer=TextStreamer(tok), **kwargs)
+
+
+def _newest(runs_dir: str) -> Path:
+    from effkit.quantize import newest_artifact
+
+    return newest_artifact(runs_dir, quantized=True)
+
+
+@app.command()
+def report(
+    run: Optional[str] = typer.Argument(None, help="run name (default: the latest run)"),
+    runs_dir: str = typer.Option("runs", help="where runs/ are (to find the latest run)"),
+    reports_dir: str = typer.Option("reports", help="where reports/ are"),
+):
+    """Render reports/<run>/summary.md with PNG plots (loss curves, pruning curves, artifact comparison)."""
+    from effkit.artifacts import latest_run
+    from effkit.report import render_run_report
+
+    name = run or latest_run(Path(runs_dir)).name
+    summary, plots = render_run_report(Path(reports_dir), name)
+    print(f"report: {summary}")
+    for p in plots:
+        print(f"plot:   {p}")
 
 
 def main() -> None:

@@ -175,7 +175,30 @@ class QuantizeConfig:
         return self
 
 
-STAGES: dict[str, type] = {"train": TrainConfig, "prune": PruneConfig, "quantize": QuantizeConfig}
+@dataclass
+class BenchConfig:
+    paths: tuple[str, ...] = ()  # artifacts to measure (default: every artifact of the run)
+    run: str = ""  # run name under runs_dir (default: the latest run)
+    quick: bool = False  # fewer repeats and tokens, for a fast look
+    repeats: int = 20
+    gen_tokens: int = 128
+    train_steps: int = 3  # timed optimizer steps per training-throughput figure (after 1 warm-up step)
+    batch_size: int = 8  # evaluation batch
+    runs_dir: str = "runs"
+    reports_dir: str = "reports"
+
+    def validate(self) -> BenchConfig:
+        if self.repeats < 1 or self.gen_tokens < 1 or self.train_steps < 1:
+            raise EffkitError("--repeats, --gen-tokens and --train-steps must be at least 1")
+        if self.batch_size < 1:
+            raise EffkitError(f"--batch-size must be at least 1 (got {self.batch_size})")
+        if self.quick:
+            self.repeats, self.gen_tokens, self.train_steps = min(self.repeats, 5), min(self.gen_tokens, 32), 1
+        return self
+
+
+STAGES: dict[str, type] = {"train": TrainConfig, "prune": PruneConfig, "quantize": QuantizeConfig,
+                           "bench": BenchConfig}
 
 
 def field_names(cls: type) -> list[str]:

@@ -210,14 +210,15 @@ def measure(model: nn.Module, tokenizer, eval_blocks: torch.Tensor, cfg: Quantiz
 
 # ------------------------------------------------------------------------------------------------ the stage
 
-def newest_artifact(runs_dir: str) -> Path:
+def newest_artifact(runs_dir: str, quantized: bool = False) -> Path:
+    """The newest artifact of the latest run (quantized ones only if `quantized`)."""
     run = artifacts.latest_run(Path(runs_dir))
     found = []
     for d in run.iterdir():
-        if (d / artifacts.META).is_file() and not is_quantized(d):
+        if (d / artifacts.META).is_file() and (quantized or not is_quantized(d)):
             found.append((artifacts.read_meta(d).get("time", ""), d))
     if not found:
-        raise EffkitError(f"no artifact to quantize in {run}; run `effkit train` first or pass --from PATH")
+        raise EffkitError(f"no artifact in {run}; run `effkit train` first or pass --from PATH")
     return max(found)[1]
 
 

@@ -115,3 +115,97 @@ def plot_loss_curve(rows: list[dict[str, Any]], path: Path, title: str = "traini
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return Path(path)
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_loss_curves(out: Path) -> Path | None:
+    """Every `<tag>_steps.csv` of the run on one plot."""
+    files = sorted(out.glob("*_steps.csv"))
+    if not files:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    offset = 0
+    for f in files:
+        rows = list(csv.DictReader(f.open()))
+        if not rows:
+            continue
+        tag = f.name.removesuffix("_steps.csv")
+        steps = [int(r["step"]) for r in rows]
+        if tag != "train":  # fine-tuning rounds continue the x axis after training
+            steps = [s + offset for s in steps]
+        ax.plot(steps, [float(r["loss"]) for r in rows], lw=1, label=tag)
+        if tag == "train":
+            offset = steps[-1]
+    ax.set_xlabel("step (fine-tuning rounds follow training)")
+    ax.set_ylabel("train loss (nats/token)")
+    ax.grid(alpha=0.3)
+    if len(files) <= 12:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = out / "loss_curves.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_comparison(out: Path) -> Path | None:
+    """Loss, latency (batch 12) and size of every benchmarked artifact, side by side."""
+    bench = out / "bench.json"
+    if not bench.is_file():
+        return None
+    rows = json.loads(bench.read_text())["artifacts"]
+    plt = _plt()
+    fig, axes = plt.subplots(1, 3, figsize=(12, max(3.0, 0.35 * len(rows) + 1.2)), sharey=True)
+    tags = [r["tag"] for r in rows]
+    series = [("held-out loss", [r["eval_loss"] for r in rows]),
+              ("latency b12 p50 (ms)", [r["latency_b12"]["p50_s"] * 1e3 for r in rows]),
+              ("size on disk (MiB)", [r["size_bytes"] / 2**20 for r in rows])]
+    for ax, (title, values) in zip(axes, series, strict=True):
+        ax.barh(tags, values, color=["#4c72b0" if r["stage"] == "train" else "#dd8452" if r["stage"] == "prune"
+                                     else "#55a868" for r in rows])
+        ax.set_title(title)
+        ax.grid(axis="x", alpha=0.3)
+    axes[0].invert_yaxis()
+    fig.tight_layout()
+    path = out / "comparison.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def render_run_report(reports_dir: Path, run: str) -> tuple[Path, list[Path]]:
+    """Re-render `summary.md` of a run from its stage JSONs, with PNG plots."""
+    from effkit.errors import EffkitError
+
+    out = Path(reports_dir) / run
+    if not out.is_dir():
+        known = sorted(p.name for p in Path(reports_dir).iterdir() if p.is_dir()) if Path(reports_dir).is_dir() else []
+        raise EffkitError(f"unknown run {run!r}: no {out}; known runs: {', '.join(known) or 'none'}")
+    stage_reports = []
+    for p in sorted(out.glob("*.json")):
+        data = json.loads(p.read_text())
+        if isinstance(data, dict) and "tag" in data and "metrics" in data:
+            stage_reports.append(data)
+    stage_reports.sort(key=lambda r: str(r.get("time", "")))
+    plots = [p for p in (plot_loss_curves(out), plot_comparison(out)) if p]
+    if any(out.glob("prune-*.json")):
+        from effkit.prune.stage import plot_prune_curves
+
+        plots += plot_prune_curves(out)
+    lines = [f"# effkit report: {run}", ""]
+    for p in plots:
+        lines += [f"![{p.stem}]({p.name})", ""]
+    if (out / "bench.md").is_file():
+        lines += ["## Benchmark", "", *(out / "bench.md").read_text().splitlines()[2:], ""]
+    lines += [markdown_section(r) for r in stage_reports]
+    atomic_write_text(out / "summary.md", "\n".join(lines) + "\n")
+    return out / "summary.md", plots

@@ -1,0 +1,111 @@
+import csv
+import json
+import subprocess
+import sys
+
+import pytest
+
+from effkit import cli
+from effkit.bench import LEADERBOARD_UNITS, run_bench
+from effkit.config import BenchConfig, PruneConfig, QuantizeConfig, TrainConfig
+from effkit.prune.stage import run_prune
+from effkit.quantize import run_quantize
+from effkit.report import render_run_report
+from effkit.train import train
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def run_with_artifacts(tmp_path_factory, corpus_dir):
+    tmp = tmp_path_factory.mktemp("bench")
+    dirs = {"runs_dir": str(tmp / "runs"), "reports_dir": str(tmp / "reports")}
+    dense = train(TrainConfig(model="gpt2-nano", data=str(corpus_dir), vocab_size=512, block_size=32, eval_blocks=4,
+                              batch_size=4, max_steps=4, warmup_steps=1, eval_interval=0, checkpoint_interval=0,
+                              run_name="b", **dirs), progress=False)["artifact"]
+    pruned = run_prune(PruneConfig(source=dense, mode="row", target=0.5, rounds=1, finetune_steps=1,
+                                   latency_repeats=2, **dirs), progress=False)["artifact"]
+    quant = run_quantize(QuantizeConfig(source=dense, backend="dynamic", latency_repeats=2, gen_tokens=4,
+                                        **dirs))["artifact"]
+    report = run_bench(BenchConfig(quick=True, **dirs), progress=False)
+    return tmp, dirs, report, (dense, pruned, quant)
+
+
+def test_bench_measures_every_artifact_with_a_complete_schema(run_with_artifacts):
+    tmp, _, report, (dense, pruned, quant) = run_with_artifacts
+    tags = [r["tag"] for r in report["artifacts"]]
+    assert tags == ["train", "prune-row-r1", "quantize-dynamic"]  # dense first
+    for r in report["artifacts"]:
+        for key in ("eval_loss", "perplexity", "latency_b1", "latency_b12", "generation", "train_tokens_per_s_b4",
+                    "train_tokens_per_s_b12", "peak_memory_bytes", "params", "size_bytes", "delta", "flags"):
+            assert key in r, (r["tag"], key)
+        for stat in ("p50_s", "p90_s", "p99_s", "min_s", "max_s", "spread"):
+            assert r["latency_b12"][stat] > 0 or stat == "spread"
+    quant_row = report["artifacts"][2]
+    assert quant_row["train_tokens_per_s_b4"].startswith("not run:")
+    assert isinstance(report["artifacts"][0]["train_tokens_per_s_b12"], float)
+    assert {"eval_loss", "latency", "generation", "training_throughput", "peak_memory"} <= set(report["protocol"])
+
+
+def test_deltas_are_relative_to_the_dense_artifact(run_with_artifacts):
+    _, _, report, _ = run_with_artifacts
+    base, pruned = report["artifacts"][0], report["artifacts"][1]
+    assert base["delta"]["eval_loss"] == 0 and base["delta"]["size"] == 0
+    assert pruned["delta"]["eval_loss"] == pytest.approx(pruned["eval_loss"] / base["eval_loss"] - 1)
+    assert pruned["delta"]["size"] == pytest.approx(pruned["size_bytes"] / base["size_bytes"] - 1)
+    assert pruned["delta"]["size"] < 0
+
+
+def test_bench_files_and_leaderboard(run_with_artifacts):
+    tmp, _, report, _ = run_with_artifacts
+    out = tmp / "reports" / "b"
+    for name in ("bench.json", "bench.csv", "bench.md", "leaderboard.json"):
+        assert (out / name).is_file(), name
+    board = json.loads((out / "leaderboard.json").read_text())
+    assert board["units"] == LEADERBOARD_UNITS
+    assert set(board["artifacts"]["train"]) == {"loss", "inference_latency_1", "inference_latency_12",
+                                                 "training_throughput_4", "training_throughput_12"}
+    assert board["artifacts"]["quantize-dynamic"]["training_throughput_4"] is None
+    rows = list(csv.DictReader((out / "bench.csv").open()))
+    assert [r["tag"] for r in rows] == ["train", "prune-row-r1", "quantize-dynamic"]
+
+
+def test_report_renders_summary_with_valid_pngs(run_with_artifacts):
+    tmp, dirs, _, _ = run_with_artifacts
+    summary, plots = render_run_report(tmp / "reports", "b")
+    names = {p.name for p in plots}
+    assert {"loss_curves.png", "comparison.png", "prune_loss.png", "prune_latency.png"} <= names
+    for p in plots:
+        assert p.read_bytes()[:8] == PNG
+    text = summary.read_text()
+    assert "![comparison](comparison.png)" in text and "## Benchmark" in text and "## train (train)" in text
+
+
+@pytest.mark.parametrize("which", [0, 2])  # dense and quantized
+def test_generate_streams_text(run_with_artifacts, which):
+    _, dirs, _, paths = run_with_artifacts
+    out = subprocess.run([sys.executable, "-m", "effkit", "generate", "--from", paths[which], "--prompt",
+                          "The Congress", "--max-new-tokens", "8"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-1500:]
+    assert out.stdout.startswith("The Congress") and len(out.stdout.strip()) > len("The Congress")
+
+
+def run_cli(args, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["effkit", *args])
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    return exc.value.code, capsys.readouterr().err.strip()
+
+
+def test_bench_bad_input(run_with_artifacts, tmp_path, capsys, monkeypatch):
+    _, dirs, _, _ = run_with_artifacts
+    cases = [
+        (["bench", "--runs-dir", str(tmp_path / "none")], "no runs found"),
+        (["bench", "--run", "nope", "--runs-dir", dirs["runs_dir"]], "unknown run 'nope'"),
+        (["bench", "--batch-size", "0", "--runs-dir", dirs["runs_dir"]], "--batch-size must be at least 1"),
+        (["bench", str(tmp_path), "--runs-dir", dirs["runs_dir"]], "not an effkit artifact"),
+        (["report", "nope", "--reports-dir", dirs["reports_dir"]], "unknown run 'nope'"),
+    ]
+    for args, needle in cases:
+        code, err = run_cli(args, capsys, monkeypatch)
+        assert code == 2 and len(err.splitlines()) == 1 and needle in err, (args, err)
