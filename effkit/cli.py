@@ -110,48 +110,10 @@ def train(
         from effkit.artifacts import latest_run
 
         cfg.run_name = latest_run(Path(cfg.runs_dir)).name
-    if cfg.parallel != "none" or cfg.nproc > 1 or cfg.nnodes > 1:
-        report = _launch_parallel(cfg)
-    else:
-        from effkit.train import train as run_train
+    from effkit.parallel.launch import train_any
 
-        report = run_train(cfg)
+    report = train_any(cfg)
     _print_train_summary(report)
-
-
-def _n_head(model: str) -> int | None:
-    from effkit.model import check_preset, is_pretrained_source
-
-    if not is_pretrained_source(model):
-        return check_preset(model)["n_head"]
-    config = Path(model) / "config.json"
-    if config.is_file():
-        return json.loads(config.read_text()).get("n_head")
-    return None  # a hub id: checked when the model is loaded
-
-
-def _launch_parallel(cfg: TrainConfig) -> dict:
-    """Validate the process layout here (one line, exit 2), then start the processes through Accelerate."""
-    import torch
-
-    from effkit.artifacts import new_run_name
-    from effkit.parallel.launch import launch, plan_processes
-
-    if cfg.parallel == "none":
-        raise EffkitError("--nproc/--nnodes > 1 need a parallel mode: add --parallel ddp (or fsdp, tp, fsdp+tp)")
-    if cfg.cpu_offload and not torch.cuda.is_available():
-        raise EffkitError("--cpu-offload moves FSDP parameters from GPU to CPU; there is no GPU here, drop it")
-    n_head = _n_head(cfg.model)
-    cfg.nproc, _ = plan_processes(cfg, n_head if n_head is not None else 1)
-    if not torch.cuda.is_available() and not cfg.threads:
-        cfg.threads = max(1, (os.cpu_count() or 1) // cfg.nproc)
-    cfg.run_name = cfg.run_name or new_run_name(cfg.model)
-    from effkit.train import prepare_data
-
-    prepare_data(cfg)  # bad data fails here in one line, and the tokenizer / token caches are built once
-    launch(cfg, Path(cfg.runs_dir) / cfg.run_name)
-    report_path = Path(cfg.reports_dir) / cfg.run_name / "train.json"
-    return json.loads(report_path.read_text())
 
 
 def _print_train_summary(report: dict) -> None:
@@ -371,6 +333,99 @@ def report(
     print(f"report: {summary}")
     for p in plots:
         print(f"plot:   {p}")
+
+
+def _default_recipe() -> str:
+    local = Path("recipes/quickstart.toml")
+    if local.is_file():
+        return str(local)
+    shipped = Path(__file__).resolve().parent.parent / "recipes" / "quickstart.toml"
+    return str(shipped if shipped.is_file() else local)
+
+
+@app.command("run")
+def run_cmd(
+    recipe: Optional[str] = typer.Argument(None, help="TOML recipe (default: recipes/quickstart.toml)"),
+    force: bool = typer.Option(False, "--force", help="redo every stage, even complete ones"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="print the plan (stages, launch command, artifacts) only"),
+):
+    """Run the whole pipeline from one recipe: train, prune, quantize, bench, report. Resumable."""
+    quiet_libraries()
+    from rich.console import Console
+    from rich.table import Table
+
+    from effkit.pipeline import run_pipeline
+
+    console = Console()
+    recipe = recipe or _default_recipe()
+    result = run_pipeline(recipe, force=force, dry_run=dry_run, console=console)
+    if dry_run:
+        t = Table(title=f"plan of {recipe}")
+        for col in ("stage", "what", "leaves"):
+            t.add_column(col, overflow="fold")
+        for s in result["plan"]:
+            t.add_row(s["stage"], s["what"], s["leaves"])
+        console.print(t)
+        for s in result["plan"]:
+            if "launch" in s:
+                console.print(f"launch ({s['stage']}): {s['launch']}", soft_wrap=True)
+        return
+    if result["bench"]:
+        from effkit.bench import table_rows
+
+        cols, rows = table_rows(result["bench"])
+        t = Table(title=f"effkit run: {result['bench']['run']}")
+        for c in cols:
+            t.add_column(c, justify="left" if c == "artifact" else "right")
+        for r in rows:
+            t.add_row(*r)
+        console.print(t)
+    console.print(f"stages: {', '.join(result['done'])}; wall time {result['wall_s'] / 60:.1f} min")
+    console.print(f"report: {result['report']}")
+
+
+@app.command()
+def doctor():
+    """What this machine offers: devices, backends, bf16, quantization backends, versions, matmul peak."""
+    quiet_libraries()
+    import torch
+    import torch.distributed as dist
+    from rich.console import Console
+    from rich.table import Table
+
+    from effkit import metrics
+    from effkit.artifacts import versions
+    from effkit.quantize import backend_available
+
+    t = Table(title="effkit doctor")
+    t.add_column("what")
+    t.add_column("this machine")
+    cuda = torch.cuda.is_available()
+    t.add_row("device", metrics.describe_device(torch.device("cuda", 0) if cuda else torch.device("cpu")))
+    t.add_row("GPUs", str(torch.cuda.device_count()) if cuda else "none: CPU + gloo")
+    t.add_row("CPU cores / torch threads", f"{os.cpu_count()} / {torch.get_num_threads()}")
+    t.add_row("distributed backends", ", ".join(b for b, ok in (("gloo", dist.is_gloo_available()),
+                                                               ("nccl", dist.is_nccl_available())) if ok))
+    if cuda:
+        bf16 = "yes" if torch.cuda.is_bf16_supported() else "no"
+    else:
+        bf16 = ("native (AVX512-BF16/AMX)" if metrics.cpu_has_native_bf16()
+                else "emulated: slower than fp32 here, train with --no-amp")
+    t.add_row("bf16", bf16)
+    t.add_row("fp16 autocast", "yes (with GradScaler)" if cuda else "no-op on CPU: refused")
+    for b in ("dynamic", "bnb", "torchao"):
+        reason = backend_available(b)
+        t.add_row(f"int8 backend {b}", "available" if reason is None else f"not available: {reason}")
+    for dtype in (torch.float32, torch.bfloat16):
+        if cuda:
+            peak, src = metrics.peak_flops(torch.device("cuda", 0), dtype)
+        else:
+            peak, src = metrics.cpu_peak_flops(dtype)
+        t.add_row(f"peak {str(dtype).removeprefix('torch.')} (for MFU)",
+                  f"{peak / 1e9:,.0f} GFLOP/s ({src})" if peak else src)
+    for k, v in versions().items():
+        t.add_row(k, v)
+    Console().print(t)
 
 
 def main() -> None:

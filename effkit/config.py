@@ -197,8 +197,38 @@ class BenchConfig:
         return self
 
 
+PIPELINE = ("train", "prune", "quantize", "bench", "report")
+
+
+@dataclass
+class RunConfig:
+    stages: list = dataclasses.field(default_factory=lambda: list(PIPELINE))
+    run_name: str = "quickstart"
+    prune_modes: list = dataclasses.field(default_factory=lambda: ["row", "weight"])
+    quantize_from: str = "train"  # the artifact tag to quantize (train, or e.g. prune-row-r2)
+    runs_dir: str = "runs"
+    reports_dir: str = "reports"
+
+    def validate(self) -> RunConfig:
+        if not isinstance(self.stages, list) or not self.stages:
+            raise EffkitError(f"stages must be a non-empty list, e.g. {list(PIPELINE)}")
+        for st in self.stages:
+            if st not in PIPELINE:
+                raise EffkitError(f"unknown stage {st!r} in stages; known: {', '.join(PIPELINE)}")
+        order = [PIPELINE.index(st) for st in self.stages]
+        if order != sorted(order) or len(set(order)) != len(order):
+            raise EffkitError(f"stages {self.stages} are in an impossible order; they run as "
+                              f"{' -> '.join(PIPELINE)}")
+        for m in self.prune_modes:
+            if m not in PRUNE_MODES:
+                raise EffkitError(f"unknown prune mode {m!r} in prune_modes; choose weight or row")
+        if not self.run_name:
+            raise EffkitError("run_name must not be empty")
+        return self
+
+
 STAGES: dict[str, type] = {"train": TrainConfig, "prune": PruneConfig, "quantize": QuantizeConfig,
-                           "bench": BenchConfig}
+                           "bench": BenchConfig, "run": RunConfig}
 
 
 def field_names(cls: type) -> list[str]:
@@ -229,7 +259,7 @@ def load_recipe(path: str | Path) -> dict[str, dict[str, Any]]:
     return data
 
 
-EXTRA_SECTIONS: set[str] = {"run"}
+EXTRA_SECTIONS: set[str] = set()
 
 
 def build_config(cls: type, recipe: str | None, overrides: dict[str, Any]) -> Any:
@@ -239,6 +269,7 @@ def build_config(cls: type, recipe: str | None, overrides: dict[str, Any]) -> An
     if recipe:
         values.update({k.replace("-", "_"): v for k, v in load_recipe(recipe).get(stage, {}).items()})
     values.update(overrides)
+    where = f"recipe {recipe}: [{stage}]" if recipe else f"[{stage}]"
     defaults = {f.name: f for f in dataclasses.fields(cls)}
     for key, value in values.items():
         default = defaults[key].default
@@ -247,9 +278,12 @@ def build_config(cls: type, recipe: str | None, overrides: dict[str, Any]) -> An
             if want is float and isinstance(value, int) and not isinstance(value, bool):
                 values[key] = float(value)
             elif not isinstance(value, want) or (want is int and isinstance(value, bool)):
-                raise EffkitError(f"{key} must be {want.__name__} (got {value!r})")
+                raise EffkitError(f"{where}: {key} must be {want.__name__} (got {value!r})")
     cfg = cls(**values)
-    return cfg.validate() if hasattr(cfg, "validate") else cfg
+    try:
+        return cfg.validate()
+    except EffkitError as e:
+        raise EffkitError(f"{where}: {e}" if recipe and not str(e).startswith(where) else str(e)) from None
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

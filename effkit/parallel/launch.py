@@ -84,6 +84,17 @@ def launch(cfg, run_dir: Path) -> int:
     shutil.rmtree(errors, ignore_errors=True)
     cfg_path = run_dir / "launch-config.json"
     cfg_path.write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
+    cmd, env = launch_command(cfg, cfg_path, errors)
+    log = run_dir / "launch.log"  # the launcher's and workers' stderr: warnings, and tracebacks on a crash
+    with log.open("w") as err:
+        proc = subprocess.run(cmd, env=env, stderr=err)
+    if proc.returncode != 0:
+        raise_worker_failure(errors, proc.returncode, log)
+    return proc.returncode
+
+
+def launch_command(cfg, cfg_path: Path, errors: Path) -> tuple[list[str], dict[str, str]]:
+    """The `accelerate launch` command line and environment for `cfg` (also shown by `effkit run --dry-run`)."""
     cpu = not torch.cuda.is_available()
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(cfg.nproc * cfg.nnodes),
            "--num_machines", str(cfg.nnodes), "--machine_rank", str(cfg.node_rank),
@@ -93,13 +104,8 @@ def launch(cfg, run_dir: Path) -> int:
     env = dict(os.environ, EFFKIT_ERRORS_DIR=str(errors), TOKENIZERS_PARALLELISM="false")
     if cpu:
         env["ACCELERATE_USE_CPU"] = "1"
-        env.setdefault("OMP_NUM_THREADS", str(cfg.threads))
-    log = run_dir / "launch.log"  # the launcher's and workers' stderr: warnings, and tracebacks on a crash
-    with log.open("w") as err:
-        proc = subprocess.run(cmd, env=env, stderr=err)
-    if proc.returncode != 0:
-        raise_worker_failure(errors, proc.returncode, log)
-    return proc.returncode
+        env.setdefault("OMP_NUM_THREADS", str(cfg.threads or 1))
+    return cmd, env
 
 
 def raise_worker_failure(errors: Path, code: int, log: Path) -> None:
@@ -115,3 +121,44 @@ def raise_worker_failure(errors: Path, code: int, log: Path) -> None:
         raise EffkitError(f"rank {first['rank']}: {first['message']}{tail}")
     raise WorkerFailed(f"rank {first['rank']} failed: {first['message']}; the other processes were stopped{tail}; "
                        f"traceback in {log}")
+
+
+def _n_head(model: str) -> int | None:
+    from effkit.model import check_preset, is_pretrained_source
+
+    if not is_pretrained_source(model):
+        return check_preset(model)["n_head"]
+    config = Path(model) / "config.json"
+    if config.is_file():
+        return json.loads(config.read_text()).get("n_head")
+    return None  # a hub id: checked when the model is loaded
+
+
+def train_in_processes(cfg) -> dict:
+    """Validate the process layout here (one line, exit 2), then start the processes through Accelerate."""
+    from effkit.artifacts import new_run_name
+
+    if cfg.parallel == "none":
+        raise EffkitError("--nproc/--nnodes > 1 need a parallel mode: add --parallel ddp (or fsdp, tp, fsdp+tp)")
+    if cfg.cpu_offload and not torch.cuda.is_available():
+        raise EffkitError("--cpu-offload moves FSDP parameters from GPU to CPU; there is no GPU here, drop it")
+    n_head = _n_head(cfg.model)
+    cfg.nproc, _ = plan_processes(cfg, n_head if n_head is not None else 1)
+    if not torch.cuda.is_available() and not cfg.threads:
+        cfg.threads = max(1, (os.cpu_count() or 1) // cfg.nproc)
+    cfg.run_name = cfg.run_name or new_run_name(cfg.model)
+    from effkit.train import prepare_data
+
+    prepare_data(cfg)  # bad data fails here in one line, and the tokenizer / token caches are built once
+    launch(cfg, Path(cfg.runs_dir) / cfg.run_name)
+    report_path = Path(cfg.reports_dir) / cfg.run_name / "train.json"
+    return json.loads(report_path.read_text())
+
+
+def train_any(cfg, **kwargs) -> dict:
+    """`effkit train`: in this process, or in launched processes when a parallel mode or several are asked."""
+    if cfg.parallel != "none" or cfg.nproc > 1 or cfg.nnodes > 1:
+        return train_in_processes(cfg)
+    from effkit.train import train
+
+    return train(cfg, **kwargs)

@@ -1,0 +1,204 @@
+"""`effkit run`: the whole pipeline from one recipe (train -> prune -> quantize -> bench -> report), resumable.
+
+A stage is complete when its artifact folder exists (folders appear by an atomic rename, so existing means
+complete); complete stages are skipped, an interrupted stage starts again from scratch (training resumes from
+its checkpoint), and `--force` redoes everything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from effkit import artifacts
+from effkit.config import BenchConfig, PruneConfig, QuantizeConfig, RunConfig, TrainConfig, build_config, load_recipe
+from effkit.errors import EffkitError
+
+
+@dataclasses.dataclass
+class Plan:
+    recipe: str
+    run: RunConfig
+    train: TrainConfig
+    prune: dict[str, PruneConfig]
+    quantize: QuantizeConfig
+    bench: BenchConfig
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.run.runs_dir) / self.run.run_name
+
+    @property
+    def report_dir(self) -> Path:
+        return Path(self.run.reports_dir) / self.run.run_name
+
+
+def make_plan(recipe: str) -> Plan:
+    """Read and validate the whole recipe before anything runs."""
+    load_recipe(recipe)
+    run = build_config(RunConfig, recipe, {})
+    dirs = {"runs_dir": run.runs_dir, "reports_dir": run.reports_dir}
+    train = build_config(TrainConfig, recipe, {"run_name": run.run_name, **dirs})
+    dense = str(Path(run.runs_dir) / run.run_name / "train")
+    prune = {m: build_config(PruneConfig, recipe, {"mode": m, "source": dense, **dirs}) for m in run.prune_modes}
+    if "prune" in run.stages and not prune:
+        raise EffkitError(f"recipe {recipe}: [run] lists the prune stage but prune_modes is empty")
+    qsource = str(Path(run.runs_dir) / run.run_name / run.quantize_from)
+    quantize = build_config(QuantizeConfig, recipe, {"source": qsource, **dirs})
+    bench = build_config(BenchConfig, recipe, {"run": run.run_name, **dirs})
+    valid_tags = {"train"} | {f"prune-{m}-r{r}" for m, c in prune.items() for r in range(1, c.rounds + 1)}
+    if "quantize" in run.stages and run.quantize_from not in valid_tags:
+        raise EffkitError(f"recipe {recipe}: [run] quantize_from = {run.quantize_from!r} is not an artifact this "
+                          f"recipe makes; choose one of {', '.join(sorted(valid_tags))}")
+    return Plan(recipe, run, train, prune, quantize, bench)
+
+
+def _complete(path: Path) -> bool:
+    return (path / artifacts.META).is_file()
+
+
+def _prune_done(plan: Plan, mode: str) -> bool:
+    cfg = plan.prune[mode]
+    return (plan.report_dir / f"prune-{mode}.json").is_file() and _complete(
+        plan.run_dir / f"prune-{mode}-r{cfg.rounds}")
+
+
+def _quantize_done(plan: Plan) -> Path | None:
+    if not plan.run_dir.is_dir():
+        return None
+    for d in plan.run_dir.glob("quantize-*"):
+        if _complete(d) and artifacts.read_meta(d).get("parent") == plan.quantize.source:
+            return d
+    return None
+
+
+def _bench_done(plan: Plan) -> bool:
+    bench = plan.report_dir / "bench.json"
+    if not bench.is_file():
+        return False
+    newest = max((d / artifacts.META).stat().st_mtime for d in plan.run_dir.iterdir() if _complete(d))
+    return bench.stat().st_mtime >= newest
+
+
+def describe(plan: Plan) -> list[dict[str, Any]]:
+    """The stages, what each does, and what it leaves: printed by `--dry-run`."""
+    rows = []
+    st = plan.run.stages
+    if "train" in st:
+        t = plan.train
+        what = (f"{t.model} on {t.data}, {t.max_steps} steps, batch {t.batch_size} x {t.block_size}, "
+                f"parallel {t.parallel}, amp {t.amp_dtype if t.amp else 'off'}")
+        entry = {"stage": "train", "what": what, "leaves": str(plan.run_dir / "train")}
+        if t.parallel != "none" or t.nproc > 1 or t.nnodes > 1:
+            from effkit.parallel.launch import default_nproc, launch_command
+
+            t = dataclasses.replace(t, nproc=t.nproc or default_nproc())  # as resolved on this machine
+            cmd, env = launch_command(t, plan.run_dir / "launch-config.json", plan.run_dir / ".errors")
+            cpu = " ACCELERATE_USE_CPU=1" if env.get("ACCELERATE_USE_CPU") else ""
+            entry["launch"] = f"{cpu.strip()} {shlex.join(cmd)}".strip()
+        rows.append(entry)
+    if "prune" in st:
+        for m, c in plan.prune.items():
+            rows.append({"stage": f"prune {m}", "what": f"to {c.target} in {c.rounds} rounds, {c.finetune_steps} "
+                         "fine-tuning steps each", "leaves": ", ".join(
+                             str(plan.run_dir / f"prune-{m}-r{r}") for r in range(1, c.rounds + 1))})
+    if "quantize" in st:
+        q = plan.quantize
+        rows.append({"stage": "quantize", "what": f"{q.backend} int8 of {q.source}",
+                     "leaves": str(plan.run_dir / "quantize-<backend>")})
+    if "bench" in st:
+        rows.append({"stage": "bench", "what": "every artifact of the run, one protocol",
+                     "leaves": str(plan.report_dir / "bench.json")})
+    if "report" in st:
+        rows.append({"stage": "report", "what": "summary.md with plots", "leaves": str(plan.report_dir / "summary.md")})
+    return rows
+
+
+def run_pipeline(recipe: str, force: bool = False, dry_run: bool = False, console: Console | None = None) -> dict:
+    console = console or Console()
+    plan = make_plan(recipe)
+    steps = describe(plan)
+    if dry_run:
+        return {"plan": steps, "dry_run": True}
+    if force:
+        shutil.rmtree(plan.run_dir, ignore_errors=True)
+        shutil.rmtree(plan.report_dir, ignore_errors=True)
+    for stale in plan.run_dir.glob(".tmp-*") if plan.run_dir.is_dir() else []:
+        shutil.rmtree(stale, ignore_errors=True)  # half-written folders of an interrupted stage
+    t0 = time.perf_counter()
+    done: list[str] = []
+    total = len(steps)
+
+    def header(i: int, name: str, skipped: bool = False):
+        status = "[dim]skipped: already complete[/dim]" if skipped else ""
+        console.rule(f"[bold]stage {i}/{total}: {name}[/bold] {status}")
+
+    i = 0
+    st = plan.run.stages
+    if "train" in st:
+        i += 1
+        if _complete(plan.run_dir / "train"):
+            header(i, "train", skipped=True)
+            done.append("train (skipped)")
+        else:
+            header(i, "train")
+            from effkit.parallel.launch import train_any
+
+            cfg = dataclasses.replace(plan.train)
+            cfg.resume = (plan.run_dir / "checkpoints" / "last" / "state.json").is_file()
+            if cfg.resume:
+                console.print("resuming training from its last checkpoint")
+            train_any(cfg)
+            done.append("train")
+    if "prune" in st:
+        from effkit.prune.stage import run_prune
+
+        for mode, cfg in plan.prune.items():
+            i += 1
+            if _prune_done(plan, mode):
+                header(i, f"prune {mode}", skipped=True)
+                done.append(f"prune {mode} (skipped)")
+                continue
+            header(i, f"prune {mode}")
+            run_prune(dataclasses.replace(cfg))
+            done.append(f"prune {mode}")
+    if "quantize" in st:
+        i += 1
+        if _quantize_done(plan):
+            header(i, "quantize", skipped=True)
+            done.append("quantize (skipped)")
+        else:
+            header(i, "quantize")
+            from effkit.quantize import run_quantize
+
+            run_quantize(dataclasses.replace(plan.quantize))
+            done.append("quantize")
+    bench_report = None
+    if "bench" in st:
+        i += 1
+        from effkit.bench import run_bench
+
+        if _bench_done(plan):
+            header(i, "bench", skipped=True)
+            bench_report = json.loads((plan.report_dir / "bench.json").read_text())
+            done.append("bench (skipped)")
+        else:
+            header(i, "bench")
+            bench_report = run_bench(dataclasses.replace(plan.bench))
+            done.append("bench")
+    if "report" in st:
+        i += 1
+        header(i, "report")
+        from effkit.report import render_run_report
+
+        render_run_report(Path(plan.run.reports_dir), plan.run.run_name)
+        done.append("report")
+    return {"plan": steps, "done": done, "wall_s": time.perf_counter() - t0, "bench": bench_report,
+            "report": str(plan.report_dir / "summary.md")}

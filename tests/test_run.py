@@ -1,0 +1,123 @@
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from effkit import cli
+from effkit.pipeline import run_pipeline
+
+
+def write_recipe(tmp_path, corpus_dir, extra_run="", prune_rounds=1, finetune=1):
+    recipe = tmp_path / "tiny.toml"
+    modes = "" if "prune_modes" in extra_run else 'prune_modes = ["row"]'
+    recipe.write_text(f"""
+[run]
+run_name = "tiny"
+{modes}
+runs_dir = "{tmp_path / 'runs'}"
+reports_dir = "{tmp_path / 'reports'}"
+{extra_run}
+
+[train]
+model = "gpt2-nano"
+data = "{corpus_dir}"
+vocab_size = 512
+block_size = 32
+eval_blocks = 4
+batch_size = 4
+max_steps = 4
+warmup_steps = 1
+eval_interval = 0
+checkpoint_interval = 0
+
+[prune]
+target = 0.5
+rounds = {prune_rounds}
+finetune_steps = {finetune}
+batch_size = 4
+latency_repeats = 2
+
+[quantize]
+backend = "dynamic"
+latency_repeats = 2
+gen_tokens = 4
+
+[bench]
+quick = true
+""")
+    return recipe
+
+
+def test_tiny_recipe_end_to_end_then_skips(tmp_path, corpus_dir):
+    recipe = write_recipe(tmp_path, corpus_dir)
+    t0 = time.monotonic()
+    first = run_pipeline(str(recipe))
+    assert time.monotonic() - t0 < 60
+    assert first["done"] == ["train", "prune row", "quantize", "bench", "report"]
+    assert [r["tag"] for r in first["bench"]["artifacts"]] == ["train", "prune-row-r1", "quantize-dynamic"]
+    assert (tmp_path / "reports" / "tiny" / "summary.md").is_file()
+    second = run_pipeline(str(recipe))
+    assert second["done"] == ["train (skipped)", "prune row (skipped)", "quantize (skipped)", "bench (skipped)",
+                              "report"]
+    forced = run_pipeline(str(recipe), force=True)
+    assert forced["done"] == first["done"]
+
+
+def test_a_run_killed_during_prune_resumes_and_completes(tmp_path, corpus_dir):
+    recipe = write_recipe(tmp_path, corpus_dir, prune_rounds=2, finetune=20)
+    proc = subprocess.Popen([sys.executable, "-m", "effkit", "run", str(recipe)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    marker = tmp_path / "runs" / "tiny" / "prune-row-r1" / "effkit.json"
+    deadline = time.monotonic() + 120
+    while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert marker.exists()
+    assert not (tmp_path / "reports" / "tiny" / "prune-row.json").exists()  # killed before the stage finished
+    result = run_pipeline(str(recipe))
+    assert result["done"][:2] == ["train (skipped)", "prune row"]
+    assert (tmp_path / "runs" / "tiny" / "prune-row-r2" / "effkit.json").is_file()
+    assert not list((tmp_path / "runs" / "tiny").glob(".tmp-*"))
+
+
+@pytest.mark.parametrize("change, needle", [
+    ('stages = ["train", "bench", "prune"]', "impossible order"),
+    ('stages = ["train", "distill"]', "unknown stage 'distill'"),
+    ('prune_modes = ["heads"]', "unknown prune mode 'heads'"),
+    ('quantize_from = "prune-row-r7"', "is not an artifact this recipe makes"),
+    ("flavour = 1", "unknown key 'flavour' in [run]"),
+    ("= broken", "is not valid TOML"),
+])
+def test_malformed_recipe_is_refused_before_anything_runs(change, needle, tmp_path, corpus_dir, capsys,
+                                                          monkeypatch):
+    recipe = write_recipe(tmp_path, corpus_dir, extra_run=change)
+    monkeypatch.setattr(sys, "argv", ["effkit", "run", str(recipe)])
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and len(err.splitlines()) == 1 and needle in err, err
+    assert str(recipe) in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_missing_recipe(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["effkit", "run", str(tmp_path / "nope.toml")])
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    assert exc.value.code == 2 and "not found" in capsys.readouterr().err
+
+
+def test_dry_run_shows_the_plan_and_the_launch_command(tmp_path, corpus_dir):
+    recipe = write_recipe(tmp_path, corpus_dir)
+    text = recipe.read_text().replace('model = "gpt2-nano"', 'model = "gpt2-nano"\nparallel = "fsdp"\nnproc = 2')
+    recipe.write_text(text)
+    out = subprocess.run([sys.executable, "-m", "effkit", "run", "--dry-run", str(recipe)], capture_output=True,
+                         text=True, timeout=60, env={**os.environ, "COLUMNS": "200"})
+    assert out.returncode == 0, out.stderr
+    assert "accelerate.commands.launch --num_processes 2" in out.stdout and "ACCELERATE_USE_CPU=1" in out.stdout
+    assert "prune row" in out.stdout and "bench" in out.stdout
+    assert not (tmp_path / "runs").exists()
