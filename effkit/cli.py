@@ -428,6 +428,41 @@ def doctor():
     Console().print(t)
 
 
+@app.command()
+def study(
+    name: str = typer.Argument(..., help="sync, scaling, batch-size, amp, checkpointing, dataloader, profile"),
+    model: str = typer.Option("gpt2-mini", help="model preset"),
+    data: str = typer.Option("builtin", help="corpus (as for effkit train)"),
+    vocab_size: int = typer.Option(8192, help="BPE vocabulary size"),
+    block_size: int = typer.Option(128, help="tokens per block"),
+    batch_size: int = typer.Option(4, help="blocks per step per data-parallel rank"),
+    steps: int = typer.Option(12, help="optimizer steps per run"),
+    nproc: int = typer.Option(2, help="processes for the multi-process studies (scaling goes 1..nproc)"),
+    out: str = typer.Option("reports/studies", help="where reports/studies/NAME/ goes"),
+    runs_dir: str = typer.Option("runs/studies", help="where the study's runs go"),
+):
+    """Reproduce a classic distributed-training experiment on this machine; table, JSON, Markdown, PNG."""
+    quiet_libraries()
+    from rich.console import Console
+    from rich.table import Table
+
+    from effkit.studies import StudyConfig, run_study
+
+    result = run_study(name, StudyConfig(model=model, data=data, vocab_size=vocab_size, block_size=block_size,
+                                         batch_size=batch_size, steps=steps, nproc=nproc, out=out,
+                                         runs_dir=runs_dir))
+    t = Table(title=f"study {name} ({result['device']})")
+    cols = list(result["rows"][0])
+    for c in cols:
+        t.add_column(c, justify="right")
+    for r in result["rows"]:
+        t.add_row(*[f"{r[c]:.4g}" if isinstance(r[c], float) else str(r[c]) for c in cols])
+    Console().print(t)
+    for n in result["notes"]:
+        print(f"note: {n}")
+    print(f"report: {Path(out) / name}/{name}.md ({result['wall_s']:.0f} s)")
+
+
 def main() -> None:
     from effkit.train import Interrupted
 

@@ -64,6 +64,7 @@ class TrainConfig:
     log_interval: int = 10
     checkpoint_interval: int = 100
     warmup_steps_excluded: int = 5  # steps left out of the steady-state tokens/s
+    profile: bool = False  # synchronise CUDA around each phase so the time breakdown is exact
     run_name: str = ""
     runs_dir: str = "runs"
     reports_dir: str = "reports"

@@ -223,6 +223,7 @@ def train(cfg: TrainConfig, on_step: Callable[[int, float], None] | None = None,
         rt.barrier()
 
     step_times: list[float] = []
+    phases: dict[str, float] = {}
     stop_reason = "max_steps" if horizon == cfg.max_steps else "max_tokens"
     t_start = time.perf_counter()
     step = start_step
@@ -230,15 +231,27 @@ def train(cfg: TrainConfig, on_step: Callable[[int, float], None] | None = None,
     with memory, _Progress(progress and rt.is_main, horizon, start_step, "train") as bar:
         try:
             while not finetune_only_eval and (horizon == 0 or step < horizon):
-                t0 = time.perf_counter()
+                t0 = clock = time.perf_counter()
+
+                def lap(phase: str) -> None:  # per-phase wall time (CUDA synchronised when profiling)
+                    nonlocal clock
+                    if cfg.profile and rt.device.type == "cuda":
+                        torch.cuda.synchronize(rt.device)
+                    now = time.perf_counter()
+                    phases[phase] = phases.get(phase, 0.0) + now - clock
+                    clock = now
+
                 loss_sum = torch.zeros((), device=rt.device)
                 for micro in range(cfg.grad_accum):
                     batch = next(batches).to(rt.device, non_blocking=True)
-                    sync = par.no_sync() if micro < cfg.grad_accum - 1 else nullcontext()
-                    with sync, metrics.autocast_ctx(rt.device, amp_dtype):
-                        logits = model(batch).logits
-                        loss = metrics.lm_loss(logits, batch) / cfg.grad_accum
-                    scaler.scale(loss).backward()
+                    lap("data")
+                    with par.no_sync() if micro < cfg.grad_accum - 1 else nullcontext():
+                        with metrics.autocast_ctx(rt.device, amp_dtype):
+                            logits = model(batch).logits
+                            loss = metrics.lm_loss(logits, batch) / cfg.grad_accum
+                        lap("forward")
+                        scaler.scale(loss).backward()
+                        lap("backward")
                     loss_sum += loss.detach()
                 par.sync_gradients()
                 scaler.unscale_(optimizer)
@@ -248,6 +261,7 @@ def train(cfg: TrainConfig, on_step: Callable[[int, float], None] | None = None,
                 optimizer.zero_grad(set_to_none=True)
                 if after_step is not None:
                     after_step(par.base_model)
+                lap("optimizer")
                 lr = scheduler.get_last_lr()[0]
                 scheduler.step()
                 step_loss = par.mean_over_dp(loss_sum).item()
@@ -257,8 +271,10 @@ def train(cfg: TrainConfig, on_step: Callable[[int, float], None] | None = None,
                 row = {"step": step, "loss": step_loss, "lr": lr, "grad_norm": float(grad_norm),
                        "step_time_s": dt, "tokens": step * tokens_per_step, "eval_loss": None}
                 if cfg.eval_interval and step % cfg.eval_interval == 0 and step != horizon:
+                    t_eval = time.perf_counter()
                     row["eval_loss"] = metrics.evaluate(model, data.eval, cfg.batch_size, rt.device,
                                                         amp_dtype)["eval_loss"]
+                    phases["eval"] = phases.get("eval", 0.0) + time.perf_counter() - t_eval
                     bar.log(f"step {step}: held-out loss {row['eval_loss']:.4f}")
                 rows.append(row)
                 steady = step_times[cfg.warmup_steps_excluded:] or step_times
@@ -275,6 +291,7 @@ def train(cfg: TrainConfig, on_step: Callable[[int, float], None] | None = None,
             raise Interrupted(f"interrupted at step {step}; checkpoint saved, continue with "
                               f"`effkit train --resume --run-name {run_name}`") from None
     train_wall = time.perf_counter() - t_start
+    phases["other"] = max(0.0, train_wall - sum(phases.values()))
 
     final = metrics.evaluate(model, data.eval, cfg.batch_size, rt.device, amp_dtype)
     if rows:
@@ -307,7 +324,7 @@ def train(cfg: TrainConfig, on_step: Callable[[int, float], None] | None = None,
             "final_train_loss": rows[-1]["loss"] if rows else None, "steps": step,
             "train_tokens": step * tokens_per_step, "train_tokens_per_s": tokens_per_s,
             "train_wall_s": train_wall, "flops_per_token": fpt, "mfu": mfu, "peak_flops": peak,
-            "peak_memory_bytes_per_rank": peak_mem, "params": n_params,
+            "peak_memory_bytes_per_rank": peak_mem, "params": n_params, "time_breakdown_s": phases,
             "train_split_tokens": data.train_tokens, "heldout_split_tokens": data.heldout_tokens,
             **stage_metrics,
         }
@@ -329,6 +346,9 @@ def train(cfg: TrainConfig, on_step: Callable[[int, float], None] | None = None,
                 "mfu": f"(6N + 12*L*d*T) FLOPs/token x tokens/s / (peak x {rt.world_size} processes); peak: "
                        f"{peak_source}",
                 "peak_memory": memory.method + ", per rank",
+                "time_breakdown_s": "wall time per phase of every step on rank 0 (time.perf_counter"
+                                    + (", CUDA synchronised" if cfg.profile else "") + "); other = training wall "
+                                    "time minus the phases (logging, progress, checkpoints)",
             },
         }
         if amp_dtype == torch.bfloat16 and rt.device.type == "cpu" and not metrics.cpu_has_native_bf16():

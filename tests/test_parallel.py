@@ -150,9 +150,15 @@ def test_a_crashing_rank_stops_the_others_and_is_named(tmp_path, corpus_dir):
     (["--parallel", "fsdp", "--cpu-offload"], "there is no GPU here"),
     (["--parallel", "fsdp", "--sync", "all-reduce"], "use it with --parallel ddp"),
 ])
-def test_bad_process_layouts_fail_before_launch(args, needle, tmp_path, corpus_dir):
-    out = _cli(["--data", str(corpus_dir), "--run-name", "bad", *args], tmp_path, timeout=60)
-    assert out.returncode == 2, out.stderr[-1500:]
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and needle in lines[0], lines
+def test_bad_process_layouts_fail_before_launch(args, needle, tmp_path, corpus_dir, capsys, monkeypatch):
+    import sys
+
+    from effkit import cli
+
+    monkeypatch.setattr(sys, "argv", ["effkit", "train", "--model", "gpt2-nano", "--data", str(corpus_dir),
+                                      "--runs-dir", str(tmp_path / "runs"), "--run-name", "bad", *args])
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(lines) == 1 and needle in lines[0], lines
     assert not (tmp_path / "runs" / "bad").exists()

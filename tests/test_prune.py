@@ -45,6 +45,7 @@ def test_row_pruned_artifact_is_smaller_and_loads_in_plain_transformers(trained)
         logits = model(torch.randint(0, 512, (2, 16))).logits
     assert logits.shape == (2, 16, 512) and torch.isfinite(logits).all()
     assert report["curve"][-1]["params"] < report["curve"][0]["params"]
+    assert report["curve"][-1]["achieved_sparsity"] == pytest.approx(0.5)  # half of the MLP weights removed
     rdir = tmp / "reports" / "p"
     for name in ("prune-row.json", "prune-row.csv", "prune_loss.png", "prune_latency.png", "prune-row-r2.json"):
         assert (rdir / name).is_file(), name

@@ -1,0 +1,297 @@
+"""`effkit study NAME`: the classic distributed-training experiments, measured on this machine.
+
+Every study runs real `effkit train` runs (multi-process ones through the same Accelerate launch as the CLI),
+prints a table, and writes `reports/studies/NAME/NAME.json`, `NAME.md` and `NAME.png`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from effkit import artifacts, metrics
+from effkit.config import TrainConfig
+from effkit.errors import EffkitError
+from effkit.report import atomic_write_text
+
+
+@dataclass
+class StudyConfig:
+    model: str = "gpt2-mini"
+    data: str = "builtin"
+    vocab_size: int = 8192
+    block_size: int = 128
+    batch_size: int = 4
+    steps: int = 12
+    nproc: int = 2
+    out: str = "reports/studies"
+    runs_dir: str = "runs/studies"
+    batch_sizes: tuple[int, ...] = (1, 2, 4, 8)  # batch-size study
+    block_sizes: tuple[int, ...] = (64, 128, 256)  # checkpointing study
+    max_workers: int = -1  # dataloader study: 0..max_workers (-1: the number of CPU cores)
+
+
+def _train_cfg(s: StudyConfig, name: str, **kw) -> TrainConfig:
+    base = dict(model=s.model, data=s.data, vocab_size=s.vocab_size, block_size=s.block_size,
+                batch_size=s.batch_size, max_steps=s.steps, warmup_steps=2, eval_interval=0, checkpoint_interval=0,
+                eval_blocks=8, warmup_steps_excluded=1, run_name=name, runs_dir=s.runs_dir,
+                reports_dir=str(Path(s.runs_dir) / "reports"))
+    return TrainConfig(**{**base, **kw})
+
+
+def _train(cfg: TrainConfig) -> dict[str, Any]:
+    from effkit.parallel.launch import train_any
+
+    report = train_any(cfg) if cfg.parallel != "none" else _in_process(cfg)
+    steps_csv = Path(cfg.reports_dir) / cfg.run_name / "train_steps.csv"
+    import csv
+
+    with steps_csv.open() as f:
+        rows = list(csv.DictReader(f))
+    report["losses"] = [float(r["loss"]) for r in rows]
+    report["step_times"] = [float(r["step_time_s"]) for r in rows]
+    return report
+
+
+def _in_process(cfg: TrainConfig) -> dict[str, Any]:
+    from effkit.train import train
+
+    threads = torch.get_num_threads()
+    try:
+        return train(cfg, progress=False)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _steady_mean(times: list[float]) -> float:
+    t = times[1:] if len(times) > 1 else times
+    return statistics.fmean(t)
+
+
+def _mib(b: float) -> float:
+    return b / 2**20
+
+
+# -------------------------------------------------------------------------------------------------- studies
+
+def study_sync(s: StudyConfig) -> dict[str, Any]:
+    rows, losses = [], {}
+    for sync in ("gather-scatter", "all-reduce", "ddp"):
+        r = _train(_train_cfg(s, f"sync-{sync}", parallel="ddp", sync=sync, nproc=s.nproc))
+        losses[sync] = r["losses"]
+        rows.append({"sync": sync, "time_per_iter_s": _steady_mean(r["step_times"]),
+                     "tokens_per_s": r["metrics"]["train_tokens_per_s"], "final_loss": r["losses"][-1]})
+    ref = losses["ddp"]
+    for row in rows:
+        row["max_loss_diff_vs_ddp"] = max(abs(a - b) for a, b in zip(losses[row["sync"]], ref, strict=True))
+    identical = all(r["max_loss_diff_vs_ddp"] < 1e-4 for r in rows)
+    return {"rows": rows, "losses": losses, "identical_losses": identical,
+            "notes": [f"losses identical across the three strategies (|diff| < 1e-4): {identical}"]}
+
+
+def study_scaling(s: StudyConfig) -> dict[str, Any]:
+    rows = []
+    for n in range(1, s.nproc + 1):
+        kw = {"threads": 1} if n == 1 else {"parallel": "ddp", "nproc": n, "threads": 1}
+        r = _train(_train_cfg(s, f"scaling-{n}", **kw))
+        rows.append({"processes": n, "time_per_iter_s": _steady_mean(r["step_times"]),
+                     "tokens_per_s": r["metrics"]["train_tokens_per_s"]})
+    base = rows[0]
+    for row in rows:
+        row["time_pct_of_single"] = 100 * row["time_per_iter_s"] / base["time_per_iter_s"]
+        row["scaling_efficiency"] = row["tokens_per_s"] / (row["processes"] * base["tokens_per_s"])
+    return {"rows": rows, "notes": [f"weak scaling: {s.batch_size} blocks per process per step, 1 thread each"]}
+
+
+def study_batch_size(s: StudyConfig) -> dict[str, Any]:
+    rows = []
+    for mode in ("fsdp", "tp"):
+        for b in s.batch_sizes:
+            r = _train(_train_cfg(s, f"batch-{mode}-{b}", parallel=mode, nproc=s.nproc, batch_size=b))
+            rows.append({"mode": mode, "batch_size": b, "tokens_per_s": r["metrics"]["train_tokens_per_s"],
+                         "peak_memory_mib": _mib(max(r["metrics"]["peak_memory_bytes_per_rank"]))})
+    return {"rows": rows, "notes": ["batch size per data-parallel rank; tp ranks share one batch"]}
+
+
+def study_amp(s: StudyConfig) -> dict[str, Any]:
+    rows, losses = [], {}
+    for name, amp in (("fp32", False), ("bf16", True)):
+        t = time.perf_counter()
+        r = _train(_train_cfg(s, f"amp-{name}", amp=amp))
+        losses[name] = r["losses"]
+        rows.append({"precision": name, "final_eval_loss": r["metrics"]["eval_loss"],
+                     "total_time_s": time.perf_counter() - t, "train_tokens_per_s": r["metrics"]["train_tokens_per_s"],
+                     "peak_memory_mib": _mib(r["metrics"]["peak_memory_bytes_per_rank"][0])})
+    native = metrics.cpu_has_native_bf16() or torch.cuda.is_available()
+    return {"rows": rows, "losses": losses,
+            "notes": [f"native bf16 on this device: {native}" + ("" if native else
+                      " (bf16 is emulated on this CPU, expect it to be slower than fp32)")]}
+
+
+def study_checkpointing(s: StudyConfig) -> dict[str, Any]:
+    rows = []
+    from effkit.model import PRESETS
+
+    limit = PRESETS.get(s.model, {}).get("n_positions", max(s.block_sizes))
+    for block in [b for b in s.block_sizes if b <= limit]:
+        for ckpt in (False, True):
+            r = _train(_train_cfg(s, f"ckpt-{block}-{int(ckpt)}", block_size=block, activation_checkpointing=ckpt))
+            rows.append({"block_size": block, "activation_checkpointing": ckpt,
+                         "time_per_step_s": _steady_mean(r["step_times"]),
+                         "peak_memory_mib": _mib(r["metrics"]["peak_memory_bytes_per_rank"][0])})
+    return {"rows": rows, "notes": []}
+
+
+def study_dataloader(s: StudyConfig) -> dict[str, Any]:
+    from effkit.data import BlockSampler, make_loader
+    from effkit.train import prepare_data
+
+    _, _, _, data = prepare_data(_train_cfg(s, "dataloader"))
+    n_batches = min(200, len(data.train) // s.batch_size)
+    rows = []
+    for workers in range(0, (s.max_workers if s.max_workers >= 0 else os.cpu_count() or 1) + 1):
+        sampler = BlockSampler(len(data.train), s.batch_size, 1, seed=0)
+        t = time.perf_counter()
+        it = iter(make_loader(data.train, sampler, workers))
+        for _ in range(n_batches):
+            next(it)
+        elapsed = time.perf_counter() - t
+        del it
+        rows.append({"num_workers": workers, "seconds": elapsed, "batches": n_batches,
+                     "batches_per_s": n_batches / elapsed})
+    return {"rows": rows, "notes": [f"time to draw {n_batches} batches of {s.batch_size} pre-tokenized blocks, "
+                                    "worker start-up included"]}
+
+
+def study_profile(s: StudyConfig) -> dict[str, Any]:
+    r = _train(_train_cfg(s, "profile", eval_interval=max(1, s.steps // 2), profile=True))
+    phases = r["metrics"]["time_breakdown_s"]
+    total = sum(phases.values())
+    rows = [{"phase": k, "seconds": v, "percent": 100 * v / total} for k, v in
+            sorted(phases.items(), key=lambda kv: -kv[1])]
+    return {"rows": rows, "notes": ["timers (time.perf_counter around each phase of the training loop, CUDA "
+                                    "synchronised when on GPU), not torch.profiler"]}
+
+
+STUDIES: dict[str, Callable[[StudyConfig], dict[str, Any]]] = {
+    "sync": study_sync, "scaling": study_scaling, "batch-size": study_batch_size, "amp": study_amp,
+    "checkpointing": study_checkpointing, "dataloader": study_dataloader, "profile": study_profile,
+}
+
+
+# -------------------------------------------------------------------------------------------------- plots
+
+def _plot(name: str, result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["rows"]
+    if name == "batch-size":
+        fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+        for i, mode in enumerate(("fsdp", "tp")):
+            sub = [r for r in rows if r["mode"] == mode]
+            ax = axes[i]
+            ax.plot([r["batch_size"] for r in sub], [r["tokens_per_s"] for r in sub], "o-", color="C0")
+            ax.set_xlabel("batch size")
+            ax.set_ylabel("tokens/s", color="C0")
+            ax2 = ax.twinx()
+            ax2.plot([r["batch_size"] for r in sub], [r["peak_memory_mib"] for r in sub], "s--", color="C1")
+            ax2.set_ylabel("peak memory / rank (MiB)", color="C1")
+            ax.set_title(mode)
+        for mode in ("fsdp", "tp"):
+            sub = [r for r in rows if r["mode"] == mode]
+            axes[2].plot([r["peak_memory_mib"] for r in sub], [r["tokens_per_s"] for r in sub], "o-", label=mode)
+        axes[2].set_xlabel("peak memory / rank (MiB)")
+        axes[2].set_ylabel("tokens/s")
+        axes[2].set_title("fsdp vs tp")
+        axes[2].legend()
+    else:
+        fig, ax = plt.subplots(figsize=(6.4, 4))
+        if name == "sync":
+            ax.bar([r["sync"] for r in rows], [r["time_per_iter_s"] * 1e3 for r in rows])
+            ax.set_ylabel("time per iteration (ms)")
+        elif name == "scaling":
+            ax.plot([r["processes"] for r in rows], [r["tokens_per_s"] for r in rows], "o-", label="measured")
+            ax.plot([r["processes"] for r in rows], [r["processes"] * rows[0]["tokens_per_s"] for r in rows], "--",
+                    label="linear")
+            ax.set_xlabel("processes")
+            ax.set_ylabel("global tokens/s")
+            ax.legend()
+        elif name == "amp":
+            for prec, losses in result["losses"].items():
+                ax.plot(range(1, len(losses) + 1), losses, label=prec)
+            ax.set_xlabel("step")
+            ax.set_ylabel("train loss")
+            ax.legend()
+        elif name == "checkpointing":
+            for ckpt in (False, True):
+                sub = [r for r in rows if r["activation_checkpointing"] == ckpt]
+                ax.plot([r["block_size"] for r in sub], [r["peak_memory_mib"] for r in sub], "o-",
+                        label=f"checkpointing {'on' if ckpt else 'off'}")
+            ax.set_xlabel("block size")
+            ax.set_ylabel("peak memory (MiB)")
+            ax.legend()
+        elif name == "dataloader":
+            ax.plot([r["num_workers"] for r in rows], [r["seconds"] for r in rows], "o-")
+            ax.set_xlabel("num_workers")
+            ax.set_ylabel("seconds")
+        elif name == "profile":
+            ax.pie([r["seconds"] for r in rows], labels=[r["phase"] for r in rows], autopct="%1.0f%%")
+        ax.set_title(name)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _markdown(name: str, result: dict[str, Any]) -> str:
+    rows = result["rows"]
+    cols = list(rows[0])
+
+    def fmt(v):
+        return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+    lines = [f"# study: {name}", "", f"Device: {result['device']}; torch {result['versions'].get('torch')}", "",
+             f"![{name}]({name}.png)", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(fmt(r[c]) for c in cols) + " |" for r in rows]
+    lines += ["", *[f"- {n}" for n in result["notes"]], "", "Config: " + json.dumps(result["config"]), ""]
+    return "\n".join(lines)
+
+
+def run_study(name: str, s: StudyConfig) -> dict[str, Any]:
+    if name not in STUDIES:
+        raise EffkitError(f"unknown study {name!r}; choose one of {', '.join(STUDIES)}")
+    if s.nproc < 1:
+        raise EffkitError(f"--nproc must be at least 1 (got {s.nproc})")
+    cores = os.cpu_count() or 1
+    if not torch.cuda.is_available() and s.nproc > cores:
+        raise EffkitError(f"--nproc {s.nproc} is more processes than this machine's {cores} CPU cores; "
+                          f"use --nproc {cores} or fewer")
+    if torch.cuda.is_available() and s.nproc > torch.cuda.device_count():
+        raise EffkitError(f"--nproc {s.nproc} is more than this machine's {torch.cuda.device_count()} GPUs")
+    if name in ("sync", "batch-size") and s.nproc < 2:
+        raise EffkitError(f"the {name} study compares multi-process modes; it needs --nproc 2 or more")
+    if s.steps < 2 or s.batch_size < 1:
+        raise EffkitError("--steps must be at least 2 and --batch-size at least 1")
+    t = time.perf_counter()
+    result = STUDIES[name](s)
+    result.update({"study": name, "config": dataclasses.asdict(s), "wall_s": time.perf_counter() - t,
+                   "device": metrics.describe_device(torch.device("cuda" if torch.cuda.is_available() else "cpu")),
+                   "versions": artifacts.versions(), "git_commit": artifacts.git_commit()})
+    out = Path(s.out) / name
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / f"{name}.json", json.dumps(result, indent=2, default=str))
+    _plot(name, result, out / f"{name}.png")
+    atomic_write_text(out / f"{name}.md", _markdown(name, result))
+    return result

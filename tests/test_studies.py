@@ -1,0 +1,53 @@
+import json
+import sys
+
+import pytest
+
+from effkit import cli
+from effkit.studies import STUDIES, StudyConfig, run_study
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture
+def tiny_study(tmp_path, corpus_dir):
+    return StudyConfig(model="gpt2-nano", data=str(corpus_dir), vocab_size=512, block_size=32, batch_size=2,
+                       steps=3, nproc=2, out=str(tmp_path / "studies"), runs_dir=str(tmp_path / "runs"),
+                       batch_sizes=(2,), block_sizes=(16, 32), max_workers=1)
+
+
+@pytest.mark.parametrize("name", list(STUDIES))
+def test_study_writes_consistent_json_markdown_and_png(name, tiny_study, tmp_path):
+    result = run_study(name, tiny_study)
+    out = tmp_path / "studies" / name
+    data = json.loads((out / f"{name}.json").read_text())
+    md = (out / f"{name}.md").read_text()
+    assert (out / f"{name}.png").read_bytes()[:8] == PNG
+    assert data["rows"] == json.loads(json.dumps(result["rows"]))
+    assert md.count("\n|") - 2 == len(data["rows"])  # header, separator, one line per row
+    assert data["config"]["model"] == "gpt2-nano"
+    expected_rows = {"sync": 3, "scaling": 2, "batch-size": 2, "amp": 2, "checkpointing": 4, "dataloader": 2}
+    if name in expected_rows:
+        assert len(data["rows"]) == expected_rows[name]
+    if name == "sync":
+        assert data["identical_losses"] is True
+    if name == "profile":
+        phases = {r["phase"] for r in data["rows"]}
+        assert {"data", "forward", "backward", "optimizer", "eval", "other"} <= phases
+        assert sum(r["percent"] for r in data["rows"]) == pytest.approx(100)
+    if name == "checkpointing":
+        on = [r for r in data["rows"] if r["activation_checkpointing"]]
+        assert len(on) == 2
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["study", "pipeline"], "unknown study 'pipeline'"),
+    (["study", "scaling", "--nproc", "64"], "more processes than this machine's"),
+    (["study", "sync", "--nproc", "1"], "needs --nproc 2 or more"),
+])
+def test_bad_study_input(args, needle, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["effkit", *args])
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and len(err.splitlines()) == 1 and needle in err, err
