@@ -86,6 +86,42 @@ def bench_one(path: Path, cfg: BenchConfig, tokenizer, eval_blocks: torch.Tensor
     return r
 
 
+def bench_isolated(path: Path, cfg: BenchConfig, train_cfg: TrainConfig) -> dict[str, Any]:
+    """`bench_one` in a fresh Python process: on CPU the peak-memory figure is the process' RSS high-water
+    mark, which memory freed by an earlier artifact (and kept by the allocator) would otherwise hide."""
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="effkit-bench-") as d:
+        spec = {"path": str(path), "cfg": asdict(cfg), "train_cfg": asdict(train_cfg)}
+        (Path(d) / "spec.json").write_text(json.dumps(spec, default=list))
+        proc = subprocess.run([sys.executable, "-m", "effkit.bench", d], capture_output=True, text=True)
+        if proc.returncode != 0:
+            last = (proc.stderr.strip().splitlines() or ["no output"])[-1].removeprefix("effkit: error: ")
+            raise EffkitError(f"bench of {path} failed: {last}")
+        return json.loads((Path(d) / "result.json").read_text())
+
+
+def _child(folder: str) -> None:
+    import sys
+
+    from effkit.cli import quiet_libraries
+    from effkit.train import prepare_data
+
+    quiet_libraries()
+    spec = json.loads((Path(folder) / "spec.json").read_text())
+    try:
+        train_cfg = TrainConfig(**spec["train_cfg"])
+        _, tokenizer, _, data = prepare_data(train_cfg)
+        result = bench_one(Path(spec["path"]), BenchConfig(**spec["cfg"]), tokenizer, data.eval,
+                           train_cfg.block_size)
+    except EffkitError as e:
+        print(f"effkit: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    (Path(folder) / "result.json").write_text(json.dumps(result, default=str))
+
+
 def with_deltas(rows: list[dict[str, Any]]) -> None:
     base = rows[0]
     for r in rows:
@@ -119,7 +155,7 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
         train_cfg = TrainConfig(**{k: v for k, v in _train_config_of(paths[0]).items()
                                    if k in TrainConfig.__dataclass_fields__})
     train_cfg.model = str(paths[0])
-    _, tokenizer, _, data = prepare_data(train_cfg)
+    _, _, _, data = prepare_data(train_cfg)  # builds the caches once; each artifact is measured in its own process
     block = train_cfg.block_size
     rows = []
     if progress:
@@ -129,10 +165,10 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
             task = bar.add_task("bench", total=len(paths))
             for p in paths:
                 bar.update(task, description=f"bench {p.name}")
-                rows.append(bench_one(p, cfg, tokenizer, data.eval, block))
+                rows.append(bench_isolated(p, cfg, train_cfg))
                 bar.advance(task)
     else:
-        rows = [bench_one(p, cfg, tokenizer, data.eval, block) for p in paths]
+        rows = [bench_isolated(p, cfg, train_cfg) for p in paths]
     with_deltas(rows)
     report = {
         "stage": "bench", "run": run_name, "config": asdict(cfg), "artifacts": rows,
@@ -146,7 +182,7 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
             "training_throughput": f"forward+backward+AdamW on a copy, batch x {block} tokens, {cfg.train_steps} "
                                    "timed steps after 1 warm-up",
             "peak_memory": "cpu RSS high-water mark while loading and measuring the artifact minus RSS before "
-                           "(sampled every 5 ms)",
+                           "(sampled every 5 ms), each artifact in a fresh process",
             "deltas": f"relative to the first artifact ({rows[0]['tag']})",
         },
     }
@@ -217,3 +253,9 @@ def bench_markdown(report: dict[str, Any]) -> str:
         lines += ["", "Noisy timings (⚠):", *flags]
     lines += ["", "How measured:", *[f"- {k}: {v}" for k, v in report["protocol"].items()], ""]
     return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    import sys
+
+    _child(sys.argv[1])

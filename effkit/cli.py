@@ -44,6 +44,7 @@ def quiet_libraries() -> None:
     warnings.filterwarnings("ignore", message=".*inputs will be cast from torch.float32 to float16.*")  # bnb, CPU
     warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
     logging.getLogger("torchao").setLevel(logging.ERROR)
+    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)  # torchao's enum registration notices
     import transformers
 
     transformers.utils.logging.set_verbosity_error()

@@ -63,13 +63,20 @@ def _train(cfg: TrainConfig) -> dict[str, Any]:
 
 
 def _in_process(cfg: TrainConfig) -> dict[str, Any]:
-    from effkit.train import train
+    """A single-process run in a fresh Python process, so that its peak-memory figure (RSS high-water mark)
+    is not hidden by memory an earlier run of the study freed but the allocator kept."""
+    import subprocess
+    import sys
 
-    threads = torch.get_num_threads()
-    try:
-        return train(cfg, progress=False)
-    finally:
-        torch.set_num_threads(threads)
+    Path(cfg.runs_dir).mkdir(parents=True, exist_ok=True)
+    cfg_path = Path(cfg.runs_dir) / f"{cfg.run_name}.config.json"
+    cfg_path.write_text(json.dumps(dataclasses.asdict(cfg)))
+    proc = subprocess.run([sys.executable, "-m", "effkit.parallel.worker", str(cfg_path)], capture_output=True,
+                          text=True, env={**os.environ, "EFFKIT_NO_PROGRESS": "1"})
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise EffkitError(f"study run {cfg.run_name} failed: {last}")
+    return json.loads((Path(cfg.reports_dir) / cfg.run_name / "train.json").read_text())
 
 
 def _steady_mean(times: list[float]) -> float:

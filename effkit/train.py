@@ -228,7 +228,7 @@ def train(cfg: TrainConfig, on_step: Callable[[int, float], None] | None = None,
     t_start = time.perf_counter()
     step = start_step
     memory = metrics.PeakMemory(rt.device)
-    with memory, _Progress(progress and rt.is_main, horizon, start_step, "train") as bar:
+    with memory, _Progress(progress and rt.is_main, horizon, start_step, tag) as bar:
         try:
             while not finetune_only_eval and (horizon == 0 or step < horizon):
                 t0 = clock = time.perf_counter()
@@ -345,7 +345,8 @@ def train(cfg: TrainConfig, on_step: Callable[[int, float], None] | None = None,
                                       f"wall time ({len(steady)} steps; first {excluded} excluded as warm-up)",
                 "mfu": f"(6N + 12*L*d*T) FLOPs/token x tokens/s / (peak x {rt.world_size} processes); peak: "
                        f"{peak_source}",
-                "peak_memory": memory.method + ", per rank",
+                "peak_memory": memory.method + ", per rank, over the training steps (the model is built, "
+                               "sharded and placed before; optimizer state, gradients and activations count)",
                 "time_breakdown_s": "wall time per phase of every step on rank 0 (time.perf_counter"
                                     + (", CUDA synchronised" if cfg.profile else "") + "); other = training wall "
                                     "time minus the phases (logging, progress, checkpoints)",

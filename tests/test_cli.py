@@ -96,3 +96,28 @@ def test_entry_point_exit_code_and_no_traceback(tmp_path):
     assert out.stderr.strip().splitlines() == [
         "effkit: error: unknown model preset 'nope'; choose one of gpt2-nano, gpt2-mini, gpt2, gpt2-medium, "
         "gpt2-large, or give a Hugging Face model folder"]
+
+
+def test_help_lists_every_command():
+    from typer.testing import CliRunner
+
+    out = CliRunner().invoke(cli.app, ["--help"], env={"COLUMNS": "200"})
+    assert out.exit_code == 0
+    for command in ("train", "prune", "quantize", "bench", "report", "generate", "run", "study", "doctor"):
+        assert f" {command} " in out.output, command
+
+
+def test_train_help_shows_defaults():
+    from typer.testing import CliRunner
+
+    out = CliRunner().invoke(cli.app, ["train", "--help"], env={"COLUMNS": "200"})
+    assert out.exit_code == 0
+    assert "gpt2-mini" in out.output and "--activation-checkpointing" in out.output and "--parallel" in out.output
+
+
+def test_doctor_reports_this_machine():
+    from typer.testing import CliRunner
+
+    out = CliRunner().invoke(cli.app, ["doctor"], env={"COLUMNS": "200"})
+    assert out.exit_code == 0, out.output
+    assert "gloo" in out.output and "int8 backend dynamic" in out.output and "GFLOP/s" in out.output

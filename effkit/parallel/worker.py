@@ -43,7 +43,7 @@ def main(argv: list[str]) -> int:
         cfg = TrainConfig(**json.loads(Path(argv[0]).read_text()))
         from effkit.train import train
 
-        train(cfg, on_step=_fault_injection(), progress=True)
+        train(cfg, on_step=_fault_injection(), progress=not os.environ.get("EFFKIT_NO_PROGRESS"))
     except EffkitError as e:
         _report_error("user", str(e))
         print(f"effkit: error: {e}", file=sys.stderr)
