@@ -26,6 +26,14 @@ def _root() -> None:
     """effkit: train, prune, quantize and benchmark GPT-2-class models, with honest numbers."""
 
 
+def _console():
+    """A rich console that stays readable when the output is a file or pipe (rich falls back to 80 columns)."""
+    from rich.console import Console
+
+    probe = Console()
+    return probe if probe.is_terminal else Console(width=160)
+
+
 def _explicit(ctx: typer.Context, names: list[str]) -> dict:
     """Values the user actually typed (so that they override the recipe, and defaults do not)."""
     out = {}
@@ -41,7 +49,7 @@ def quiet_libraries() -> None:
     import warnings
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    warnings.filterwarnings("ignore", message=".*inputs will be cast from torch.float32 to float16.*")  # bnb, CPU
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)  # "inputs will be cast to float16" on every call
     warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
     logging.getLogger("torchao").setLevel(logging.ERROR)
     logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)  # torchao's enum registration notices
@@ -118,7 +126,6 @@ def train(
 
 
 def _print_train_summary(report: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     m, w = report["metrics"], report["what_ran"]
@@ -133,7 +140,7 @@ def _print_train_summary(report: dict) -> None:
             ("parallel", f"{w['parallel']} x{w['world_size']}"), ("precision", w["amp_dtype"])]
     for r in rows:
         t.add_row(*r)
-    Console().print(t)
+    _console().print(t)
     print(f"artifact: {report['artifact']}\nreport:   {Path(report['config']['reports_dir']) / report['run']}")
 
 
@@ -167,7 +174,6 @@ def prune(
     from effkit.prune.stage import run_prune
 
     report = run_prune(cfg)
-    from rich.console import Console
     from rich.table import Table
 
     t = Table(title=f"prune --mode {cfg.mode}: {report['run']}")
@@ -178,7 +184,7 @@ def prune(
         t.add_row(str(r["round"]), f"{r['target']:.2f}", f"{r['achieved_sparsity']:.3f}", f"{r['eval_loss']:.4f}",
                   f"{r['params']:,}", f"{r['latency_b1_s'] * 1000:.1f} ms", f"{r['latency_b12_s'] * 1000:.1f} ms",
                   f"{r.get('speedup_measured_b12', 1.0):.2f}x / {r.get('speedup_projected', 1.0):.2f}x")
-    Console().print(t)
+    _console().print(t)
     for v in report["verdicts"]:
         print(f"note: {v}")
     print(f"artifact: {report['artifact']}\nreport:   {Path(cfg.reports_dir) / report['run']}")
@@ -210,7 +216,6 @@ def quantize(
     names = [f.name for f in dataclasses.fields(QuantizeConfig) if f.name in ctx.params]
     cfg = build_config(QuantizeConfig, str(recipe) if recipe else None, _explicit(ctx, names))
     report = run_quantize(cfg)
-    from rich.console import Console
     from rich.table import Table
 
     m = report["metrics"]
@@ -222,7 +227,7 @@ def quantize(
         t.add_row(label, f"{r['eval_loss']:.4f}", f"{r['size_bytes'] / 2**20:.1f} MiB" if "size_bytes" in r else "",
                   f"{r['latency_b1']['p50_s'] * 1000:.1f} ms", f"{r['latency_b12']['p50_s'] * 1000:.1f} ms",
                   f"{gen:.0f}" if gen else "")
-    Console().print(t)
+    _console().print(t)
     print(f"parent: {m['parent_fp32']['generation']['text'][:120]!r}")
     print(f"int8:   {m['generation']['text'][:120]!r}")
     for v in report["verdicts"]:
@@ -259,7 +264,6 @@ def bench(
     if json_out:
         print(json.dumps(report, indent=2, default=str))
         return
-    from rich.console import Console
     from rich.table import Table
 
     cols, rows = table_rows(report)
@@ -268,7 +272,7 @@ def bench(
         t.add_column(c, justify="left" if c == "artifact" else "right")
     for r in rows:
         t.add_row(*r)
-    Console().print(t)
+    _console().print(t)
     if any(r["flags"] for r in report["artifacts"]):
         print("⚠: latency spread above 10% (noisy timing); see bench.md")
     print(f"report: {Path(cfg.reports_dir) / report['run']}/bench.md")
@@ -352,12 +356,11 @@ def run_cmd(
 ):
     """Run the whole pipeline from one recipe: train, prune, quantize, bench, report. Resumable."""
     quiet_libraries()
-    from rich.console import Console
     from rich.table import Table
 
     from effkit.pipeline import run_pipeline
 
-    console = Console()
+    console = _console()
     recipe = recipe or _default_recipe()
     result = run_pipeline(recipe, force=force, dry_run=dry_run, console=console)
     if dry_run:
@@ -391,7 +394,6 @@ def doctor():
     quiet_libraries()
     import torch
     import torch.distributed as dist
-    from rich.console import Console
     from rich.table import Table
 
     from effkit import metrics
@@ -426,7 +428,7 @@ def doctor():
                   f"{peak / 1e9:,.0f} GFLOP/s ({src})" if peak else src)
     for k, v in versions().items():
         t.add_row(k, v)
-    Console().print(t)
+    _console().print(t)
 
 
 @app.command()
@@ -444,7 +446,6 @@ def study(
 ):
     """Reproduce a classic distributed-training experiment on this machine; table, JSON, Markdown, PNG."""
     quiet_libraries()
-    from rich.console import Console
     from rich.table import Table
 
     from effkit.studies import StudyConfig, run_study
@@ -458,7 +459,7 @@ def study(
         t.add_column(c, justify="right")
     for r in result["rows"]:
         t.add_row(*[f"{r[c]:.4g}" if isinstance(r[c], float) else str(r[c]) for c in cols])
-    Console().print(t)
+    _console().print(t)
     for n in result["notes"]:
         print(f"note: {n}")
     print(f"report: {Path(out) / name}/{name}.md ({result['wall_s']:.0f} s)")

@@ -128,23 +128,25 @@ def _plt():
 
 def plot_loss_curves(out: Path) -> Path | None:
     """Every `<tag>_steps.csv` of the run on one plot."""
-    files = sorted(out.glob("*_steps.csv"))
+    files = sorted(out.glob("*_steps.csv"), key=lambda f: (not f.name.startswith("train_"), f.name))
     if not files:
         return None
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    offset = 0
+    train_end, branch_end = 0, {}  # each pruning mode's rounds continue after training, one after another
     for f in files:
         rows = list(csv.DictReader(f.open()))
         if not rows:
             continue
         tag = f.name.removesuffix("_steps.csv")
-        steps = [int(r["step"]) for r in rows]
-        if tag != "train":  # fine-tuning rounds continue the x axis after training
-            steps = [s + offset for s in steps]
+        branch = tag.rsplit("-r", 1)[0] if tag.startswith("prune-") else tag
+        offset = 0 if tag == "train" else branch_end.get(branch, train_end)
+        steps = [int(r["step"]) + offset for r in rows]
         ax.plot(steps, [float(r["loss"]) for r in rows], lw=1, label=tag)
         if tag == "train":
-            offset = steps[-1]
+            train_end = steps[-1]
+        else:
+            branch_end[branch] = steps[-1]
     ax.set_xlabel("step (fine-tuning rounds follow training)")
     ax.set_ylabel("train loss (nats/token)")
     ax.grid(alpha=0.3)
