@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -112,6 +111,3 @@ def make_loader(blocks: torch.Tensor, sampler: BlockSampler, workers: int = 0):
     return torch.utils.data.DataLoader(_Blocks(blocks), batch_sampler=sampler, num_workers=workers,
                                        persistent_workers=workers > 0)
 
-
-def cached_paths() -> list[Path]:
-    return sorted((cache_dir() / "tokens").glob("*.npy"))

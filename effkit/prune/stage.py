@@ -3,7 +3,6 @@ one artifact per round, and a report with the whole curve (loss, sparsity, FLOPs
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -198,4 +197,4 @@ def plot_prune_curves(out: Path) -> list[Path]:
     return paths
 
 
-__all__ = ["run_prune", "forward_flops_per_token", "math"]
+__all__ = ["forward_flops_per_token", "plot_prune_curves", "run_prune"]
