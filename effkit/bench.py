@@ -149,11 +149,7 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
 
     cfg.validate()
     run_name, paths = find_artifacts(cfg)
-    first_meta = artifacts.read_meta(paths[0])
-    train_cfg = TrainConfig(**{k: v for k, v in first_meta["config"].items() if k in TrainConfig.__dataclass_fields__})
-    if first_meta["stage"] != "train":  # its data settings live in the config of the train stage it came from
-        train_cfg = TrainConfig(**{k: v for k, v in _train_config_of(paths[0]).items()
-                                   if k in TrainConfig.__dataclass_fields__})
+    train_cfg = TrainConfig.from_dict(_train_config_of(paths[0]))  # the data settings of its train stage
     train_cfg.model = str(paths[0])
     _, _, _, data = prepare_data(train_cfg)  # builds the caches once; each artifact is measured in its own process
     block = train_cfg.block_size

@@ -34,6 +34,20 @@ def _console():
     return probe if probe.is_terminal else Console(width=160)
 
 
+def _bench_table(report: dict, title: str):
+    from rich.table import Table
+
+    from effkit.bench import table_rows
+
+    cols, rows = table_rows(report)
+    t = Table(title=title)
+    for c in cols:
+        t.add_column(c, justify="left" if c == "artifact" else "right")
+    for r in rows:
+        t.add_row(*r)
+    return t
+
+
 def _explicit(ctx: typer.Context, names: list[str]) -> dict:
     """Values the user actually typed (so that they override the recipe, and defaults do not)."""
     out = {}
@@ -258,21 +272,14 @@ def bench(
     names = [f.name for f in dataclasses.fields(BenchConfig) if f.name in ctx.params and f.name != "paths"]
     cfg = build_config(BenchConfig, str(recipe) if recipe else None, _explicit(ctx, names))
     cfg.paths = tuple(paths or ())
-    from effkit.bench import run_bench, table_rows
+    from effkit.bench import run_bench
 
     report = run_bench(cfg, progress=not json_out)
     if json_out:
         print(json.dumps(report, indent=2, default=str))
         return
-    from rich.table import Table
 
-    cols, rows = table_rows(report)
-    t = Table(title=f"effkit bench: {report['run']} ({report['device']})")
-    for c in cols:
-        t.add_column(c, justify="left" if c == "artifact" else "right")
-    for r in rows:
-        t.add_row(*r)
-    _console().print(t)
+    _console().print(_bench_table(report, f"effkit bench: {report['run']} ({report['device']})"))
     if any(r["flags"] for r in report["artifacts"]):
         print("⚠: latency spread above 10% (noisy timing); see bench.md")
     print(f"report: {Path(cfg.reports_dir) / report['run']}/bench.md")
@@ -375,15 +382,8 @@ def run_cmd(
                 console.print(f"launch ({s['stage']}): {s['launch']}", soft_wrap=True)
         return
     if result["bench"]:
-        from effkit.bench import table_rows
 
-        cols, rows = table_rows(result["bench"])
-        t = Table(title=f"effkit run: {result['bench']['run']}")
-        for c in cols:
-            t.add_column(c, justify="left" if c == "artifact" else "right")
-        for r in rows:
-            t.add_row(*r)
-        console.print(t)
+        console.print(_bench_table(result["bench"], f"effkit run: {result['bench']['run']}"))
     console.print(f"stages: {', '.join(result['done'])}; wall time {result['wall_s'] / 60:.1f} min")
     console.print(f"report: {result['report']}")
 

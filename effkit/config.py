@@ -70,6 +70,12 @@ class TrainConfig:
     reports_dir: str = "reports"
     resume: bool = False
 
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
+        """A config saved in an artifact or checkpoint (keys this version does not know are ignored)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in names})
+
     def validate(self, allow_no_steps: bool = False) -> TrainConfig:
         if self.batch_size < 1:
             raise EffkitError(f"--batch-size must be at least 1 (got {self.batch_size})")

@@ -240,7 +240,7 @@ def run_quantize(cfg: QuantizeConfig) -> dict[str, Any]:
     if cfg.backend != "auto" and (reason := backend_available(cfg.backend)):
         raise EffkitError(f"--backend {cfg.backend} cannot run here: {reason}")
 
-    train_cfg = TrainConfig(**{k: v for k, v in meta["config"].items() if k in TrainConfig.__dataclass_fields__})
+    train_cfg = TrainConfig.from_dict(meta["config"])
     train_cfg.model = str(source)
     _, tokenizer, _, data = prepare_data(train_cfg)
     block = train_cfg.block_size

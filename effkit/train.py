@@ -167,7 +167,7 @@ def train(cfg: TrainConfig, on_step: Callable[[int, float], None] | None = None,
         if not ckpt_dir.is_dir():
             raise EffkitError(f"nothing to resume: {ckpt_dir} does not exist; start without --resume")
         resumed = load_checkpoint(ckpt_dir)
-        saved = TrainConfig(**resumed["config"])
+        saved = TrainConfig.from_dict(resumed["config"])
         saved.resume, saved.time_budget = True, cfg.time_budget
         cfg = saved
     cfg.run_name = run_name

@@ -3,7 +3,7 @@ one artifact per round, and a report with the whole curve (loss, sparsity, FLOPs
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -71,8 +71,7 @@ def run_prune(cfg: PruneConfig, progress: bool = True) -> dict[str, Any]:
     cfg.validate()
     source = artifacts.resolve_artifact(cfg.source, cfg.runs_dir)
     meta = _check_source(source)
-    parent_cfg = TrainConfig(**{**TrainConfig().__dict__, **{k: v for k, v in meta["config"].items()
-                                                             if k in TrainConfig.__dataclass_fields__}})
+    parent_cfg = TrainConfig.from_dict(meta["config"])
     run_name = source.parent.name
     block = parent_cfg.block_size
     torch.manual_seed(cfg.seed)
@@ -86,7 +85,7 @@ def run_prune(cfg: PruneConfig, progress: bool = True) -> dict[str, Any]:
     if cfg.importance == "wanda":
         from effkit.train import prepare_data
 
-        _, _, _, data = prepare_data(TrainConfig(**{**asdict(parent_cfg), "model": str(source)}))
+        _, _, _, data = prepare_data(replace(parent_cfg, model=str(source)))
         g = torch.Generator().manual_seed(cfg.seed)
         idx = torch.randperm(len(data.train), generator=g)[: cfg.calib_batches * cfg.batch_size]
         calib = list(data.train[idx].split(cfg.batch_size))
@@ -110,12 +109,11 @@ def run_prune(cfg: PruneConfig, progress: bool = True) -> dict[str, Any]:
             prune_mlp_channels(model, keep)
             after_step = None
         tag = f"prune-{cfg.mode}-r{r}"
-        ft = TrainConfig(**{**asdict(parent_cfg), "model": str(source), "max_steps": cfg.finetune_steps,
-                            "max_tokens": 0, "time_budget": 0.0, "lr": cfg.lr, "min_lr": cfg.lr / 10,
-                            "warmup_steps": cfg.warmup_steps, "batch_size": cfg.batch_size, "grad_accum": 1,
-                            "eval_interval": 0, "checkpoint_interval": 0, "run_name": run_name,
-                            "runs_dir": cfg.runs_dir, "reports_dir": cfg.reports_dir, "parallel": "none",
-                            "nproc": 0, "resume": False, "activation_checkpointing": False, "seed": cfg.seed + r})
+        ft = replace(parent_cfg, model=str(source), max_steps=cfg.finetune_steps, max_tokens=0, time_budget=0.0,
+                     lr=cfg.lr, min_lr=cfg.lr / 10, warmup_steps=cfg.warmup_steps, batch_size=cfg.batch_size,
+                     grad_accum=1, eval_interval=0, checkpoint_interval=0, run_name=run_name,
+                     runs_dir=cfg.runs_dir, reports_dir=cfg.reports_dir, parallel="none", nproc=0, resume=False,
+                     activation_checkpointing=False, seed=cfg.seed + r)
         extra = (lambda mdl, f=fraction, r=r: {"prune": {"mode": cfg.mode, "round": r, "target": f,
                                                     "final_target": cfg.target, "importance": cfg.importance,
                                                     "scope": cfg.scope if cfg.mode == "weight" else None},
