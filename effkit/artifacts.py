@@ -10,6 +10,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,60 @@ META = "effkit.json"
 def new_run_name(model: str) -> str:
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     return f"{stamp}-{Path(model).name}"
+
+
+def prune_tag(mode: str, round_: int) -> str:
+    """The artifact tag of pruning round `round_` of `mode` (`prune-row-r2`)."""
+    return f"prune-{mode}-r{round_}"
+
+
+def prune_branch(tag: str) -> str | None:
+    """`prune-row-r2` -> `prune-row`: the pruning run a round belongs to (None for other tags)."""
+    head, sep, k = tag.rpartition("-r")
+    return head if tag.startswith("prune-") and sep and k.isdigit() else None
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """Where one run's files live: `runs/<run>/<tag>/` artifacts and checkpoints, `reports/<run>/` reports."""
+
+    runs_dir: Path
+    reports_dir: Path
+    name: str
+
+    @classmethod
+    def of(cls, runs_dir: str | Path, reports_dir: str | Path, name: str) -> RunLayout:
+        return cls(Path(runs_dir), Path(reports_dir), name)
+
+    @property
+    def run_dir(self) -> Path:
+        return self.runs_dir / self.name
+
+    @property
+    def report_dir(self) -> Path:
+        return self.reports_dir / self.name
+
+    def artifact(self, tag: str) -> Path:
+        return self.run_dir / tag
+
+    def report(self, tag: str) -> Path:
+        return self.report_dir / f"{tag}.json"
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.run_dir / "checkpoints" / "last"
+
+    @property
+    def launch_config(self) -> Path:
+        return self.run_dir / "launch-config.json"
+
+    @property
+    def launch_log(self) -> Path:
+        return self.run_dir / "launch.log"
+
+    @property
+    def errors_dir(self) -> Path:
+        return self.run_dir / ".errors"
 
 
 @contextlib.contextmanager
@@ -99,12 +154,15 @@ def versions() -> dict[str, str]:
     return out
 
 
-def write_meta(folder: Path, stage: str, config: dict[str, Any], metrics: dict[str, Any],
+def write_meta(folder: Path, stage: str, config: dict[str, Any], metrics: dict[str, Any], data: dict[str, Any],
                parent: str | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`effkit.json`: what made the artifact. `data` is the data section the model was trained on (every
+    artifact carries it, so later stages evaluate on the same held-out blocks without rebuilding a config)."""
     meta = {
         "stage": stage,
         "parent": parent,
         "config": config,
+        "data": data,
         "metrics": metrics,
         "versions": versions(),
         "git_commit": git_commit(),
@@ -123,6 +181,20 @@ def read_meta(folder: Path) -> dict[str, Any]:
         return json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise EffkitError(f"{path} is corrupt ({e}); re-run the stage that wrote it") from None
+
+
+def data_section(path: Path) -> dict[str, Any]:
+    """The data section of an artifact (for artifacts of older effkit versions: its train ancestor's config)."""
+    for _ in range(50):
+        meta = read_meta(path)
+        if "data" in meta:
+            return meta["data"]
+        if meta["stage"] == "train" or not meta.get("parent"):
+            flat = meta.get("config", {})
+            return {"source": flat.get("data", "builtin"), **{k: flat[k] for k in
+                    ("vocab_size", "block_size", "heldout_fraction", "eval_blocks", "workers") if k in flat}}
+        path = Path(meta["parent"])
+    raise EffkitError(f"{path}: parent chain too long")
 
 
 def dir_size(folder: Path) -> int:

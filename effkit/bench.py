@@ -6,15 +6,17 @@ from __future__ import annotations
 import copy
 import json
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from effkit import artifacts, metrics
-from effkit.config import BenchConfig, TrainConfig
+from effkit.config import BenchConfig, DataConfig
+from effkit.data import prepare
 from effkit.errors import EffkitError
+from effkit.isolated import run_isolated
+from effkit.parallel import resolve_device
 from effkit.quantize import generate_sample, is_quantized, load_any
 from effkit.report import atomic_write_text, write_rows_csv
 
@@ -46,11 +48,12 @@ def find_artifacts(cfg: BenchConfig) -> tuple[str, list[Path]]:
     return run_dir.name, [d for _, d in found]
 
 
-def train_throughput(model, batch: int, block: int, steps: int, vocab: int) -> float:
+def train_throughput(model, batch: int, block: int, steps: int) -> float:
     """tokens/s of forward + backward + AdamW step on a copy of the model, after one warm-up step."""
     model = copy.deepcopy(model).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
-    x = torch.randint(0, vocab, (batch, block), generator=torch.Generator().manual_seed(0))
+    x = metrics.random_tokens(model, batch, block)
+    device = metrics.model_device(model)
     times = []
     for i in range(steps + 1):
         t = time.perf_counter()
@@ -58,68 +61,50 @@ def train_throughput(model, batch: int, block: int, steps: int, vocab: int) -> f
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         if i:
             times.append(time.perf_counter() - t)
     return batch * block * len(times) / sum(times)
 
 
-def bench_one(path: Path, cfg: BenchConfig, tokenizer, eval_blocks: torch.Tensor, block: int) -> dict[str, Any]:
+def bench_one(path: Path, cfg: BenchConfig, tokenizer, eval_blocks: torch.Tensor, block: int,
+              device: torch.device) -> dict[str, Any]:
     meta = artifacts.read_meta(path)
-    device = torch.device("cpu")
     with metrics.PeakMemory(device) as mem:
-        model = load_any(path).eval()
-        vocab = model.config.vocab_size
+        model = load_any(path, device).eval()
         r: dict[str, Any] = {"artifact": str(path), "tag": path.name, "stage": meta["stage"],
                              "params": sum(p.numel() for p in model.parameters()),
                              "size_bytes": artifacts.dir_size(path), "quantized": is_quantized(path)}
-        r.update(metrics.evaluate(model, eval_blocks, cfg.batch_size, device))
+        r.update(metrics.evaluate(model, eval_blocks, cfg.batch_size))
         for b in LAT_BATCHES:
-            r[f"latency_b{b}"] = metrics.measure_latency(model, b, block, device, repeats=cfg.repeats, vocab=vocab)
+            r[f"latency_b{b}"] = metrics.measure_latency(model, b, block, repeats=cfg.repeats)
         r["generation"] = generate_sample(model, tokenizer, cfg.gen_tokens)
         for b in TRAIN_BATCHES:
             r[f"train_tokens_per_s_b{b}"] = (f"not run: {meta['stage']} int8 artifacts do not train"
                                              if r["quantized"] else
-                                             train_throughput(model, b, block, cfg.train_steps, vocab))
+                                             train_throughput(model, b, block, cfg.train_steps))
     r["peak_memory_bytes"] = mem.peak_bytes
     r["flags"] = [f"latency b{b} spread {r[f'latency_b{b}']['spread']:.0%} > {SPREAD_FLAG:.0%}"
                   for b in LAT_BATCHES if r[f"latency_b{b}"]["spread"] > SPREAD_FLAG]
     return r
 
 
-def bench_isolated(path: Path, cfg: BenchConfig, train_cfg: TrainConfig) -> dict[str, Any]:
+def bench_in_this_process(path: str, cfg: dict[str, Any], data: dict[str, Any], tokenizer_from: str,
+                          device: str) -> dict[str, Any]:
+    """`bench_one` from JSON-able arguments: what `run_isolated` calls in a fresh process."""
+    data_cfg = DataConfig.from_dict(data)
+    prepared = prepare(data_cfg, tokenizer_from=tokenizer_from)
+    return bench_one(Path(path), BenchConfig.from_dict(cfg), prepared.tokenizer, prepared.blocks.eval,
+                     data_cfg.block_size, resolve_device(device))
+
+
+def bench_isolated(path: Path, cfg: BenchConfig, data: dict[str, Any], tokenizer_from: Path) -> dict[str, Any]:
     """`bench_one` in a fresh Python process: on CPU the peak-memory figure is the process' RSS high-water
     mark, which memory freed by an earlier artifact (and kept by the allocator) would otherwise hide."""
-    import subprocess
-    import sys
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="effkit-bench-") as d:
-        spec = {"path": str(path), "cfg": asdict(cfg), "train_cfg": asdict(train_cfg)}
-        (Path(d) / "spec.json").write_text(json.dumps(spec, default=list))
-        proc = subprocess.run([sys.executable, "-m", "effkit.bench", d], capture_output=True, text=True)
-        if proc.returncode != 0:
-            last = (proc.stderr.strip().splitlines() or ["no output"])[-1].removeprefix("effkit: error: ")
-            raise EffkitError(f"bench of {path} failed: {last}")
-        return json.loads((Path(d) / "result.json").read_text())
-
-
-def _child(folder: str) -> None:
-    import sys
-
-    from effkit.cli import quiet_libraries
-    from effkit.train import prepare_data
-
-    quiet_libraries()
-    spec = json.loads((Path(folder) / "spec.json").read_text())
-    try:
-        train_cfg = TrainConfig(**spec["train_cfg"])
-        _, tokenizer, _, data = prepare_data(train_cfg)
-        result = bench_one(Path(spec["path"]), BenchConfig(**spec["cfg"]), tokenizer, data.eval,
-                           train_cfg.block_size)
-    except EffkitError as e:
-        print(f"effkit: error: {e}", file=sys.stderr)
-        sys.exit(2)
-    (Path(folder) / "result.json").write_text(json.dumps(result, default=str))
+    return run_isolated("effkit.bench:bench_in_this_process",
+                        {"path": str(path), "cfg": cfg.to_dict(), "data": data, "tokenizer_from": str(tokenizer_from),
+                         "device": cfg.device}, what=f"bench of {path}")
 
 
 def with_deltas(rows: list[dict[str, Any]]) -> None:
@@ -145,14 +130,13 @@ def leaderboard(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run_bench(cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
-    from effkit.train import prepare_data
-
-    cfg.validate()
+    cfg = cfg.validate()
+    device = resolve_device(cfg.device)
     run_name, paths = find_artifacts(cfg)
-    train_cfg = TrainConfig.from_dict(_train_config_of(paths[0]))  # the data settings of its train stage
-    train_cfg.model = str(paths[0])
-    _, _, _, data = prepare_data(train_cfg)  # builds the caches once; each artifact is measured in its own process
-    block = train_cfg.block_size
+    data = artifacts.data_section(paths[0])  # every artifact is evaluated on the first one's held-out blocks
+    data_cfg = DataConfig.from_dict(data)
+    n_eval = len(prepare(data_cfg, tokenizer_from=str(paths[0])).blocks.eval)  # builds the caches once
+    block = data_cfg.block_size
     rows = []
     if progress:
         from rich.progress import Progress
@@ -161,24 +145,24 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
             task = bar.add_task("bench", total=len(paths))
             for p in paths:
                 bar.update(task, description=f"bench {p.name}")
-                rows.append(bench_isolated(p, cfg, train_cfg))
+                rows.append(bench_isolated(p, cfg, data, paths[0]))
                 bar.advance(task)
     else:
-        rows = [bench_isolated(p, cfg, train_cfg) for p in paths]
+        rows = [bench_isolated(p, cfg, data, paths[0]) for p in paths]
     with_deltas(rows)
     report = {
-        "stage": "bench", "run": run_name, "config": asdict(cfg), "artifacts": rows,
-        "device": metrics.describe_device(torch.device("cpu")), "versions": artifacts.versions(),
+        "stage": "bench", "run": run_name, "config": cfg.to_dict(), "artifacts": rows,
+        "device": metrics.describe_device(device), "versions": artifacts.versions(),
         "git_commit": artifacts.git_commit(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "protocol": {
-            "eval_loss": metrics.EVAL_PROTOCOL + f"; the blocks of {paths[0].name}'s data ({len(data.eval)} blocks)",
+            "eval_loss": metrics.EVAL_PROTOCOL + f"; the blocks of {paths[0].name}'s data ({n_eval} blocks)",
             "latency": metrics.LATENCY_PROTOCOL.format(warmup=3, repeats=cfg.repeats) + f", block {block}; "
                        f"a spread (max-min)/p50 above {SPREAD_FLAG:.0%} is flagged",
             "generation": f"greedy decoding with the KV cache, {cfg.gen_tokens} new tokens after a 4-token warm-up",
             "training_throughput": f"forward+backward+AdamW on a copy, batch x {block} tokens, {cfg.train_steps} "
                                    "timed steps after 1 warm-up",
-            "peak_memory": "cpu RSS high-water mark while loading and measuring the artifact minus RSS before "
-                           "(sampled every 5 ms), each artifact in a fresh process",
+            "peak_memory": metrics.PeakMemory(device).method + ", while loading and measuring the artifact, "
+                           "each artifact in a fresh process",
             "deltas": f"relative to the first artifact ({rows[0]['tag']})",
         },
     }
@@ -189,17 +173,6 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
     write_rows_csv(out / "bench.csv", [flat_row(r) for r in rows])
     atomic_write_text(out / "bench.md", bench_markdown(report))
     return report
-
-
-def _train_config_of(path: Path) -> dict[str, Any]:
-    """Follow parents up to the train stage, whose config names the data."""
-    seen = 0
-    while seen < 50:
-        meta = artifacts.read_meta(path)
-        if meta["stage"] == "train" or not meta.get("parent"):
-            return meta["config"]
-        path, seen = Path(meta["parent"]), seen + 1
-    raise EffkitError(f"{path}: parent chain too long")
 
 
 def flat_row(r: dict[str, Any]) -> dict[str, Any]:
@@ -249,9 +222,3 @@ def bench_markdown(report: dict[str, Any]) -> str:
         lines += ["", "Noisy timings (⚠):", *flags]
     lines += ["", "How measured:", *[f"- {k}: {v}" for k, v in report["protocol"].items()], ""]
     return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    import sys
-
-    _child(sys.argv[1])

@@ -1,8 +1,12 @@
-"""Training checkpoints without pickle: model and optimizer tensors in safetensors, the rest in JSON."""
+"""Training checkpoints without pickle: model and optimizer tensors in safetensors, the rest in JSON.
+
+`Checkpointer` owns one checkpoint folder and every key in it: the model and optimizer tensors, the RNG
+states, the step, the scheduler, and the config and loss rows the run needs to continue exactly."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -65,3 +69,51 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     state["model"] = model_state
     state["rng"] = rng
     return state
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    step: int
+    model: dict[str, torch.Tensor]
+    optimizer: dict[str, Any]
+    scheduler: dict[str, Any]
+    rng: dict[str, torch.Tensor]
+    config: dict[str, Any]
+    rows: list[dict[str, Any]]
+
+
+class Checkpointer:
+    """Save and restore a training run's state in `folder` (written by rank 0, atomically)."""
+
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+
+    def exists(self) -> bool:
+        return (self.folder / "state.json").is_file()
+
+    def save(self, step: int, par, optimizer, scheduler, config: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+        """Collective: every rank takes part in gathering the full state; rank 0 writes it."""
+        state = par.full_state_dict()
+        optim_state = par.optimizer_state(optimizer)
+        if par.rt.is_main:
+            save_checkpoint(self.folder, state, optim_state, scheduler.state_dict(), step,
+                            {"config": config, "rows": rows})
+        par.rt.barrier()
+
+    def load(self) -> Checkpoint:
+        if not self.folder.is_dir():
+            raise EffkitError(f"nothing to resume: {self.folder} does not exist; start without --resume")
+        state = load_checkpoint(self.folder)
+        missing = [k for k in ("step", "scheduler", "config") if k not in state]
+        if missing:
+            raise EffkitError(f"checkpoint {self.folder} is incomplete (state.json has no {', '.join(missing)}); "
+                              "start again without --resume")
+        return Checkpoint(step=state["step"], model=state["model"], optimizer=state["optimizer"],
+                          scheduler=state["scheduler"], rng=state["rng"], config=state["config"],
+                          rows=state.get("rows", []))
+
+    @staticmethod
+    def restore_rng(ckpt: Checkpoint, device: torch.device) -> None:
+        torch.set_rng_state(ckpt.rng["__rng_cpu"])
+        if "__rng_cuda" in ckpt.rng and device.type == "cuda":
+            torch.cuda.set_rng_state(ckpt.rng["__rng_cuda"], device)

@@ -3,22 +3,23 @@ line on stderr and exit code 2."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Optional
 
 import typer
 
-from effkit.config import BenchConfig, PruneConfig, QuantizeConfig, TrainConfig, build_config
-from effkit.errors import EffkitError
+from effkit.config import BenchConfig, PruneConfig, QuantizeConfig, TrainConfig, build_config, flat_defaults
+from effkit.errors import EffkitError, Interrupted
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="effkit: train, prune, quantize and benchmark GPT-2-class models, with honest numbers.")
 
-_D = TrainConfig()  # defaults shown in --help
+_D = SimpleNamespace(**TrainConfig.flat_defaults())  # defaults shown in --help
+DEVICE_HELP = "auto (the first GPU if there is one, else the CPU), cpu, cuda or cuda:N"
 
 
 @app.callback()
@@ -59,24 +60,20 @@ def _explicit(ctx: typer.Context, names: list[str]) -> dict:
 
 
 def quiet_libraries() -> None:
-    import logging
-    import warnings
+    from effkit.quiet import quiet_libraries as quiet
 
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)  # "inputs will be cast to float16" on every call
-    warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
-    logging.getLogger("torchao").setLevel(logging.ERROR)
-    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)  # torchao's enum registration notices
-    import transformers
+    quiet()
 
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
+
+def _flags(ctx: typer.Context, cls: type) -> dict:
+    """The options of `cls` the user typed, by their flat config key."""
+    return _explicit(ctx, [name for name in flat_defaults(cls) if name in ctx.params])
 
 
 @app.command()
 def train(
     ctx: typer.Context,
-    recipe: Optional[Path] = typer.Option(None, help="TOML recipe; its [train] table sets defaults, flags override"),
+    recipe: Optional[Path] = typer.Option(None, help="TOML recipe; its \\[train] table sets defaults, flags override"),
     model: str = typer.Option(_D.model, help="preset (gpt2-nano, gpt2-mini, gpt2, gpt2-medium, gpt2-large), "
                               "a Hugging Face model folder, or a hub id (online)"),
     data: str = typer.Option(_D.data, help="builtin (State of the Union speeches), wikitext-103, wikitext-2, "
@@ -117,7 +114,6 @@ def train(
     master_addr: str = typer.Option(_D.master_addr, help="address of the rank-0 machine"),
     master_port: int = typer.Option(_D.master_port, help="port of the rank-0 machine"),
     eval_interval: int = typer.Option(_D.eval_interval, help="steps between held-out evaluations (0 = end only)"),
-    log_interval: int = typer.Option(_D.log_interval, help="steps between progress updates"),
     checkpoint_interval: int = typer.Option(_D.checkpoint_interval, help="steps between checkpoints (0 = never)"),
     run_name: str = typer.Option(_D.run_name, help="run folder name (default: timestamp-model)"),
     runs_dir: str = typer.Option(_D.runs_dir, help="where runs/<run>/<stage>/ artifacts go"),
@@ -127,13 +123,12 @@ def train(
 ):
     """Train a GPT-2 model (default: the CPU quickstart on the embedded corpus)."""
     quiet_libraries()
-    names = [f.name for f in dataclasses.fields(TrainConfig) if f.name in ctx.params]
-    cfg = build_config(TrainConfig, str(recipe) if recipe else None, _explicit(ctx, names))
-    if cfg.resume and not cfg.run_name:
+    cfg = build_config(TrainConfig, str(recipe) if recipe else None, _flags(ctx, TrainConfig))
+    if cfg.run.resume and not cfg.run.run_name:
         from effkit.artifacts import latest_run
 
-        cfg.run_name = latest_run(Path(cfg.runs_dir)).name
-    from effkit.parallel.launch import train_any
+        cfg = cfg.with_flat(run_name=latest_run(Path(cfg.run.runs_dir)).name)
+    from effkit.train import train_any
 
     report = train_any(cfg)
     _print_train_summary(report)
@@ -155,7 +150,7 @@ def _print_train_summary(report: dict) -> None:
     for r in rows:
         t.add_row(*r)
     _console().print(t)
-    print(f"artifact: {report['artifact']}\nreport:   {Path(report['config']['reports_dir']) / report['run']}")
+    print(f"artifact: {report['artifact']}\nreport:   {Path(report['config']['run']['reports_dir']) / report['run']}")
 
 
 _P = PruneConfig()
@@ -164,7 +159,7 @@ _P = PruneConfig()
 @app.command()
 def prune(
     ctx: typer.Context,
-    recipe: Optional[Path] = typer.Option(None, help="TOML recipe; its [prune] table sets defaults"),
+    recipe: Optional[Path] = typer.Option(None, help="TOML recipe; its \\[prune] table sets defaults"),
     source: str = typer.Option(_P.source, "--from", help="artifact folder to prune (default: runs/latest/train)"),
     mode: str = typer.Option(_P.mode, help="row (remove MLP channels: smaller, faster) or weight (unstructured)"),
     target: float = typer.Option(_P.target, help="fraction of prunable weights removed by the last round (0-1)"),
@@ -178,13 +173,13 @@ def prune(
     warmup_steps: int = typer.Option(_P.warmup_steps, help="fine-tuning warm-up steps"),
     seed: int = typer.Option(_P.seed, help="random seed"),
     latency_repeats: int = typer.Option(_P.latency_repeats, help="timed forward passes per latency figure"),
+    device: str = typer.Option(_P.device, help=DEVICE_HELP),
     runs_dir: str = typer.Option(_P.runs_dir, help="where runs/ are"),
     reports_dir: str = typer.Option(_P.reports_dir, help="where reports/ go"),
 ):
     """Prune a trained model (row or weight), fine-tuning between rounds; one artifact per round."""
     quiet_libraries()
-    names = [f.name for f in dataclasses.fields(PruneConfig) if f.name in ctx.params]
-    cfg = build_config(PruneConfig, str(recipe) if recipe else None, _explicit(ctx, names))
+    cfg = build_config(PruneConfig, str(recipe) if recipe else None, _flags(ctx, PruneConfig))
     from effkit.prune.stage import run_prune
 
     report = run_prune(cfg)
@@ -210,7 +205,7 @@ _Q = QuantizeConfig()
 @app.command()
 def quantize(
     ctx: typer.Context,
-    recipe: Optional[Path] = typer.Option(None, help="TOML recipe; its [quantize] table sets defaults"),
+    recipe: Optional[Path] = typer.Option(None, help="TOML recipe; its \\[quantize] table sets defaults"),
     source: str = typer.Option(_Q.source, "--from", help="artifact to quantize (default: newest of the latest run)"),
     backend: str = typer.Option(_Q.backend, help="auto (measure, keep the fastest), dynamic, bnb, torchao"),
     include_head: bool = typer.Option(_Q.include_head, "--include-head/--no-include-head",
@@ -220,6 +215,7 @@ def quantize(
     batch_size: int = typer.Option(_Q.batch_size, help="evaluation batch size"),
     latency_repeats: int = typer.Option(_Q.latency_repeats, help="timed forward passes per latency figure"),
     gen_tokens: int = typer.Option(_Q.gen_tokens, help="new tokens in the generation sample"),
+    device: str = typer.Option(_Q.device, help=DEVICE_HELP),
     runs_dir: str = typer.Option(_Q.runs_dir, help="where runs/ are"),
     reports_dir: str = typer.Option(_Q.reports_dir, help="where reports/ go"),
 ):
@@ -227,8 +223,7 @@ def quantize(
     quiet_libraries()
     from effkit.quantize import run_quantize
 
-    names = [f.name for f in dataclasses.fields(QuantizeConfig) if f.name in ctx.params]
-    cfg = build_config(QuantizeConfig, str(recipe) if recipe else None, _explicit(ctx, names))
+    cfg = build_config(QuantizeConfig, str(recipe) if recipe else None, _flags(ctx, QuantizeConfig))
     report = run_quantize(cfg)
     from rich.table import Table
 
@@ -256,7 +251,7 @@ _B = BenchConfig()
 def bench(
     ctx: typer.Context,
     paths: Optional[list[str]] = typer.Argument(None, help="artifact folders (default: every artifact of the run)"),
-    recipe: Optional[Path] = typer.Option(None, help="TOML recipe; its [bench] table sets defaults"),
+    recipe: Optional[Path] = typer.Option(None, help="TOML recipe; its \\[bench] table sets defaults"),
     run: str = typer.Option(_B.run, help="run name under --runs-dir (default: the latest run)"),
     quick: bool = typer.Option(_B.quick, "--quick", help="fewer repeats and tokens: a fast, noisier look"),
     repeats: int = typer.Option(_B.repeats, help="timed forward passes per latency figure"),
@@ -264,14 +259,14 @@ def bench(
     train_steps: int = typer.Option(_B.train_steps, help="timed steps per training-throughput figure"),
     batch_size: int = typer.Option(_B.batch_size, help="evaluation batch size"),
     json_out: bool = typer.Option(False, "--json", help="print the machine-readable result instead of the table"),
+    device: str = typer.Option(_B.device, help=DEVICE_HELP),
     runs_dir: str = typer.Option(_B.runs_dir, help="where runs/ are"),
     reports_dir: str = typer.Option(_B.reports_dir, help="where reports/ go"),
 ):
     """Measure every artifact of a run with one protocol; table, bench.json/csv/md and leaderboard.json."""
     quiet_libraries()
-    names = [f.name for f in dataclasses.fields(BenchConfig) if f.name in ctx.params and f.name != "paths"]
-    cfg = build_config(BenchConfig, str(recipe) if recipe else None, _explicit(ctx, names))
-    cfg.paths = tuple(paths or ())
+    cfg = build_config(BenchConfig, str(recipe) if recipe else None,
+                       {**_flags(ctx, BenchConfig), "paths": tuple(paths or ())})
     from effkit.bench import run_bench
 
     report = run_bench(cfg, progress=not json_out)
@@ -293,6 +288,7 @@ def generate(
     temperature: float = typer.Option(0.0, help="0 = greedy; otherwise sample at this temperature"),
     top_k: int = typer.Option(50, help="sample among the k most likely tokens (with --temperature > 0)"),
     seed: int = typer.Option(0, help="random seed for sampling"),
+    device: str = typer.Option("auto", help=DEVICE_HELP),
     runs_dir: str = typer.Option("runs", help="where runs/ are"),
 ):
     """Stream text from any artifact, quantized ones included."""
@@ -301,6 +297,7 @@ def generate(
     from transformers import AutoTokenizer, TextStreamer
 
     from effkit.artifacts import read_meta, resolve_artifact
+    from effkit.parallel import resolve_device
     from effkit.quantize import load_any
 
     if max_new_tokens < 1:
@@ -309,10 +306,11 @@ def generate(
         raise EffkitError(f"--temperature must be >= 0 (got {temperature})")
     path = resolve_artifact(source, runs_dir, default_tag="") if source else _newest(runs_dir)
     read_meta(path)
+    dev = resolve_device(device)
     tok = AutoTokenizer.from_pretrained(path)
-    model = load_any(path).eval()
+    model = load_any(path, dev).eval()
     model.config.use_cache = True
-    ids = tok(prompt, return_tensors="pt").input_ids
+    ids = tok(prompt, return_tensors="pt").input_ids.to(dev)
     if ids.shape[1] + max_new_tokens > model.config.n_positions:
         raise EffkitError(f"prompt ({ids.shape[1]} tokens) + --max-new-tokens exceed the model's context "
                           f"({model.config.n_positions}); ask for fewer tokens")
@@ -466,8 +464,6 @@ def study(
 
 
 def main() -> None:
-    from effkit.train import Interrupted
-
     try:
         app()
     except EffkitError as e:

@@ -1,13 +1,20 @@
 """Config dataclasses, recipe loading and validation.
 
 Flow: recipe (TOML) + CLI flags -> config dataclass -> stage. A recipe holds one table per stage
-(`[train]`, `[prune]`, ...); every key must be a field of that stage's dataclass.
+(`[train]`, `[prune]`, ...) of flat keys, the same names as the command's flags. Configs are frozen: a stage
+that needs a variant makes one with `.replace(...)`.
+
+`TrainConfig` is nested, torchtitan style, in sections that later stages read on their own: `data` (what
+the model reads; every artifact carries its data section in `effkit.json`), `model`, `optim`, `parallel` and
+`run` (where things go and how often). Its flat keys (`lr`, `parallel`, ...) map onto those sections, so the
+command line and recipes stay flat.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,20 +26,45 @@ PARALLEL_MODES = ("none", "ddp", "fsdp", "tp", "fsdp+tp")
 SYNC_MODES = ("ddp", "all-reduce", "gather-scatter")
 
 
-@dataclass
-class TrainConfig:
-    # what
-    model: str = "gpt2-mini"
-    data: str = "builtin"
+class _Section:
+    """A frozen dataclass that can be rebuilt from a saved dict (unknown keys ignored) and varied."""
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any] | None):
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in (values or {}).items() if k in names})
+
+    def replace(self, **changes):
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# ------------------------------------------------------------------------------------------- train sections
+
+@dataclass(frozen=True)
+class DataConfig(_Section):
+    source: str = "builtin"  # flag --data
     vocab_size: int = 8192
     block_size: int = 128
     heldout_fraction: float = 0.05
     eval_blocks: int = 64
-    # how long
+    workers: int = 0
+
+
+@dataclass(frozen=True)
+class ModelConfig(_Section):
+    name: str = "gpt2-mini"  # flag --model: a preset, a model folder, or a hub id
+    dropout: float = 0.0
+    activation_checkpointing: bool = False
+
+
+@dataclass(frozen=True)
+class OptimConfig(_Section):
     max_steps: int = 200
     max_tokens: int = 0  # 0 = no limit
     time_budget: float = 0.0  # seconds, 0 = no limit
-    # optimisation
     batch_size: int = 8  # per data-parallel rank, per micro-step
     grad_accum: int = 1
     lr: float = 1e-3
@@ -40,18 +72,16 @@ class TrainConfig:
     warmup_steps: int = 20
     weight_decay: float = 0.1
     grad_clip: float = 1.0
-    dropout: float = 0.0
     seed: int = 1337
-    # efficiency
     amp: bool = False
     amp_dtype: str = "bf16"  # bf16 | fp16 (fp16 only on CUDA)
-    activation_checkpointing: bool = False
-    workers: int = 0
-    threads: int = 0  # torch intra-op threads per process, 0 = torch default
-    # parallelism
-    parallel: str = "none"
+
+
+@dataclass(frozen=True)
+class ParallelConfig(_Section):
+    mode: str = "none"  # flag --parallel
     nproc: int = 0  # 0 = number of GPUs, or 2 on CPU when a parallel mode is asked for
-    tp_size: int = 0  # fsdp+tp: tensor-parallel size (0 = all processes on one node)
+    tp_size: int = 0  # fsdp+tp: tensor-parallel size (0 = min(world, 2))
     sync: str = "ddp"  # gradient sync of plain data parallelism: ddp | all-reduce | gather-scatter
     nnodes: int = 1
     node_rank: int = 0
@@ -59,57 +89,138 @@ class TrainConfig:
     master_port: int = 29500
     reshard_after_forward: bool = True
     cpu_offload: bool = False
-    # bookkeeping
-    eval_interval: int = 50
-    log_interval: int = 10
-    checkpoint_interval: int = 100
-    warmup_steps_excluded: int = 5  # steps left out of the steady-state tokens/s
-    profile: bool = False  # synchronise CUDA around each phase so the time breakdown is exact
+    threads: int = 0  # torch intra-op threads per process, 0 = torch default
+
+    @property
+    def launched(self) -> bool:
+        """Whether training runs in launched processes (a parallel mode, or several processes or nodes)."""
+        return self.mode != "none" or self.nproc > 1 or self.nnodes > 1
+
+
+@dataclass(frozen=True)
+class RunSection(_Section):
     run_name: str = ""
     runs_dir: str = "runs"
     reports_dir: str = "reports"
     resume: bool = False
+    eval_interval: int = 50
+    checkpoint_interval: int = 100
+    warmup_steps_excluded: int = 5  # steps left out of the steady-state tokens/s
+    profile: bool = False  # synchronise CUDA around each phase so the time breakdown is exact
+
+
+SECTIONS: dict[str, type] = {"data": DataConfig, "model": ModelConfig, "optim": OptimConfig,
+                             "parallel": ParallelConfig, "run": RunSection}
+RENAMED = {"data": ("data", "source"), "model": ("model", "name"), "parallel": ("parallel", "mode")}
+
+
+def _flat_keys() -> dict[str, tuple[str, str]]:
+    """flat key (flag / recipe key) -> (section, field)."""
+    out: dict[str, tuple[str, str]] = {}
+    for section, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            out[f.name] = (section, f.name)
+    for key, where in RENAMED.items():
+        out.pop(where[1], None)
+        out[key] = where
+    return out
+
+
+FLAT_KEYS = _flat_keys()
+
+
+def _finite(name: str, value: float, low: float | None = None, high: float | None = None,
+            low_open: bool = False, high_open: bool = False) -> None:
+    """A finite number within [low, high] (open where asked); the message gives the range."""
+    lo_ok = low is None or (value > low if low_open else value >= low)
+    hi_ok = high is None or (value < high if high_open else value <= high)
+    if not math.isfinite(value) or not lo_ok or not hi_ok:
+        lo = "" if low is None else f"{'>' if low_open else '>='} {low:g}"
+        hi = "" if high is None else f"{'<' if high_open else '<='} {high:g}"
+        raise EffkitError(f"--{name.replace('_', '-')} must be a finite number {' and '.join(x for x in (lo, hi) if x)}"
+                          f" (got {value})")
+
+
+@dataclass(frozen=True)
+class TrainConfig(_Section):
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    run: RunSection = field(default_factory=RunSection)
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
+    def from_flat(cls, **values: Any) -> TrainConfig:
+        """From flat keys (command-line flags, recipe `[train]` keys): `TrainConfig.from_flat(lr=1e-3)`."""
+        return cls().with_flat(**values)
+
+    def with_flat(self, **values: Any) -> TrainConfig:
+        """A copy with flat keys changed."""
+        per_section: dict[str, dict[str, Any]] = {}
+        for key, value in values.items():
+            if key not in FLAT_KEYS:
+                raise EffkitError(f"unknown train option {key!r}")
+            section, name = FLAT_KEYS[key]
+            per_section.setdefault(section, {})[name] = value
+        return dataclasses.replace(self, **{s: getattr(self, s).replace(**v) for s, v in per_section.items()})
+
+    def flat(self) -> dict[str, Any]:
+        return {key: getattr(getattr(self, s), name) for key, (s, name) in FLAT_KEYS.items()}
+
+    @classmethod
+    def flat_defaults(cls) -> dict[str, Any]:
+        return cls().flat()
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any] | None) -> TrainConfig:
         """A config saved in an artifact or checkpoint (keys this version does not know are ignored)."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in values.items() if k in names})
+        values = values or {}
+        return cls(**{s: SECTIONS[s].from_dict(values.get(s)) for s in SECTIONS})
 
     def validate(self, allow_no_steps: bool = False) -> TrainConfig:
-        if self.batch_size < 1:
-            raise EffkitError(f"--batch-size must be at least 1 (got {self.batch_size})")
-        if self.grad_accum < 1:
-            raise EffkitError(f"--grad-accum must be at least 1 (got {self.grad_accum})")
-        if self.max_steps < 0:
-            raise EffkitError(f"--max-steps must be >= 0 (got {self.max_steps}); use 0 with --max-tokens "
+        o, d, p, m = self.optim, self.data, self.parallel, self.model
+        if o.batch_size < 1:
+            raise EffkitError(f"--batch-size must be at least 1 (got {o.batch_size})")
+        if o.grad_accum < 1:
+            raise EffkitError(f"--grad-accum must be at least 1 (got {o.grad_accum})")
+        if o.max_steps < 0:
+            raise EffkitError(f"--max-steps must be >= 0 (got {o.max_steps}); use 0 with --max-tokens "
                               "or --time-budget")
-        if self.max_tokens < 0 or self.time_budget < 0:
+        if o.max_tokens < 0 or not (math.isfinite(o.time_budget) and o.time_budget >= 0):
             raise EffkitError("--max-tokens and --time-budget must be >= 0")
-        if self.max_steps == 0 and self.max_tokens == 0 and self.time_budget == 0 and not allow_no_steps:
+        if o.max_steps == 0 and o.max_tokens == 0 and o.time_budget == 0 and not allow_no_steps:
             raise EffkitError("nothing bounds training: set --max-steps, --max-tokens or --time-budget")
-        if self.block_size < 2:
-            raise EffkitError(f"--block-size must be at least 2 (got {self.block_size})")
-        if self.vocab_size < 300:
-            raise EffkitError(f"--vocab-size must be at least 300 for byte-level BPE (got {self.vocab_size})")
-        if not 0 < self.heldout_fraction < 1:
-            raise EffkitError(f"--heldout-fraction must be in (0, 1) (got {self.heldout_fraction})")
-        if self.amp_dtype not in ("bf16", "fp16"):
-            raise EffkitError(f"--amp-dtype must be bf16 or fp16 (got {self.amp_dtype!r})")
-        if self.parallel not in PARALLEL_MODES:
-            raise EffkitError(f"unknown --parallel {self.parallel!r}; choose one of {', '.join(PARALLEL_MODES)}")
-        if self.sync not in SYNC_MODES:
-            raise EffkitError(f"unknown --sync {self.sync!r}; choose one of {', '.join(SYNC_MODES)}")
-        if self.nproc < 0:
-            raise EffkitError(f"--nproc must be at least 1 (got {self.nproc})")
-        if self.sync != "ddp" and self.parallel not in ("ddp", "none"):
-            raise EffkitError(f"--sync {self.sync} applies to plain data parallelism; use it with --parallel ddp")
-        if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
-            raise EffkitError(f"--node-rank must be in [0, --nnodes) (got {self.node_rank} of {self.nnodes})")
-        if self.eval_blocks < 1:
-            raise EffkitError(f"--eval-blocks must be at least 1 (got {self.eval_blocks})")
-        if self.workers < 0:
-            raise EffkitError(f"--workers must be >= 0 (got {self.workers})")
+        _finite("lr", o.lr, 0, low_open=True)
+        _finite("min_lr", o.min_lr, 0, o.lr)
+        _finite("weight_decay", o.weight_decay, 0)
+        _finite("grad_clip", o.grad_clip, 0)
+        if o.warmup_steps < 0:
+            raise EffkitError(f"--warmup-steps must be >= 0 (got {o.warmup_steps})")
+        _finite("dropout", m.dropout, 0, 1, high_open=True)
+        if d.block_size < 2:
+            raise EffkitError(f"--block-size must be at least 2 (got {d.block_size})")
+        if d.vocab_size < 300:
+            raise EffkitError(f"--vocab-size must be at least 300 for byte-level BPE (got {d.vocab_size})")
+        if not 0 < d.heldout_fraction < 1:
+            raise EffkitError(f"--heldout-fraction must be in (0, 1) (got {d.heldout_fraction})")
+        if o.amp_dtype not in ("bf16", "fp16"):
+            raise EffkitError(f"--amp-dtype must be bf16 or fp16 (got {o.amp_dtype!r})")
+        if p.mode not in PARALLEL_MODES:
+            raise EffkitError(f"unknown --parallel {p.mode!r}; choose one of {', '.join(PARALLEL_MODES)}")
+        if p.sync not in SYNC_MODES:
+            raise EffkitError(f"unknown --sync {p.sync!r}; choose one of {', '.join(SYNC_MODES)}")
+        if p.nproc < 0:
+            raise EffkitError(f"--nproc must be at least 1 (got {p.nproc})")
+        if p.threads < 0:
+            raise EffkitError(f"--threads must be >= 1, or 0 for torch's default (got {p.threads})")
+        if p.sync != "ddp" and p.mode not in ("ddp", "none"):
+            raise EffkitError(f"--sync {p.sync} applies to plain data parallelism; use it with --parallel ddp")
+        if p.nnodes < 1 or not 0 <= p.node_rank < p.nnodes:
+            raise EffkitError(f"--node-rank must be in [0, --nnodes) (got {p.node_rank} of {p.nnodes})")
+        if d.eval_blocks < 1:
+            raise EffkitError(f"--eval-blocks must be at least 1 (got {d.eval_blocks})")
+        if d.workers < 0:
+            raise EffkitError(f"--workers must be >= 0 (got {d.workers})")
         return self
 
 
@@ -117,8 +228,8 @@ PRUNE_MODES = ("weight", "row")
 IMPORTANCE = ("magnitude", "wanda")
 
 
-@dataclass
-class PruneConfig:
+@dataclass(frozen=True)
+class PruneConfig(_Section):
     source: str = ""  # --from: an effkit artifact folder (default: runs/latest/train)
     mode: str = "row"
     target: float = 0.5  # fraction of the prunable weights removed at the last round
@@ -132,6 +243,7 @@ class PruneConfig:
     warmup_steps: int = 5
     seed: int = 1337
     latency_repeats: int = 20
+    device: str = "auto"
     runs_dir: str = "runs"
     reports_dir: str = "reports"
 
@@ -153,14 +265,18 @@ class PruneConfig:
             raise EffkitError(f"unknown --scope {self.scope!r}; choose global or layer")
         if self.batch_size < 1 or self.calib_batches < 1 or self.latency_repeats < 1:
             raise EffkitError("--batch-size, --calib-batches and --latency-repeats must be at least 1")
+        _finite("lr", self.lr, 0, low_open=True)
+        if self.warmup_steps < 0:
+            raise EffkitError(f"--warmup-steps must be >= 0 (got {self.warmup_steps})")
+        check_device(self.device)
         return self
 
 
 BACKENDS = ("auto", "dynamic", "bnb", "torchao")
 
 
-@dataclass
-class QuantizeConfig:
+@dataclass(frozen=True)
+class QuantizeConfig(_Section):
     source: str = ""  # --from: an effkit artifact (default: the newest artifact of the latest run)
     backend: str = "auto"
     include_head: bool = False  # also the (tied) LM head and token embeddings
@@ -169,6 +285,7 @@ class QuantizeConfig:
     batch_size: int = 8  # evaluation batch
     latency_repeats: int = 20
     gen_tokens: int = 64
+    device: str = "auto"
     runs_dir: str = "runs"
     reports_dir: str = "reports"
 
@@ -179,11 +296,12 @@ class QuantizeConfig:
             raise EffkitError(f"unknown --torchao-scheme {self.torchao_scheme!r}; choose da8w8 or w8")
         if self.batch_size < 1 or self.latency_repeats < 1 or self.gen_tokens < 1:
             raise EffkitError("--batch-size, --latency-repeats and --gen-tokens must be at least 1")
+        check_device(self.device)
         return self
 
 
-@dataclass
-class BenchConfig:
+@dataclass(frozen=True)
+class BenchConfig(_Section):
     paths: tuple[str, ...] = ()  # artifacts to measure (default: every artifact of the run)
     run: str = ""  # run name under runs_dir (default: the latest run)
     quick: bool = False  # fewer repeats and tokens, for a fast look
@@ -191,6 +309,7 @@ class BenchConfig:
     gen_tokens: int = 128
     train_steps: int = 3  # timed optimizer steps per training-throughput figure (after 1 warm-up step)
     batch_size: int = 8  # evaluation batch
+    device: str = "auto"
     runs_dir: str = "runs"
     reports_dir: str = "reports"
 
@@ -199,19 +318,21 @@ class BenchConfig:
             raise EffkitError("--repeats, --gen-tokens and --train-steps must be at least 1")
         if self.batch_size < 1:
             raise EffkitError(f"--batch-size must be at least 1 (got {self.batch_size})")
+        check_device(self.device)
         if self.quick:
-            self.repeats, self.gen_tokens, self.train_steps = min(self.repeats, 5), min(self.gen_tokens, 32), 1
+            return self.replace(repeats=min(self.repeats, 5), gen_tokens=min(self.gen_tokens, 32), train_steps=1,
+                                quick=False)
         return self
 
 
 PIPELINE = ("train", "prune", "quantize", "bench", "report")
 
 
-@dataclass
-class RunConfig:
-    stages: list = dataclasses.field(default_factory=lambda: list(PIPELINE))
+@dataclass(frozen=True)
+class RunConfig(_Section):
+    stages: list = field(default_factory=lambda: list(PIPELINE))
     run_name: str = "quickstart"
-    prune_modes: list = dataclasses.field(default_factory=lambda: ["row", "weight"])
+    prune_modes: list = field(default_factory=lambda: ["row", "weight"])
     quantize_from: str = "train"  # the artifact tag to quantize (train, or e.g. prune-row-r2)
     runs_dir: str = "runs"
     reports_dir: str = "reports"
@@ -234,12 +355,21 @@ class RunConfig:
         return self
 
 
+def check_device(device: str) -> str:
+    """`auto`, `cpu`, `cuda` or `cuda:N` (whether it exists is checked where the device is opened)."""
+    kind, _, index = device.partition(":")
+    if kind not in ("auto", "cpu", "cuda") or (index and (kind != "cuda" or not index.isdigit())):
+        raise EffkitError(f"unknown --device {device!r}; choose auto, cpu, cuda or cuda:N")
+    return device
+
+
 STAGES: dict[str, type] = {"train": TrainConfig, "prune": PruneConfig, "quantize": QuantizeConfig,
                            "bench": BenchConfig, "run": RunConfig}
 
 
-def field_names(cls: type) -> list[str]:
-    return [f.name for f in dataclasses.fields(cls)]
+def flat_defaults(cls: type) -> dict[str, Any]:
+    """The flat keys of a stage (its flags and recipe keys) with their defaults."""
+    return cls.flat_defaults() if cls is TrainConfig else cls().to_dict()
 
 
 def load_recipe(path: str | Path) -> dict[str, dict[str, Any]]:
@@ -252,49 +382,42 @@ def load_recipe(path: str | Path) -> dict[str, dict[str, Any]]:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise EffkitError(f"recipe {p} is not valid TOML: {e}") from None
     for stage, table in data.items():
-        if stage not in STAGES and stage not in EXTRA_SECTIONS:
-            known = ", ".join(sorted([*STAGES, *EXTRA_SECTIONS]))
-            raise EffkitError(f"recipe {p}: unknown section [{stage}]; known sections: {known}")
+        if stage not in STAGES:
+            raise EffkitError(f"recipe {p}: unknown section [{stage}]; known sections: {', '.join(sorted(STAGES))}")
         if not isinstance(table, dict):
             raise EffkitError(f"recipe {p}: [{stage}] must be a table of key = value")
-        if stage in STAGES:
-            names = field_names(STAGES[stage])
-            for key in table:
-                if key.replace("-", "_") not in names:
-                    raise EffkitError(f"recipe {p}: unknown key {key!r} in [{stage}]; "
-                                      f"run `effkit {stage} --help` for the options")
+        names = flat_defaults(STAGES[stage])
+        for key in table:
+            if key.replace("-", "_") not in names:
+                raise EffkitError(f"recipe {p}: unknown key {key!r} in [{stage}]; "
+                                  f"run `effkit {stage} --help` for the options")
     return data
 
 
-EXTRA_SECTIONS: set[str] = set()
-
-
 def build_config(cls: type, recipe: str | None, overrides: dict[str, Any]) -> Any:
-    """Defaults <- recipe[stage] <- explicit CLI overrides; then validate."""
+    """Defaults <- recipe[stage] <- explicit CLI overrides (flat keys); then validate."""
     stage = next(name for name, c in STAGES.items() if c is cls)
     values: dict[str, Any] = {}
     if recipe:
         values.update({k.replace("-", "_"): v for k, v in load_recipe(recipe).get(stage, {}).items()})
     values.update(overrides)
     where = f"recipe {recipe}: [{stage}]" if recipe else f"[{stage}]"
-    defaults = {f.name: f for f in dataclasses.fields(cls)}
+    defaults = flat_defaults(cls)
     for key, value in values.items():
-        default = defaults[key].default
-        if default is not dataclasses.MISSING and value is not None:
+        default = defaults[key]
+        if value is not None:
             want = type(default)
             if want is float and isinstance(value, int) and not isinstance(value, bool):
                 values[key] = float(value)
             elif not isinstance(value, want) or (want is int and isinstance(value, bool)):
                 raise EffkitError(f"{where}: {key} must be {want.__name__} (got {value!r})")
-    cfg = cls(**values)
+    cfg = TrainConfig.from_flat(**values) if cls is TrainConfig else cls(**values)
     try:
         return cfg.validate()
     except EffkitError as e:
         raise EffkitError(f"{where}: {e}" if recipe and not str(e).startswith(where) else str(e)) from None
 
 
-def to_dict(cfg: Any) -> dict[str, Any]:
-    return dataclasses.asdict(cfg)
-
-
-__all__ = ["TrainConfig", "load_recipe", "build_config", "to_dict", "PARALLEL_MODES", "SYNC_MODES"]
+__all__ = ["BenchConfig", "DataConfig", "ModelConfig", "OptimConfig", "ParallelConfig", "PruneConfig",
+           "QuantizeConfig", "RunConfig", "RunSection", "TrainConfig", "build_config", "load_recipe",
+           "PARALLEL_MODES", "SYNC_MODES"]

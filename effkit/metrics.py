@@ -122,6 +122,35 @@ class PeakMemory:
         return False
 
 
+def model_device(model) -> torch.device:
+    """The device a model's weights live on: measurement code takes its device from the model, never names one."""
+    for t in model.parameters():
+        return t.device
+    for t in model.buffers():
+        return t.device
+    return torch.device("cpu")
+
+
+class PhaseClock:
+    """Wall time per phase of a step (`lap("forward")` charges the time since the last lap to "forward"),
+    summed over steps; CUDA is synchronised at each lap when `sync` is set (exact, slower)."""
+
+    def __init__(self, device: torch.device, sync: bool = False):
+        self.device, self.sync = device, sync and device.type == "cuda"
+        self.phases: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def restart(self) -> None:
+        self._last = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        if self.sync:
+            torch.cuda.synchronize(self.device)
+        now = time.perf_counter()
+        self.phases[phase] = self.phases.get(phase, 0.0) + now - self._last
+        self._last = now
+
+
 def autocast_ctx(device: torch.device, dtype: torch.dtype | None):
     return torch.autocast(device.type, dtype=dtype) if dtype is not None else nullcontext()
 
@@ -132,14 +161,20 @@ def lm_loss(logits: torch.Tensor, blocks: torch.Tensor, reduction: str = "mean")
                            reduction=reduction)
 
 
+def eval_batches(model, blocks: torch.Tensor, batch_size: int):
+    """The held-out blocks in batches, on the model's device."""
+    device = model_device(model)
+    for start in range(0, len(blocks), batch_size):
+        yield blocks[start:start + batch_size].to(device)
+
+
 @torch.no_grad()
-def evaluate(model, blocks: torch.Tensor, batch_size: int, device: torch.device,
-             amp_dtype: torch.dtype | None = None) -> dict[str, float]:
+def evaluate(model, blocks: torch.Tensor, batch_size: int, amp_dtype: torch.dtype | None = None) -> dict[str, float]:
     was_training = model.training
     model.eval()
+    device = model_device(model)
     total, count = 0.0, 0
-    for start in range(0, len(blocks), batch_size):
-        batch = blocks[start:start + batch_size].to(device)
+    for batch in eval_batches(model, blocks, batch_size):
         with autocast_ctx(device, amp_dtype):
             logits = model(batch).logits
         total += lm_loss(logits, batch, reduction="sum").item()
@@ -154,14 +189,21 @@ LATENCY_PROTOCOL = ("forward pass of (batch, block) random token ids in eval mod
                     "(CUDA synchronised); percentiles over the repeats")
 
 
+def random_tokens(model, batch: int, block: int, seed: int = 0) -> torch.Tensor:
+    """Fixed random token ids of shape (batch, block) on the model's device (the input of latency and
+    throughput measurements; drawn on the CPU so that every device sees the same ids)."""
+    x = torch.randint(0, model.config.vocab_size, (batch, block), generator=torch.Generator().manual_seed(seed))
+    return x.to(model_device(model))
+
+
 @torch.inference_mode()
-def measure_latency(model, batch: int, block: int, device: torch.device, repeats: int = 20, warmup: int = 3,
-                    vocab: int | None = None, amp_dtype: torch.dtype | None = None) -> dict[str, float]:
+def measure_latency(model, batch: int, block: int, repeats: int = 20, warmup: int = 3,
+                    amp_dtype: torch.dtype | None = None) -> dict[str, float]:
     """Forward latency of one (batch, block) input: p50/p90/p99, min/max and the relative spread."""
     was_training = model.training
     model.eval()
-    vocab = vocab or model.config.vocab_size
-    x = torch.randint(0, vocab, (batch, block), generator=torch.Generator().manual_seed(0)).to(device)
+    device = model_device(model)
+    x = random_tokens(model, batch, block)
     times = []
     for i in range(warmup + repeats):
         if device.type == "cuda":

@@ -18,8 +18,16 @@ from typing import Any
 from rich.console import Console
 
 from effkit import artifacts
+from effkit.artifacts import RunLayout, prune_tag
+from effkit.bench import run_bench
+from effkit.checkpoint import Checkpointer
 from effkit.config import BenchConfig, PruneConfig, QuantizeConfig, RunConfig, TrainConfig, build_config, load_recipe
 from effkit.errors import EffkitError
+from effkit.parallel.launch import launch_command, nproc_per_node
+from effkit.prune.stage import run_prune
+from effkit.quantize import run_quantize
+from effkit.report import render_run_report
+from effkit.train import train_any
 
 
 @dataclasses.dataclass
@@ -32,12 +40,16 @@ class Plan:
     bench: BenchConfig
 
     @property
+    def layout(self) -> RunLayout:
+        return RunLayout.of(self.run.runs_dir, self.run.reports_dir, self.run.run_name)
+
+    @property
     def run_dir(self) -> Path:
-        return Path(self.run.runs_dir) / self.run.run_name
+        return self.layout.run_dir
 
     @property
     def report_dir(self) -> Path:
-        return Path(self.run.reports_dir) / self.run.run_name
+        return self.layout.report_dir
 
 
 def make_plan(recipe: str) -> Plan:
@@ -46,14 +58,15 @@ def make_plan(recipe: str) -> Plan:
     run = build_config(RunConfig, recipe, {})
     dirs = {"runs_dir": run.runs_dir, "reports_dir": run.reports_dir}
     train = build_config(TrainConfig, recipe, {"run_name": run.run_name, **dirs})
-    dense = str(Path(run.runs_dir) / run.run_name / "train")
+    layout = RunLayout.of(run.runs_dir, run.reports_dir, run.run_name)
+    dense = str(layout.artifact("train"))
     prune = {m: build_config(PruneConfig, recipe, {"mode": m, "source": dense, **dirs}) for m in run.prune_modes}
     if "prune" in run.stages and not prune:
         raise EffkitError(f"recipe {recipe}: [run] lists the prune stage but prune_modes is empty")
-    qsource = str(Path(run.runs_dir) / run.run_name / run.quantize_from)
+    qsource = str(layout.artifact(run.quantize_from))
     quantize = build_config(QuantizeConfig, recipe, {"source": qsource, **dirs})
     bench = build_config(BenchConfig, recipe, {"run": run.run_name, **dirs})
-    valid_tags = {"train"} | {f"prune-{m}-r{r}" for m, c in prune.items() for r in range(1, c.rounds + 1)}
+    valid_tags = {"train"} | {prune_tag(m, r) for m, c in prune.items() for r in range(1, c.rounds + 1)}
     if "quantize" in run.stages and run.quantize_from not in valid_tags:
         raise EffkitError(f"recipe {recipe}: [run] quantize_from = {run.quantize_from!r} is not an artifact this "
                           f"recipe makes; choose one of {', '.join(sorted(valid_tags))}")
@@ -67,7 +80,7 @@ def _complete(path: Path) -> bool:
 def _prune_done(plan: Plan, mode: str) -> bool:
     cfg = plan.prune[mode]
     return (plan.report_dir / f"prune-{mode}.json").is_file() and _complete(
-        plan.run_dir / f"prune-{mode}-r{cfg.rounds}")
+        plan.layout.artifact(prune_tag(mode, cfg.rounds)))
 
 
 def _quantize_done(plan: Plan) -> Path | None:
@@ -93,14 +106,13 @@ def describe(plan: Plan) -> list[dict[str, Any]]:
     st = plan.run.stages
     if "train" in st:
         t = plan.train
-        what = (f"{t.model} on {t.data}, {t.max_steps} steps, batch {t.batch_size} x {t.block_size}, "
-                f"parallel {t.parallel}, amp {t.amp_dtype if t.amp else 'off'}")
-        entry = {"stage": "train", "what": what, "leaves": str(plan.run_dir / "train")}
-        if t.parallel != "none" or t.nproc > 1 or t.nnodes > 1:
-            from effkit.parallel.launch import default_nproc, launch_command
-
-            t = dataclasses.replace(t, nproc=t.nproc or default_nproc())  # as resolved on this machine
-            cmd, env = launch_command(t, plan.run_dir / "launch-config.json", plan.run_dir / ".errors")
+        what = (f"{t.model.name} on {t.data.source}, {t.optim.max_steps} steps, batch {t.optim.batch_size} x "
+                f"{t.data.block_size}, parallel {t.parallel.mode}, "
+                f"amp {t.optim.amp_dtype if t.optim.amp else 'off'}")
+        entry = {"stage": "train", "what": what, "leaves": str(plan.layout.artifact("train"))}
+        if t.parallel.launched:
+            p = t.parallel.replace(nproc=nproc_per_node(t.parallel))  # as resolved on this machine
+            cmd, env = launch_command(p, plan.layout.launch_config, plan.layout.errors_dir)
             cpu = " ACCELERATE_USE_CPU=1" if env.get("ACCELERATE_USE_CPU") else ""
             entry["launch"] = f"{cpu.strip()} {shlex.join(cmd)}".strip()
         rows.append(entry)
@@ -108,7 +120,7 @@ def describe(plan: Plan) -> list[dict[str, Any]]:
         for m, c in plan.prune.items():
             rows.append({"stage": f"prune {m}", "what": f"to {c.target} in {c.rounds} rounds, {c.finetune_steps} "
                          "fine-tuning steps each", "leaves": ", ".join(
-                             str(plan.run_dir / f"prune-{m}-r{r}") for r in range(1, c.rounds + 1))})
+                             str(plan.layout.artifact(prune_tag(m, r))) for r in range(1, c.rounds + 1))})
     if "quantize" in st:
         q = plan.quantize
         rows.append({"stage": "quantize", "what": f"{q.backend} int8 of {q.source}",
@@ -149,17 +161,12 @@ def run_pipeline(recipe: str, force: bool = False, dry_run: bool = False, consol
             done.append("train (skipped)")
         else:
             header(i, "train")
-            from effkit.parallel.launch import train_any
-
-            cfg = dataclasses.replace(plan.train)
-            cfg.resume = (plan.run_dir / "checkpoints" / "last" / "state.json").is_file()
-            if cfg.resume:
+            resume = Checkpointer(plan.layout.checkpoint_dir).exists()
+            if resume:
                 console.print("resuming training from its last checkpoint")
-            train_any(cfg)
+            train_any(plan.train.replace(run=plan.train.run.replace(resume=resume)))
             done.append("train")
     if "prune" in st:
-        from effkit.prune.stage import run_prune
-
         for mode, cfg in plan.prune.items():
             i += 1
             if _prune_done(plan, mode):
@@ -167,7 +174,7 @@ def run_pipeline(recipe: str, force: bool = False, dry_run: bool = False, consol
                 done.append(f"prune {mode} (skipped)")
                 continue
             header(i, f"prune {mode}")
-            run_prune(dataclasses.replace(cfg))
+            run_prune(cfg)
             done.append(f"prune {mode}")
     if "quantize" in st:
         i += 1
@@ -176,28 +183,22 @@ def run_pipeline(recipe: str, force: bool = False, dry_run: bool = False, consol
             done.append("quantize (skipped)")
         else:
             header(i, "quantize")
-            from effkit.quantize import run_quantize
-
-            run_quantize(dataclasses.replace(plan.quantize))
+            run_quantize(plan.quantize)
             done.append("quantize")
     bench_report = None
     if "bench" in st:
         i += 1
-        from effkit.bench import run_bench
-
         if _bench_done(plan):
             header(i, "bench", skipped=True)
             bench_report = json.loads((plan.report_dir / "bench.json").read_text())
             done.append("bench (skipped)")
         else:
             header(i, "bench")
-            bench_report = run_bench(dataclasses.replace(plan.bench))
+            bench_report = run_bench(plan.bench)
             done.append("bench")
     if "report" in st:
         i += 1
         header(i, "report")
-        from effkit.report import render_run_report
-
         render_run_report(Path(plan.run.reports_dir), plan.run.run_name)
         done.append("report")
     return {"plan": steps, "done": done, "wall_s": time.perf_counter() - t0, "bench": bench_report,

@@ -14,9 +14,9 @@ int8 of an already-int8 tensor is the tensor itself).
 
 from __future__ import annotations
 
+import copy
 import json
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +25,12 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from effkit import artifacts, metrics
-from effkit.config import QuantizeConfig
+from effkit.config import DataConfig, QuantizeConfig
+from effkit.data import prepare
 from effkit.errors import EffkitError
+from effkit.model import conv1d_to_linear, load_model
+from effkit.parallel import init_runtime
+from effkit.report import write_stage_report
 
 QUANT_FILE = "quantization.json"
 WEIGHTS_FILE = "quantized.safetensors"
@@ -51,8 +55,10 @@ def _module(model: nn.Module, name: str) -> nn.Module:
 
 # ------------------------------------------------------------------------------------------------ backends
 
-def backend_available(backend: str) -> str | None:
-    """None if the backend can run here, else the reason it cannot."""
+def backend_available(backend: str, device: torch.device | None = None) -> str | None:
+    """None if the backend can run here (on `device`, default the CPU), else the reason it cannot."""
+    if backend == "dynamic" and device is not None and device.type != "cpu":
+        return "PyTorch dynamic int8 runs on the CPU only; use --device cpu, or bnb / torchao on the GPU"
     if backend == "dynamic":
         engines = torch.backends.quantized.supported_engines
         return None if any(e in engines for e in ("fbgemm", "x86", "onednn", "qnnpack")) else \
@@ -140,14 +146,15 @@ def is_quantized(path: str | Path) -> bool:
     return (Path(path) / QUANT_FILE).is_file()
 
 
-def load_quantized(path: str | Path) -> nn.Module:
+def load_quantized(path: str | Path, device: torch.device | None = None) -> nn.Module:
+    """Rebuild a quantized artifact on `device` (default the CPU): dequantize the stored int8 weights and apply
+    the same backend again."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from effkit.model import conv1d_to_linear
-
     path = Path(path)
+    device = device or torch.device("cpu")
     desc = json.loads((path / QUANT_FILE).read_text())
-    reason = backend_available(desc["backend"])
+    reason = backend_available(desc["backend"], device)
     if reason:
         raise EffkitError(f"{path} was quantized with {desc['backend']}, which cannot run here: {reason}")
     config = GPT2Config.from_pretrained(path)
@@ -163,17 +170,18 @@ def load_quantized(path: str | Path) -> nn.Module:
     if unexpected or set(missing) - {"lm_head.weight"}:
         raise EffkitError(f"{path} does not match its config (missing {missing[:3]}, unexpected {unexpected[:3]})")
     model.tie_weights()
-    model.eval()
+    model.eval().to(device)
     model.config.use_cache = False
     return apply_backend(model, desc["layers"], desc["backend"], desc.get("threshold", 6.0),
                          desc.get("torchao_scheme", "da8w8"))
 
 
-def load_any(path: str | Path) -> nn.Module:
-    """Any effkit artifact: quantized ones through their description, others through transformers."""
-    from effkit.model import load_model
-
-    return load_quantized(path) if is_quantized(path) else load_model(str(path))
+def load_any(path: str | Path, device: torch.device | None = None) -> nn.Module:
+    """Any effkit artifact on `device` (default the CPU): quantized ones through their description, others
+    through transformers."""
+    if is_quantized(path):
+        return load_quantized(path, device)
+    return load_model(str(path)).to(device or torch.device("cpu"))
 
 
 # ------------------------------------------------------------------------------------------------ measurement
@@ -181,7 +189,7 @@ def load_any(path: str | Path) -> nn.Module:
 @torch.inference_mode()
 def generate_sample(model: nn.Module, tokenizer, max_new_tokens: int) -> dict[str, Any]:
     """Greedy generation with the KV cache from a fixed prompt: the text and new tokens per second."""
-    ids = tokenizer(PROMPT, return_tensors="pt").input_ids
+    ids = tokenizer(PROMPT, return_tensors="pt").input_ids.to(metrics.model_device(model))
     model.config.use_cache = True
     try:
         model.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=tokenizer.eos_token_id)  # warm-up
@@ -198,11 +206,10 @@ def generate_sample(model: nn.Module, tokenizer, max_new_tokens: int) -> dict[st
 
 def measure(model: nn.Module, tokenizer, eval_blocks: torch.Tensor, cfg: QuantizeConfig, block: int,
             amp_dtype: torch.dtype | None = None, sample: bool = True) -> dict[str, Any]:
-    device = torch.device("cpu")
-    m: dict[str, Any] = metrics.evaluate(model, eval_blocks, cfg.batch_size, device, amp_dtype)
+    m: dict[str, Any] = metrics.evaluate(model, eval_blocks, cfg.batch_size, amp_dtype)
     for b in (1, 12):
-        m[f"latency_b{b}"] = metrics.measure_latency(model, b, block, device, repeats=cfg.latency_repeats,
-                                                     vocab=model.config.vocab_size, amp_dtype=amp_dtype)
+        m[f"latency_b{b}"] = metrics.measure_latency(model, b, block, repeats=cfg.latency_repeats,
+                                                     amp_dtype=amp_dtype)
     if sample:
         m["generation"] = generate_sample(model, tokenizer, cfg.gen_tokens)
     return m
@@ -223,30 +230,24 @@ def newest_artifact(runs_dir: str, quantized: bool = False) -> Path:
 
 
 def run_quantize(cfg: QuantizeConfig) -> dict[str, Any]:
-    import copy
-
-    from effkit.config import TrainConfig
-    from effkit.model import load_model
-    from effkit.report import write_stage_report
-    from effkit.train import prepare_data
-
-    cfg.validate()
+    cfg = cfg.validate()
+    device = init_runtime(cfg.device).device
     source = Path(cfg.source) if cfg.source else newest_artifact(cfg.runs_dir)
     if not source.exists():
         raise EffkitError(f"artifact {source} does not exist; pass --from PATH to an effkit artifact folder")
     meta = artifacts.read_meta(source)
     if meta["stage"] == "quantize" or is_quantized(source):
         raise EffkitError(f"{source} is already quantized; quantize its parent ({meta.get('parent')}) instead")
-    if cfg.backend != "auto" and (reason := backend_available(cfg.backend)):
+    if cfg.backend != "auto" and (reason := backend_available(cfg.backend, device)):
         raise EffkitError(f"--backend {cfg.backend} cannot run here: {reason}")
 
-    train_cfg = TrainConfig.from_dict(meta["config"])
-    train_cfg.model = str(source)
-    _, tokenizer, _, data = prepare_data(train_cfg)
-    block = train_cfg.block_size
-    parent = load_model(str(source)).eval()
-    parent_fp32 = measure(parent, tokenizer, data.eval, cfg, block)
-    parent_bf16 = measure(parent, tokenizer, data.eval, cfg, block, amp_dtype=torch.bfloat16, sample=False)
+    data_section = artifacts.data_section(source)
+    data_cfg = DataConfig.from_dict(data_section)
+    prepared = prepare(data_cfg, tokenizer_from=str(source))
+    tokenizer, eval_blocks, block = prepared.tokenizer, prepared.blocks.eval, data_cfg.block_size
+    parent = load_model(str(source)).to(device).eval()
+    parent_fp32 = measure(parent, tokenizer, eval_blocks, cfg, block)
+    parent_bf16 = measure(parent, tokenizer, eval_blocks, cfg, block, amp_dtype=torch.bfloat16, sample=False)
     parent_fp32["size_bytes"] = artifacts.dir_size(source)
 
     names = quant_targets(parent, cfg.include_head)
@@ -254,13 +255,13 @@ def run_quantize(cfg: QuantizeConfig) -> dict[str, Any]:
     if backend == "auto":
         trials = {}
         for b in ("dynamic", "torchao", "bnb"):
-            if reason := backend_available(b):
+            if reason := backend_available(b, device):
                 trials[b] = f"not run: {reason}"
                 continue
             cand = copy.deepcopy(parent)
             fake_quantize(cand, names, cfg.include_head)
             apply_backend(cand, names, b, cfg.threshold, cfg.torchao_scheme)
-            trials[b] = metrics.measure_latency(cand, 12, block, torch.device("cpu"), repeats=5)["p50_s"]
+            trials[b] = metrics.measure_latency(cand, 12, block, repeats=5)["p50_s"]
         timed = {b: t for b, t in trials.items() if isinstance(t, float)}
         backend = min(timed, key=timed.get)
         auto_note = {"picked": backend, "how": "measured forward latency p50 at batch 12 (5 repeats) per backend",
@@ -270,7 +271,7 @@ def run_quantize(cfg: QuantizeConfig) -> dict[str, Any]:
     stored = fake_quantize(model, names, cfg.include_head)
     fp_copy = copy.deepcopy(model)  # the fake-quantized fp32 weights, for storage of the non-quantized rest
     apply_backend(model, names, backend, cfg.threshold, cfg.torchao_scheme)
-    q = measure(model, tokenizer, data.eval, cfg, block)
+    q = measure(model, tokenizer, eval_blocks, cfg, block)
 
     run_dir = source.parent
     tag = (f"quantize-{backend}" + (f"-{cfg.torchao_scheme}" if backend == "torchao" else "")
@@ -282,7 +283,8 @@ def run_quantize(cfg: QuantizeConfig) -> dict[str, Any]:
         verdicts.append(f"int8 ({backend}) is slower than the fp32 parent on this device at batch 12")
     if q["eval_loss"] > 1.01 * parent_fp32["eval_loss"]:
         verdicts.append(f"eval loss is {q['eval_loss'] / parent_fp32['eval_loss'] - 1:.2%} worse than the parent")
-    if parent_bf16["latency_b12"]["p50_s"] > parent_fp32["latency_b12"]["p50_s"] and not metrics.cpu_has_native_bf16():
+    if (device.type == "cpu" and parent_bf16["latency_b12"]["p50_s"] > parent_fp32["latency_b12"]["p50_s"]
+            and not metrics.cpu_has_native_bf16()):
         verdicts.append("bf16 is slower than fp32 here: this CPU has no native bf16 (AVX512-BF16/AMX)")
 
     artifact = run_dir / tag
@@ -301,12 +303,12 @@ def run_quantize(cfg: QuantizeConfig) -> dict[str, Any]:
              "params": sum(p.numel() for p in parent.parameters()), "quantized_layers": len(names)}
         if auto_note:
             m["auto"] = auto_note
-        meta_out = artifacts.write_meta(tmp, "quantize", asdict(cfg), m, parent=str(source),
+        meta_out = artifacts.write_meta(tmp, "quantize", cfg.to_dict(), m, data=data_section, parent=str(source),
                                         extra={"quantization": description})
     report = {
         "stage": "quantize", "tag": tag, "parent": str(source), "run": run_dir.name, "artifact": str(artifact),
-        "time": meta_out["time"], "config": asdict(cfg), "metrics": m, "verdicts": verdicts,
-        "what_ran": {"device": metrics.describe_device(torch.device("cpu")), "backend": backend,
+        "time": meta_out["time"], "config": cfg.to_dict(), "metrics": m, "verdicts": verdicts,
+        "what_ran": {"device": metrics.describe_device(device), "backend": backend,
                      "world_size": 1, "parallel": "none", "amp_dtype": "fp32 activations, int8 weights",
                      "quantized_layers": len(names), "include_head": cfg.include_head},
         "versions": meta_out["versions"], "git_commit": meta_out["git_commit"],

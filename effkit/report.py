@@ -1,5 +1,6 @@
-"""Report writers: one JSON per stage (`reports/<run>/<stage-tag>.json`), appended to `summary.md` and
-`summary.csv`, plus per-step CSVs. Plots (matplotlib) are rendered by `plot_*` helpers."""
+"""Report writers: one JSON per stage (`reports/<run>/<stage-tag>.json`); `summary.md` and `summary.csv` are
+rebuilt from those JSONs (one writer, so re-running a stage replaces its row); per-step CSVs; and every plot
+(matplotlib, through `pyplot()`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from effkit.artifacts import atomic_write_text
+from effkit.artifacts import atomic_write_text, prune_branch
+from effkit.errors import EffkitError
 
 SUMMARY_FIELDS = ["stage", "tag", "artifact", "eval_loss", "perplexity", "train_tokens_per_s", "mfu",
                   "peak_memory_mb", "params", "size_mb", "parallel", "world_size", "amp_dtype", "time"]
@@ -63,23 +65,46 @@ def markdown_section(report: dict[str, Any]) -> str:
 
 
 def write_stage_report(reports_dir: Path, report: dict[str, Any]) -> Path:
-    """Write `<tag>.json` and append to summary.md / summary.csv of the run's report folder."""
+    """Write `<tag>.json` into the run's report folder and rebuild its summary."""
     reports_dir = Path(reports_dir)
-    reports_dir.mkdir(parents=True, exist_ok=True)
     path = reports_dir / f"{report['tag']}.json"
     atomic_write_text(path, json.dumps(report, indent=2, default=str))
-    md = reports_dir / "summary.md"
-    head = "" if md.exists() else f"# effkit report: {reports_dir.name}\n\n"
-    with md.open("a") as f:
-        f.write(head + markdown_section(report))
-    csv_path = reports_dir / "summary.csv"
-    new = not csv_path.exists()
-    with csv_path.open("a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=SUMMARY_FIELDS)
-        if new:
-            w.writeheader()
-        w.writerow(summary_row(report))
+    rebuild_summary(reports_dir)
     return path
+
+
+def stage_reports(out: Path) -> list[dict[str, Any]]:
+    """The stage reports of a run folder (`<tag>.json` with metrics), oldest first."""
+    reports = []
+    for p in sorted(Path(out).glob("*.json")):
+        try:
+            data = json.loads(p.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise EffkitError(f"{p} is corrupt; delete it or re-run the stage that wrote it") from None
+        if isinstance(data, dict) and "tag" in data and "metrics" in data:
+            reports.append(data)
+    return sorted(reports, key=lambda r: str(r.get("time", "")))
+
+
+def rebuild_summary(out: Path) -> Path:
+    """`summary.md` (plots found in the folder, the bench table, one section per stage) and `summary.csv`
+    (one row per stage tag), both rebuilt from the stage JSONs."""
+    out = Path(out)
+    reports = stage_reports(out)
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=SUMMARY_FIELDS)
+    w.writeheader()
+    w.writerows(summary_row(r) for r in reports)
+    atomic_write_text(out / "summary.csv", buf.getvalue())
+    lines = [f"# effkit report: {out.name}", ""]
+    for name in PLOTS:
+        if (out / name).is_file():
+            lines += [f"![{Path(name).stem}]({name})", ""]
+    if (out / "bench.md").is_file():
+        lines += ["## Benchmark", "", *(out / "bench.md").read_text().splitlines()[2:], ""]
+    lines += [markdown_section(r) for r in reports]
+    atomic_write_text(out / "summary.md", "\n".join(lines) + "\n")
+    return out / "summary.md"
 
 
 def write_rows_csv(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -95,12 +120,18 @@ def write_rows_csv(path: Path, rows: list[dict[str, Any]]) -> None:
     atomic_write_text(Path(path), buf.getvalue())
 
 
-def plot_loss_curve(rows: list[dict[str, Any]], path: Path, title: str = "training loss") -> Path:
+def pyplot():
+    """matplotlib's pyplot on the file-only Agg backend (no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def plot_loss_curve(rows: list[dict[str, Any]], path: Path, title: str = "training loss") -> Path:
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4))
     ax.plot([r["step"] for r in rows], [r["loss"] for r in rows], label="train loss", lw=1)
     ev = [r for r in rows if r.get("eval_loss") is not None]
@@ -117,21 +148,12 @@ def plot_loss_curve(rows: list[dict[str, Any]], path: Path, title: str = "traini
     return Path(path)
 
 
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def plot_loss_curves(out: Path) -> Path | None:
     """Every `<tag>_steps.csv` of the run on one plot."""
     files = sorted(out.glob("*_steps.csv"), key=lambda f: (not f.name.startswith("train_"), f.name))
     if not files:
         return None
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2))
     train_end, branch_end = 0, {}  # each pruning mode's rounds continue after training, one after another
     for f in files:
@@ -139,7 +161,7 @@ def plot_loss_curves(out: Path) -> Path | None:
         if not rows:
             continue
         tag = f.name.removesuffix("_steps.csv")
-        branch = tag.rsplit("-r", 1)[0] if tag.startswith("prune-") else tag
+        branch = prune_branch(tag) or tag
         offset = 0 if tag == "train" else branch_end.get(branch, train_end)
         steps = [int(r["step"]) + offset for r in rows]
         ax.plot(steps, [float(r["loss"]) for r in rows], lw=1, label=tag)
@@ -165,7 +187,7 @@ def plot_comparison(out: Path) -> Path | None:
     if not bench.is_file():
         return None
     rows = json.loads(bench.read_text())["artifacts"]
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(12, max(3.0, 0.35 * len(rows) + 1.2)), sharey=True)
     tags = [r["tag"] for r in rows]
     series = [("held-out loss", [r["eval_loss"] for r in rows]),
@@ -184,30 +206,43 @@ def plot_comparison(out: Path) -> Path | None:
     return path
 
 
-def render_run_report(reports_dir: Path, run: str) -> tuple[Path, list[Path]]:
-    """Re-render `summary.md` of a run from its stage JSONs, with PNG plots."""
-    from effkit.errors import EffkitError
+def plot_prune_curves(out: Path) -> list[Path]:
+    """Eval loss against sparsity and latency against sparsity, one line per pruning mode found."""
+    curves = {}
+    for p in sorted(Path(out).glob("prune-*.json")):
+        data = json.loads(p.read_text())
+        if "curve" in data:
+            curves[data["config"]["mode"]] = data["curve"]
+    if not curves:
+        return []
+    plt = pyplot()
+    paths = []
+    for key, ylabel, fname in (("eval_loss", "held-out loss (nats/token)", "prune_loss.png"),
+                               ("latency_b12_s", "forward latency, batch 12 (ms, p50)", "prune_latency.png")):
+        fig, ax = plt.subplots(figsize=(6.4, 4))
+        for mode, rows in curves.items():
+            xs = [r["achieved_sparsity"] for r in rows]
+            ys = [(r[key] * 1000 if key.startswith("latency") else r[key]) for r in rows]
+            ax.plot(xs, ys, "o-", label=f"{mode} ({'zeroed block weights' if mode == 'weight' else 'MLP removed'})")
+        ax.set_xlabel("fraction of prunable weights removed")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / fname, dpi=110)
+        plt.close(fig)
+        paths.append(out / fname)
+    return paths
 
+
+PLOTS = ("loss_curves.png", "comparison.png", "prune_loss.png", "prune_latency.png")
+
+
+def render_run_report(reports_dir: Path, run: str) -> tuple[Path, list[Path]]:
+    """Render the run's PNG plots and rebuild its `summary.md` around them."""
     out = Path(reports_dir) / run
     if not out.is_dir():
         known = sorted(p.name for p in Path(reports_dir).iterdir() if p.is_dir()) if Path(reports_dir).is_dir() else []
         raise EffkitError(f"unknown run {run!r}: no {out}; known runs: {', '.join(known) or 'none'}")
-    stage_reports = []
-    for p in sorted(out.glob("*.json")):
-        data = json.loads(p.read_text())
-        if isinstance(data, dict) and "tag" in data and "metrics" in data:
-            stage_reports.append(data)
-    stage_reports.sort(key=lambda r: str(r.get("time", "")))
-    plots = [p for p in (plot_loss_curves(out), plot_comparison(out)) if p]
-    if any(out.glob("prune-*.json")):
-        from effkit.prune.stage import plot_prune_curves
-
-        plots += plot_prune_curves(out)
-    lines = [f"# effkit report: {run}", ""]
-    for p in plots:
-        lines += [f"![{p.stem}]({p.name})", ""]
-    if (out / "bench.md").is_file():
-        lines += ["## Benchmark", "", *(out / "bench.md").read_text().splitlines()[2:], ""]
-    lines += [markdown_section(r) for r in stage_reports]
-    atomic_write_text(out / "summary.md", "\n".join(lines) + "\n")
-    return out / "summary.md", plots
+    plots = [p for p in (plot_loss_curves(out), plot_comparison(out)) if p] + plot_prune_curves(out)
+    return rebuild_summary(out), plots

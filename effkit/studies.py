@@ -6,6 +6,7 @@ prints a table, and writes `reports/studies/NAME/NAME.json`, `NAME.md` and `NAME
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
 import os
@@ -20,8 +21,12 @@ import torch
 
 from effkit import artifacts, metrics
 from effkit.config import TrainConfig
+from effkit.data import BlockSampler, make_loader, prepare
 from effkit.errors import EffkitError
-from effkit.report import atomic_write_text
+from effkit.isolated import run_isolated
+from effkit.model import PRESETS
+from effkit.report import atomic_write_text, pyplot
+from effkit.train import train_in_processes
 
 
 @dataclass
@@ -45,16 +50,12 @@ def _train_cfg(s: StudyConfig, name: str, **kw) -> TrainConfig:
                 batch_size=s.batch_size, max_steps=s.steps, warmup_steps=2, eval_interval=0, checkpoint_interval=0,
                 eval_blocks=8, warmup_steps_excluded=1, run_name=name, runs_dir=s.runs_dir,
                 reports_dir=str(Path(s.runs_dir) / "reports"))
-    return TrainConfig(**{**base, **kw})
+    return TrainConfig.from_flat(**{**base, **kw})
 
 
 def _train(cfg: TrainConfig) -> dict[str, Any]:
-    from effkit.parallel.launch import train_any
-
-    report = train_any(cfg) if cfg.parallel != "none" else _in_process(cfg)
-    steps_csv = Path(cfg.reports_dir) / cfg.run_name / "train_steps.csv"
-    import csv
-
+    report = train_in_processes(cfg) if cfg.parallel.launched else _in_process(cfg)
+    steps_csv = Path(cfg.run.reports_dir) / cfg.run.run_name / "train_steps.csv"
     with steps_csv.open() as f:
         rows = list(csv.DictReader(f))
     report["losses"] = [float(r["loss"]) for r in rows]
@@ -65,18 +66,8 @@ def _train(cfg: TrainConfig) -> dict[str, Any]:
 def _in_process(cfg: TrainConfig) -> dict[str, Any]:
     """A single-process run in a fresh Python process, so that its peak-memory figure (RSS high-water mark)
     is not hidden by memory an earlier run of the study freed but the allocator kept."""
-    import subprocess
-    import sys
-
-    Path(cfg.runs_dir).mkdir(parents=True, exist_ok=True)
-    cfg_path = Path(cfg.runs_dir) / f"{cfg.run_name}.config.json"
-    cfg_path.write_text(json.dumps(dataclasses.asdict(cfg)))
-    proc = subprocess.run([sys.executable, "-m", "effkit.parallel.worker", str(cfg_path)], capture_output=True,
-                          text=True, env={**os.environ, "EFFKIT_NO_PROGRESS": "1"})
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise EffkitError(f"study run {cfg.run_name} failed: {last}")
-    return json.loads((Path(cfg.reports_dir) / cfg.run_name / "train.json").read_text())
+    return run_isolated("effkit.train:train_from_dict", {"config": cfg.to_dict()},
+                        what=f"study run {cfg.run.run_name}")
 
 
 def _steady_mean(times: list[float]) -> float:
@@ -146,8 +137,6 @@ def study_amp(s: StudyConfig) -> dict[str, Any]:
 
 def study_checkpointing(s: StudyConfig) -> dict[str, Any]:
     rows = []
-    from effkit.model import PRESETS
-
     limit = PRESETS.get(s.model, {}).get("n_positions", max(s.block_sizes))
     for block in [b for b in s.block_sizes if b <= limit]:
         for ckpt in (False, True):
@@ -159,10 +148,7 @@ def study_checkpointing(s: StudyConfig) -> dict[str, Any]:
 
 
 def study_dataloader(s: StudyConfig) -> dict[str, Any]:
-    from effkit.data import BlockSampler, make_loader
-    from effkit.train import prepare_data
-
-    _, _, _, data = prepare_data(_train_cfg(s, "dataloader"))
+    data = prepare(_train_cfg(s, "dataloader").data).blocks
     n_batches = min(200, len(data.train) // s.batch_size)
     rows = []
     for workers in range(0, (s.max_workers if s.max_workers >= 0 else os.cpu_count() or 1) + 1):
@@ -198,11 +184,7 @@ STUDIES: dict[str, Callable[[StudyConfig], dict[str, Any]]] = {
 # -------------------------------------------------------------------------------------------------- plots
 
 def _plot(name: str, result: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     rows = result["rows"]
     if name == "batch-size":
         fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))

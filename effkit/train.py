@@ -1,47 +1,55 @@
-"""The one training loop: single process and every parallel mode, also used to fine-tune between
-pruning rounds. Read it top to bottom: setup, the step loop, final evaluation, artifact and report."""
+"""`effkit train`: the one training loop, for single-process training, every parallel mode, and fine-tuning
+between pruning rounds.
+
+`Trainer` builds its parts once (data, model, parallel layout, optimizer, schedule, checkpointer) and
+`train_step` reads top to bottom: micro-batches forward and backward, gradient sync, clip, step. `fit` runs
+steps until a bound is reached; `finish` evaluates, saves the artifact and writes the report (built by
+`build_report`, apart from the loop). Fine-tuning is the same Trainer with a hook after every optimizer step.
+"""
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import asdict
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from effkit import artifacts, metrics
-from effkit.checkpoint import load_checkpoint, save_checkpoint
-from effkit.config import TrainConfig
-from effkit.data import BlockSampler, get_tokenizer, load_blocks, load_corpus, make_loader
-from effkit.errors import EffkitError
+from effkit.artifacts import RunLayout
+from effkit.checkpoint import Checkpoint, Checkpointer
+from effkit.config import OptimConfig, TrainConfig
+from effkit.data import BlockSampler, make_loader, prepare
+from effkit.errors import EffkitError, Interrupted
 from effkit.model import (
     activation_checkpointing_enabled,
     build_model,
+    check_block_size,
     check_preset,
     count_params,
     enable_activation_checkpointing,
     flops_per_token,
     is_pretrained_source,
     load_model,
+    n_head_of,
     save_model,
 )
-from effkit.parallel import Runtime, init_runtime
+from effkit.parallel import ParallelDims, Runtime, init_runtime
+from effkit.parallel.launch import launch, nproc_per_node
+from effkit.parallel.parallelize import parallelize_gpt2
 from effkit.report import plot_loss_curve, write_rows_csv, write_stage_report
 
 
-class Interrupted(Exception):
-    """Training was interrupted (Ctrl-C); a checkpoint was written and `--resume` continues."""
-
-
-def resolve_amp(cfg: TrainConfig, device: torch.device) -> tuple[torch.dtype | None, str]:
+def resolve_amp(o: OptimConfig, device: torch.device) -> tuple[torch.dtype | None, str]:
     """The autocast dtype actually used, and a note on why."""
-    if not cfg.amp:
+    if not o.amp:
         return None, "fp32 (AMP off)"
-    if cfg.amp_dtype == "fp16":
+    if o.amp_dtype == "fp16":
         if device.type != "cuda":
             raise EffkitError("fp16 autocast does nothing on CPU (PyTorch runs those ops in fp32); "
                               "use --amp-dtype bf16 on CPU")
@@ -51,57 +59,36 @@ def resolve_amp(cfg: TrainConfig, device: torch.device) -> tuple[torch.dtype | N
     return torch.bfloat16, "bf16 autocast"
 
 
-def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+def make_optimizer(model: torch.nn.Module, o: OptimConfig) -> torch.optim.Optimizer:
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    groups = [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     is_dtensor = any(type(p).__name__ == "DTensor" for p in decay)
     fused = not is_dtensor  # fused AdamW exists for CPU and CUDA tensors, not for DTensors everywhere
     try:
-        return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), fused=fused)
+        return torch.optim.AdamW(groups, lr=o.lr, betas=(0.9, 0.95), fused=fused)
     except (RuntimeError, TypeError):
-        return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95))
+        return torch.optim.AdamW(groups, lr=o.lr, betas=(0.9, 0.95))
 
 
-def lr_lambda(cfg: TrainConfig, total_steps: int) -> Callable[[int], float]:
+def lr_lambda(o: OptimConfig, total_steps: int) -> Callable[[int], float]:
     """Linear warm-up, then cosine decay to min_lr over total_steps (constant if unbounded)."""
 
     def f(step: int) -> float:
-        if step < cfg.warmup_steps:
-            return (step + 1) / cfg.warmup_steps
+        if step < o.warmup_steps:
+            return (step + 1) / o.warmup_steps
         if total_steps <= 0:
             return 1.0
-        progress = min(1.0, (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps))
-        floor = cfg.min_lr / cfg.lr
+        progress = min(1.0, (step - o.warmup_steps) / max(1, total_steps - o.warmup_steps))
+        floor = o.min_lr / o.lr
         return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return f
 
 
-def total_steps(cfg: TrainConfig, tokens_per_step: int) -> int:
-    bounds = [s for s in (cfg.max_steps, math.ceil(cfg.max_tokens / tokens_per_step) if cfg.max_tokens else 0)
-              if s > 0]
+def total_steps(o: OptimConfig, tokens_per_step: int) -> int:
+    bounds = [s for s in (o.max_steps, math.ceil(o.max_tokens / tokens_per_step) if o.max_tokens else 0) if s > 0]
     return min(bounds) if bounds else 0  # 0: only the time budget bounds the run
-
-
-def prepare_data(cfg: TrainConfig):
-    corpus = load_corpus(cfg.data, cfg.heldout_fraction)
-    pretrained = cfg.model if is_pretrained_source(cfg.model) else None
-    tokenizer, tok_source = get_tokenizer(corpus, cfg.vocab_size, pretrained=pretrained)
-    data = load_blocks(corpus, tokenizer, cfg.block_size, cfg.eval_blocks)
-    return corpus, tokenizer, tok_source, data
-
-
-def prepare_model(cfg: TrainConfig, tokenizer) -> torch.nn.Module:
-    if is_pretrained_source(cfg.model):
-        model = load_model(cfg.model, dropout=cfg.dropout)
-    else:
-        model = build_model(cfg.model, vocab_size=len(tokenizer), dropout=cfg.dropout,
-                            eos_token_id=tokenizer.eos_token_id)
-    if cfg.block_size > model.config.n_positions:
-        raise EffkitError(f"--block-size {cfg.block_size} is larger than the model's context "
-                          f"({model.config.n_positions}); use --block-size {model.config.n_positions} or less")
-    return model
 
 
 class _Progress:
@@ -142,225 +129,310 @@ class _Progress:
             self.bar.__exit__(*exc)
 
 
-def train(cfg: TrainConfig, on_step: Callable[[int, float], None] | None = None, progress: bool = True,
-          rt: Runtime | None = None, *, model: torch.nn.Module | None = None, stage: str = "train",
-          tag: str = "train", parent: str | None = None, after_step: Callable[[torch.nn.Module], None] | None = None,
-          extra_metrics: Callable[[torch.nn.Module], dict[str, Any]] | None = None) -> dict[str, Any]:
-    """Train per `cfg`; returns the report dict. `on_step(step, loss)` is called after every step.
+@dataclass(frozen=True)
+class TrainHooks:
+    on_step: Callable[[int, float], None] | None = None  # after every step: (step, loss)
+    after_optimizer_step: Callable[[torch.nn.Module], None] | None = None  # e.g. re-apply pruning masks
 
-    Fine-tuning (used by `effkit prune`): pass `model` (already built, e.g. pruned), with `cfg.model` the
-    parent artifact it came from (for its tokenizer); `after_step(model)` runs after every optimizer step (to
-    re-apply pruning masks); `extra_metrics(model)` adds stage metrics before the artifact is saved under
-    `runs/<run>/<tag>/`. With a given model, `max_steps = 0` means: evaluate and save without training.
-    """
-    finetune_only_eval = model is not None and cfg.max_steps == 0 and not cfg.max_tokens and not cfg.time_budget
-    cfg.validate(allow_no_steps=model is not None)
-    rt = rt or init_runtime()
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    run_name = cfg.run_name or artifacts.new_run_name(cfg.model)
-    runs_dir = Path(cfg.runs_dir)
-    run_dir = runs_dir / run_name
-    ckpt_dir = run_dir / "checkpoints" / "last"
-    resumed = None
-    if cfg.resume:
-        if not ckpt_dir.is_dir():
-            raise EffkitError(f"nothing to resume: {ckpt_dir} does not exist; start without --resume")
-        resumed = load_checkpoint(ckpt_dir)
-        saved = TrainConfig.from_dict(resumed["config"])
-        saved.resume, saved.time_budget = True, cfg.time_budget
-        cfg = saved
-    cfg.run_name = run_name
 
-    amp_dtype, amp_note = resolve_amp(cfg, rt.device)
-    if not is_pretrained_source(cfg.model):  # fail fast, before any data work
-        n_positions = check_preset(cfg.model)["n_positions"]
-        if cfg.block_size > n_positions:
-            raise EffkitError(f"--block-size {cfg.block_size} is larger than the model's context "
-                              f"({n_positions}); use --block-size {n_positions} or less")
-    torch.manual_seed(cfg.seed)
-    corpus, tokenizer, tok_source, data = prepare_data(cfg)
-    if model is None:
-        model = prepare_model(cfg, tokenizer)
-    n_params = count_params(model)
-    if resumed is not None:
-        model.load_state_dict(resumed["model"])
-    if cfg.activation_checkpointing:
-        enable_activation_checkpointing(model)
-    model.to(rt.device)
-    model.train()
-    from effkit.parallel.apply import parallelize
+class Trainer:
+    """One training run: built once, then `fit()` and `finish()`."""
 
-    par = parallelize(model, cfg, rt)
-    model = par.model
-    if cfg.threads:  # launchers and Accelerate may have changed it
-        torch.set_num_threads(cfg.threads)
+    def __init__(self, cfg: TrainConfig, rt: Runtime, *, model: torch.nn.Module | None = None,
+                 resumed: Checkpoint | None = None, hooks: TrainHooks | None = None, tag: str = "train",
+                 progress: bool = True):
+        if not cfg.run.run_name:
+            cfg = cfg.replace(run=cfg.run.replace(run_name=artifacts.new_run_name(cfg.model.name)))
+        self.cfg, self.rt, self.tag, self.progress = cfg, rt, tag, progress
+        self.hooks = hooks or TrainHooks()
+        o, d = cfg.optim, cfg.data
+        self.layout = RunLayout.of(cfg.run.runs_dir, cfg.run.reports_dir, cfg.run.run_name)
+        self.checkpointer = Checkpointer(self.layout.checkpoint_dir)
+        self._set_threads()
+        self.amp_dtype, self.amp_note = resolve_amp(o, rt.device)
+        pretrained = is_pretrained_source(cfg.model.name)
+        if model is None and not pretrained:  # fail fast, before any data work
+            check_block_size(d.block_size, check_preset(cfg.model.name)["n_positions"])
 
-    optimizer = make_optimizer(model, cfg)
-    tokens_per_step = cfg.batch_size * cfg.grad_accum * rt.dp_size * cfg.block_size
-    horizon = total_steps(cfg, tokens_per_step)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg, horizon))
-    scaler = torch.amp.GradScaler(rt.device.type, enabled=amp_dtype == torch.float16)
-    start_step, rows = 0, []
-    if resumed is not None:
-        par.load_optimizer_state(optimizer, resumed["optimizer"])
-        scheduler.load_state_dict(resumed["scheduler"])
-        start_step, rows = resumed["step"], resumed.get("rows", [])
-        torch.set_rng_state(resumed["rng"]["__rng_cpu"])
-        if "__rng_cuda" in resumed["rng"] and rt.device.type == "cuda":
-            torch.cuda.set_rng_state(resumed["rng"]["__rng_cuda"])
+        torch.manual_seed(o.seed)
+        self.data = prepare(d, tokenizer_from=cfg.model.name if pretrained else None)
+        if model is None:
+            model = (load_model(cfg.model.name, dropout=cfg.model.dropout) if pretrained else
+                     build_model(cfg.model.name, vocab_size=len(self.data.tokenizer), dropout=cfg.model.dropout,
+                                 eos_token_id=self.data.tokenizer.eos_token_id))
+        check_block_size(d.block_size, model.config.n_positions)
+        self.n_params = count_params(model)
+        if resumed is not None:
+            model.load_state_dict(resumed.model)
+        if cfg.model.activation_checkpointing:
+            enable_activation_checkpointing(model)
+        model.to(rt.device)
+        model.train()
 
-    sampler = BlockSampler(len(data.train), cfg.batch_size, cfg.grad_accum, rt.dp_size, rt.dp_rank, cfg.seed,
-                           start_step)
-    batches = iter(make_loader(data.train, sampler, cfg.workers))
+        self.dims = ParallelDims.build(cfg.parallel, rt.world_size, model.config.n_head)
+        p = cfg.parallel
+        self.par = parallelize_gpt2(model, self.dims, p.sync, self.amp_dtype, p.reshard_after_forward, p.cpu_offload,
+                                    rt)
+        self._set_threads()  # launchers and Accelerate may have changed it
+        self.optimizer = make_optimizer(self.par.model, o)
+        self.tokens_per_step = o.batch_size * o.grad_accum * self.dims.dp * d.block_size
+        self.horizon = total_steps(o, self.tokens_per_step)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(o, self.horizon))
+        self.scaler = torch.amp.GradScaler(rt.device.type, enabled=self.amp_dtype == torch.float16)
+        self.step, self.rows = 0, []
+        self.resumed_from = resumed.step if resumed is not None else None
+        if resumed is not None:
+            self.par.load_optimizer_state(self.optimizer, resumed.optimizer)
+            self.scheduler.load_state_dict(resumed.scheduler)
+            self.step, self.rows = resumed.step, list(resumed.rows)
+            Checkpointer.restore_rng(resumed, rt.device)
+        sampler = BlockSampler(len(self.data.blocks.train), o.batch_size, o.grad_accum, self.dims.dp,
+                               self.dims.dp_rank(rt.rank), o.seed, self.step)
+        self.batches = iter(make_loader(self.data.blocks.train, sampler, d.workers))
+        self.clock = metrics.PhaseClock(rt.device, sync=cfg.run.profile)
+        self.memory = metrics.PeakMemory(rt.device)
+        self.step_times: list[float] = []
+        self.stop_reason = "max_steps" if self.horizon == o.max_steps else "max_tokens"
+        self.train_wall = 0.0
 
-    def checkpoint(step: int):
-        state = par.full_state_dict()
-        optim_state = par.optimizer_state(optimizer)
-        if rt.is_main:
-            save_checkpoint(ckpt_dir, state, optim_state, scheduler.state_dict(), step,
-                            {"config": asdict(cfg), "rows": rows})
-        rt.barrier()
+    def _set_threads(self) -> None:
+        if self.cfg.parallel.threads:
+            torch.set_num_threads(self.cfg.parallel.threads)
 
-    step_times: list[float] = []
-    phases: dict[str, float] = {}
-    stop_reason = "max_steps" if horizon == cfg.max_steps else "max_tokens"
-    t_start = time.perf_counter()
-    step = start_step
-    memory = metrics.PeakMemory(rt.device)
-    with memory, _Progress(progress and rt.is_main, horizon, start_step, tag) as bar:
-        try:
-            while not finetune_only_eval and (horizon == 0 or step < horizon):
-                t0 = clock = time.perf_counter()
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.par.base_model
 
-                def lap(phase: str) -> None:  # per-phase wall time (CUDA synchronised when profiling)
-                    nonlocal clock
-                    if cfg.profile and rt.device.type == "cuda":
-                        torch.cuda.synchronize(rt.device)
-                    now = time.perf_counter()
-                    phases[phase] = phases.get(phase, 0.0) + now - clock
-                    clock = now
+    # ------------------------------------------------------------------------------------------ one step
+    def train_step(self) -> dict[str, float]:
+        o, par, clock = self.cfg.optim, self.par, self.clock
+        clock.restart()
+        loss_sum = torch.zeros((), device=self.rt.device)
+        for micro in range(o.grad_accum):
+            batch = next(self.batches).to(self.rt.device, non_blocking=True)
+            clock.lap("data")
+            with par.no_sync() if micro < o.grad_accum - 1 else nullcontext():
+                with metrics.autocast_ctx(self.rt.device, self.amp_dtype):
+                    loss = metrics.lm_loss(par.model(batch).logits, batch) / o.grad_accum
+                clock.lap("forward")
+                self.scaler.scale(loss).backward()
+                clock.lap("backward")
+            loss_sum += loss.detach()
+        par.sync_gradients()
+        self.scaler.unscale_(self.optimizer)
+        grad_norm = par.clip_grad_norm(o.grad_clip) if o.grad_clip > 0 else torch.zeros(())
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.hooks.after_optimizer_step is not None:
+            self.hooks.after_optimizer_step(par.base_model)
+        clock.lap("optimizer")
+        lr = self.scheduler.get_last_lr()[0]
+        self.scheduler.step()
+        return {"loss": par.mean_over_dp(loss_sum).item(), "lr": lr, "grad_norm": float(grad_norm)}
 
-                loss_sum = torch.zeros((), device=rt.device)
-                for micro in range(cfg.grad_accum):
-                    batch = next(batches).to(rt.device, non_blocking=True)
-                    lap("data")
-                    with par.no_sync() if micro < cfg.grad_accum - 1 else nullcontext():
-                        with metrics.autocast_ctx(rt.device, amp_dtype):
-                            logits = model(batch).logits
-                            loss = metrics.lm_loss(logits, batch) / cfg.grad_accum
-                        lap("forward")
-                        scaler.scale(loss).backward()
-                        lap("backward")
-                    loss_sum += loss.detach()
-                par.sync_gradients()
-                scaler.unscale_(optimizer)
-                grad_norm = par.clip_grad_norm(cfg.grad_clip) if cfg.grad_clip > 0 else torch.zeros(())
-                scaler.step(optimizer)
-                scaler.update()
-                optimizer.zero_grad(set_to_none=True)
-                if after_step is not None:
-                    after_step(par.base_model)
-                lap("optimizer")
-                lr = scheduler.get_last_lr()[0]
-                scheduler.step()
-                step_loss = par.mean_over_dp(loss_sum).item()
-                step += 1
-                dt = time.perf_counter() - t0
-                step_times.append(dt)
-                row = {"step": step, "loss": step_loss, "lr": lr, "grad_norm": float(grad_norm),
-                       "step_time_s": dt, "tokens": step * tokens_per_step, "eval_loss": None}
-                if cfg.eval_interval and step % cfg.eval_interval == 0 and step != horizon:
-                    t_eval = time.perf_counter()
-                    row["eval_loss"] = metrics.evaluate(model, data.eval, cfg.batch_size, rt.device,
-                                                        amp_dtype)["eval_loss"]
-                    phases["eval"] = phases.get("eval", 0.0) + time.perf_counter() - t_eval
-                    bar.log(f"step {step}: held-out loss {row['eval_loss']:.4f}")
-                rows.append(row)
-                steady = step_times[cfg.warmup_steps_excluded:] or step_times
-                bar.update(step, step_loss, tokens_per_step * len(steady) / sum(steady))
-                if on_step is not None:
-                    on_step(step, step_loss)
-                if cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0:
-                    checkpoint(step)
-                if cfg.time_budget and time.perf_counter() - t_start >= cfg.time_budget:
-                    stop_reason = f"time_budget ({cfg.time_budget:g} s)"
-                    break
-        except KeyboardInterrupt:
-            checkpoint(step)
-            raise Interrupted(f"interrupted at step {step}; checkpoint saved, continue with "
-                              f"`effkit train --resume --run-name {run_name}`") from None
-    train_wall = time.perf_counter() - t_start
-    phases["other"] = max(0.0, train_wall - sum(phases.values()))
+    def evaluate(self) -> dict[str, float]:
+        return metrics.evaluate(self.par.model, self.data.blocks.eval, self.cfg.optim.batch_size, self.amp_dtype)
 
-    final = metrics.evaluate(model, data.eval, cfg.batch_size, rt.device, amp_dtype)
-    if rows:
-        rows[-1]["eval_loss"] = final["eval_loss"]
-    steady = step_times[cfg.warmup_steps_excluded:] or step_times
-    excluded = len(step_times) - len(steady)
-    tokens_per_s = tokens_per_step * len(steady) / sum(steady) if steady else None
-    peak_dtype = amp_dtype or torch.float32
-    peak, peak_source = metrics.peak_flops(rt.device, peak_dtype)
-    fpt = flops_per_token(par.base_model.config, cfg.block_size, n_params)
+    def checkpoint(self) -> None:
+        self.checkpointer.save(self.step, self.par, self.optimizer, self.scheduler, self.cfg.to_dict(), self.rows)
+
+    def tokens_per_s(self) -> float | None:
+        steady = self.steady_step_times
+        return self.tokens_per_step * len(steady) / sum(steady) if steady else None
+
+    @property
+    def steady_step_times(self) -> list[float]:
+        return self.step_times[self.cfg.run.warmup_steps_excluded:] or self.step_times
+
+    # ------------------------------------------------------------------------------------------ the loop
+    @property
+    def bounded(self) -> bool:
+        o = self.cfg.optim
+        return bool(o.max_steps or o.max_tokens or o.time_budget)
+
+    def fit(self) -> None:
+        """Train until the step, token or time bound (a fine-tune with no bound only evaluates and saves)."""
+        r, o = self.cfg.run, self.cfg.optim
+        t_start = time.perf_counter()
+        with self.memory, _Progress(self.progress and self.rt.is_main, self.horizon, self.step, self.tag) as bar:
+            try:
+                while self.bounded and (self.horizon == 0 or self.step < self.horizon):
+                    t0 = time.perf_counter()
+                    out = self.train_step()
+                    self.step += 1
+                    dt = time.perf_counter() - t0
+                    self.step_times.append(dt)
+                    row = {"step": self.step, "loss": out["loss"], "lr": out["lr"], "grad_norm": out["grad_norm"],
+                           "step_time_s": dt, "tokens": self.step * self.tokens_per_step, "eval_loss": None}
+                    if r.eval_interval and self.step % r.eval_interval == 0 and self.step != self.horizon:
+                        self.clock.restart()
+                        row["eval_loss"] = self.evaluate()["eval_loss"]
+                        self.clock.lap("eval")
+                        bar.log(f"step {self.step}: held-out loss {row['eval_loss']:.4f}")
+                    self.rows.append(row)
+                    bar.update(self.step, out["loss"], self.tokens_per_s() or 0.0)
+                    if self.hooks.on_step is not None:
+                        self.hooks.on_step(self.step, out["loss"])
+                    if r.checkpoint_interval and self.step % r.checkpoint_interval == 0:
+                        self.checkpoint()
+                    if o.time_budget and time.perf_counter() - t_start >= o.time_budget:
+                        self.stop_reason = f"time_budget ({o.time_budget:g} s)"
+                        break
+            except KeyboardInterrupt:
+                self.checkpoint()
+                raise Interrupted(f"interrupted at step {self.step}; checkpoint saved, continue with "
+                                  f"`effkit train --resume --run-name {r.run_name}`") from None
+        self.train_wall = time.perf_counter() - t_start
+        self.clock.phases["other"] = max(0.0, self.train_wall - sum(self.clock.phases.values()))
+
+    # ------------------------------------------------------------------------------------------ the end
+    def finish(self, stage: str = "train", parent: str | None = None,
+               extra_metrics: Callable[[torch.nn.Module], dict[str, Any]] | None = None) -> dict[str, Any]:
+        """Final evaluation, the artifact `runs/<run>/<tag>/` and the report (rank 0 writes)."""
+        final = self.evaluate()
+        if self.rows:
+            self.rows[-1]["eval_loss"] = final["eval_loss"]
+        peak_mem = self.par.gather_ints(self.memory.peak_bytes)
+        state = self.par.full_state_dict()
+        stage_metrics = extra_metrics(self.model) if extra_metrics is not None else {}
+        report = None
+        if self.rt.is_main:
+            report = build_report(self, stage, parent, final, peak_mem, stage_metrics)
+            artifact = self.layout.artifact(self.tag)
+            with artifacts.atomic_dir(artifact) as tmp:
+                save_model(self.model, tmp, self.data.tokenizer, state_dict=state)
+                report["metrics"]["size_bytes"] = artifacts.dir_size(tmp)
+                meta = artifacts.write_meta(tmp, stage, report["config"], report["metrics"],
+                                            data=self.cfg.data.to_dict(), parent=parent,
+                                            extra={"what_ran": report["what_ran"]})
+            artifacts.set_latest(self.layout.runs_dir, self.layout.run_dir)
+            report.update(artifact=str(artifact), time=meta["time"], versions=meta["versions"],
+                          git_commit=meta["git_commit"])
+            out = self.layout.report_dir
+            write_stage_report(out, report)
+            write_rows_csv(out / f"{self.tag}_steps.csv", self.rows)
+            if self.rows:
+                plot_loss_curve(self.rows, out / f"{self.tag}_loss.png",
+                                f"{self.tag}: {os.path.basename(self.cfg.model.name)} on {self.data.corpus.name}")
+        self.rt.barrier()
+        return report or {"stage": stage, "metrics": {"eval_loss": final["eval_loss"]}, "run": self.cfg.run.run_name,
+                          "rows": self.rows}
+
+
+def build_report(tr: Trainer, stage: str, parent: str | None, final: dict[str, float], peak_mem: list[int],
+                 stage_metrics: dict[str, Any]) -> dict[str, Any]:
+    """The stage report of a finished run: what ran (read back from the model), metrics and how each was
+    measured."""
+    cfg, rt = tr.cfg, tr.rt
+    steady = tr.steady_step_times
+    excluded = len(tr.step_times) - len(steady)
+    tokens_per_s = tr.tokens_per_s()
+    peak, peak_source = metrics.peak_flops(rt.device, tr.amp_dtype or torch.float32)
+    fpt = flops_per_token(tr.model.config, cfg.data.block_size, tr.n_params)
     mfu = (fpt * tokens_per_s / (peak * rt.world_size)) if (peak and tokens_per_s) else None
-    peak_mem = par.gather_ints(memory.peak_bytes)
-    state = par.full_state_dict()
+    applied = tr.par.describe()
+    amp_name = str(tr.amp_dtype).removeprefix("torch.") if tr.amp_dtype else "fp32"
+    what_ran = {
+        "device": metrics.describe_device(rt.device), "world_size": rt.world_size,
+        "parallel": applied["mode"], "parallel_detail": applied.get("detail"),
+        "amp_dtype": amp_name, "amp_note": tr.amp_note,
+        "activation_checkpointing": activation_checkpointing_enabled(tr.model),
+        "model": cfg.model.name, "data": tr.data.corpus.name, "tokenizer": tr.data.tokenizer_source,
+        "resumed_from_step": tr.resumed_from, "stopped_by": tr.stop_reason,
+    }
+    m = {
+        "eval_loss": final["eval_loss"], "perplexity": final["perplexity"], "eval_tokens": final["eval_tokens"],
+        "final_train_loss": tr.rows[-1]["loss"] if tr.rows else None, "steps": tr.step,
+        "train_tokens": tr.step * tr.tokens_per_step, "train_tokens_per_s": tokens_per_s,
+        "train_wall_s": tr.train_wall, "flops_per_token": fpt, "mfu": mfu, "peak_flops": peak,
+        "peak_memory_bytes_per_rank": peak_mem, "params": tr.n_params, "time_breakdown_s": tr.clock.phases,
+        "train_split_tokens": tr.data.blocks.train_tokens, "heldout_split_tokens": tr.data.blocks.heldout_tokens,
+        **stage_metrics,
+    }
+    verdicts = []
+    if tr.amp_dtype == torch.bfloat16 and rt.device.type == "cpu" and not metrics.cpu_has_native_bf16():
+        verdicts.append("this CPU has no native bf16 (no AVX512-BF16 / AMX): bf16 autocast is "
+                        "emulated and usually slower than fp32 here; compare with --no-amp")
+    return {
+        "stage": stage, "tag": tr.tag, "parent": parent, "run": cfg.run.run_name,
+        "what_ran": what_ran, "metrics": m, "config": cfg.to_dict(), "verdicts": verdicts,
+        "protocol": {
+            "eval_loss": metrics.EVAL_PROTOCOL + f"; {final['eval_tokens']} predicted tokens; computed under "
+                         f"{amp_name}",
+            "train_tokens_per_s": f"global tokens per step ({tr.tokens_per_step}) x steady-state steps / their "
+                                  f"wall time ({len(steady)} steps; first {excluded} excluded as warm-up)",
+            "mfu": f"(6N + 12*L*d*T) FLOPs/token x tokens/s / (peak x {rt.world_size} processes); peak: "
+                   f"{peak_source}",
+            "peak_memory": tr.memory.method + ", per rank, over the training steps (the model is built, "
+                           "sharded and placed before; optimizer state, gradients and activations count)",
+            "time_breakdown_s": "wall time per phase of every step on rank 0 (time.perf_counter"
+                                + (", CUDA synchronised" if cfg.run.profile else "") + "); other = training wall "
+                                "time minus the phases (logging, progress, checkpoints)",
+        },
+    }
 
-    stage_metrics = extra_metrics(par.base_model) if extra_metrics is not None else {}
-    artifact = run_dir / tag
-    report = None
-    if rt.is_main:
-        applied = par.describe()
-        what_ran = {
-            "device": metrics.describe_device(rt.device), "world_size": rt.world_size,
-            "parallel": applied["mode"], "parallel_detail": applied.get("detail"),
-            "amp_dtype": str(amp_dtype).removeprefix("torch.") if amp_dtype else "fp32", "amp_note": amp_note,
-            "activation_checkpointing": activation_checkpointing_enabled(par.base_model),
-            "model": cfg.model, "data": corpus.name, "tokenizer": tok_source, "resumed_from_step":
-                resumed["step"] if resumed else None, "stopped_by": stop_reason,
-        }
-        m = {
-            "eval_loss": final["eval_loss"], "perplexity": final["perplexity"], "eval_tokens": final["eval_tokens"],
-            "final_train_loss": rows[-1]["loss"] if rows else None, "steps": step,
-            "train_tokens": step * tokens_per_step, "train_tokens_per_s": tokens_per_s,
-            "train_wall_s": train_wall, "flops_per_token": fpt, "mfu": mfu, "peak_flops": peak,
-            "peak_memory_bytes_per_rank": peak_mem, "params": n_params, "time_breakdown_s": phases,
-            "train_split_tokens": data.train_tokens, "heldout_split_tokens": data.heldout_tokens,
-            **stage_metrics,
-        }
-        with artifacts.atomic_dir(artifact) as tmp:
-            save_model(par.base_model, tmp, tokenizer, state_dict=state)
-            m["size_bytes"] = artifacts.dir_size(tmp)
-            meta = artifacts.write_meta(tmp, stage, asdict(cfg), m, parent=parent, extra={"what_ran": what_ran})
-        artifacts.set_latest(runs_dir, run_dir)
-        report = {
-            "stage": stage, "tag": tag, "parent": parent, "run": run_name, "artifact": str(artifact),
-            "time": meta["time"],
-            "what_ran": what_ran, "metrics": m, "config": asdict(cfg), "versions": meta["versions"],
-            "git_commit": meta["git_commit"], "verdicts": [],
-            "protocol": {
-                "eval_loss": metrics.EVAL_PROTOCOL + f"; {final['eval_tokens']} predicted tokens; computed under "
-                             f"{what_ran['amp_dtype']}",
-                "train_tokens_per_s": f"global tokens per step ({tokens_per_step}) x steady-state steps / their "
-                                      f"wall time ({len(steady)} steps; first {excluded} excluded as warm-up)",
-                "mfu": f"(6N + 12*L*d*T) FLOPs/token x tokens/s / (peak x {rt.world_size} processes); peak: "
-                       f"{peak_source}",
-                "peak_memory": memory.method + ", per rank, over the training steps (the model is built, "
-                               "sharded and placed before; optimizer state, gradients and activations count)",
-                "time_breakdown_s": "wall time per phase of every step on rank 0 (time.perf_counter"
-                                    + (", CUDA synchronised" if cfg.profile else "") + "); other = training wall "
-                                    "time minus the phases (logging, progress, checkpoints)",
-            },
-        }
-        if amp_dtype == torch.bfloat16 and rt.device.type == "cpu" and not metrics.cpu_has_native_bf16():
-            report["verdicts"].append("this CPU has no native bf16 (no AVX512-BF16 / AMX): bf16 autocast is "
-                                      "emulated and usually slower than fp32 here; compare with --no-amp")
-        reports_dir = Path(cfg.reports_dir) / run_name
-        write_stage_report(reports_dir, report)
-        write_rows_csv(reports_dir / f"{tag}_steps.csv", rows)
-        if rows:
-            title = f"{tag}: {Path(cfg.model).name} on {corpus.name}"
-            plot_loss_curve(rows, reports_dir / f"{tag}_loss.png", title)
-    rt.barrier()
-    return report or {"stage": "train", "metrics": {"eval_loss": final["eval_loss"]}, "run": run_name,
-                      "rows": rows}
+
+# ---------------------------------------------------------------------------------------------- entry points
+
+def train(cfg: TrainConfig, rt: Runtime | None = None, *, on_step: Callable[[int, float], None] | None = None,
+          progress: bool = True) -> dict[str, Any]:
+    """Train per `cfg` in this process (or as one rank of a launched run); returns the report dict.
+    `on_step(step, loss)` is called after every step. `cfg.run.resume` continues from the last checkpoint
+    with the config saved there."""
+    cfg = cfg.validate()
+    rt = rt or init_runtime()
+    resumed = None
+    if cfg.run.resume:
+        layout = RunLayout.of(cfg.run.runs_dir, cfg.run.reports_dir, cfg.run.run_name)
+        resumed = Checkpointer(layout.checkpoint_dir).load()
+        saved = TrainConfig.from_dict(resumed.config)
+        cfg = saved.replace(run=saved.run.replace(resume=True),
+                            optim=saved.optim.replace(time_budget=cfg.optim.time_budget))
+    trainer = Trainer(cfg, rt, resumed=resumed, hooks=TrainHooks(on_step=on_step), progress=progress)
+    trainer.fit()
+    return trainer.finish()
+
+
+def train_from_dict(config: dict[str, Any]) -> dict[str, Any]:
+    """`train` from a JSON config, without a progress bar: what `run_isolated` calls in a fresh process."""
+    return train(TrainConfig.from_dict(config), progress=False)
+
+
+def finetune(cfg: TrainConfig, model: torch.nn.Module, rt: Runtime, *, stage: str, tag: str, parent: str,
+             after_step: Callable[[torch.nn.Module], None] | None = None,
+             extra_metrics: Callable[[torch.nn.Module], dict[str, Any]] | None = None,
+             progress: bool = True) -> dict[str, Any]:
+    """Fine-tune an already built `model` (e.g. pruned) with the one loop and save it as `runs/<run>/<tag>/`.
+    `cfg.model.name` is the artifact it came from (for its tokenizer); with no step bound it is only
+    evaluated and saved."""
+    cfg = cfg.validate(allow_no_steps=True)
+    trainer = Trainer(cfg, rt, model=model, hooks=TrainHooks(after_optimizer_step=after_step), tag=tag,
+                      progress=progress)
+    trainer.fit()
+    return trainer.finish(stage=stage, parent=parent, extra_metrics=extra_metrics)
+
+
+def train_in_processes(cfg: TrainConfig) -> dict[str, Any]:
+    """Validate the process layout here (one line, exit 2), build the data caches once, then start the
+    processes through Accelerate; returns rank 0's report."""
+    p = cfg.parallel
+    if p.mode == "none":
+        raise EffkitError("--nproc/--nnodes > 1 need a parallel mode: add --parallel ddp (or fsdp, tp, fsdp+tp)")
+    if p.cpu_offload and not torch.cuda.is_available():
+        raise EffkitError("--cpu-offload moves FSDP parameters from GPU to CPU; there is no GPU here, drop it")
+    nproc = nproc_per_node(p)
+    ParallelDims.build(p.replace(nproc=nproc), nproc * p.nnodes, n_head_of(cfg.model.name))
+    threads = p.threads or (0 if torch.cuda.is_available() else max(1, (os.cpu_count() or 1) // nproc))
+    cfg = cfg.replace(parallel=p.replace(nproc=nproc, threads=threads),
+                      run=cfg.run.replace(run_name=cfg.run.run_name or artifacts.new_run_name(cfg.model.name)))
+    pretrained = is_pretrained_source(cfg.model.name)
+    prepare(cfg.data, tokenizer_from=cfg.model.name if pretrained else None)  # bad data fails here, caches built once
+    layout = RunLayout.of(cfg.run.runs_dir, cfg.run.reports_dir, cfg.run.run_name)
+    launch(cfg.to_dict(), cfg.parallel, layout)
+    return json.loads(layout.report("train").read_text())
+
+
+def train_any(cfg: TrainConfig) -> dict[str, Any]:
+    """`effkit train`: in this process, or in launched processes when a parallel mode or several are asked."""
+    return train_in_processes(cfg) if cfg.parallel.launched else train(cfg)

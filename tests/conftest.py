@@ -33,6 +33,6 @@ def tiny_cfg(corpus_dir, tmp_path):
                     warmup_steps_excluded=1, runs_dir=str(tmp_path / "runs"),
                     reports_dir=str(tmp_path / "reports"), run_name="t")
         base.update(kw)
-        return TrainConfig(**base)
+        return TrainConfig.from_flat(**base)
 
     return make

@@ -20,9 +20,9 @@ PNG = b"\x89PNG\r\n\x1a\n"
 def run_with_artifacts(tmp_path_factory, corpus_dir):
     tmp = tmp_path_factory.mktemp("bench")
     dirs = {"runs_dir": str(tmp / "runs"), "reports_dir": str(tmp / "reports")}
-    dense = train(TrainConfig(model="gpt2-nano", data=str(corpus_dir), vocab_size=512, block_size=32, eval_blocks=4,
-                              batch_size=4, max_steps=4, warmup_steps=1, eval_interval=0, checkpoint_interval=0,
-                              run_name="b", **dirs), progress=False)["artifact"]
+    dense = train(TrainConfig.from_flat(model="gpt2-nano", data=str(corpus_dir), vocab_size=512, block_size=32,
+                                        eval_blocks=4, batch_size=4, max_steps=4, warmup_steps=1, eval_interval=0,
+                                        checkpoint_interval=0, run_name="b", **dirs), progress=False)["artifact"]
     pruned = run_prune(PruneConfig(source=dense, mode="row", target=0.5, rounds=1, finetune_steps=1,
                                    latency_repeats=2, **dirs), progress=False)["artifact"]
     quant = run_quantize(QuantizeConfig(source=dense, backend="dynamic", latency_repeats=2, gen_tokens=4,

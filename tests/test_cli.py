@@ -76,7 +76,7 @@ def test_recipe_values_apply_and_flags_override(tmp_path, corpus_dir, monkeypatc
     recipe = tmp_path / "r.toml"
     recipe.write_text("[train]\nmodel = 'gpt2-nano'\nlr = 0.01\nbatch_size = 3\n")
     cfg = build_config(TrainConfig, str(recipe), {"batch_size": 5})
-    assert (cfg.model, cfg.lr, cfg.batch_size, cfg.block_size) == ("gpt2-nano", 0.01, 5, 128)
+    assert (cfg.model.name, cfg.optim.lr, cfg.optim.batch_size, cfg.data.block_size) == ("gpt2-nano", 0.01, 5, 128)
 
 
 def test_truncated_checkpoint_on_resume(tmp_path, corpus_dir, capsys, monkeypatch):

@@ -38,8 +38,8 @@ def _worker(rank: int, port: int, base: dict, out_path: str):
     torch.set_num_threads(1)
     results = {}
     for name, (parallel, sync, batch) in MODES.items():
-        cfg = TrainConfig(**{**base, "parallel": parallel, "sync": sync, "batch_size": batch, "run_name": name,
-                             "threads": 1})
+        cfg = TrainConfig.from_flat(**{**base, "parallel": parallel, "sync": sync, "batch_size": batch,
+                                       "run_name": name, "threads": 1})
         report = train(cfg, progress=False)
         if rank == 0:
             results[name] = {"applied": report["what_ran"]["parallel"], "world": report["what_ran"]["world_size"],
@@ -63,7 +63,7 @@ def parallel_runs(tmp_path_factory, corpus_dir):
     base = dict(model="gpt2-nano", data=str(corpus_dir), vocab_size=512, block_size=32, eval_blocks=4,
                 max_steps=STEPS, warmup_steps=2, eval_interval=0, checkpoint_interval=0, warmup_steps_excluded=1,
                 runs_dir=str(tmp / "runs"), reports_dir=str(tmp / "reports"), lr=3e-3)
-    single = train(TrainConfig(**{**base, "batch_size": GLOBAL_BATCH, "run_name": "single"}), progress=False)
+    single = train(TrainConfig.from_flat(**{**base, "batch_size": GLOBAL_BATCH, "run_name": "single"}), progress=False)
     out = tmp / "results.json"
     mp.start_processes(_worker, args=(_free_port(), base, str(out)), nprocs=2, start_method="spawn")
     return base, single, json.loads(out.read_text())

@@ -14,9 +14,9 @@ from effkit.train import train
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, corpus_dir):
     tmp = tmp_path_factory.mktemp("prune")
-    cfg = TrainConfig(model="gpt2-nano", data=str(corpus_dir), vocab_size=512, block_size=32, eval_blocks=4,
-                      batch_size=4, max_steps=4, warmup_steps=1, eval_interval=0, checkpoint_interval=0,
-                      runs_dir=str(tmp / "runs"), reports_dir=str(tmp / "reports"), run_name="p")
+    cfg = TrainConfig.from_flat(model="gpt2-nano", data=str(corpus_dir), vocab_size=512, block_size=32, eval_blocks=4,
+                                batch_size=4, max_steps=4, warmup_steps=1, eval_interval=0, checkpoint_interval=0,
+                                runs_dir=str(tmp / "runs"), reports_dir=str(tmp / "reports"), run_name="p")
     report = train(cfg, progress=False)
     return tmp, report["artifact"]
 

@@ -2,24 +2,23 @@ import json
 import sys
 
 import pytest
-import torch
 
 from effkit import cli, metrics
 from effkit.config import PruneConfig, QuantizeConfig, TrainConfig
+from effkit.data import prepare
 from effkit.prune.stage import run_prune
 from effkit.quantize import backend_available, load_quantized, run_quantize
-from effkit.train import prepare_data, train
+from effkit.train import train
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, corpus_dir):
     tmp = tmp_path_factory.mktemp("quant")
-    cfg = TrainConfig(model="gpt2-nano", data=str(corpus_dir), vocab_size=512, block_size=32, eval_blocks=4,
-                      batch_size=4, max_steps=6, warmup_steps=1, eval_interval=0, checkpoint_interval=0,
-                      runs_dir=str(tmp / "runs"), reports_dir=str(tmp / "reports"), run_name="q", lr=3e-3)
+    cfg = TrainConfig.from_flat(model="gpt2-nano", data=str(corpus_dir), vocab_size=512, block_size=32, eval_blocks=4,
+                                batch_size=4, max_steps=6, warmup_steps=1, eval_interval=0, checkpoint_interval=0,
+                                runs_dir=str(tmp / "runs"), reports_dir=str(tmp / "reports"), run_name="q", lr=3e-3)
     report = train(cfg, progress=False)
-    _, _, _, data = prepare_data(cfg)
-    return tmp, report["artifact"], data.eval
+    return tmp, report["artifact"], prepare(cfg.data).blocks.eval
 
 
 def qcfg(tmp, source, **kw):
@@ -39,7 +38,7 @@ def test_backend_quantizes_reloads_and_stays_close(backend, trained):
     assert m["size_bytes"] < m["parent_fp32"]["size_bytes"]
     assert m["generation"]["new_tokens"] == 4 and m["parent_fp32"]["generation"]["text"]
     reloaded = load_quantized(report["artifact"])  # from the folder alone
-    again = metrics.evaluate(reloaded, eval_blocks, 4, torch.device("cpu"))
+    again = metrics.evaluate(reloaded, eval_blocks, 4)
     assert again["eval_loss"] == pytest.approx(m["eval_loss"], rel=1e-4)
     saved = json.loads((tmp / "runs" / "q" / report["tag"] / "effkit.json").read_text())
     assert saved["stage"] == "quantize" and saved["parent"] == artifact

@@ -11,7 +11,7 @@ from effkit.train import Interrupted, train
 
 
 def losses(report):
-    path = Path(report["config"]["reports_dir"]) / report["run"] / "train_steps.csv"
+    path = Path(report["config"]["run"]["reports_dir"]) / report["run"] / "train_steps.csv"
     return [float(r["loss"]) for r in csv.DictReader(path.open())]
 
 
@@ -41,7 +41,7 @@ def test_report_artifact_and_latest(tiny_cfg, tmp_path):
     assert rows[2]["eval_loss"] != "" and rows[-1]["eval_loss"] != ""
     assert (tmp_path / "runs" / "latest").resolve() == (tmp_path / "runs" / "t").resolve()
     meta = json.loads((tmp_path / "runs" / "t" / "train" / "effkit.json").read_text())
-    assert meta["stage"] == "train" and meta["config"]["model"] == "gpt2-nano"
+    assert meta["stage"] == "train" and meta["config"]["model"]["name"] == "gpt2-nano"
     assert report["artifact"] == str(tmp_path / "runs" / "t" / "train")
 
 

@@ -31,6 +31,28 @@ def is_pretrained_source(name: str) -> bool:
     return name not in PRESETS and (Path(name).expanduser().exists() or "/" in name)
 
 
+def n_head_of(name: str) -> int | None:
+    """The attention heads of a preset or a local model folder, without loading weights (None for a hub id:
+    checked when the model is loaded)."""
+    import json
+
+    if not is_pretrained_source(name):
+        return check_preset(name)["n_head"]
+    config = Path(name) / "config.json"
+    if config.is_file():
+        try:
+            return json.loads(config.read_text()).get("n_head")
+        except (json.JSONDecodeError, OSError):
+            raise EffkitError(f"{config} is not valid JSON; give an effkit artifact or a Hugging Face folder") from None
+    return None
+
+
+def check_block_size(block_size: int, n_positions: int) -> None:
+    if block_size > n_positions:
+        raise EffkitError(f"--block-size {block_size} is larger than the model's context ({n_positions}); "
+                          f"use --block-size {n_positions} or less")
+
+
 def _finish(model: nn.Module) -> nn.Module:
     model.config.use_cache = False
     return conv1d_to_linear(model)

@@ -1,5 +1,7 @@
-"""Parallelism: process runtime (launch, process groups, meshes) and `apply_*` functions per mode."""
+"""Parallelism: the process runtime (device, rank, process group), the layout (`ParallelDims`), the `apply_*`
+functions per mode (`parallelize_gpt2`), and the process launcher."""
 
-from effkit.parallel.runtime import Runtime, init_runtime
+from effkit.parallel.dims import ParallelDims
+from effkit.parallel.runtime import Runtime, init_runtime, resolve_device
 
-__all__ = ["Runtime", "init_runtime"]
+__all__ = ["ParallelDims", "Runtime", "init_runtime", "resolve_device"]

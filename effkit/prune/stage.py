@@ -3,19 +3,23 @@ one artifact per round, and a report with the whole curve (loss, sparsity, FLOPs
 
 from __future__ import annotations
 
-from dataclasses import asdict, replace
+import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from effkit import artifacts, metrics
-from effkit.config import PruneConfig, TrainConfig
+from effkit.artifacts import RunLayout, prune_tag
+from effkit.config import DataConfig, ModelConfig, ParallelConfig, PruneConfig, TrainConfig
+from effkit.data import prepare
 from effkit.errors import EffkitError
 from effkit.model import count_params, load_model
+from effkit.parallel import Runtime, init_runtime
 from effkit.prune.row import prune_mlp_channels
 from effkit.prune.weight import apply_masks, compute_masks, prunable_linears, sparsity
-from effkit.report import atomic_write_text, write_rows_csv
+from effkit.report import atomic_write_text, plot_prune_curves, write_rows_csv
+from effkit.train import finetune
 
 LAT_BATCHES = (1, 12)
 
@@ -37,7 +41,6 @@ def stage_metrics(model, block: int, repeats: int, dense: dict[str, Any] | None)
     """Size, sparsity, FLOPs and measured latency of `model`; speed-ups against `dense` when given.
     `achieved_sparsity`: the fraction of prunable weights removed. Weight mode counts zeros among the block
     Linear weights; row mode counts the MLP weights physically removed (the row-prunable ones)."""
-    device = next(model.parameters()).device
     zeros, total = sparsity(model)
     removed = dense["mlp_weights"] - mlp_weights(model) if dense else 0
     achieved = removed / dense["mlp_weights"] if removed else zeros / total
@@ -50,7 +53,7 @@ def stage_metrics(model, block: int, repeats: int, dense: dict[str, Any] | None)
         "flops_per_token_nonzero": forward_flops_per_token(model, block, nonzero_only=True),
     }
     for b in LAT_BATCHES:
-        m[f"latency_b{b}"] = metrics.measure_latency(model, b, block, device, repeats=repeats)
+        m[f"latency_b{b}"] = metrics.measure_latency(model, b, block, repeats=repeats)
     if dense is not None:
         for b in LAT_BATCHES:
             m[f"speedup_measured_b{b}"] = dense[f"latency_b{b}"]["p50_s"] / m[f"latency_b{b}"]["p50_s"]
@@ -67,30 +70,44 @@ def _check_source(path: Path) -> dict[str, Any]:
     return meta
 
 
+def finetune_config(cfg: PruneConfig, source: Path, meta: dict[str, Any], data: DataConfig, round_: int,
+                    layout: RunLayout) -> TrainConfig:
+    """The fine-tuning of round `round_`: the parent's optimizer settings with the prune options on top,
+    single process, no evaluations or checkpoints in between."""
+    parent = TrainConfig.from_dict(meta["config"])
+    return TrainConfig(
+        data=data, model=ModelConfig(name=str(source)),
+        optim=parent.optim.replace(max_steps=cfg.finetune_steps, max_tokens=0, time_budget=0.0, lr=cfg.lr,
+                                   min_lr=cfg.lr / 10, warmup_steps=cfg.warmup_steps, batch_size=cfg.batch_size,
+                                   grad_accum=1, seed=cfg.seed + round_),
+        parallel=ParallelConfig(threads=parent.parallel.threads),
+        run=parent.run.replace(run_name=layout.name, runs_dir=str(layout.runs_dir),
+                               reports_dir=str(layout.reports_dir), resume=False, eval_interval=0,
+                               checkpoint_interval=0),
+    )
+
+
 def run_prune(cfg: PruneConfig, progress: bool = True) -> dict[str, Any]:
-    cfg.validate()
+    cfg = cfg.validate()
+    rt = init_runtime(cfg.device)
     source = artifacts.resolve_artifact(cfg.source, cfg.runs_dir)
     meta = _check_source(source)
-    parent_cfg = TrainConfig.from_dict(meta["config"])
-    run_name = source.parent.name
-    block = parent_cfg.block_size
+    data_cfg = DataConfig.from_dict(artifacts.data_section(source))
+    layout = RunLayout.of(cfg.runs_dir, cfg.reports_dir, source.parent.name)
+    block = data_cfg.block_size
     torch.manual_seed(cfg.seed)
 
-    model = load_model(str(source))
+    model = load_model(str(source)).to(rt.device)
     dense = stage_metrics(model, block, cfg.latency_repeats, None)
     dense_eval = meta["metrics"].get("eval_loss")
     n_inner0 = dense["n_inner"]
     masks: dict[str, torch.Tensor] | None = None
     calib = None
     if cfg.importance == "wanda":
-        from effkit.train import prepare_data
-
-        _, _, _, data = prepare_data(replace(parent_cfg, model=str(source)))
+        blocks = prepare(data_cfg, tokenizer_from=str(source)).blocks
         g = torch.Generator().manual_seed(cfg.seed)
-        idx = torch.randperm(len(data.train), generator=g)[: cfg.calib_batches * cfg.batch_size]
-        calib = list(data.train[idx].split(cfg.batch_size))
-
-    from effkit.train import train
+        idx = torch.randperm(len(blocks.train), generator=g)[: cfg.calib_batches * cfg.batch_size]
+        calib = list(blocks.train[idx].split(cfg.batch_size))
 
     rows: list[dict[str, Any]] = [{"round": 0, "target": 0.0, "achieved_sparsity": dense["achieved_sparsity"],
                                    "eval_loss": dense_eval, "params": dense["params"],
@@ -108,18 +125,13 @@ def run_prune(cfg: PruneConfig, progress: bool = True) -> dict[str, Any]:
             keep = max(1, round(n_inner0 * (1 - fraction)))
             prune_mlp_channels(model, keep)
             after_step = None
-        tag = f"prune-{cfg.mode}-r{r}"
-        ft = replace(parent_cfg, model=str(source), max_steps=cfg.finetune_steps, max_tokens=0, time_budget=0.0,
-                     lr=cfg.lr, min_lr=cfg.lr / 10, warmup_steps=cfg.warmup_steps, batch_size=cfg.batch_size,
-                     grad_accum=1, eval_interval=0, checkpoint_interval=0, run_name=run_name,
-                     runs_dir=cfg.runs_dir, reports_dir=cfg.reports_dir, parallel="none", nproc=0, resume=False,
-                     activation_checkpointing=False, seed=cfg.seed + r)
         extra = (lambda mdl, f=fraction, r=r: {"prune": {"mode": cfg.mode, "round": r, "target": f,
                                                     "final_target": cfg.target, "importance": cfg.importance,
                                                     "scope": cfg.scope if cfg.mode == "weight" else None},
                                           **stage_metrics(mdl, block, cfg.latency_repeats, dense)})
-        report = train(ft, progress=progress, model=model, stage="prune", tag=tag, parent=parent,
-                       after_step=after_step, extra_metrics=extra)
+        report = finetune(finetune_config(cfg, source, meta, data_cfg, r, layout), model, rt, stage="prune",
+                          tag=prune_tag(cfg.mode, r), parent=parent, after_step=after_step, extra_metrics=extra,
+                          progress=progress)
         m = report["metrics"]
         rows.append({"round": r, "target": fraction, "achieved_sparsity": m["achieved_sparsity"],
                      "eval_loss": m["eval_loss"], "params": m["params"],
@@ -129,15 +141,12 @@ def run_prune(cfg: PruneConfig, progress: bool = True) -> dict[str, Any]:
                      "speedup_projected": m["speedup_projected_from_flops"], "artifact": report["artifact"]})
         parent = report["artifact"]
 
-    return write_prune_report(cfg, run_name, rows, dense, meta)
+    return write_prune_report(cfg, layout, rows, dense, rt)
 
 
-def write_prune_report(cfg: PruneConfig, run_name: str, rows: list[dict[str, Any]], dense: dict[str, Any],
-                       meta: dict[str, Any]) -> dict[str, Any]:
-    import json
-
-    out = Path(cfg.reports_dir) / run_name
-    out.mkdir(parents=True, exist_ok=True)
+def write_prune_report(cfg: PruneConfig, layout: RunLayout, rows: list[dict[str, Any]], dense: dict[str, Any],
+                       rt: Runtime) -> dict[str, Any]:
+    out = layout.report_dir
     verdicts = []
     last = rows[-1]
     if cfg.mode == "weight" and last["speedup_measured_b12"] < 1.1:
@@ -146,11 +155,11 @@ def write_prune_report(cfg: PruneConfig, run_name: str, rows: list[dict[str, Any
     if dense.get("eval_loss") and last["eval_loss"] > 1.03 * rows[0]["eval_loss"]:
         verdicts.append(f"eval loss rose {last['eval_loss'] / rows[0]['eval_loss'] - 1:.1%} over dense")
     report = {
-        "stage": "prune", "tag": f"prune-{cfg.mode}", "run": run_name, "artifact": last["artifact"],
-        "config": asdict(cfg), "curve": rows, "dense": dense, "verdicts": verdicts,
+        "stage": "prune", "tag": f"prune-{cfg.mode}", "run": layout.name, "artifact": last["artifact"],
+        "config": cfg.to_dict(), "curve": rows, "dense": dense, "verdicts": verdicts,
         "protocol": {"eval_loss": metrics.EVAL_PROTOCOL,
                      "latency": metrics.LATENCY_PROTOCOL.format(warmup=3, repeats=cfg.latency_repeats)
-                     + f"; p50 reported; device {metrics.describe_device(torch.device('cpu'))}",
+                     + f"; p50 reported; device {metrics.describe_device(rt.device)}",
                      "sparsity": "counted zeros over the Linear weights of the transformer blocks",
                      "flops": "forward FLOPs/token = 2 x (block Linear weights + LM head) + 4*L*d*T; weight mode "
                               "counts non-zero weights (what sparse kernels could skip)"},
@@ -162,37 +171,4 @@ def write_prune_report(cfg: PruneConfig, run_name: str, rows: list[dict[str, Any
     return report
 
 
-def plot_prune_curves(out: Path) -> list[Path]:
-    """Eval loss against sparsity and latency against sparsity, one line per pruning mode found."""
-    import json
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    curves = {}
-    for p in sorted(out.glob("prune-*.json")):
-        data = json.loads(p.read_text())
-        if "curve" in data:
-            curves[data["config"]["mode"]] = data["curve"]
-    paths = []
-    for key, ylabel, fname in (("eval_loss", "held-out loss (nats/token)", "prune_loss.png"),
-                               ("latency_b12_s", "forward latency, batch 12 (ms, p50)", "prune_latency.png")):
-        fig, ax = plt.subplots(figsize=(6.4, 4))
-        for mode, rows in curves.items():
-            xs = [r["achieved_sparsity"] for r in rows]
-            ys = [(r[key] * 1000 if key.startswith("latency") else r[key]) for r in rows]
-            ax.plot(xs, ys, "o-", label=f"{mode} ({'zeroed block weights' if mode == 'weight' else 'MLP removed'})")
-        ax.set_xlabel("fraction of prunable weights removed")
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(out / fname, dpi=110)
-        plt.close(fig)
-        paths.append(out / fname)
-    return paths
-
-
-__all__ = ["forward_flops_per_token", "plot_prune_curves", "run_prune"]
+__all__ = ["forward_flops_per_token", "run_prune"]

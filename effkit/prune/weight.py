@@ -26,8 +26,9 @@ def input_norms(model: nn.Module, batches: list[torch.Tensor]) -> dict[str, torc
     was_training = model.training
     model.eval()
     try:
+        device = next(model.parameters()).device
         for b in batches:
-            model(b)
+            model(b.to(device))
     finally:
         for h in hooks:
             h.remove()

@@ -1,6 +1,8 @@
-"""`parallelize(model, cfg, rt)`: apply the parallel mode, torchtitan style (one small `apply_*` function per
-parallelism), and return a handle with everything mode-specific that the one training loop needs: gradient
-sync, clipping, loss averaging, full state dicts, and a description read back from the model itself.
+"""`parallelize_gpt2(model, dims, ...)`: apply the parallel layout, torchtitan style (one small `apply_*` function
+per parallelism), and return a handle with everything mode-specific that the one training loop needs: gradient
+sync, clipping, loss averaging, full state dicts, and a description read back from the model itself. The handle
+holds the pieces the `apply_*` functions chose (a no-sync context, a gradient-sync function); it never switches
+on the mode's name.
 
 - ddp:      Accelerate's `prepare_model` (torch DistributedDataParallel: bucketed, overlapped all-reduce)
 - --sync all-reduce / gather-scatter: plain replicas, gradients synchronised by hand after backward
@@ -13,7 +15,9 @@ sync, clipping, loss averaging, full state dicts, and a description read back fr
 
 from __future__ import annotations
 
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -21,6 +25,8 @@ import torch.distributed as dist
 from torch import nn
 
 from effkit.errors import EffkitError
+from effkit.parallel.dims import ParallelDims
+from effkit.parallel.runtime import Runtime
 
 
 def _is_dtensor(t) -> bool:
@@ -42,9 +48,7 @@ def apply_tp(model: nn.Module, tp_mesh) -> None:
 
     tp = tp_mesh.size()
     for block in model.transformer.h:
-        attn = block.attn
-        if attn.num_heads % tp:
-            raise EffkitError(f"tensor-parallel size {tp} does not divide n_head={attn.num_heads}")
+        attn = block.attn  # ParallelDims.build checked that tp divides the heads
         idx = qkv_interleave_index(attn.split_size, tp).to(attn.c_attn.weight.device)
         with torch.no_grad():
             attn.c_attn.weight.copy_(attn.c_attn.weight[idx])
@@ -83,48 +87,60 @@ def apply_ddp(model: nn.Module) -> nn.Module:
     return wrapped
 
 
+@contextmanager
+def fsdp_no_sync(model: nn.Module):
+    """FSDP2: skip the reduce-scatter of gradients on micro-steps that are not the last of an accumulation."""
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
+
+
+def all_reduce_gradients(model: nn.Module) -> None:
+    """Hand-written data parallelism: sum every gradient over all processes, then average."""
+    world = dist.get_world_size()
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+            p.grad.div_(world)
+
+
+def gather_scatter_gradients(model: nn.Module) -> None:
+    """Parameter-server style: rank 0 gathers every gradient, averages, and scatters the mean back."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    for p in model.parameters():
+        if p.grad is None:
+            continue
+        gathered = [torch.empty_like(p.grad) for _ in range(world)] if rank == 0 else None
+        dist.gather(p.grad, gather_list=gathered, dst=0)
+        chunks = [torch.stack(gathered).mean(0)] * world if rank == 0 else None
+        dist.scatter(p.grad, scatter_list=chunks, src=0)
+
+
+MANUAL_SYNC: dict[str, Callable[[nn.Module], None]] = {"all-reduce": all_reduce_gradients,
+                                                       "gather-scatter": gather_scatter_gradients}
+
+
 # ---------------------------------------------------------------------------------------------- the handle
 
+@dataclass
 class Parallelized:
-    def __init__(self, model: nn.Module, base_model: nn.Module, rt, mode: str, sync: str = "none",
-                 dp_group=None, tp: int = 1, cpu_offload: bool = False, reshard_after_forward: bool = True):
-        self.model, self.base_model, self.rt = model, base_model, rt
-        self.mode, self.sync, self.dp_group, self.tp = mode, sync, dp_group, tp
-        self.cpu_offload, self.reshard_after_forward = cpu_offload, reshard_after_forward
+    """The model as the training loop sees it. `model` is what forward runs on (maybe a DDP wrapper),
+    `base_model` the module itself (state dicts, masks, config)."""
 
-    # gradient synchronisation -------------------------------------------------------------------
-    def no_sync(self):
-        """Skip gradient communication on micro-steps that are not the last of an accumulation."""
-        if self.mode == "ddp" and self.sync == "ddp":
-            return self.model.no_sync()
-        if self.mode in ("fsdp", "fsdp+tp"):
-            return self._fsdp_no_sync()
-        return nullcontext()
-
-    @contextmanager
-    def _fsdp_no_sync(self):
-        self.model.set_requires_gradient_sync(False)
-        try:
-            yield
-        finally:
-            self.model.set_requires_gradient_sync(True)
+    model: nn.Module
+    base_model: nn.Module
+    rt: Runtime
+    dims: ParallelDims
+    no_sync: Callable[[], AbstractContextManager] = nullcontext
+    grad_sync: Callable[[nn.Module], None] | None = None  # hand-written gradient sync after backward
+    dp_group: Any = None
+    applied: dict[str, Any] = field(default_factory=dict)  # options applied beyond the mesh (fsdp, sync)
 
     def sync_gradients(self) -> None:
-        if self.sync == "all-reduce":
-            world = dist.get_world_size()
-            for p in self.base_model.parameters():
-                if p.grad is not None:
-                    dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
-                    p.grad.div_(world)
-        elif self.sync == "gather-scatter":
-            world, rank = dist.get_world_size(), dist.get_rank()
-            for p in self.base_model.parameters():
-                if p.grad is None:
-                    continue
-                gathered = [torch.empty_like(p.grad) for _ in range(world)] if rank == 0 else None
-                dist.gather(p.grad, gather_list=gathered, dst=0)
-                chunks = [torch.stack(gathered).mean(0)] * world if rank == 0 else None
-                dist.scatter(p.grad, scatter_list=chunks, src=0)
+        if self.grad_sync is not None:
+            self.grad_sync(self.base_model)
 
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
         """Global L2 norm of all gradients (sharded DTensors summed over their shard dims), then scale."""
@@ -148,11 +164,11 @@ class Parallelized:
 
     # collectives for reporting --------------------------------------------------------------------
     def mean_over_dp(self, t: torch.Tensor) -> torch.Tensor:
-        if not self.rt.distributed or self.rt.dp_size == 1:
+        if self.dims.dp == 1:
             return t
         t = t.clone()
         dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.dp_group)
-        return t / self.rt.dp_size
+        return t / self.dims.dp
 
     def gather_ints(self, x: int) -> list[int]:
         if not self.rt.distributed:
@@ -170,9 +186,9 @@ class Parallelized:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         sd = get_model_state_dict(self.base_model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        if self.tp > 1 and sd:
+        if self.dims.tp > 1 and sd:
             for key in [k for k in sd if k.endswith(("attn.c_attn.weight", "attn.c_attn.bias"))]:
-                idx = qkv_interleave_index(sd[key].shape[0] // 3, self.tp)
+                idx = qkv_interleave_index(sd[key].shape[0] // 3, self.dims.tp)
                 restored = torch.empty_like(sd[key])
                 restored[idx] = sd[key]
                 sd[key] = restored
@@ -212,59 +228,54 @@ class Parallelized:
             mode = "fsdp"
         elif "tp" in sharded_dims:
             mode = "tp"
-        elif self.rt.distributed and self.sync in ("all-reduce", "gather-scatter"):
-            mode = f"data-parallel ({self.sync})"
+        elif self.rt.distributed and self.grad_sync is not None:
+            mode = f"data-parallel ({self.applied['sync']})"
         else:
             mode = "none"
         world = dist.get_world_size() if dist.is_initialized() else 1
         param_bytes = sum((p.to_local() if _is_dtensor(p) else p).numel() * p.element_size()
                           for p in self.base_model.parameters())
-        detail = {"process_group_world_size": world, "backend": self.rt.backend, "dp_size": self.rt.dp_size,
-                  "tp_size": self.tp, "param_bytes_this_rank": param_bytes}
-        if self.tp > 1:
+        detail = {"process_group_world_size": world, "backend": self.rt.backend, "dp_size": self.dims.dp,
+                  "tp_size": self.dims.tp, "param_bytes_this_rank": param_bytes}
+        if self.dims.tp > 1:
             detail["tp_plan"] = ("q/k/v colwise by whole heads, attn out rowwise, mlp up colwise, mlp down rowwise; "
                                  "embeddings, LayerNorms, tied LM head replicated")
-        if self.mode in ("fsdp", "fsdp+tp"):
-            detail["fsdp"] = {"reshard_after_forward": self.reshard_after_forward, "cpu_offload": self.cpu_offload}
+        if "fsdp" in self.applied:
+            detail["fsdp"] = self.applied["fsdp"]
         return {"mode": mode, "detail": detail, "param_bytes_this_rank": param_bytes}
 
 
-def parallelize(model: nn.Module, cfg, rt) -> Parallelized:
-    mode = cfg.parallel
-    if mode == "none":
-        if rt.distributed:
-            raise EffkitError("several processes were started but --parallel is none; choose a parallel mode")
-        return Parallelized(model, model, rt, "none")
+def parallelize_gpt2(model: nn.Module, dims: ParallelDims, sync: str, amp_dtype: torch.dtype | None,
+                     reshard_after_forward: bool, cpu_offload: bool, rt: Runtime) -> Parallelized:
+    """Apply `dims` to `model` (already on `rt.device`), torchtitan style: tp first, then data parallelism."""
+    if dims.mode == "none":
+        return Parallelized(model, model, rt, dims)
     if not rt.distributed and not dist.is_initialized():
-        raise EffkitError(f"--parallel {mode} needs launched processes; use `effkit train --parallel {mode}`")
+        raise EffkitError(f"--parallel {dims.mode} needs launched processes; use `effkit train --parallel "
+                          f"{dims.mode}`")
     from torch.distributed.device_mesh import init_device_mesh
 
-    world = rt.world_size
-    amp = torch.bfloat16 if cfg.amp and cfg.amp_dtype == "bf16" else (torch.float16 if cfg.amp else None)
-    if mode == "ddp":
-        if cfg.sync == "ddp":
-            return Parallelized(apply_ddp(model), model, rt, "ddp", sync="ddp")
+    fsdp_options = {"reshard_after_forward": reshard_after_forward, "cpu_offload": cpu_offload}
+    if dims.mode == "ddp":
+        if sync == "ddp":
+            wrapped = apply_ddp(model)
+            return Parallelized(wrapped, model, rt, dims, no_sync=wrapped.no_sync, applied={"sync": sync})
         for p in model.parameters():  # identical replicas to start from
             dist.broadcast(p.data, src=0)
-        return Parallelized(model, model, rt, "ddp", sync=cfg.sync)
-    if mode == "fsdp":
-        mesh = init_device_mesh(rt.device.type, (world,), mesh_dim_names=("dp",))
-        apply_fsdp(model, mesh, amp, cfg.reshard_after_forward, cfg.cpu_offload)
-        return Parallelized(model, model, rt, "fsdp", cpu_offload=cfg.cpu_offload,
-                            reshard_after_forward=cfg.reshard_after_forward)
-    elif mode == "tp":
-        mesh = init_device_mesh(rt.device.type, (world,), mesh_dim_names=("tp",))
+        return Parallelized(model, model, rt, dims, grad_sync=MANUAL_SYNC[sync], applied={"sync": sync})
+    if dims.mode == "fsdp":
+        mesh = init_device_mesh(rt.device.type, (dims.dp,), mesh_dim_names=("dp",))
+        apply_fsdp(model, mesh, amp_dtype, reshard_after_forward, cpu_offload)
+        return Parallelized(model, model, rt, dims, no_sync=lambda: fsdp_no_sync(model),
+                            applied={"fsdp": fsdp_options})
+    if dims.mode == "tp":
+        mesh = init_device_mesh(rt.device.type, (dims.tp,), mesh_dim_names=("tp",))
         apply_tp(model, mesh)
-        rt.dp_size, rt.dp_rank, rt.tp_size = 1, 0, world
-        return Parallelized(model, model, rt, "tp", tp=world)
-    elif mode == "fsdp+tp":
-        tp = cfg.tp_size or min(world, 2)
-        if world % tp:
-            raise EffkitError(f"fsdp+tp: {world} processes are not divisible by --tp-size {tp}")
-        mesh = init_device_mesh(rt.device.type, (world // tp, tp), mesh_dim_names=("dp", "tp"))
+        return Parallelized(model, model, rt, dims)
+    if dims.mode == "fsdp+tp":
+        mesh = init_device_mesh(rt.device.type, (dims.dp, dims.tp), mesh_dim_names=("dp", "tp"))
         apply_tp(model, mesh["tp"])
-        apply_fsdp(model, mesh["dp"], amp, cfg.reshard_after_forward, cfg.cpu_offload)
-        rt.dp_size, rt.dp_rank, rt.tp_size = world // tp, mesh["dp"].get_local_rank(), tp
-        return Parallelized(model, model, rt, "fsdp+tp", dp_group=mesh["dp"].get_group(), tp=tp,
-                            cpu_offload=cfg.cpu_offload, reshard_after_forward=cfg.reshard_after_forward)
-    raise EffkitError(f"unknown --parallel {mode!r}")
+        apply_fsdp(model, mesh["dp"], amp_dtype, reshard_after_forward, cpu_offload)
+        return Parallelized(model, model, rt, dims, no_sync=lambda: fsdp_no_sync(model),
+                            dp_group=mesh["dp"].get_group(), applied={"fsdp": fsdp_options})
+    raise EffkitError(f"unknown --parallel {dims.mode!r}")

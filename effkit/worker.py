@@ -1,4 +1,5 @@
-"""Entry point of each launched process: `python -m effkit.parallel.worker CONFIG.json`."""
+"""Entry point of each launched training process: `python -m effkit.worker CONFIG.json` (started by
+`effkit.parallel.launch`). A failure is recorded for the launcher with its rank, kind and time."""
 
 from __future__ import annotations
 
@@ -34,15 +35,15 @@ def _fault_injection():
 
 
 def main(argv: list[str]) -> int:
-    from effkit.cli import quiet_libraries
     from effkit.config import TrainConfig
     from effkit.errors import EffkitError
+    from effkit.quiet import quiet_libraries
 
     quiet_libraries()
     try:
-        cfg = TrainConfig(**json.loads(Path(argv[0]).read_text()))
         from effkit.train import train
 
+        cfg = TrainConfig.from_dict(json.loads(Path(argv[0]).read_text()))
         train(cfg, on_step=_fault_injection(), progress=not os.environ.get("EFFKIT_NO_PROGRESS"))
     except EffkitError as e:
         _report_error("user", str(e))

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Every stage of effkit on CUDA, for users with one or more GPUs. Stops at the first failure (non-zero exit).
+#   bash benchmarks/gpu_smoke.sh [OUT]          (default OUT: reports/benchmarks/gpu-smoke)
+# Tiny model and few steps: a check that each path runs on the GPU, not a benchmark. About 5 minutes on one GPU.
+#
+# What it runs:
+#   train: single process in fp32, bf16 and fp16 (GradScaler), activation checkpointing;
+#          with 2+ GPUs also ddp, fsdp (bf16), tp and fsdp+tp (2-D mesh needs 4 GPUs; 2 GPUs give a (1, 2) mesh)
+#   prune: row and weight (wanda), on the GPU
+#   quantize: bnb and torchao on the GPU; dynamic on the CPU (PyTorch's dynamic int8 is CPU-only)
+#   bench, generate (GPU), report
+# Each step's stage report says which device ran it (what_ran.device); the last check reads them back.
+set -euo pipefail
+OUT=${1:-reports/benchmarks/gpu-smoke}
+RUN=gpu-smoke
+DIRS=(--runs-dir "$OUT/runs" --reports-dir "$OUT/reports")
+TINY=(--model gpt2-nano --vocab-size 2048 --block-size 64 --batch-size 8 --max-steps 20 --warmup-steps 2
+      --eval-interval 10 --checkpoint-interval 10 --eval-blocks 16)
+step() { printf '\n=== %s\n' "$*"; }
+
+python - <<'EOF'
+import torch, sys
+if not torch.cuda.is_available():
+    sys.exit("gpu_smoke.sh needs a CUDA GPU (torch.cuda.is_available() is False); on a CPU run the test suite")
+print(f"{torch.cuda.device_count()} GPU(s): {torch.cuda.get_device_name(0)}; torch {torch.__version__}")
+EOF
+NGPU=$(python -c "import torch; print(torch.cuda.device_count())")
+
+step "train fp32"
+effkit train "${TINY[@]}" --run-name "$RUN" --no-amp "${DIRS[@]}"
+step "train bf16 with activation checkpointing"
+effkit train "${TINY[@]}" --run-name "$RUN-bf16" --amp --amp-dtype bf16 --activation-checkpointing "${DIRS[@]}"
+step "train fp16 with GradScaler"
+effkit train "${TINY[@]}" --run-name "$RUN-fp16" --amp --amp-dtype fp16 "${DIRS[@]}"
+step "resume from the last checkpoint"
+effkit train "${TINY[@]}" --run-name "$RUN-fp16" --resume "${DIRS[@]}"
+
+if [ "$NGPU" -ge 2 ]; then
+  for mode in ddp fsdp tp fsdp+tp; do
+    step "train --parallel $mode on 2 GPUs (bf16)"
+    effkit train "${TINY[@]}" --run-name "$RUN-$mode" --parallel "$mode" --nproc 2 --amp "${DIRS[@]}"
+  done
+else
+  step "one GPU: ddp, fsdp, tp and fsdp+tp skipped (they need 2 or more)"
+fi
+
+DENSE="$OUT/runs/$RUN/train"
+step "prune row (GPU)"
+effkit prune --from "$DENSE" --mode row --target 0.5 --rounds 2 --finetune-steps 5 --device cuda "${DIRS[@]}"
+step "prune weight, wanda (GPU)"
+effkit prune --from "$DENSE" --mode weight --importance wanda --target 0.5 --rounds 1 --finetune-steps 5 \
+  --device cuda "${DIRS[@]}"
+for backend in bnb torchao; do
+  step "quantize $backend (GPU)"
+  effkit quantize --from "$DENSE" --backend "$backend" --device cuda --latency-repeats 5 --gen-tokens 16 "${DIRS[@]}"
+done
+step "quantize dynamic (CPU: PyTorch's dynamic int8 has no CUDA kernels)"
+effkit quantize --from "$DENSE" --backend dynamic --device cpu --latency-repeats 5 --gen-tokens 16 "${DIRS[@]}"
+step "bench every artifact of the run (GPU)"
+effkit bench --run "$RUN" --quick --device cuda "${DIRS[@]}"
+step "generate (GPU)"
+effkit generate --from "$DENSE" --max-new-tokens 16 --device cuda
+step "report"
+effkit report "$RUN" "${DIRS[@]}"
+
+step "check: every stage report names the GPU it ran on"
+python - "$OUT/reports" <<'EOF'
+import json, sys
+from pathlib import Path
+bad = []
+for p in sorted(Path(sys.argv[1]).glob("gpu-smoke*/*.json")):
+    report = json.loads(p.read_text())
+    device = report.get("what_ran", {}).get("device") or report.get("device")
+    if device is None or "quantize-dynamic" in p.name:
+        continue
+    print(f"{p.parent.name}/{p.name}: {device}")
+    if device.startswith("CPU"):
+        bad.append(p.name)
+if bad:
+    sys.exit(f"these stages ran on the CPU: {', '.join(bad)}")
+print("gpu smoke: every stage ran on CUDA")
+EOF

@@ -1,0 +1,160 @@
+"""The shape of the package: imports only point down (cli -> stages -> core), no import cycles (function-level
+imports counted), `effkit --help` stays free of torch, and every tensor effkit creates for a model lands on
+that model's device (checked on the `meta` device, the closest a GPU-less machine comes to a CPU/GPU mix-up)."""
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import effkit
+from effkit import metrics
+from effkit.model import build_model
+from effkit.prune.row import prune_mlp_channels
+from effkit.prune.weight import apply_masks, compute_masks
+
+PACKAGE = Path(effkit.__file__).parent
+# The layers, bottom up. The CLI sits on top; __main__ is `python -m effkit`, the CLI's other entry point.
+CORE = {"effkit", "effkit.errors", "effkit.config", "effkit.artifacts", "effkit.metrics", "effkit.report",
+        "effkit.checkpoint", "effkit.quiet", "effkit.isolated"}
+CORE_PACKAGES = ("effkit.data", "effkit.model", "effkit.parallel")
+ENTRY = {"effkit.cli", "effkit.__main__"}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def is_module(name: str) -> bool:
+    rel = Path(*name.split("."))
+    return (PACKAGE.parent / rel).with_suffix(".py").is_file() or (PACKAGE.parent / rel / "__init__.py").is_file()
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the effkit modules it imports, anywhere in the file (module level or inside functions)."""
+    graph = {}
+    for path in PACKAGE.rglob("*.py"):
+        name = module_name(path)
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                edges |= {a.name for a in node.names if a.name.split(".")[0] == "effkit"}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + [base]).strip(".")
+                if base.split(".")[0] != "effkit":
+                    continue
+                edges.add(base)
+                edges |= {f"{base}.{a.name}" for a in node.names if is_module(f"{base}.{a.name}")}
+        graph[name] = edges - {name}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(n: str) -> list[str] | None:
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(graph.get(n, ())):
+            if state.get(m) == 1:
+                return stack[stack.index(m):] + [m]
+            if m not in state and (found := visit(m)):
+                return found
+        stack.pop()
+        state[n] = 2
+        return None
+
+    for n in sorted(graph):
+        if n not in state and (found := visit(n)):
+            return found
+    return None
+
+
+def is_core(name: str) -> bool:
+    return name in CORE or name.startswith(CORE_PACKAGES)
+
+
+def test_the_graph_sees_function_level_imports():
+    graph = import_graph()
+    assert "effkit.train" in graph["effkit.worker"]  # imported inside main()
+    assert "effkit.quiet" in graph["effkit.cli"]  # imported inside a function
+
+
+def test_find_cycle_finds_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_import_cycles():
+    assert find_cycle(import_graph()) is None, " -> ".join(find_cycle(import_graph()))
+
+
+def test_only_the_entry_points_import_the_cli():
+    offenders = [m for m, edges in import_graph().items() if "effkit.cli" in edges and m not in ENTRY]
+    assert offenders == []
+
+
+def test_core_modules_import_no_stage():
+    graph = import_graph()
+    upward = [f"{m} -> {e}" for m, edges in graph.items() if is_core(m) for e in edges if not is_core(e)]
+    assert upward == [], upward
+
+
+def test_help_does_not_import_torch():
+    commands = ["", "train", "prune", "quantize", "bench", "generate", "report", "run", "doctor", "study"]
+    code = ("import sys\nfrom effkit.cli import main\nfor cmd in sys.argv[1:]:\n"
+            "    sys.argv = ['effkit', *cmd.split(), '--help']\n"
+            "    try:\n        main()\n    except SystemExit:\n        pass\n"
+            "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH', file=sys.stderr)")
+    out = subprocess.run([sys.executable, "-c", code, *commands], capture_output=True, text=True, timeout=120)
+    assert out.stderr.strip().splitlines()[-1] == "NO-TORCH", out.stderr[-2000:]
+    assert "Usage: effkit train" in out.stdout
+
+
+def test_help_shows_the_recipe_table_names():
+    out = subprocess.run([sys.executable, "-m", "effkit", "train", "--help"], capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "COLUMNS": "200"})
+    assert "its [train] table" in out.stdout
+
+
+@pytest.fixture
+def meta_model():
+    return build_model("gpt2-nano", vocab_size=512).to("meta")
+
+
+def test_masks_live_on_the_weights_device(meta_model):
+    masks = compute_masks(meta_model, 0.5)
+    assert masks and all(m.device.type == "meta" for m in masks.values())
+    grown = compute_masks(meta_model, 0.7, scope="layer", previous=masks)
+    assert all(m.device.type == "meta" for m in grown.values())
+    apply_masks(meta_model, grown)
+    assert all(p.device.type == "meta" for p in meta_model.parameters())
+
+
+def test_row_pruning_keeps_the_device(meta_model):
+    prune_mlp_channels(meta_model, 32)
+    mlp = meta_model.transformer.h[0].mlp
+    assert mlp.c_fc.out_features == 32 and mlp.c_fc.weight.device.type == "meta"
+    assert mlp.c_proj.weight.device.type == "meta"
+
+
+def test_measurement_inputs_land_on_the_models_device(meta_model):
+    assert metrics.model_device(meta_model).type == "meta"
+    assert metrics.random_tokens(meta_model, 2, 16).device.type == "meta"
+    held_out = torch.zeros(5, 16, dtype=torch.long)  # the cached blocks live on the CPU
+    batches = list(metrics.eval_batches(meta_model, held_out, 2))
+    assert [b.shape[0] for b in batches] == [2, 2, 1] and all(b.device.type == "meta" for b in batches)
+
+
+def test_a_device_mix_up_would_be_caught_on_meta():
+    with pytest.raises(RuntimeError):
+        torch.zeros(2, device="meta") + torch.ones(2)
