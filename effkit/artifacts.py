@@ -7,6 +7,7 @@ import datetime as _dt
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -20,8 +21,9 @@ META = "effkit.json"
 
 
 def new_run_name(model: str) -> str:
+    """`20261122-120000-gpt2-mini`: a timestamp and the model's name, reduced to a plain folder name."""
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return f"{stamp}-{Path(model).name}"
+    return f"{stamp}-{re.sub(r'[^A-Za-z0-9._+-]+', '-', Path(model).name)}"[:128]
 
 
 def prune_tag(mode: str, round_: int) -> str:

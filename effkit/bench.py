@@ -1,9 +1,15 @@
-"""`effkit bench`: every artifact of a run measured with one protocol, deltas against the first (dense) one,
-and `bench.json` / `bench.csv` / `bench.md` / `leaderboard.json` in the run's report folder."""
+"""`effkit bench`: every artifact of a run measured with one protocol against the first (dense) one, and
+`bench.json` / `bench.csv` / `bench.md` / `leaderboard.json` in the run's report folder.
+
+Two parts. (1) Each artifact alone in a fresh process: held-out loss per block, a greedy sample, and peak memory
+(on CPU the process' RSS high-water mark, which an earlier artifact's freed memory would hide). (2) All artifacts
+loaded side by side in one process and timed in interleaved rounds (forward latency at batch 1 and 12,
+generation tokens/s, training tokens/s), so that every ratio to the reference is paired and comes with a 95%
+interval and a verdict (`effkit.stats`).
+"""
 
 from __future__ import annotations
 
-import copy
 import json
 import time
 from pathlib import Path
@@ -11,7 +17,7 @@ from typing import Any
 
 import torch
 
-from effkit import artifacts, metrics
+from effkit import artifacts, metrics, stats
 from effkit.config import BenchConfig, DataConfig
 from effkit.data import prepare
 from effkit.errors import EffkitError
@@ -22,7 +28,6 @@ from effkit.report import atomic_write_text, write_rows_csv
 
 LAT_BATCHES = (1, 12)
 TRAIN_BATCHES = (4, 12)
-SPREAD_FLAG = 0.10
 LEADERBOARD_UNITS = {"loss": "nats/token (held-out eval loss)", "inference_latency_1": "seconds per forward "
                      "(batch 1, p50)", "inference_latency_12": "seconds per forward (batch 12, p50)",
                      "training_throughput_4": "tokens/s (batch 4)", "training_throughput_12": "tokens/s (batch 12)"}
@@ -48,28 +53,10 @@ def find_artifacts(cfg: BenchConfig) -> tuple[str, list[Path]]:
     return run_dir.name, [d for _, d in found]
 
 
-def train_throughput(model, batch: int, block: int, steps: int) -> float:
-    """tokens/s of forward + backward + AdamW step on a copy of the model, after one warm-up step."""
-    model = copy.deepcopy(model).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
-    x = metrics.random_tokens(model, batch, block)
-    device = metrics.model_device(model)
-    times = []
-    for i in range(steps + 1):
-        t = time.perf_counter()
-        loss = metrics.lm_loss(model(x).logits, x)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        if i:
-            times.append(time.perf_counter() - t)
-    return batch * block * len(times) / sum(times)
-
-
 def bench_one(path: Path, cfg: BenchConfig, tokenizer, eval_blocks: torch.Tensor, block: int,
               device: torch.device) -> dict[str, Any]:
+    """One artifact alone: held-out loss (per block, for paired deltas), a greedy sample, size, parameters, and
+    the peak memory of loading it and running every measured workload once."""
     meta = artifacts.read_meta(path)
     with metrics.PeakMemory(device) as mem:
         model = load_any(path, device).eval()
@@ -77,16 +64,13 @@ def bench_one(path: Path, cfg: BenchConfig, tokenizer, eval_blocks: torch.Tensor
                              "params": sum(p.numel() for p in model.parameters()),
                              "size_bytes": artifacts.dir_size(path), "quantized": is_quantized(path)}
         r.update(metrics.evaluate(model, eval_blocks, cfg.batch_size))
-        for b in LAT_BATCHES:
-            r[f"latency_b{b}"] = metrics.measure_latency(model, b, block, repeats=cfg.repeats)
         r["generation"] = generate_sample(model, tokenizer, cfg.gen_tokens)
-        for b in TRAIN_BATCHES:
-            r[f"train_tokens_per_s_b{b}"] = (f"not run: {meta['stage']} int8 artifacts do not train"
-                                             if r["quantized"] else
-                                             train_throughput(model, b, block, cfg.train_steps))
+        for b in LAT_BATCHES:
+            metrics.forward_timer(model, b, block)()
+        if not r["quantized"]:
+            for once in metrics.train_step_timers(model, TRAIN_BATCHES, block).values():
+                once()
     r["peak_memory_bytes"] = mem.peak_bytes
-    r["flags"] = [f"latency b{b} spread {r[f'latency_b{b}']['spread']:.0%} > {SPREAD_FLAG:.0%}"
-                  for b in LAT_BATCHES if r[f"latency_b{b}"]["spread"] > SPREAD_FLAG]
     return r
 
 
@@ -100,23 +84,63 @@ def bench_in_this_process(path: str, cfg: dict[str, Any], data: dict[str, Any], 
 
 
 def bench_isolated(path: Path, cfg: BenchConfig, data: dict[str, Any], tokenizer_from: Path) -> dict[str, Any]:
-    """`bench_one` in a fresh Python process: on CPU the peak-memory figure is the process' RSS high-water
-    mark, which memory freed by an earlier artifact (and kept by the allocator) would otherwise hide."""
+    """`bench_one` in a fresh Python process."""
     return run_isolated("effkit.bench:bench_in_this_process",
                         {"path": str(path), "cfg": cfg.to_dict(), "data": data, "tokenizer_from": str(tokenizer_from),
                          "device": cfg.device}, what=f"bench of {path}")
 
 
-def with_deltas(rows: list[dict[str, Any]]) -> None:
-    base = rows[0]
-    for r in rows:
-        r["delta"] = {
-            "eval_loss": r["eval_loss"] / base["eval_loss"] - 1,
-            "latency_b1": r["latency_b1"]["p50_s"] / base["latency_b1"]["p50_s"] - 1,
-            "latency_b12": r["latency_b12"]["p50_s"] / base["latency_b12"]["p50_s"] - 1,
-            "size": r["size_bytes"] / base["size_bytes"] - 1,
-            "generation_tokens_per_s": r["generation"]["tokens_per_s"] / base["generation"]["tokens_per_s"] - 1,
-        }
+def tags(paths: list[Path]) -> list[str]:
+    """The artifacts' names, or run/name where two artifacts of different runs share a name."""
+    names = [p.name for p in paths]
+    return [p.name if names.count(p.name) == 1 else f"{p.parent.name}/{p.name}" for p in paths]
+
+
+def timed_side_by_side(paths: list[Path], cfg: BenchConfig, tokenizer, block: int,
+                       device: torch.device) -> dict[str, dict[str, Any]]:
+    """Every artifact loaded at once and timed in interleaved rounds: {measure: {tag: per-round samples}}.
+    Measures: latency_b1, latency_b12 (seconds), generation (tokens/s), train_b4, train_b12 (tokens/s, dense
+    and pruned artifacts only)."""
+    models = {tag: load_any(p, device).eval() for tag, p in zip(tags(paths), paths, strict=True)}
+    new_tokens = min(metrics.generation_budget(m, tokenizer, cfg.gen_tokens)[0] for m in models.values())
+    plan: dict[str, tuple[dict[str, Any], int]] = {}
+    for b in LAT_BATCHES:
+        plan[f"latency_b{b}"] = ({t: metrics.forward_timer(m, b, block) for t, m in models.items()}, cfg.repeats)
+    plan["generation"] = ({t: metrics.generation_timer(m, tokenizer, new_tokens) for t, m in models.items()}, 1)
+    steppers = {tag: metrics.train_step_timers(models[tag], TRAIN_BATCHES, block)
+                for tag, p in zip(tags(paths), paths, strict=True) if not is_quantized(p)}
+    for b in TRAIN_BATCHES:
+        plan[f"train_b{b}"] = ({t: timers[b] for t, timers in steppers.items()}, cfg.train_steps)
+    return {name: metrics.interleaved(fns, cfg.rounds, repeats, warmup=2) for name, (fns, repeats) in plan.items()}
+
+
+def combine(static: list[dict[str, Any]], timed: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per artifact: its own figures, and paired comparisons with the first (the reference)."""
+    ref = static[0]
+    rows = []
+    for r in static:
+        tag = r["tag"]
+        row = {k: v for k, v in r.items() if k != "block_losses"}
+        row["eval_loss_delta"] = stats.paired_delta(ref["block_losses"], r["block_losses"])
+        row["delta"] = {"eval_loss": row["eval_loss_delta"]["delta"], "size": r["size_bytes"] / ref["size_bytes"] - 1}
+        row["size_ratio"] = r["size_bytes"] / ref["size_bytes"]
+        for b in LAT_BATCHES:
+            samples = timed[f"latency_b{b}"]
+            row[f"latency_b{b}"] = metrics.latency_stats([t for rnd in samples[tag] for t in rnd])
+            row[f"latency_ratio_b{b}"] = stats.paired_ratio(samples[ref["tag"]], samples[tag])
+        gen = timed["generation"]
+        row["generation"]["tokens_per_s"] = stats.median_of_rounds(gen[tag])
+        row["generation_ratio"] = stats.paired_ratio(gen[ref["tag"]], gen[tag], higher_is_better=True)
+        for b in TRAIN_BATCHES:
+            train = timed[f"train_b{b}"]
+            if tag in train and ref["tag"] in train:
+                row[f"train_tokens_per_s_b{b}"] = stats.median_of_rounds(train[tag])
+                row[f"train_ratio_b{b}"] = stats.paired_ratio(train[ref["tag"]], train[tag], higher_is_better=True)
+            else:
+                row[f"train_tokens_per_s_b{b}"] = f"not run: {r['stage']} int8 artifacts do not train"
+        row["flags"] = [row["generation"]["note"]] if "note" in row["generation"] else []
+        rows.append(row)
+    return rows
 
 
 def leaderboard(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -135,39 +159,53 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
     run_name, paths = find_artifacts(cfg)
     data = artifacts.data_section(paths[0])  # every artifact is evaluated on the first one's held-out blocks
     data_cfg = DataConfig.from_dict(data)
-    n_eval = len(prepare(data_cfg, tokenizer_from=str(paths[0])).blocks.eval)  # builds the caches once
+    prepared = prepare(data_cfg, tokenizer_from=str(paths[0]))  # builds the caches once
     block = data_cfg.block_size
-    rows = []
+    t0 = time.perf_counter()
     if progress:
         from rich.progress import Progress
 
         with Progress() as bar:
-            task = bar.add_task("bench", total=len(paths))
+            task = bar.add_task("bench", total=len(paths) + 1)
+            static = []
             for p in paths:
-                bar.update(task, description=f"bench {p.name}")
-                rows.append(bench_isolated(p, cfg, data, paths[0]))
+                bar.update(task, description=f"bench {p.name} (loss, memory)")
+                static.append(bench_isolated(p, cfg, data, paths[0]))
                 bar.advance(task)
+            bar.update(task, description=f"bench: timing {len(paths)} artifacts side by side")
+            timed = timed_side_by_side(paths, cfg, prepared.tokenizer, block, device)
+            bar.advance(task)
     else:
-        rows = [bench_isolated(p, cfg, data, paths[0]) for p in paths]
-    with_deltas(rows)
+        static = [bench_isolated(p, cfg, data, paths[0]) for p in paths]
+        timed = timed_side_by_side(paths, cfg, prepared.tokenizer, block, device)
+    for row, tag in zip(static, tags(paths), strict=True):
+        row["tag"] = tag
+    rows = combine(static, timed)
+    interleave = metrics.INTERLEAVED_PROTOCOL.format(warmup=2, rounds=cfg.rounds, repeats="{repeats}")
     report = {
-        "stage": "bench", "run": run_name, "config": cfg.to_dict(), "artifacts": rows,
+        "stage": "bench", "run": run_name, "config": cfg.to_dict(), "artifacts": rows, "reference": rows[0]["tag"],
         "device": metrics.describe_device(device), "versions": artifacts.versions(),
         "git_commit": artifacts.git_commit(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "wall_s": time.perf_counter() - t0,
+        "verdicts": verdicts(rows),
         "protocol": {
-            "eval_loss": metrics.EVAL_PROTOCOL + f"; the blocks of {paths[0].name}'s data ({n_eval} blocks)",
-            "latency": metrics.LATENCY_PROTOCOL.format(warmup=3, repeats=cfg.repeats) + f", block {block}; "
-                       f"a spread (max-min)/p50 above {SPREAD_FLAG:.0%} is flagged",
-            "generation": f"greedy decoding with the KV cache, {cfg.gen_tokens} new tokens after a 4-token warm-up",
-            "training_throughput": f"forward+backward+AdamW on a copy, batch x {block} tokens, {cfg.train_steps} "
-                                   "timed steps after 1 warm-up",
-            "peak_memory": metrics.PeakMemory(device).method + ", while loading and measuring the artifact, "
-                           "each artifact in a fresh process",
-            "deltas": f"relative to the first artifact ({rows[0]['tag']})",
+            "eval_loss": metrics.EVAL_PROTOCOL + f"; the blocks of {paths[0].name}'s data "
+                         f"({len(prepared.blocks.eval)} blocks, {prepared.blocks.eval[:, 1:].numel()} predicted "
+                         f"tokens); {stats.LOSS_METHOD}",
+            "latency": f"forward of (batch, {block}) fixed random tokens under torch.inference_mode; "
+                       + interleave.format(repeats=cfg.repeats) + f"; {stats.RATIO_METHOD}; p50/p90/p99 over all "
+                       "timed repeats",
+            "generation": f"greedy decoding with the KV cache, {rows[0]['generation']['new_tokens']} new tokens "
+                          "(capped by the smallest context) per call, new tokens / wall time; "
+                          + interleave.format(repeats=1),
+            "training_throughput": f"one forward+backward+AdamW step on a private copy, batch x {block} tokens, "
+                                   "tokens / wall time; " + interleave.format(repeats=cfg.train_steps),
+            "peak_memory": metrics.PeakMemory(device).method + ", while loading the artifact, evaluating it and "
+                           "running each timed workload once, each artifact in a fresh process",
+            "reference": f"ratios and deltas are relative to the first artifact ({rows[0]['tag']})",
         },
     }
     out = Path(cfg.reports_dir) / run_name
-    out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "bench.json", json.dumps(report, indent=2, default=str))
     atomic_write_text(out / "leaderboard.json", json.dumps(leaderboard(rows), indent=2))
     write_rows_csv(out / "bench.csv", [flat_row(r) for r in rows])
@@ -175,38 +213,63 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
     return report
 
 
+def verdicts(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per artifact, in words, following the statistics."""
+    out = []
+    for r in rows[1:]:
+        parts = [stats.summary_of(r["latency_ratio_b12"], "latency b12"),
+                 f"size {r['size_ratio']:.2f}x",
+                 stats.summary_of(r["eval_loss_delta"], "loss").replace("better", "lower").replace("worse", "higher")]
+        out.append(f"{r['tag']}: " + "; ".join(parts))
+    return out
+
+
 def flat_row(r: dict[str, Any]) -> dict[str, Any]:
     def num(v):
         return round(v, 2) if isinstance(v, float) else v
 
-    return {"tag": r["tag"], "stage": r["stage"], "eval_loss": r["eval_loss"], "perplexity": r["perplexity"],
-            "latency_b1_p50_ms": r["latency_b1"]["p50_s"] * 1e3,
-            "latency_b12_p50_ms": r["latency_b12"]["p50_s"] * 1e3,
-            "latency_b12_min_ms": r["latency_b12"]["min_s"] * 1e3,
-            "latency_b12_max_ms": r["latency_b12"]["max_s"] * 1e3,
-            "generation_tokens_per_s": r["generation"]["tokens_per_s"],
+    def ratio(key: str) -> dict[str, Any]:
+        c = r.get(key)
+        return {f"{key}": c["ratio"], f"{key}_lo": c["ci95"][0], f"{key}_hi": c["ci95"][1],
+                f"{key}_verdict": c["verdict"]} if c else {f"{key}": "", f"{key}_lo": "", f"{key}_hi": "",
+                                                          f"{key}_verdict": ""}
+
+    d = r["eval_loss_delta"]
+    return {"tag": r["tag"], "stage": r["stage"], "eval_loss": r["eval_loss"], "eval_loss_lo": r["eval_loss_ci95"][0],
+            "eval_loss_hi": r["eval_loss_ci95"][1], "perplexity": r["perplexity"],
+            "eval_loss_delta": d["delta"], "eval_loss_delta_lo": d["ci95"][0], "eval_loss_delta_hi": d["ci95"][1],
+            "eval_loss_delta_verdict": d["verdict"],
+            "latency_b1_p50_ms": r["latency_b1"]["p50_s"] * 1e3, **ratio("latency_ratio_b1"),
+            "latency_b12_p50_ms": r["latency_b12"]["p50_s"] * 1e3, **ratio("latency_ratio_b12"),
+            "generation_tokens_per_s": r["generation"]["tokens_per_s"], **ratio("generation_ratio"),
             "train_tokens_per_s_b4": num(r["train_tokens_per_s_b4"]),
-            "train_tokens_per_s_b12": num(r["train_tokens_per_s_b12"]),
-            "peak_memory_mb": r["peak_memory_bytes"] / 2**20,
-            "params": r["params"], "size_mb": r["size_bytes"] / 2**20, "delta_loss": r["delta"]["eval_loss"],
-            "delta_latency_b12": r["delta"]["latency_b12"], "delta_size": r["delta"]["size"],
-            "flags": "; ".join(r["flags"])}
+            "train_tokens_per_s_b12": num(r["train_tokens_per_s_b12"]), **ratio("train_ratio_b12"),
+            "peak_memory_mb": r["peak_memory_bytes"] / 2**20, "params": r["params"],
+            "size_mb": r["size_bytes"] / 2**20, "size_ratio": r["size_ratio"], "flags": "; ".join(r["flags"])}
 
 
 def table_rows(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    cols = ["artifact", "eval loss", "Δ loss", "lat b1 ms", "lat b12 ms (min-max)", "Δ lat b12", "gen tok/s",
-            "train tok/s b4 / b12", "size MiB", "Δ size", "peak MiB"]
+    """The bench table: each artifact's own figures, and its paired ratios to the reference with 95% intervals
+    (`≈` marks a ratio whose interval contains 1: no difference shown)."""
+    cols = ["artifact", "eval loss (95% CI)", "Δ loss vs ref", "lat b1 ms", "b1 vs ref", "lat b12 ms", "b12 vs ref",
+            "gen tok/s", "gen vs ref", "train tok/s b12", "train vs ref", "size MiB", "peak MiB"]
+    ref = report["artifacts"][0]["tag"]
     rows = []
     for r in report["artifacts"]:
-        lat12 = r["latency_b12"]
-        train = " / ".join(f"{r[f'train_tokens_per_s_b{b}']:,.0f}" if isinstance(r[f"train_tokens_per_s_b{b}"], float)
-                           else "n/a" for b in TRAIN_BATCHES)
-        flag = " ⚠" if r["flags"] else ""
-        rows.append([r["tag"], f"{r['eval_loss']:.4f}", f"{r['delta']['eval_loss']:+.1%}",
-                     f"{r['latency_b1']['p50_s'] * 1e3:.1f}",
-                     f"{lat12['p50_s'] * 1e3:.1f} ({lat12['min_s'] * 1e3:.0f}-{lat12['max_s'] * 1e3:.0f}){flag}",
-                     f"{r['delta']['latency_b12']:+.0%}", f"{r['generation']['tokens_per_s']:.0f}", train,
-                     f"{r['size_bytes'] / 2**20:.1f}", f"{r['delta']['size']:+.0%}",
+        is_ref = r["tag"] == ref
+
+        def vs(key: str, is_ref: bool = is_ref, r: dict = r) -> str:
+            return "ref" if is_ref else (stats.fmt_ratio(r[key]) if key in r else "n/a")
+
+        lo, hi = r["eval_loss_ci95"]
+        train = r["train_tokens_per_s_b12"]
+        rows.append([r["tag"], f"{r['eval_loss']:.4f} ({lo:.3f}-{hi:.3f})",
+                     "ref" if is_ref else stats.fmt_delta(r["eval_loss_delta"]),
+                     f"{r['latency_b1']['p50_s'] * 1e3:.1f}", vs("latency_ratio_b1"),
+                     f"{r['latency_b12']['p50_s'] * 1e3:.1f}", vs("latency_ratio_b12"),
+                     f"{r['generation']['tokens_per_s']:.0f}", vs("generation_ratio"),
+                     f"{train:,.0f}" if isinstance(train, float) else "n/a", vs("train_ratio_b12"),
+                     f"{r['size_bytes'] / 2**20:.1f} ({r['size_ratio']:.2f}x)",
                      f"{r['peak_memory_bytes'] / 2**20:.0f}"])
     return cols, rows
 
@@ -217,8 +280,12 @@ def bench_markdown(report: dict[str, Any]) -> str:
              f"{report['versions'].get('torch')}; {report['time']}", "", "| " + " | ".join(cols) + " |",
              "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
+    lines += ["", "Ratios are paired with the reference and carry 95% intervals; ≈ marks an interval that contains 1 "
+              "(no difference shown).", ""]
+    if report.get("verdicts"):
+        lines += ["Verdicts:", *[f"- {v}" for v in report["verdicts"]], ""]
     flags = [f"- {r['tag']}: {f}" for r in report["artifacts"] for f in r["flags"]]
     if flags:
-        lines += ["", "Noisy timings (⚠):", *flags]
-    lines += ["", "How measured:", *[f"- {k}: {v}" for k, v in report["protocol"].items()], ""]
+        lines += ["Notes:", *flags, ""]
+    lines += ["How measured:", *[f"- {k}: {v}" for k, v in report["protocol"].items()], ""]
     return "\n".join(lines)

@@ -172,7 +172,10 @@ def prune(
     lr: float = typer.Option(_P.lr, help="fine-tuning peak learning rate"),
     warmup_steps: int = typer.Option(_P.warmup_steps, help="fine-tuning warm-up steps"),
     seed: int = typer.Option(_P.seed, help="random seed"),
-    latency_repeats: int = typer.Option(_P.latency_repeats, help="timed forward passes per latency figure"),
+    control: bool = typer.Option(_P.control, "--control/--no-control",
+                                 help="also fine-tune the unpruned parent with the same steps (the fair baseline)"),
+    latency_rounds: int = typer.Option(_P.latency_rounds, help="interleaved rounds of the latency against dense"),
+    latency_repeats: int = typer.Option(_P.latency_repeats, help="timed forward passes per model per round"),
     device: str = typer.Option(_P.device, help=DEVICE_HELP),
     runs_dir: str = typer.Option(_P.runs_dir, help="where runs/ are"),
     reports_dir: str = typer.Option(_P.reports_dir, help="where reports/ go"),
@@ -185,14 +188,20 @@ def prune(
     report = run_prune(cfg)
     from rich.table import Table
 
+    from effkit.stats import fmt_delta, fmt_ratio
+
     t = Table(title=f"prune --mode {cfg.mode}: {report['run']}")
-    for col in ("round", "target", "achieved", "eval loss", "params", "latency b1", "latency b12",
-                "speed-up b12 (measured / FLOPs)"):
+    for col in ("round", "removed", "eval loss", "control loss", "Δ loss vs control", "params",
+                "latency b12 vs dense", "FLOPs speed-up"):
         t.add_column(col, justify="right")
     for r in report["curve"]:
-        t.add_row(str(r["round"]), f"{r['target']:.2f}", f"{r['achieved_sparsity']:.3f}", f"{r['eval_loss']:.4f}",
-                  f"{r['params']:,}", f"{r['latency_b1_s'] * 1000:.1f} ms", f"{r['latency_b12_s'] * 1000:.1f} ms",
-                  f"{r.get('speedup_measured_b12', 1.0):.2f}x / {r.get('speedup_projected', 1.0):.2f}x")
+        first = r["round"] == 0
+        delta = r.get("eval_loss_delta_vs_control")
+        t.add_row(str(r["round"]), f"{r['achieved_sparsity']:.3f}", f"{r['eval_loss']:.4f}",
+                  f"{r['control_eval_loss']:.4f}" if r.get("control_eval_loss") is not None else "not run",
+                  "ref" if first else (fmt_delta(delta) if delta else "n/a"), f"{r['params']:,}",
+                  "ref" if first else fmt_ratio(r["latency_ratio_b12"]),
+                  "" if first else f"{r['speedup_projected']:.2f}x")
     _console().print(t)
     for v in report["verdicts"]:
         print(f"note: {v}")
@@ -213,7 +222,8 @@ def quantize(
     threshold: float = typer.Option(_Q.threshold, help="bnb LLM.int8 outlier threshold"),
     torchao_scheme: str = typer.Option(_Q.torchao_scheme, help="torchao: da8w8 (int8 act + weight) or w8"),
     batch_size: int = typer.Option(_Q.batch_size, help="evaluation batch size"),
-    latency_repeats: int = typer.Option(_Q.latency_repeats, help="timed forward passes per latency figure"),
+    latency_rounds: int = typer.Option(_Q.latency_rounds, help="interleaved rounds of fp32, bf16 and int8 timings"),
+    latency_repeats: int = typer.Option(_Q.latency_repeats, help="timed forward passes per model per round"),
     gen_tokens: int = typer.Option(_Q.gen_tokens, help="new tokens in the generation sample"),
     device: str = typer.Option(_Q.device, help=DEVICE_HELP),
     runs_dir: str = typer.Option(_Q.runs_dir, help="where runs/ are"),
@@ -227,14 +237,19 @@ def quantize(
     report = run_quantize(cfg)
     from rich.table import Table
 
+    from effkit.stats import fmt_delta, fmt_ratio
+
     m = report["metrics"]
     t = Table(title=f"quantize ({report['what_ran']['backend']}): {report['run']}")
-    for col in ("", "eval loss", "size", "latency b1 (p50)", "latency b12 (p50)", "generate tok/s"):
+    for col in ("", "eval loss", "Δ loss vs fp32", "size", "latency b12 (p50)", "b12 vs fp32", "generate tok/s"):
         t.add_column(col, justify="right")
-    for label, r in (("parent fp32", m["parent_fp32"]), ("parent bf16", m["parent_bf16"]), ("int8", m)):
+    rows = (("parent fp32", m["parent_fp32"], None, None), ("parent bf16", m["parent_bf16"], m["bf16_eval_loss_delta"],
+            m["bf16_latency_ratio_b12"]), ("int8", m, m["eval_loss_delta"], m["latency_ratio_b12"]))
+    for label, r, delta, ratio in rows:
         gen = r.get("generation", {}).get("tokens_per_s")
-        t.add_row(label, f"{r['eval_loss']:.4f}", f"{r['size_bytes'] / 2**20:.1f} MiB" if "size_bytes" in r else "",
-                  f"{r['latency_b1']['p50_s'] * 1000:.1f} ms", f"{r['latency_b12']['p50_s'] * 1000:.1f} ms",
+        t.add_row(label, f"{r['eval_loss']:.4f}", fmt_delta(delta) if delta else "ref",
+                  f"{r['size_bytes'] / 2**20:.1f} MiB" if "size_bytes" in r else "",
+                  f"{r['latency_b12']['p50_s'] * 1000:.1f} ms", fmt_ratio(ratio) if ratio else "ref",
                   f"{gen:.0f}" if gen else "")
     _console().print(t)
     print(f"parent: {m['parent_fp32']['generation']['text'][:120]!r}")
@@ -253,10 +268,11 @@ def bench(
     paths: Optional[list[str]] = typer.Argument(None, help="artifact folders (default: every artifact of the run)"),
     recipe: Optional[Path] = typer.Option(None, help="TOML recipe; its \\[bench] table sets defaults"),
     run: str = typer.Option(_B.run, help="run name under --runs-dir (default: the latest run)"),
-    quick: bool = typer.Option(_B.quick, "--quick", help="fewer repeats and tokens: a fast, noisier look"),
-    repeats: int = typer.Option(_B.repeats, help="timed forward passes per latency figure"),
-    gen_tokens: int = typer.Option(_B.gen_tokens, help="new tokens for generation tokens/s"),
-    train_steps: int = typer.Option(_B.train_steps, help="timed steps per training-throughput figure"),
+    quick: bool = typer.Option(_B.quick, "--quick", help="3 rounds, fewer repeats and tokens: a fast, wider look"),
+    rounds: int = typer.Option(_B.rounds, help="interleaved rounds (every artifact timed in each, order rotated)"),
+    repeats: int = typer.Option(_B.repeats, help="timed forward passes per artifact per round"),
+    gen_tokens: int = typer.Option(_B.gen_tokens, help="new tokens per generation (capped by the context)"),
+    train_steps: int = typer.Option(_B.train_steps, help="timed training steps per artifact per round"),
     batch_size: int = typer.Option(_B.batch_size, help="evaluation batch size"),
     json_out: bool = typer.Option(False, "--json", help="print the machine-readable result instead of the table"),
     device: str = typer.Option(_B.device, help=DEVICE_HELP),
@@ -275,8 +291,9 @@ def bench(
         return
 
     _console().print(_bench_table(report, f"effkit bench: {report['run']} ({report['device']})"))
-    if any(r["flags"] for r in report["artifacts"]):
-        print("⚠: latency spread above 10% (noisy timing); see bench.md")
+    for v in report["verdicts"]:
+        print(f"note: {v}")
+    print("ratios are paired with the first artifact, with 95% intervals; ≈: the interval contains 1")
     print(f"report: {Path(cfg.reports_dir) / report['run']}/bench.md")
 
 
@@ -336,9 +353,10 @@ def report(
 ):
     """Render reports/<run>/summary.md with PNG plots (loss curves, pruning curves, artifact comparison)."""
     from effkit.artifacts import latest_run
+    from effkit.config import check_run_name
     from effkit.report import render_run_report
 
-    name = run or latest_run(Path(runs_dir)).name
+    name = check_run_name(run, "run") if run else latest_run(Path(runs_dir)).name
     summary, plots = render_run_report(Path(reports_dir), name)
     print(f"report: {summary}")
     for p in plots:
@@ -446,7 +464,7 @@ def study(
     quiet_libraries()
     from rich.table import Table
 
-    from effkit.studies import StudyConfig, run_study
+    from effkit.studies import StudyConfig, fmt_value, run_study
 
     result = run_study(name, StudyConfig(model=model, data=data, vocab_size=vocab_size, block_size=block_size,
                                          batch_size=batch_size, steps=steps, nproc=nproc, out=out,
@@ -456,7 +474,7 @@ def study(
     for c in cols:
         t.add_column(c, justify="right")
     for r in result["rows"]:
-        t.add_row(*[f"{r[c]:.4g}" if isinstance(r[c], float) else str(r[c]) for c in cols])
+        t.add_row(*[fmt_value(r[c]) for c in cols])
     _console().print(t)
     for n in result["notes"]:
         print(f"note: {n}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -129,6 +130,23 @@ def _flat_keys() -> dict[str, tuple[str, str]]:
 FLAT_KEYS = _flat_keys()
 
 
+RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
+
+
+def check_run_name(name: str, what: str = "--run-name") -> str:
+    """A run name is a plain folder name under the runs folder: it can never reach outside it."""
+    if not RUN_NAME.fullmatch(name) or name == "latest" or name.strip(".") == "":
+        raise EffkitError(f"{what} {name!r} is not a plain name: use up to 128 letters, digits, '-', '_', '+' and '.', "
+                          "starting with a letter or digit, and not 'latest' (it becomes runs/<name>/)")
+    return name
+
+
+def check_folder_option(what: str, path: str) -> None:
+    """An output folder option must be a folder, or not exist yet (then effkit creates it)."""
+    if Path(path).exists() and not Path(path).is_dir():
+        raise EffkitError(f"{what} {path} is a file, not a folder; give a folder (it is created if missing)")
+
+
 def _finite(name: str, value: float, low: float | None = None, high: float | None = None,
             low_open: bool = False, high_open: bool = False) -> None:
     """A finite number within [low, high] (open where asked); the message gives the range."""
@@ -191,7 +209,7 @@ class TrainConfig(_Section):
         if o.max_steps == 0 and o.max_tokens == 0 and o.time_budget == 0 and not allow_no_steps:
             raise EffkitError("nothing bounds training: set --max-steps, --max-tokens or --time-budget")
         _finite("lr", o.lr, 0, low_open=True)
-        _finite("min_lr", o.min_lr, 0, o.lr)
+        _finite("min_lr", o.min_lr, 0)
         _finite("weight_decay", o.weight_decay, 0)
         _finite("grad_clip", o.grad_clip, 0)
         if o.warmup_steps < 0:
@@ -221,6 +239,10 @@ class TrainConfig(_Section):
             raise EffkitError(f"--eval-blocks must be at least 1 (got {d.eval_blocks})")
         if d.workers < 0:
             raise EffkitError(f"--workers must be >= 0 (got {d.workers})")
+        if self.run.run_name:
+            check_run_name(self.run.run_name)
+        check_folder_option("--runs-dir", self.run.runs_dir)
+        check_folder_option("--reports-dir", self.run.reports_dir)
         return self
 
 
@@ -242,7 +264,9 @@ class PruneConfig(_Section):
     lr: float = 3e-4
     warmup_steps: int = 5
     seed: int = 1337
-    latency_repeats: int = 20
+    control: bool = True  # fine-tune the unpruned parent with the same steps: the fair baseline for the loss
+    latency_rounds: int = 5  # interleaved rounds of the paired latency against the dense parent
+    latency_repeats: int = 3  # timed forward passes per model per round
     device: str = "auto"
     runs_dir: str = "runs"
     reports_dir: str = "reports"
@@ -265,10 +289,13 @@ class PruneConfig(_Section):
             raise EffkitError(f"unknown --scope {self.scope!r}; choose global or layer")
         if self.batch_size < 1 or self.calib_batches < 1 or self.latency_repeats < 1:
             raise EffkitError("--batch-size, --calib-batches and --latency-repeats must be at least 1")
+        if self.latency_rounds < 2:
+            raise EffkitError(f"--latency-rounds must be at least 2 (got {self.latency_rounds})")
         _finite("lr", self.lr, 0, low_open=True)
         if self.warmup_steps < 0:
             raise EffkitError(f"--warmup-steps must be >= 0 (got {self.warmup_steps})")
         check_device(self.device)
+        check_folder_option("--reports-dir", self.reports_dir)
         return self
 
 
@@ -283,7 +310,8 @@ class QuantizeConfig(_Section):
     threshold: float = 6.0  # bnb outlier threshold
     torchao_scheme: str = "da8w8"  # da8w8 (dynamic activation + weight) or w8 (weight-only)
     batch_size: int = 8  # evaluation batch
-    latency_repeats: int = 20
+    latency_rounds: int = 5  # interleaved rounds: parent fp32, parent bf16 and int8 timed in each
+    latency_repeats: int = 3  # timed forward passes per model per round
     gen_tokens: int = 64
     device: str = "auto"
     runs_dir: str = "runs"
@@ -296,7 +324,10 @@ class QuantizeConfig(_Section):
             raise EffkitError(f"unknown --torchao-scheme {self.torchao_scheme!r}; choose da8w8 or w8")
         if self.batch_size < 1 or self.latency_repeats < 1 or self.gen_tokens < 1:
             raise EffkitError("--batch-size, --latency-repeats and --gen-tokens must be at least 1")
+        if self.latency_rounds < 2:
+            raise EffkitError(f"--latency-rounds must be at least 2 (got {self.latency_rounds})")
         check_device(self.device)
+        check_folder_option("--reports-dir", self.reports_dir)
         return self
 
 
@@ -304,10 +335,11 @@ class QuantizeConfig(_Section):
 class BenchConfig(_Section):
     paths: tuple[str, ...] = ()  # artifacts to measure (default: every artifact of the run)
     run: str = ""  # run name under runs_dir (default: the latest run)
-    quick: bool = False  # fewer repeats and tokens, for a fast look
-    repeats: int = 20
+    quick: bool = False  # fewer rounds, repeats and tokens, for a fast look
+    rounds: int = 8  # interleaved rounds: every artifact is timed in each, the order rotated
+    repeats: int = 3  # timed forward passes per artifact per round
     gen_tokens: int = 128
-    train_steps: int = 3  # timed optimizer steps per training-throughput figure (after 1 warm-up step)
+    train_steps: int = 1  # timed optimizer steps per artifact per round
     batch_size: int = 8  # evaluation batch
     device: str = "auto"
     runs_dir: str = "runs"
@@ -316,12 +348,18 @@ class BenchConfig(_Section):
     def validate(self) -> BenchConfig:
         if self.repeats < 1 or self.gen_tokens < 1 or self.train_steps < 1:
             raise EffkitError("--repeats, --gen-tokens and --train-steps must be at least 1")
+        if self.rounds < 2:
+            raise EffkitError(f"--rounds must be at least 2: a confidence interval needs two rounds "
+                              f"(got {self.rounds})")
         if self.batch_size < 1:
             raise EffkitError(f"--batch-size must be at least 1 (got {self.batch_size})")
         check_device(self.device)
+        if self.run:
+            check_run_name(self.run, "--run")
+        check_folder_option("--reports-dir", self.reports_dir)
         if self.quick:
-            return self.replace(repeats=min(self.repeats, 5), gen_tokens=min(self.gen_tokens, 32), train_steps=1,
-                                quick=False)
+            return self.replace(rounds=min(self.rounds, 3), repeats=min(self.repeats, 2),
+                                gen_tokens=min(self.gen_tokens, 32), train_steps=1, quick=False)
         return self
 
 
@@ -350,8 +388,9 @@ class RunConfig(_Section):
         for m in self.prune_modes:
             if m not in PRUNE_MODES:
                 raise EffkitError(f"unknown prune mode {m!r} in prune_modes; choose weight or row")
-        if not self.run_name:
-            raise EffkitError("run_name must not be empty")
+        check_run_name(self.run_name, "run_name")
+        check_folder_option("runs_dir", self.runs_dir)
+        check_folder_option("reports_dir", self.reports_dir)
         return self
 
 

@@ -7,12 +7,16 @@ import math
 import platform
 import threading
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from effkit import stats
 from effkit.data.tokenizer import cache_dir
+from effkit.errors import EffkitError
 
 EVAL_PROTOCOL = ("token-level mean cross-entropy over the fixed held-out blocks (documents held out by a hash "
                  "of their id, non-overlapping blocks of block_size, the first eval_blocks of them); "
@@ -169,24 +173,35 @@ def eval_batches(model, blocks: torch.Tensor, batch_size: int):
 
 
 @torch.no_grad()
-def evaluate(model, blocks: torch.Tensor, batch_size: int, amp_dtype: torch.dtype | None = None) -> dict[str, float]:
+def evaluate(model, blocks: torch.Tensor, batch_size: int, amp_dtype: torch.dtype | None = None) -> dict[str, Any]:
+    """Mean next-token cross-entropy over the held-out blocks, its 95% interval over blocks, and the per-block
+    losses (`block_losses`, for paired comparisons between models on the same blocks)."""
     was_training = model.training
     model.eval()
     device = model_device(model)
-    total, count = 0.0, 0
+    per_block: list[float] = []
     for batch in eval_batches(model, blocks, batch_size):
         with autocast_ctx(device, amp_dtype):
             logits = model(batch).logits
-        total += lm_loss(logits, batch, reduction="sum").item()
-        count += batch[:, 1:].numel()
+        losses = lm_loss(logits, batch, reduction="none").view(batch.shape[0], -1).mean(1)
+        per_block += losses.tolist()
     model.train(was_training)
-    loss = total / count
-    return {"eval_loss": loss, "perplexity": math.exp(min(loss, 50)), "eval_tokens": count}
+    loss, lo, hi = stats.mean_ci(per_block)  # every block predicts the same number of tokens
+    return {"eval_loss": loss, "perplexity": math.exp(min(loss, 50)), "eval_tokens": blocks[:, 1:].numel(),
+            "eval_loss_ci95": [lo, hi], "block_losses": per_block}
+
+
+def eval_summary(result: dict[str, Any]) -> dict[str, Any]:
+    """An `evaluate` result without its per-block losses (what reports keep)."""
+    return {k: v for k, v in result.items() if k != "block_losses"}
 
 
 LATENCY_PROTOCOL = ("forward pass of (batch, block) random token ids in eval mode under torch.inference_mode, "
                     "after {warmup} warm-up passes, {repeats} timed repeats with time.perf_counter "
                     "(CUDA synchronised); percentiles over the repeats")
+INTERLEAVED_PROTOCOL = ("paired and interleaved: after {warmup} warm-up call(s) each, {rounds} rounds; in each round "
+                        "every contender runs {repeats} timed repeat(s), the order rotated by one each round, so "
+                        "that drift of the machine hits every contender alike")
 
 
 def random_tokens(model, batch: int, block: int, seed: int = 0) -> torch.Tensor:
@@ -196,28 +211,132 @@ def random_tokens(model, batch: int, block: int, seed: int = 0) -> torch.Tensor:
     return x.to(model_device(model))
 
 
-@torch.inference_mode()
-def measure_latency(model, batch: int, block: int, repeats: int = 20, warmup: int = 3,
-                    amp_dtype: torch.dtype | None = None) -> dict[str, float]:
-    """Forward latency of one (batch, block) input: p50/p90/p99, min/max and the relative spread."""
-    was_training = model.training
-    model.eval()
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def forward_timer(model, batch: int, block: int, amp_dtype: torch.dtype | None = None) -> Callable[[], float]:
+    """A function timing one forward pass of (batch, block) fixed random tokens (seconds); the model must be in
+    eval mode."""
     device = model_device(model)
     x = random_tokens(model, batch, block)
-    times = []
-    for i in range(warmup + repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+
+    @torch.inference_mode()
+    def once() -> float:
+        synchronize(device)
         t = time.perf_counter()
         with autocast_ctx(device, amp_dtype):
             model(x)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        if i >= warmup:
-            times.append(time.perf_counter() - t)
-    model.train(was_training)
+        synchronize(device)
+        return time.perf_counter() - t
+
+    return once
+
+
+def interleaved(contenders: dict[str, Callable[[], float]], rounds: int, repeats: int,
+                warmup: int = 1) -> dict[str, list[list[float]]]:
+    """Measure every contender (a function returning one timing or rate) in `rounds` rounds of `repeats` calls,
+    the order rotated each round, after `warmup` calls each. Returns {name: [[round 1 repeats], ...]}."""
+    names = list(contenders)
+    for name in names:
+        for _ in range(warmup):
+            contenders[name]()
+    samples: dict[str, list[list[float]]] = {name: [] for name in names}
+    for r in range(rounds):
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            samples[name].append([contenders[name]() for _ in range(repeats)])
+    return samples
+
+
+def latency_stats(times: list[float]) -> dict[str, float]:
+    """p50/p90/p99, min/max and the relative spread (max - min) / p50 of a list of timings."""
     ts = torch.tensor(times, dtype=torch.float64)
     p50 = float(ts.quantile(0.5))
     return {"p50_s": p50, "p90_s": float(ts.quantile(0.9)), "p99_s": float(ts.quantile(0.99)),
             "min_s": float(ts.min()), "max_s": float(ts.max()), "spread": float((ts.max() - ts.min()) / p50),
-            "repeats": repeats, "warmup": warmup, "batch": batch, "block": block}
+            "samples": len(times)}
+
+
+def measure_latency(model, batch: int, block: int, repeats: int = 20, warmup: int = 3,
+                    amp_dtype: torch.dtype | None = None) -> dict[str, float]:
+    """Forward latency of one model alone (not a comparison): p50/p90/p99, min/max and the relative spread."""
+    was_training = model.training
+    model.eval()
+    once = forward_timer(model, batch, block, amp_dtype)
+    for _ in range(warmup):
+        once()
+    times = [once() for _ in range(repeats)]
+    model.train(was_training)
+    return {**latency_stats(times), "repeats": repeats, "warmup": warmup, "batch": batch, "block": block}
+
+
+GENERATION_PROMPT = "The state of the Union"
+
+
+def generation_budget(model, tokenizer, wanted: int, prompt: str = GENERATION_PROMPT) -> tuple[int, str | None]:
+    """New tokens that fit in the model's context after the prompt, and a note when `wanted` was capped."""
+    room = model.config.n_positions - len(tokenizer(prompt).input_ids)
+    if room < 1:
+        raise EffkitError(f"the prompt {prompt!r} fills the model's context ({model.config.n_positions} tokens)")
+    if wanted <= room:
+        return wanted, None
+    return room, f"generation capped at {room} new tokens (asked {wanted}): the model's context is " \
+                 f"{model.config.n_positions} tokens"
+
+
+@torch.inference_mode()
+def greedy_generate(model, tokenizer, new_tokens: int, prompt: str = GENERATION_PROMPT) -> tuple[torch.Tensor, float]:
+    """Greedy decoding of exactly `new_tokens` with the KV cache: (new token ids, seconds)."""
+    device = model_device(model)
+    ids = tokenizer(prompt, return_tensors="pt").input_ids.to(device)
+    model.config.use_cache = True
+    try:
+        synchronize(device)
+        t = time.perf_counter()
+        out = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                             pad_token_id=tokenizer.eos_token_id)
+        synchronize(device)
+        seconds = time.perf_counter() - t
+    finally:
+        model.config.use_cache = False
+    return out[0, ids.shape[1]:], seconds
+
+
+def generation_timer(model, tokenizer, new_tokens: int) -> Callable[[], float]:
+    """A function returning the new tokens per second of one greedy decoding of `new_tokens` (the caller caps
+    `new_tokens` with `generation_budget`)."""
+
+    def once() -> float:
+        new, seconds = greedy_generate(model, tokenizer, new_tokens)
+        return len(new) / seconds
+
+    return once
+
+
+def train_step_timers(model, batches: tuple[int, ...], block: int) -> dict[int, Callable[[], float]]:
+    """For each batch size, a function that runs one forward + backward + AdamW step with (batch, block) fixed
+    random tokens and returns tokens per second; all of them train one private copy of `model` with one
+    optimizer (one copy's memory, whatever the number of batch sizes)."""
+    import copy
+
+    model = copy.deepcopy(model).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    device = model_device(model)
+
+    def timer(batch: int) -> Callable[[], float]:
+        x = random_tokens(model, batch, block)
+
+        def once() -> float:
+            synchronize(device)
+            t = time.perf_counter()
+            lm_loss(model(x).logits, x).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            synchronize(device)
+            return batch * block / (time.perf_counter() - t)
+
+        return once
+
+    return {b: timer(b) for b in batches}

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from effkit import artifacts, metrics
+from effkit import artifacts, metrics, stats
 from effkit.config import DataConfig, QuantizeConfig
 from effkit.data import prepare
 from effkit.errors import EffkitError
@@ -34,7 +33,7 @@ from effkit.report import write_stage_report
 
 QUANT_FILE = "quantization.json"
 WEIGHTS_FILE = "quantized.safetensors"
-PROMPT = "The state of the Union"
+PROMPT = metrics.GENERATION_PROMPT
 
 
 # ------------------------------------------------------------------------------------------------ int8 storage
@@ -186,33 +185,22 @@ def load_any(path: str | Path, device: torch.device | None = None) -> nn.Module:
 
 # ------------------------------------------------------------------------------------------------ measurement
 
-@torch.inference_mode()
 def generate_sample(model: nn.Module, tokenizer, max_new_tokens: int) -> dict[str, Any]:
-    """Greedy generation with the KV cache from a fixed prompt: the text and new tokens per second."""
-    ids = tokenizer(PROMPT, return_tensors="pt").input_ids.to(metrics.model_device(model))
-    model.config.use_cache = True
-    try:
-        model.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=tokenizer.eos_token_id)  # warm-up
-        t = time.perf_counter()
-        out = model.generate(ids, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False,
-                             pad_token_id=tokenizer.eos_token_id)
-        dt = time.perf_counter() - t
-    finally:
-        model.config.use_cache = False
-    new = out.shape[1] - ids.shape[1]
-    return {"prompt": PROMPT, "text": tokenizer.decode(out[0][ids.shape[1]:]), "new_tokens": new,
-            "tokens_per_s": new / dt}
+    """Greedy generation with the KV cache from a fixed prompt (capped at the model's context): the text and
+    new tokens per second of one timed run after a 4-token warm-up."""
+    new, note = metrics.generation_budget(model, tokenizer, max_new_tokens)
+    metrics.greedy_generate(model, tokenizer, min(4, new))
+    ids, seconds = metrics.greedy_generate(model, tokenizer, new)
+    return {"prompt": PROMPT, "text": tokenizer.decode(ids), "new_tokens": len(ids), "tokens_per_s": len(ids) / seconds,
+            **({"note": note} if note else {})}
 
 
-def measure(model: nn.Module, tokenizer, eval_blocks: torch.Tensor, cfg: QuantizeConfig, block: int,
-            amp_dtype: torch.dtype | None = None, sample: bool = True) -> dict[str, Any]:
-    m: dict[str, Any] = metrics.evaluate(model, eval_blocks, cfg.batch_size, amp_dtype)
-    for b in (1, 12):
-        m[f"latency_b{b}"] = metrics.measure_latency(model, b, block, repeats=cfg.latency_repeats,
-                                                     amp_dtype=amp_dtype)
-    if sample:
-        m["generation"] = generate_sample(model, tokenizer, cfg.gen_tokens)
-    return m
+def side_by_side(contenders: dict[str, tuple[nn.Module, torch.dtype | None]], block: int, rounds: int,
+                 repeats: int) -> dict[str, dict[str, list[list[float]]]]:
+    """Forward latency of every contender (a model and its autocast dtype) at batch 1 and 12, interleaved."""
+    return {f"b{b}": metrics.interleaved({name: metrics.forward_timer(m, b, block, dtype)
+                                          for name, (m, dtype) in contenders.items()}, rounds, repeats, warmup=2)
+            for b in (1, 12)}
 
 
 # ------------------------------------------------------------------------------------------------ the stage
@@ -246,60 +234,81 @@ def run_quantize(cfg: QuantizeConfig) -> dict[str, Any]:
     prepared = prepare(data_cfg, tokenizer_from=str(source))
     tokenizer, eval_blocks, block = prepared.tokenizer, prepared.blocks.eval, data_cfg.block_size
     parent = load_model(str(source)).to(device).eval()
-    parent_fp32 = measure(parent, tokenizer, eval_blocks, cfg, block)
-    parent_bf16 = measure(parent, tokenizer, eval_blocks, cfg, block, amp_dtype=torch.bfloat16, sample=False)
+    parent_fp32 = metrics.evaluate(parent, eval_blocks, cfg.batch_size)
+    parent_bf16 = metrics.evaluate(parent, eval_blocks, cfg.batch_size, torch.bfloat16)
+    parent_fp32["generation"] = generate_sample(parent, tokenizer, cfg.gen_tokens)
     parent_fp32["size_bytes"] = artifacts.dir_size(source)
 
     names = quant_targets(parent, cfg.include_head)
     backend, auto_note = cfg.backend, None
     if backend == "auto":
-        trials = {}
+        candidates, skipped = {}, {}
         for b in ("dynamic", "torchao", "bnb"):
             if reason := backend_available(b, device):
-                trials[b] = f"not run: {reason}"
+                skipped[b] = f"not run: {reason}"
                 continue
             cand = copy.deepcopy(parent)
             fake_quantize(cand, names, cfg.include_head)
-            apply_backend(cand, names, b, cfg.threshold, cfg.torchao_scheme)
-            trials[b] = metrics.measure_latency(cand, 12, block, repeats=5)["p50_s"]
-        timed = {b: t for b, t in trials.items() if isinstance(t, float)}
-        backend = min(timed, key=timed.get)
-        auto_note = {"picked": backend, "how": "measured forward latency p50 at batch 12 (5 repeats) per backend",
-                     "latency_b12_s": trials}
+            candidates[b] = (apply_backend(cand, names, b, cfg.threshold, cfg.torchao_scheme), None)
+        trial = side_by_side({"parent": (parent, None), **candidates}, block, cfg.latency_rounds, 1)["b12"]
+        medians = {b: stats.median_of_rounds(trial[b]) for b in candidates}
+        backend = min(medians, key=medians.get)
+        auto_note = {"picked": backend,
+                     "how": f"forward latency at batch 12, every backend and the fp32 parent interleaved "
+                            f"({cfg.latency_rounds} rounds x 1 repeat); the lowest median wins",
+                     "latency_b12_s": {**medians, **skipped},
+                     "ratio_to_parent_b12": {b: stats.paired_ratio(trial["parent"], trial[b]) for b in candidates}}
+        del candidates
 
     model = copy.deepcopy(parent)
     stored = fake_quantize(model, names, cfg.include_head)
     fp_copy = copy.deepcopy(model)  # the fake-quantized fp32 weights, for storage of the non-quantized rest
     apply_backend(model, names, backend, cfg.threshold, cfg.torchao_scheme)
-    q = measure(model, tokenizer, eval_blocks, cfg, block)
-
+    q = metrics.evaluate(model, eval_blocks, cfg.batch_size)
+    q["generation"] = generate_sample(model, tokenizer, cfg.gen_tokens)
+    timed = side_by_side({"fp32": (parent, None), "bf16": (parent, torch.bfloat16), "int8": (model, None)}, block,
+                         cfg.latency_rounds, cfg.latency_repeats)
+    new_tokens = q["generation"]["new_tokens"]
+    gen = metrics.interleaved({"fp32": metrics.generation_timer(parent, tokenizer, new_tokens),
+                               "int8": metrics.generation_timer(model, tokenizer, new_tokens)},
+                              cfg.latency_rounds, 1, warmup=1)
+    for name, r in (("fp32", parent_fp32), ("bf16", parent_bf16), ("int8", q)):
+        for b in (1, 12):
+            r[f"latency_b{b}"] = metrics.latency_stats([t for rnd in timed[f"b{b}"][name] for t in rnd])
+    for name, r in (("fp32", parent_fp32), ("int8", q)):
+        r["generation"]["tokens_per_s"] = stats.median_of_rounds(gen[name])
+    comparisons = {
+        **{f"latency_ratio_b{b}": stats.paired_ratio(timed[f"b{b}"]["fp32"], timed[f"b{b}"]["int8"]) for b in (1, 12)},
+        **{f"latency_ratio_b{b}_vs_bf16": stats.paired_ratio(timed[f"b{b}"]["bf16"], timed[f"b{b}"]["int8"])
+           for b in (1, 12)},
+        **{f"bf16_latency_ratio_b{b}": stats.paired_ratio(timed[f"b{b}"]["fp32"], timed[f"b{b}"]["bf16"])
+           for b in (1, 12)},
+        "generation_ratio": stats.paired_ratio(gen["fp32"], gen["int8"], higher_is_better=True),
+    }
+    fp32_blocks = parent_fp32.pop("block_losses")
+    comparisons["eval_loss_delta"] = stats.paired_delta(fp32_blocks, q.pop("block_losses"))
+    comparisons["bf16_eval_loss_delta"] = stats.paired_delta(fp32_blocks, parent_bf16.pop("block_losses"))
     run_dir = source.parent
     tag = (f"quantize-{backend}" + (f"-{cfg.torchao_scheme}" if backend == "torchao" else "")
            + ("-head" if cfg.include_head else ""))
     description = {"backend": backend, "include_head": cfg.include_head, "threshold": cfg.threshold,
                    "torchao_scheme": cfg.torchao_scheme, "storage": "per-output-row symmetric int8 + fp32 scales"}
-    verdicts = []
-    if q["latency_b12"]["p50_s"] > parent_fp32["latency_b12"]["p50_s"]:
-        verdicts.append(f"int8 ({backend}) is slower than the fp32 parent on this device at batch 12")
-    if q["eval_loss"] > 1.01 * parent_fp32["eval_loss"]:
-        verdicts.append(f"eval loss is {q['eval_loss'] / parent_fp32['eval_loss'] - 1:.2%} worse than the parent")
-    if (device.type == "cpu" and parent_bf16["latency_b12"]["p50_s"] > parent_fp32["latency_b12"]["p50_s"]
-            and not metrics.cpu_has_native_bf16()):
-        verdicts.append("bf16 is slower than fp32 here: this CPU has no native bf16 (AVX512-BF16/AMX)")
+    verdicts = [stats.summary_of(comparisons["latency_ratio_b12"], f"int8 ({backend}) latency b12 vs fp32"),
+                 stats.summary_of(comparisons["eval_loss_delta"], f"int8 ({backend}) loss vs fp32")]
+    if comparisons["eval_loss_delta"]["ci95"][0] > 0.01:
+        verdicts.append("int8 loss is worse than the parent's by more than 1% (the whole 95% interval is above)")
+    bf16 = comparisons["bf16_latency_ratio_b12"]
+    verdicts.append(stats.summary_of(bf16, "bf16 autocast latency b12 vs fp32")
+                    + ("; this CPU has no native bf16 (AVX512-BF16/AMX)" if device.type == "cpu"
+                       and not metrics.cpu_has_native_bf16() else ""))
 
     artifact = run_dir / tag
     with artifacts.atomic_dir(artifact) as tmp:
         save_quantized(tmp, fp_copy, stored, names, description, tokenizer)
         q["size_bytes"] = artifacts.dir_size(tmp)
-        m = {**{k: v for k, v in q.items()},
-             "parent_fp32": parent_fp32, "parent_bf16": parent_bf16,
-             "eval_loss_delta_vs_parent": q["eval_loss"] / parent_fp32["eval_loss"] - 1,
-             "eval_loss_delta_vs_parent_bf16": q["eval_loss"] / parent_bf16["eval_loss"] - 1,
+        m = {**q, **comparisons, "parent_fp32": parent_fp32, "parent_bf16": parent_bf16,
+             "eval_loss_delta_vs_parent": comparisons["eval_loss_delta"]["delta"],
              "size_ratio_vs_parent": q["size_bytes"] / parent_fp32["size_bytes"],
-             **{f"latency_ratio_b{b}_vs_parent": q[f"latency_b{b}"]["p50_s"] / parent_fp32[f"latency_b{b}"]["p50_s"]
-                for b in (1, 12)},
-             **{f"latency_ratio_b{b}_vs_parent_bf16":
-                q[f"latency_b{b}"]["p50_s"] / parent_bf16[f"latency_b{b}"]["p50_s"] for b in (1, 12)},
              "params": sum(p.numel() for p in parent.parameters()), "quantized_layers": len(names)}
         if auto_note:
             m["auto"] = auto_note
@@ -312,10 +321,15 @@ def run_quantize(cfg: QuantizeConfig) -> dict[str, Any]:
                      "world_size": 1, "parallel": "none", "amp_dtype": "fp32 activations, int8 weights",
                      "quantized_layers": len(names), "include_head": cfg.include_head},
         "versions": meta_out["versions"], "git_commit": meta_out["git_commit"],
-        "protocol": {"eval_loss": metrics.EVAL_PROTOCOL,
-                     "latency": metrics.LATENCY_PROTOCOL.format(warmup=3, repeats=cfg.latency_repeats),
-                     "generation": f"greedy decoding with the KV cache of {cfg.gen_tokens} new tokens from "
-                                   f"{PROMPT!r} after a 4-token warm-up; new tokens / wall time",
+        "protocol": {"eval_loss": metrics.EVAL_PROTOCOL + "; " + stats.LOSS_METHOD,
+                     "latency": f"forward of (batch, {block}) random tokens: fp32 parent, parent under bf16 "
+                                "autocast and int8 model "
+                                + metrics.INTERLEAVED_PROTOCOL.format(warmup=2, rounds=cfg.latency_rounds,
+                                                                      repeats=cfg.latency_repeats)
+                                + f"; {stats.RATIO_METHOD}",
+                     "generation": f"greedy decoding with the KV cache of {new_tokens} new tokens from "
+                                   f"{PROMPT!r}, fp32 parent and int8 model interleaved ({cfg.latency_rounds} "
+                                   "rounds); new tokens / wall time",
                      "size": "bytes of all files in the artifact folder"},
     }
     write_stage_report(Path(cfg.reports_dir) / run_dir.name, report)

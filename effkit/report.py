@@ -182,21 +182,33 @@ def plot_loss_curves(out: Path) -> Path | None:
 
 
 def plot_comparison(out: Path) -> Path | None:
-    """Loss, latency (batch 12) and size of every benchmarked artifact, side by side."""
+    """Held-out loss (95% CI), batch-12 latency relative to the reference (95% CI, paired) and size of every
+    benchmarked artifact, side by side."""
     bench = out / "bench.json"
     if not bench.is_file():
         return None
     rows = json.loads(bench.read_text())["artifacts"]
     plt = pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(12, max(3.0, 0.35 * len(rows) + 1.2)), sharey=True)
+    fig, axes = plt.subplots(1, 3, figsize=(13, max(3.0, 0.4 * len(rows) + 1.4)), sharey=True)
     tags = [r["tag"] for r in rows]
-    series = [("held-out loss", [r["eval_loss"] for r in rows]),
-              ("latency b12 p50 (ms)", [r["latency_b12"]["p50_s"] * 1e3 for r in rows]),
-              ("size on disk (MiB)", [r["size_bytes"] / 2**20 for r in rows])]
-    for ax, (title, values) in zip(axes, series, strict=True):
-        ax.barh(tags, values, color=["#4c72b0" if r["stage"] == "train" else "#dd8452" if r["stage"] == "prune"
-                                     else "#55a868" for r in rows])
-        ax.set_title(title)
+    colors = ["#4c72b0" if r["stage"] == "train" else "#dd8452" if r["stage"] == "prune" else "#55a868" for r in rows]
+
+    def err(values, cis):  # matplotlib's xerr: distances below and above each value
+        pairs = list(zip(values, cis, strict=True))
+        return [[v - c[0] for v, c in pairs], [c[1] - v for v, c in pairs]]
+
+    loss = [r["eval_loss"] for r in rows]
+    axes[0].barh(tags, loss, color=colors, xerr=err(loss, [r["eval_loss_ci95"] for r in rows]), capsize=3)
+    axes[0].set_xlim(min(c[0] for c in (r["eval_loss_ci95"] for r in rows)) * 0.98, None)
+    axes[0].set_title("held-out loss (95% CI)")
+    ratios = [r["latency_ratio_b12"]["ratio"] for r in rows]
+    axes[1].barh(tags, ratios, color=colors, xerr=err(ratios, [r["latency_ratio_b12"]["ci95"] for r in rows]),
+                 capsize=3)
+    axes[1].axvline(1.0, color="k", lw=0.8)
+    axes[1].set_title(f"latency b12 / {rows[0]['tag']} (paired, 95% CI)")
+    axes[2].barh(tags, [r["size_bytes"] / 2**20 for r in rows], color=colors)
+    axes[2].set_title("size on disk (MiB)")
+    for ax in axes:
         ax.grid(axis="x", alpha=0.3)
     axes[0].invert_yaxis()
     fig.tight_layout()
@@ -217,13 +229,33 @@ def plot_prune_curves(out: Path) -> list[Path]:
         return []
     plt = pyplot()
     paths = []
-    for key, ylabel, fname in (("eval_loss", "held-out loss (nats/token)", "prune_loss.png"),
-                               ("latency_b12_s", "forward latency, batch 12 (ms, p50)", "prune_latency.png")):
+    for key, ylabel, fname in (("eval_loss", "held-out loss (nats/token; band: 95% CI)", "prune_loss.png"),
+                               ("latency", "latency b12 / dense (paired, 95% CI)", "prune_latency.png")):
         fig, ax = plt.subplots(figsize=(6.4, 4))
-        for mode, rows in curves.items():
+        for i, (mode, rows) in enumerate(curves.items()):
+            color = f"C{i}"
             xs = [r["achieved_sparsity"] for r in rows]
-            ys = [(r[key] * 1000 if key.startswith("latency") else r[key]) for r in rows]
-            ax.plot(xs, ys, "o-", label=f"{mode} ({'zeroed block weights' if mode == 'weight' else 'MLP removed'})")
+            label = f"{mode} ({'zeroed block weights' if mode == 'weight' else 'MLP removed'})"
+            if key == "eval_loss":
+                ys = [r["eval_loss"] for r in rows]
+                cis = [r.get("eval_loss_ci95") for r in rows]
+                ax.plot(xs, ys, "o-", color=color, label=label)
+                if all(cis):
+                    ax.fill_between(xs, [c[0] for c in cis], [c[1] for c in cis], color=color, alpha=0.12)
+                ctrl = [(x, r["control_eval_loss"]) for x, r in zip(xs, rows, strict=True)
+                        if r.get("control_eval_loss") is not None]
+                if len(ctrl) > 1:
+                    ax.plot(*zip(*ctrl, strict=True), "s--", color=color, alpha=0.7,
+                            label=f"{mode}: dense control, same fine-tuning")
+            else:
+                pts = [(x, r["latency_ratio_b12"]) for x, r in zip(xs, rows, strict=True) if r.get("latency_ratio_b12")]
+                pts = [(0.0, {"ratio": 1.0, "ci95": [1.0, 1.0]})] + pts
+                ratios = [p["ratio"] for _, p in pts]
+                below = [p["ratio"] - p["ci95"][0] for _, p in pts]
+                above = [p["ci95"][1] - p["ratio"] for _, p in pts]
+                ax.errorbar([x for x, _ in pts], ratios, yerr=[below, above], capsize=3, fmt="o-", color=color,
+                            label=label)
+                ax.axhline(1.0, color="k", lw=0.8)
         ax.set_xlabel("fraction of prunable weights removed")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)

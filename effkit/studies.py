@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from effkit import artifacts, metrics
+from effkit import artifacts, metrics, stats
 from effkit.config import TrainConfig
 from effkit.data import BlockSampler, make_loader, prepare
 from effkit.errors import EffkitError
@@ -70,9 +70,13 @@ def _in_process(cfg: TrainConfig) -> dict[str, Any]:
                         what=f"study run {cfg.run.run_name}")
 
 
+def _steady(times: list[float]) -> list[float]:
+    """Step times without the first (warm-up) step, when at least two remain."""
+    return times[1:] if len(times) > 2 else times
+
+
 def _steady_mean(times: list[float]) -> float:
-    t = times[1:] if len(times) > 1 else times
-    return statistics.fmean(t)
+    return statistics.fmean(_steady(times))
 
 
 def _mib(b: float) -> float:
@@ -81,33 +85,56 @@ def _mib(b: float) -> float:
 
 # -------------------------------------------------------------------------------------------------- studies
 
+def _time_ci(times: list[float]) -> list[float]:
+    _, lo, hi = stats.mean_ci(_steady(times))
+    return [lo, hi]
+
+
 def study_sync(s: StudyConfig) -> dict[str, Any]:
-    rows, losses = [], {}
+    rows, losses, times = [], {}, {}
     for sync in ("gather-scatter", "all-reduce", "ddp"):
         r = _train(_train_cfg(s, f"sync-{sync}", parallel="ddp", sync=sync, nproc=s.nproc))
-        losses[sync] = r["losses"]
+        losses[sync], times[sync] = r["losses"], r["step_times"]
         rows.append({"sync": sync, "time_per_iter_s": _steady_mean(r["step_times"]),
+                     "time_per_iter_ci95": _time_ci(r["step_times"]),
                      "tokens_per_s": r["metrics"]["train_tokens_per_s"], "final_loss": r["losses"][-1]})
     ref = losses["ddp"]
+    notes = []
     for row in rows:
         row["max_loss_diff_vs_ddp"] = max(abs(a - b) for a, b in zip(losses[row["sync"]], ref, strict=True))
+        if row["sync"] != "ddp":
+            cmp = stats.unpaired_ratio(_steady(times["ddp"]), _steady(times[row["sync"]]))
+            row["time_vs_ddp"] = stats.fmt_ratio(cmp)
+            notes.append(f"{row['sync']} vs ddp, time per iteration: " + (
+                "indistinguishable, " if cmp["verdict"] == "same" else f"{cmp['verdict']}, ") + stats.fmt_ratio(cmp))
+        else:
+            row["time_vs_ddp"] = "ref"
     identical = all(r["max_loss_diff_vs_ddp"] < 1e-4 for r in rows)
     return {"rows": rows, "losses": losses, "identical_losses": identical,
-            "notes": [f"losses identical across the three strategies (|diff| < 1e-4): {identical}"]}
+            "notes": [f"losses identical across the three strategies (|diff| < 1e-4): {identical}", *notes,
+                      f"intervals: {stats.UNPAIRED_METHOD}; the first step of each run is left out"]}
 
 
 def study_scaling(s: StudyConfig) -> dict[str, Any]:
-    rows = []
+    rows, times = [], {}
     for n in range(1, s.nproc + 1):
         kw = {"threads": 1} if n == 1 else {"parallel": "ddp", "nproc": n, "threads": 1}
         r = _train(_train_cfg(s, f"scaling-{n}", **kw))
+        times[n] = r["step_times"]
         rows.append({"processes": n, "time_per_iter_s": _steady_mean(r["step_times"]),
+                     "time_per_iter_ci95": _time_ci(r["step_times"]),
                      "tokens_per_s": r["metrics"]["train_tokens_per_s"]})
     base = rows[0]
+    notes = [f"weak scaling: {s.batch_size} blocks per process per step, 1 thread each"]
     for row in rows:
         row["time_pct_of_single"] = 100 * row["time_per_iter_s"] / base["time_per_iter_s"]
         row["scaling_efficiency"] = row["tokens_per_s"] / (row["processes"] * base["tokens_per_s"])
-    return {"rows": rows, "notes": [f"weak scaling: {s.batch_size} blocks per process per step, 1 thread each"]}
+        if row["processes"] > 1:
+            cmp = stats.unpaired_ratio(_steady(times[1]), _steady(times[row["processes"]]))
+            notes.append(f"{row['processes']} processes vs 1, time per iteration: {cmp['verdict']}, "
+                         f"{stats.fmt_ratio(cmp)} (1.00x would be perfect weak scaling)")
+    notes.append(f"intervals: {stats.UNPAIRED_METHOD}; the first step of each run is left out")
+    return {"rows": rows, "notes": notes}
 
 
 def study_batch_size(s: StudyConfig) -> dict[str, Any]:
@@ -208,8 +235,11 @@ def _plot(name: str, result: dict[str, Any], path: Path) -> None:
     else:
         fig, ax = plt.subplots(figsize=(6.4, 4))
         if name == "sync":
-            ax.bar([r["sync"] for r in rows], [r["time_per_iter_s"] * 1e3 for r in rows])
-            ax.set_ylabel("time per iteration (ms)")
+            means = [r["time_per_iter_s"] * 1e3 for r in rows]
+            err = [[m - r["time_per_iter_ci95"][0] * 1e3 for m, r in zip(means, rows, strict=True)],
+                   [r["time_per_iter_ci95"][1] * 1e3 - m for m, r in zip(means, rows, strict=True)]]
+            ax.bar([r["sync"] for r in rows], means, yerr=err, capsize=4)
+            ax.set_ylabel("time per iteration (ms, 95% CI)")
         elif name == "scaling":
             ax.plot([r["processes"] for r in rows], [r["tokens_per_s"] for r in rows], "o-", label="measured")
             ax.plot([r["processes"] for r in rows], [r["processes"] * rows[0]["tokens_per_s"] for r in rows], "--",
@@ -244,12 +274,21 @@ def _plot(name: str, result: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def fmt_value(v: Any) -> str:
+    """A study table cell: 4 significant digits; an interval as lo-hi."""
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, list) and len(v) == 2 and all(isinstance(x, float) for x in v):
+        return f"{v[0]:.4g}-{v[1]:.4g}"
+    return str(v)
+
+
 def _markdown(name: str, result: dict[str, Any]) -> str:
     rows = result["rows"]
     cols = list(rows[0])
 
     def fmt(v):
-        return f"{v:.4g}" if isinstance(v, float) else str(v)
+        return fmt_value(v)
 
     lines = [f"# study: {name}", "", f"Device: {result['device']}; torch {result['versions'].get('torch')}", "",
              f"![{name}]({name}.png)", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]

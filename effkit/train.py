@@ -288,8 +288,10 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------ the end
     def finish(self, stage: str = "train", parent: str | None = None,
-               extra_metrics: Callable[[torch.nn.Module], dict[str, Any]] | None = None) -> dict[str, Any]:
-        """Final evaluation, the artifact `runs/<run>/<tag>/` and the report (rank 0 writes)."""
+               extra_metrics: Callable[[torch.nn.Module], dict[str, Any]] | None = None,
+               mark_latest: bool = True) -> dict[str, Any]:
+        """Final evaluation, the artifact `runs/<run>/<tag>/` and the report (rank 0 writes); `runs/latest`
+        points at the run unless `mark_latest` is off."""
         final = self.evaluate()
         if self.rows:
             self.rows[-1]["eval_loss"] = final["eval_loss"]
@@ -306,7 +308,8 @@ class Trainer:
                 meta = artifacts.write_meta(tmp, stage, report["config"], report["metrics"],
                                             data=self.cfg.data.to_dict(), parent=parent,
                                             extra={"what_ran": report["what_ran"]})
-            artifacts.set_latest(self.layout.runs_dir, self.layout.run_dir)
+            if mark_latest:
+                artifacts.set_latest(self.layout.runs_dir, self.layout.run_dir)
             report.update(artifact=str(artifact), time=meta["time"], versions=meta["versions"],
                           git_commit=meta["git_commit"])
             out = self.layout.report_dir
@@ -342,7 +345,7 @@ def build_report(tr: Trainer, stage: str, parent: str | None, final: dict[str, f
         "resumed_from_step": tr.resumed_from, "stopped_by": tr.stop_reason,
     }
     m = {
-        "eval_loss": final["eval_loss"], "perplexity": final["perplexity"], "eval_tokens": final["eval_tokens"],
+        **metrics.eval_summary(final),
         "final_train_loss": tr.rows[-1]["loss"] if tr.rows else None, "steps": tr.step,
         "train_tokens": tr.step * tr.tokens_per_step, "train_tokens_per_s": tokens_per_s,
         "train_wall_s": tr.train_wall, "flops_per_token": fpt, "mfu": mfu, "peak_flops": peak,
@@ -402,7 +405,7 @@ def train_from_dict(config: dict[str, Any]) -> dict[str, Any]:
 def finetune(cfg: TrainConfig, model: torch.nn.Module, rt: Runtime, *, stage: str, tag: str, parent: str,
              after_step: Callable[[torch.nn.Module], None] | None = None,
              extra_metrics: Callable[[torch.nn.Module], dict[str, Any]] | None = None,
-             progress: bool = True) -> dict[str, Any]:
+             progress: bool = True, mark_latest: bool = True) -> dict[str, Any]:
     """Fine-tune an already built `model` (e.g. pruned) with the one loop and save it as `runs/<run>/<tag>/`.
     `cfg.model.name` is the artifact it came from (for its tokenizer); with no step bound it is only
     evaluated and saved."""
@@ -410,7 +413,7 @@ def finetune(cfg: TrainConfig, model: torch.nn.Module, rt: Runtime, *, stage: st
     trainer = Trainer(cfg, rt, model=model, hooks=TrainHooks(after_optimizer_step=after_step), tag=tag,
                       progress=progress)
     trainer.fit()
-    return trainer.finish(stage=stage, parent=parent, extra_metrics=extra_metrics)
+    return trainer.finish(stage=stage, parent=parent, extra_metrics=extra_metrics, mark_latest=mark_latest)
 
 
 def train_in_processes(cfg: TrainConfig) -> dict[str, Any]:

@@ -109,3 +109,24 @@ def test_bench_bad_input(run_with_artifacts, tmp_path, capsys, monkeypatch):
     for args, needle in cases:
         code, err = run_cli(args, capsys, monkeypatch)
         assert code == 2 and len(err.splitlines()) == 1 and needle in err, (args, err)
+
+
+def test_bench_with_default_options_on_a_nano_model(run_with_artifacts):
+    """The default generation length (128) exceeds gpt2-nano's context after the prompt: capped, and said."""
+    tmp, dirs, _, (dense, pruned, _) = run_with_artifacts
+    report = run_bench(BenchConfig(paths=(dense, pruned), runs_dir=dirs["runs_dir"],
+                                   reports_dir=str(tmp / "reports-default")), progress=False)
+    ref, row = report["artifacts"]
+    assert ref["eval_loss_delta"] == {"delta": 0.0, "ci95": [0.0, 0.0], "verdict": "same", "blocks": 4}
+    for r in (ref, row):
+        assert any("capped" in f for f in r["flags"])
+        assert r["generation"]["new_tokens"] < 128
+        for b in (1, 12):
+            ratio = r[f"latency_ratio_b{b}"]
+            assert set(ratio) >= {"ratio", "ci95", "verdict"} and ratio["rounds"] == 8
+            assert ratio["verdict"] in ("faster", "slower", "same")
+        lo, hi = r["eval_loss_ci95"]
+        assert lo <= r["eval_loss"] <= hi
+    assert "interleaved" in report["protocol"]["latency"] and "Student-t" in report["protocol"]["latency"]
+    md = (tmp / "reports-default" / "b" / "bench.md").read_text()
+    assert "x (" in md and "95%" in md

@@ -121,3 +121,34 @@ def test_doctor_reports_this_machine():
     out = CliRunner().invoke(cli.app, ["doctor"], env={"COLUMNS": "200"})
     assert out.exit_code == 0, out.output
     assert "gloo" in out.output and "int8 backend dynamic" in out.output and "GFLOP/s" in out.output
+
+
+@pytest.mark.parametrize("name", ["../x", "/abs/path", "latest", "a/b", "..", ".hidden", ""])
+def test_run_names_cannot_leave_the_runs_folder(name, tmp_path, corpus_dir, capsys, monkeypatch):
+    args = tiny(tmp_path, corpus_dir)
+    args[args.index("--run-name") + 1] = name
+    if name == "":  # an empty name means: make one up; refused only as a recipe value of `effkit run`
+        recipe = tmp_path / "r.toml"
+        recipe.write_text('[run]\nrun_name = ""\n')
+        args = ["run", str(recipe)]
+    code, err = run_cli(args, capsys, monkeypatch)
+    assert code == 2 and len(err.splitlines()) == 1 and "not a plain name" in err, err
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "x").exists()
+
+
+def test_a_recipe_run_name_outside_runs_is_refused_before_anything_is_deleted(tmp_path, capsys, monkeypatch):
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious.txt").write_text("keep me")
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(f'[run]\nrun_name = "../victim"\nruns_dir = "{tmp_path / "runs"}"\n')
+    code, err = run_cli(["run", "--force", str(recipe)], capsys, monkeypatch)
+    assert code == 2 and "not a plain name" in err
+    assert (victim / "precious.txt").read_text() == "keep me"
+
+
+def test_output_folder_that_is_a_file_fails_before_training(tmp_path, corpus_dir, capsys, monkeypatch):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    code, err = run_cli(tiny(tmp_path, corpus_dir, "--reports-dir", str(afile)), capsys, monkeypatch)
+    assert_clean_failure(code, err, tmp_path, "is a file, not a folder")

@@ -1,3 +1,4 @@
+import csv
 import json
 import sys
 
@@ -113,3 +114,52 @@ def test_prune_refuses_non_effkit_and_quantized_folders(trained, tmp_path, capsy
                                                    "metrics": {}}))
     code, err = run_cli(["--from", str(quant)], capsys, monkeypatch)
     assert code == 2 and "is a quantized artifact" in err and len(err.splitlines()) == 1
+
+
+def test_the_control_arm_is_a_plain_finetune_of_the_parent_and_is_reused(trained):
+    from pathlib import Path
+
+    from effkit import artifacts
+    from effkit.artifacts import RunLayout
+    from effkit.config import DataConfig
+    from effkit.model import load_model
+    from effkit.parallel import init_runtime
+    from effkit.prune.stage import finetune_config
+    from effkit.train import finetune
+
+    tmp, artifact = trained
+    cfg = prune_cfg(tmp, artifact, mode="row", target=0.5)
+    report = run_prune(cfg, progress=False)
+    controls = sorted(p.name for p in (tmp / "runs" / "p" / "controls").iterdir())
+    assert len(controls) == 2 and all(p.endswith(("-r1", "-r2")) for p in controls)
+    for row in report["curve"][1:]:
+        d = row["eval_loss_delta_vs_control"]
+        assert set(d) >= {"delta", "ci95", "verdict"} and d["ci95"][0] <= d["delta"] <= d["ci95"][1]
+        assert row["control_eval_loss"] is not None
+    saved = json.loads((tmp / "runs" / "p" / "prune-row-r1" / "effkit.json").read_text())["metrics"]
+    assert saved["eval_loss_delta_vs_control"]["verdict"] in ("better", "worse", "same")
+
+    # the same fine-tuning of round 1, done by hand on the unpruned parent
+    meta = artifacts.read_meta(Path(artifact))
+    layout = RunLayout.of(tmp / "plain-runs", tmp / "plain-reports", "plain")
+    plain = finetune(finetune_config(cfg, Path(artifact), meta, DataConfig.from_dict(meta["data"]), 1, layout),
+                     load_model(artifact), init_runtime("cpu"), stage="control", tag="plain", parent=artifact,
+                     progress=False)
+    assert plain["metrics"]["eval_loss"] == report["curve"][1]["control_eval_loss"]
+    steps = tmp / "reports" / "p" / "controls" / f"{controls[0]}_steps.csv"
+    plain_steps = tmp / "plain-reports" / "plain" / "plain_steps.csv"
+    assert [r["loss"] for r in csv.DictReader(steps.open())] == [r["loss"] for r in csv.DictReader(plain_steps.open())]
+
+    # the weight mode with the same fine-tuning budget reuses the control instead of training it again
+    before = {p: p.stat().st_mtime for p in (tmp / "runs" / "p" / "controls").rglob("effkit.json")}
+    weight = run_prune(prune_cfg(tmp, artifact, mode="weight", target=0.5), progress=False)
+    after = {p: p.stat().st_mtime for p in (tmp / "runs" / "p" / "controls").rglob("effkit.json")}
+    assert before == after
+    assert weight["curve"][2]["control_eval_loss"] == report["curve"][2]["control_eval_loss"]
+
+
+def test_no_control_says_the_delta_is_confounded(trained):
+    tmp, artifact = trained
+    report = run_prune(prune_cfg(tmp, artifact, mode="row", target=0.25, rounds=1, control=False), progress=False)
+    assert report["curve"][1]["eval_loss_delta_vs_control"] is None
+    assert any("confounded" in v for v in report["verdicts"])

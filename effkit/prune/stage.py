@@ -1,15 +1,22 @@
 """`effkit prune`: iterative pruning to a target, fine-tuning between rounds with the one training loop,
-one artifact per round, and a report with the whole curve (loss, sparsity, FLOPs, measured latency)."""
+one artifact per round, and a report with the whole curve (loss, sparsity, FLOPs, measured latency).
+
+Every round is judged against two baselines: the dense parent (latency, measured paired and interleaved with
+the pruned model) and the dense control (the parent fine-tuned with the same steps, data order and learning
+rate as the pruned model, so that "pruning cost nothing" cannot be an artefact of the extra training). The
+control is one chain of fine-tuning per distinct fine-tuning budget, kept under `runs/<run>/controls/` and
+reused by every mode and every later prune run of that budget."""
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from effkit import artifacts, metrics
+from effkit import artifacts, metrics, stats
 from effkit.artifacts import RunLayout, prune_tag
 from effkit.config import DataConfig, ModelConfig, ParallelConfig, PruneConfig, TrainConfig
 from effkit.data import prepare
@@ -37,8 +44,8 @@ def mlp_weights(model) -> int:
     return sum(b.mlp.c_fc.weight.numel() + b.mlp.c_proj.weight.numel() for b in model.transformer.h)
 
 
-def stage_metrics(model, block: int, repeats: int, dense: dict[str, Any] | None) -> dict[str, Any]:
-    """Size, sparsity, FLOPs and measured latency of `model`; speed-ups against `dense` when given.
+def stage_metrics(model, block: int, dense: dict[str, Any] | None) -> dict[str, Any]:
+    """Size, sparsity and FLOPs of `model`; the FLOPs speed-up against `dense` when given.
     `achieved_sparsity`: the fraction of prunable weights removed. Weight mode counts zeros among the block
     Linear weights; row mode counts the MLP weights physically removed (the row-prunable ones)."""
     zeros, total = sparsity(model)
@@ -52,14 +59,53 @@ def stage_metrics(model, block: int, repeats: int, dense: dict[str, Any] | None)
         "flops_per_token_dense": forward_flops_per_token(model, block),
         "flops_per_token_nonzero": forward_flops_per_token(model, block, nonzero_only=True),
     }
-    for b in LAT_BATCHES:
-        m[f"latency_b{b}"] = metrics.measure_latency(model, b, block, repeats=repeats)
     if dense is not None:
-        for b in LAT_BATCHES:
-            m[f"speedup_measured_b{b}"] = dense[f"latency_b{b}"]["p50_s"] / m[f"latency_b{b}"]["p50_s"]
         key = "flops_per_token_dense" if model.config.n_inner else "flops_per_token_nonzero"
         m["speedup_projected_from_flops"] = dense["flops_per_token_dense"] / m[key]
     return m
+
+
+def paired_latency(dense_model, model, block: int, cfg: PruneConfig) -> dict[str, Any]:
+    """Forward latency of `model` against the dense parent at batch 1 and 12, interleaved: the p50 of each
+    and the paired ratio with its 95% interval and verdict."""
+    out: dict[str, Any] = {}
+    was_training = model.training
+    model.eval()
+    for b in LAT_BATCHES:
+        samples = metrics.interleaved({"dense": metrics.forward_timer(dense_model, b, block),
+                                       "pruned": metrics.forward_timer(model, b, block)},
+                                      cfg.latency_rounds, cfg.latency_repeats, warmup=2)
+        out[f"latency_b{b}"] = metrics.latency_stats([t for rnd in samples["pruned"] for t in rnd])
+        out[f"dense_latency_b{b}"] = metrics.latency_stats([t for rnd in samples["dense"] for t in rnd])
+        out[f"latency_ratio_b{b}"] = stats.paired_ratio(samples["dense"], samples["pruned"])
+    model.train(was_training)
+    return out
+
+
+class ControlArm:
+    """The dense parent fine-tuned round after round with exactly the pruned model's fine-tuning (steps, data
+    order, learning rate), kept as artifacts under `runs/<run>/controls/<budget>-r<k>/` and reused."""
+
+    def __init__(self, cfg: PruneConfig, source: Path, meta: dict[str, Any], data: DataConfig, layout: RunLayout,
+                 rt: Runtime, progress: bool):
+        self.cfg, self.source, self.meta, self.data, self.rt, self.progress = cfg, source, meta, data, rt, progress
+        self.layout = RunLayout.of(layout.run_dir, layout.report_dir, "controls")
+        self.budget = (f"control-ft{cfg.finetune_steps}-lr{cfg.lr:g}-b{cfg.batch_size}-w{cfg.warmup_steps}"
+                       f"-s{cfg.seed}")
+
+    def artifact(self, round_: int) -> Path:
+        return self.layout.artifact(f"{self.budget}-r{round_}") if round_ else self.source
+
+    def after(self, round_: int):
+        """The control model after `round_` rounds of fine-tuning (made, or loaded from its artifact)."""
+        path = self.artifact(round_)
+        if (path / artifacts.META).is_file():
+            return load_model(str(path)).to(self.rt.device)
+        model = self.after(round_ - 1)
+        finetune(finetune_config(self.cfg, self.source, self.meta, self.data, round_, self.layout), model, self.rt,
+                 stage="control", tag=path.name, parent=str(self.artifact(round_ - 1)), progress=self.progress,
+                 mark_latest=False)
+        return model
 
 
 def _check_source(path: Path) -> dict[str, Any]:
@@ -97,26 +143,32 @@ def run_prune(cfg: PruneConfig, progress: bool = True) -> dict[str, Any]:
     block = data_cfg.block_size
     torch.manual_seed(cfg.seed)
 
-    model = load_model(str(source)).to(rt.device)
-    dense = stage_metrics(model, block, cfg.latency_repeats, None)
-    dense_eval = meta["metrics"].get("eval_loss")
+    dense_model = load_model(str(source)).to(rt.device).eval()
+    model = copy.deepcopy(dense_model).train()
+    blocks = prepare(data_cfg, tokenizer_from=str(source)).blocks
+    dense = stage_metrics(model, block, None)
+    dense_eval = metrics.evaluate(dense_model, blocks.eval, cfg.batch_size)
+    dense.update(metrics.eval_summary(dense_eval))
+    # without fine-tuning there is no extra training to control for: the dense parent is the control
+    control = ControlArm(cfg, source, meta, data_cfg, layout, rt, progress) if cfg.control and cfg.finetune_steps \
+        else None
     n_inner0 = dense["n_inner"]
     masks: dict[str, torch.Tensor] | None = None
     calib = None
     if cfg.importance == "wanda":
-        blocks = prepare(data_cfg, tokenizer_from=str(source)).blocks
         g = torch.Generator().manual_seed(cfg.seed)
         idx = torch.randperm(len(blocks.train), generator=g)[: cfg.calib_batches * cfg.batch_size]
         calib = list(blocks.train[idx].split(cfg.batch_size))
 
     rows: list[dict[str, Any]] = [{"round": 0, "target": 0.0, "achieved_sparsity": dense["achieved_sparsity"],
-                                   "eval_loss": dense_eval, "params": dense["params"],
-                                   "flops_per_token": dense["flops_per_token_dense"],
-                                   "latency_b1_s": dense["latency_b1"]["p50_s"],
-                                   "latency_b12_s": dense["latency_b12"]["p50_s"], "artifact": str(source)}]
+                                   "eval_loss": dense["eval_loss"], "eval_loss_ci95": dense["eval_loss_ci95"],
+                                   "control_eval_loss": dense["eval_loss"], "params": dense["params"],
+                                   "flops_per_token": dense["flops_per_token_dense"], "artifact": str(source)}]
     parent = str(source)
     for r in range(1, cfg.rounds + 1):
         fraction = cfg.target * r / cfg.rounds
+        control_eval = (metrics.evaluate(control.after(r), blocks.eval, cfg.batch_size) if control
+                        else dense_eval if cfg.control else None)
         if cfg.mode == "weight":
             masks = compute_masks(model, fraction, cfg.importance, cfg.scope, calib, previous=masks)
             apply_masks(model, masks)
@@ -125,50 +177,96 @@ def run_prune(cfg: PruneConfig, progress: bool = True) -> dict[str, Any]:
             keep = max(1, round(n_inner0 * (1 - fraction)))
             prune_mlp_channels(model, keep)
             after_step = None
-        extra = (lambda mdl, f=fraction, r=r: {"prune": {"mode": cfg.mode, "round": r, "target": f,
-                                                    "final_target": cfg.target, "importance": cfg.importance,
-                                                    "scope": cfg.scope if cfg.mode == "weight" else None},
-                                          **stage_metrics(mdl, block, cfg.latency_repeats, dense)})
+
+        def extra(mdl, f=fraction, r=r, control_eval=control_eval):
+            m = {"prune": {"mode": cfg.mode, "round": r, "target": f, "final_target": cfg.target,
+                           "importance": cfg.importance, "scope": cfg.scope if cfg.mode == "weight" else None},
+                 **stage_metrics(mdl, block, dense), **paired_latency(dense_model, mdl, block, cfg)}
+            own = metrics.evaluate(mdl, blocks.eval, cfg.batch_size)
+            m["eval_loss_delta_vs_dense"] = stats.paired_delta(dense_eval["block_losses"], own["block_losses"])
+            if control_eval is not None:
+                m["control_eval_loss"] = control_eval["eval_loss"]
+                m["control_eval_loss_ci95"] = control_eval["eval_loss_ci95"]
+                m["control_artifact"] = str(control.artifact(r) if control else source)
+                m["eval_loss_delta_vs_control"] = stats.paired_delta(control_eval["block_losses"],
+                                                                     own["block_losses"])
+            return m
+
         report = finetune(finetune_config(cfg, source, meta, data_cfg, r, layout), model, rt, stage="prune",
                           tag=prune_tag(cfg.mode, r), parent=parent, after_step=after_step, extra_metrics=extra,
                           progress=progress)
         m = report["metrics"]
         rows.append({"round": r, "target": fraction, "achieved_sparsity": m["achieved_sparsity"],
-                     "eval_loss": m["eval_loss"], "params": m["params"],
+                     "eval_loss": m["eval_loss"], "eval_loss_ci95": m["eval_loss_ci95"],
+                     "control_eval_loss": m.get("control_eval_loss"),
+                     "eval_loss_delta_vs_control": m.get("eval_loss_delta_vs_control"),
+                     "eval_loss_delta_vs_dense": m["eval_loss_delta_vs_dense"], "params": m["params"],
                      "flops_per_token": m["flops_per_token_dense" if cfg.mode == "row" else "flops_per_token_nonzero"],
                      "latency_b1_s": m["latency_b1"]["p50_s"], "latency_b12_s": m["latency_b12"]["p50_s"],
-                     "speedup_measured_b12": m["speedup_measured_b12"],
+                     "latency_ratio_b1": m["latency_ratio_b1"], "latency_ratio_b12": m["latency_ratio_b12"],
                      "speedup_projected": m["speedup_projected_from_flops"], "artifact": report["artifact"]})
         parent = report["artifact"]
 
-    return write_prune_report(cfg, layout, rows, dense, rt)
+    return write_prune_report(cfg, layout, rows, dense, rt, block)
+
+
+def round_verdict(cfg: PruneConfig, row: dict[str, Any], dense: dict[str, Any]) -> str:
+    """`weight 50%: latency b12: same, ≈ 0.98x (0.91-1.05); params 1.00x; loss vs control: worse, +0.4% (...)`."""
+    parts = [stats.summary_of(row["latency_ratio_b12"], "latency b12"),
+             f"params {row['params'] / dense['params']:.2f}x"]
+    if row.get("eval_loss_delta_vs_control"):
+        parts.append(stats.summary_of(row["eval_loss_delta_vs_control"], "loss vs control"))
+    else:
+        parts.append(stats.summary_of(row["eval_loss_delta_vs_dense"], "loss vs dense (confounded with the extra "
+                                                                        "training: run with the control)"))
+    return f"{cfg.mode} {row['achieved_sparsity']:.0%} (round {row['round']}): " + "; ".join(parts)
 
 
 def write_prune_report(cfg: PruneConfig, layout: RunLayout, rows: list[dict[str, Any]], dense: dict[str, Any],
-                       rt: Runtime) -> dict[str, Any]:
+                       rt: Runtime, block: int) -> dict[str, Any]:
     out = layout.report_dir
-    verdicts = []
+    verdicts = [round_verdict(cfg, row, dense) for row in rows[1:]]
     last = rows[-1]
-    if cfg.mode == "weight" and last["speedup_measured_b12"] < 1.1:
-        verdicts.append("pruning reduced FLOPs (counting non-zeros) but not latency: dense kernels still multiply "
-                        "the zeros; the gain is in compressibility, not speed")
-    if dense.get("eval_loss") and last["eval_loss"] > 1.03 * rows[0]["eval_loss"]:
-        verdicts.append(f"eval loss rose {last['eval_loss'] / rows[0]['eval_loss'] - 1:.1%} over dense")
+    if cfg.mode == "weight" and last["latency_ratio_b12"]["verdict"] != "faster":
+        verdicts.append("unstructured zeros reduced FLOPs (counting non-zeros) but not latency: dense kernels "
+                        "still multiply the zeros; the gain is in compressibility, not speed")
+    if not cfg.control:
+        verdicts.append("no control arm (--no-control): the loss deltas against the dense parent are confounded "
+                        "with the extra fine-tuning steps")
     report = {
         "stage": "prune", "tag": f"prune-{cfg.mode}", "run": layout.name, "artifact": last["artifact"],
         "config": cfg.to_dict(), "curve": rows, "dense": dense, "verdicts": verdicts,
-        "protocol": {"eval_loss": metrics.EVAL_PROTOCOL,
-                     "latency": metrics.LATENCY_PROTOCOL.format(warmup=3, repeats=cfg.latency_repeats)
-                     + f"; p50 reported; device {metrics.describe_device(rt.device)}",
+        "protocol": {"eval_loss": metrics.EVAL_PROTOCOL + "; " + stats.LOSS_METHOD,
+                     "control": ("the dense parent fine-tuned with the same steps, data order and learning rate "
+                                 "as each round (cumulative, like the pruned model), one chain per fine-tuning "
+                                 "budget, cached under runs/<run>/controls/") if cfg.control else "not run",
+                     "latency": f"forward of (batch, {block}) random tokens, pruned model and dense parent "
+                                + metrics.INTERLEAVED_PROTOCOL.format(warmup=2, rounds=cfg.latency_rounds,
+                                                                      repeats=cfg.latency_repeats)
+                                + f"; {stats.RATIO_METHOD}; device {metrics.describe_device(rt.device)}",
                      "sparsity": "counted zeros over the Linear weights of the transformer blocks",
                      "flops": "forward FLOPs/token = 2 x (block Linear weights + LM head) + 4*L*d*T; weight mode "
                               "counts non-zero weights (what sparse kernels could skip)"},
         "versions": artifacts.versions(), "git_commit": artifacts.git_commit(),
     }
     atomic_write_text(out / f"prune-{cfg.mode}.json", json.dumps(report, indent=2, default=str))
-    write_rows_csv(out / f"prune-{cfg.mode}.csv", rows)
+    write_rows_csv(out / f"prune-{cfg.mode}.csv", [flat_curve_row(r) for r in rows])
     plot_prune_curves(out)
     return report
+
+
+def flat_curve_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A curve row for CSV: every interval as _lo / _hi columns."""
+    out: dict[str, Any] = {}
+    for k, v in row.items():
+        if isinstance(v, dict):
+            value = v.get("ratio", v.get("delta"))
+            out.update({k: value, f"{k}_lo": v["ci95"][0], f"{k}_hi": v["ci95"][1], f"{k}_verdict": v["verdict"]})
+        elif isinstance(v, list):
+            out.update({f"{k}_lo": v[0], f"{k}_hi": v[1]})
+        else:
+            out[k] = v
+    return out
 
 
 __all__ = ["forward_flops_per_token", "run_prune"]

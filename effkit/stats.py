@@ -1,0 +1,130 @@
+"""Confidence intervals and verdicts for every comparison effkit prints.
+
+- Timings and throughputs (`paired_ratio`): the contenders are measured in interleaved rounds (see
+  `metrics.interleaved`); each round gives one median per contender, so drift of the machine hits every
+  contender of that round alike. The ratio to the reference is the geometric mean of the per-round ratios, with
+  a 95% Student-t interval on the mean of their logarithms (n = rounds, n - 1 degrees of freedom): a paired
+  method that stays honest with few rounds. Verdict: `faster` / `slower` when the interval excludes 1, else
+  `same`.
+- Held-out loss (`mean_ci`, `paired_delta`): per-block mean losses over the same fixed blocks; the 95% t-interval
+  over blocks for one model, and for two models the paired per-block difference, relative to the reference's
+  mean loss. Verdict: `better` / `worse` when the interval excludes 0, else `same`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from statistics import fmean, median, stdev
+from typing import Any
+
+CONFIDENCE = 0.95
+# two-sided 95% quantiles of Student's t for 1..30 degrees of freedom; beyond that the normal 1.96 is within 2%
+_T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
+
+RATIO_METHOD = ("paired, interleaved rounds: per round the median of each contender's repeats; ratio = geometric "
+                "mean of the per-round ratios to the reference; 95% Student-t interval on the mean log ratio "
+                "(n = rounds); verdict faster/slower only when the interval excludes 1")
+LOSS_METHOD = ("per-block mean cross-entropy over the same held-out blocks; 95% Student-t interval over blocks; "
+               "a delta between two models is the paired per-block difference, relative to the reference's loss; "
+               "verdict better/worse only when the interval excludes 0")
+
+
+def t95(df: int) -> float:
+    if df < 1:
+        return math.inf
+    return _T95[df - 1] if df <= len(_T95) else 1.96
+
+
+def mean_ci(values: Sequence[float]) -> tuple[float, float, float]:
+    """(mean, low, high): the 95% t-interval of the mean (zero width for a constant sample)."""
+    m = fmean(values)
+    if len(values) < 2:
+        return m, -math.inf, math.inf
+    half = t95(len(values) - 1) * stdev(values) / math.sqrt(len(values))
+    return m, m - half, m + half
+
+
+def paired_ratio(reference: Sequence[Sequence[float]], other: Sequence[Sequence[float]],
+                 higher_is_better: bool = False) -> dict[str, Any]:
+    """Ratio other / reference of interleaved measurements (one list of repeats per round, rounds aligned),
+    with its 95% interval and a verdict (`faster` / `slower` / `same`). Times: lower is better; rates
+    (tokens/s): `higher_is_better`."""
+    if len(reference) != len(other) or not reference:
+        raise ValueError("paired_ratio needs the same, non-zero number of rounds for both contenders")
+    logs = [math.log(median(o) / median(r)) for r, o in zip(reference, other, strict=True)]
+    m, lo, hi = mean_ci(logs)
+    ratio, ci = math.exp(m), [math.exp(lo), math.exp(hi)] if math.isfinite(lo) else [0.0, math.inf]
+    if ci[1] < 1:
+        verdict = "slower" if higher_is_better else "faster"
+    elif ci[0] > 1:
+        verdict = "faster" if higher_is_better else "slower"
+    else:
+        verdict = "same"
+    return {"ratio": ratio, "ci95": ci, "verdict": verdict, "rounds": len(logs)}
+
+
+def paired_delta(reference: Sequence[float], other: Sequence[float]) -> dict[str, Any]:
+    """Relative change of the mean loss of `other` against `reference`, paired by block, with its 95% interval
+    and a verdict (`better` / `worse` / `same`; lower loss is better)."""
+    if len(reference) != len(other) or not reference:
+        raise ValueError("paired_delta needs the same, non-zero number of blocks for both models")
+    base = fmean(reference)
+    m, lo, hi = mean_ci([o - r for r, o in zip(reference, other, strict=True)])
+    delta, ci = m / base, [lo / base, hi / base]
+    if m == 0 and lo == hi == 0:
+        ci = [0.0, 0.0]
+    verdict = "worse" if ci[0] > 0 else "better" if ci[1] < 0 else "same"
+    return {"delta": delta, "ci95": ci, "verdict": verdict, "blocks": len(reference)}
+
+
+def fmt_ratio(r: dict[str, Any]) -> str:
+    """`0.71x (0.66-0.76)`; `≈ 0.98x (0.91-1.05)` when the interval contains 1."""
+    lo, hi = r["ci95"]
+    mark = "≈ " if r["verdict"] == "same" else ""
+    return f"{mark}{r['ratio']:.2f}x ({lo:.2f}-{hi:.2f})"
+
+
+def fmt_delta(d: dict[str, Any]) -> str:
+    """`+0.4% (+0.1 to +0.7%)`; `≈ +0.1% (-0.2 to +0.4%)` when the interval contains 0."""
+    lo, hi = d["ci95"]
+    mark = "≈ " if d["verdict"] == "same" else ""
+    return f"{mark}{d['delta']:+.1%} ({lo * 100:+.1f} to {hi * 100:+.1f}%)"
+
+
+def summary_of(r: dict[str, Any], what: str) -> str:
+    """`latency b12: faster, 0.71x (0.66-0.76)`."""
+    return f"{what}: {r['verdict']}, " + (fmt_ratio(r) if "ratio" in r else fmt_delta(r))
+
+
+def median_of_rounds(samples: Sequence[Sequence[float]]) -> float:
+    """The median of every sample of every round."""
+    return median([x for rnd in samples for x in rnd])
+
+
+UNPAIRED_METHOD = ("separate runs, not interleaved: ratio of geometric means of the per-step times, 95% Welch "
+                   "t-interval on the difference of mean log times")
+
+
+def unpaired_ratio(reference: Sequence[float], other: Sequence[float],
+                   higher_is_better: bool = False) -> dict[str, Any]:
+    """Ratio other / reference of two independent samples (e.g. step times of two separate runs), with a 95%
+    Welch interval on the log scale and a verdict. Use `paired_ratio` whenever the runs can be interleaved."""
+    if len(reference) < 2 or len(other) < 2:
+        raise ValueError("unpaired_ratio needs at least two samples on each side")
+    la, lb = [math.log(x) for x in reference], [math.log(x) for x in other]
+    va, vb = stdev(la) ** 2 / len(la), stdev(lb) ** 2 / len(lb)
+    diff = fmean(lb) - fmean(la)
+    se = math.sqrt(va + vb)
+    df = (va + vb) ** 2 / ((va ** 2 / (len(la) - 1)) + (vb ** 2 / (len(lb) - 1))) if se > 0 else 1
+    half = t95(max(1, int(df))) * se
+    ci = [math.exp(diff - half), math.exp(diff + half)]
+    better, worse = ("faster", "slower")
+    if ci[1] < 1:
+        verdict = worse if higher_is_better else better
+    elif ci[0] > 1:
+        verdict = better if higher_is_better else worse
+    else:
+        verdict = "same"
+    return {"ratio": math.exp(diff), "ci95": ci, "verdict": verdict, "method": "unpaired"}
