@@ -64,6 +64,8 @@ def bench_one(path: Path, cfg: BenchConfig, tokenizer, eval_blocks: torch.Tensor
                              "params": sum(p.numel() for p in model.parameters()),
                              "size_bytes": artifacts.dir_size(path), "quantized": is_quantized(path)}
         r.update(metrics.evaluate(model, eval_blocks, cfg.batch_size))
+        if "eval_loss_delta_vs_control" in meta["metrics"]:  # measured by the prune stage on the same blocks
+            r["eval_loss_delta_vs_control"] = meta["metrics"]["eval_loss_delta_vs_control"]
         r["generation"] = generate_sample(model, tokenizer, cfg.gen_tokens)
         for b in LAT_BATCHES:
             metrics.forward_timer(model, b, block)()
@@ -196,7 +198,7 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
                        + interleave.format(repeats=cfg.repeats) + f"; {stats.RATIO_METHOD}; p50/p90/p99 over all "
                        "timed repeats",
             "generation": f"greedy decoding with the KV cache, {rows[0]['generation']['new_tokens']} new tokens "
-                          "(capped by the smallest context) per call, new tokens / wall time; "
+                          "per call (capped by the smallest context when needed), new tokens / wall time; "
                           + interleave.format(repeats=1),
             "training_throughput": f"one forward+backward+AdamW step on a private copy, batch x {block} tokens, "
                                    "tokens / wall time; " + interleave.format(repeats=cfg.train_steps),
@@ -217,9 +219,11 @@ def verdicts(rows: list[dict[str, Any]]) -> list[str]:
     """One line per artifact, in words, following the statistics."""
     out = []
     for r in rows[1:]:
-        parts = [stats.summary_of(r["latency_ratio_b12"], "latency b12"),
-                 f"size {r['size_ratio']:.2f}x",
-                 stats.summary_of(r["eval_loss_delta"], "loss").replace("better", "lower").replace("worse", "higher")]
+        parts = [stats.summary_of(r["latency_ratio_b12"], "latency b12"), f"size {r['size_ratio']:.2f}x",
+                 stats.summary_of(r["eval_loss_delta"], f"loss vs {rows[0]['tag']}")]
+        if r.get("eval_loss_delta_vs_control"):
+            parts.append(stats.summary_of(r["eval_loss_delta_vs_control"], "loss vs its dense control (same "
+                                                                          "fine-tuning)"))
         out.append(f"{r['tag']}: " + "; ".join(parts))
     return out
 

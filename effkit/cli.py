@@ -35,17 +35,23 @@ def _console():
     return probe if probe.is_terminal else Console(width=160)
 
 
+TERMINAL_BENCH_COLUMNS = ("artifact", "eval loss (95% CI)", "Δ loss vs ref", "lat b12 ms", "b12 vs ref", "gen vs ref",
+                          "train vs ref", "size MiB", "peak MiB")
+
+
 def _bench_table(report: dict, title: str):
+    """The bench table for a terminal: the columns that decide (bench.md has them all)."""
     from rich.table import Table
 
     from effkit.bench import table_rows
 
     cols, rows = table_rows(report)
+    keep = [cols.index(c) for c in TERMINAL_BENCH_COLUMNS]
     t = Table(title=title)
-    for c in cols:
-        t.add_column(c, justify="left" if c == "artifact" else "right")
+    for i in keep:
+        t.add_column(cols[i], justify="left" if cols[i] == "artifact" else "right", no_wrap=cols[i] == "artifact")
     for r in rows:
-        t.add_row(*r)
+        t.add_row(*[r[i] for i in keep])
     return t
 
 

@@ -197,10 +197,11 @@ def plot_comparison(out: Path) -> Path | None:
         pairs = list(zip(values, cis, strict=True))
         return [[v - c[0] for v, c in pairs], [c[1] - v for v, c in pairs]]
 
-    loss = [r["eval_loss"] for r in rows]
-    axes[0].barh(tags, loss, color=colors, xerr=err(loss, [r["eval_loss_ci95"] for r in rows]), capsize=3)
-    axes[0].set_xlim(min(c[0] for c in (r["eval_loss_ci95"] for r in rows)) * 0.98, None)
-    axes[0].set_title("held-out loss (95% CI)")
+    deltas = [r["eval_loss_delta"]["delta"] * 100 for r in rows]
+    axes[0].barh(tags, deltas, color=colors, capsize=3,
+                 xerr=err(deltas, [[c * 100 for c in r["eval_loss_delta"]["ci95"]] for r in rows]))
+    axes[0].axvline(0.0, color="k", lw=0.8)
+    axes[0].set_title(f"Δ held-out loss vs {rows[0]['tag']} (%, paired 95% CI)")
     ratios = [r["latency_ratio_b12"]["ratio"] for r in rows]
     axes[1].barh(tags, ratios, color=colors, xerr=err(ratios, [r["latency_ratio_b12"]["ci95"] for r in rows]),
                  capsize=3)
@@ -219,7 +220,9 @@ def plot_comparison(out: Path) -> Path | None:
 
 
 def plot_prune_curves(out: Path) -> list[Path]:
-    """Eval loss against sparsity and latency against sparsity, one line per pruning mode found."""
+    """prune_loss.png: held-out loss of each pruning mode next to its dense control (left), and the paired loss
+    change against the control with its 95% interval (right: what pruning cost). prune_latency.png: batch-12
+    latency relative to the dense parent (paired, 95% interval). One line per pruning mode found."""
     curves = {}
     for p in sorted(Path(out).glob("prune-*.json")):
         data = json.loads(p.read_text())
@@ -228,43 +231,53 @@ def plot_prune_curves(out: Path) -> list[Path]:
     if not curves:
         return []
     plt = pyplot()
-    paths = []
-    for key, ylabel, fname in (("eval_loss", "held-out loss (nats/token; band: 95% CI)", "prune_loss.png"),
-                               ("latency", "latency b12 / dense (paired, 95% CI)", "prune_latency.png")):
-        fig, ax = plt.subplots(figsize=(6.4, 4))
-        for i, (mode, rows) in enumerate(curves.items()):
-            color = f"C{i}"
-            xs = [r["achieved_sparsity"] for r in rows]
-            label = f"{mode} ({'zeroed block weights' if mode == 'weight' else 'MLP removed'})"
-            if key == "eval_loss":
-                ys = [r["eval_loss"] for r in rows]
-                cis = [r.get("eval_loss_ci95") for r in rows]
-                ax.plot(xs, ys, "o-", color=color, label=label)
-                if all(cis):
-                    ax.fill_between(xs, [c[0] for c in cis], [c[1] for c in cis], color=color, alpha=0.12)
-                ctrl = [(x, r["control_eval_loss"]) for x, r in zip(xs, rows, strict=True)
-                        if r.get("control_eval_loss") is not None]
-                if len(ctrl) > 1:
-                    ax.plot(*zip(*ctrl, strict=True), "s--", color=color, alpha=0.7,
-                            label=f"{mode}: dense control, same fine-tuning")
-            else:
-                pts = [(x, r["latency_ratio_b12"]) for x, r in zip(xs, rows, strict=True) if r.get("latency_ratio_b12")]
-                pts = [(0.0, {"ratio": 1.0, "ci95": [1.0, 1.0]})] + pts
-                ratios = [p["ratio"] for _, p in pts]
-                below = [p["ratio"] - p["ci95"][0] for _, p in pts]
-                above = [p["ci95"][1] - p["ratio"] for _, p in pts]
-                ax.errorbar([x for x, _ in pts], ratios, yerr=[below, above], capsize=3, fmt="o-", color=color,
-                            label=label)
-                ax.axhline(1.0, color="k", lw=0.8)
+    label = {"weight": "weight (zeroed block weights)", "row": "row (MLP channels removed)"}
+
+    def errorbars(ax, xs, cis, color, lab, fmt="o-"):
+        values = [c["ratio"] if "ratio" in c else c["delta"] * 100 for c in cis]
+        scale = 1 if "ratio" in cis[0] else 100
+        below = [v - c["ci95"][0] * scale for v, c in zip(values, cis, strict=True)]
+        above = [c["ci95"][1] * scale - v for v, c in zip(values, cis, strict=True)]
+        ax.errorbar(xs, values, yerr=[below, above], capsize=3, fmt=fmt, color=color, label=lab)
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for i, (mode, rows) in enumerate(curves.items()):
+        color, xs = f"C{i}", [r["achieved_sparsity"] for r in rows]
+        left.plot(xs, [r["eval_loss"] for r in rows], "o-", color=color, label=label.get(mode, mode))
+        ctrl = [(x, r["control_eval_loss"]) for x, r in zip(xs, rows, strict=True) if r.get("control_eval_loss")]
+        if len(ctrl) > 1:
+            left.plot(*zip(*ctrl, strict=True), "s--", color=color, alpha=0.6, label=f"{mode}: its dense control")
+        deltas = [(x, r["eval_loss_delta_vs_control"]) for x, r in zip(xs, rows, strict=True)
+                  if r.get("eval_loss_delta_vs_control")]
+        if deltas:
+            errorbars(right, [x for x, _ in deltas], [d for _, d in deltas], color, label.get(mode, mode))
+    left.set_ylabel("held-out loss (nats/token)")
+    left.set_title("pruned vs dense control (same fine-tuning)")
+    right.axhline(0.0, color="k", lw=0.8)
+    right.set_ylabel("Δ loss vs control (%, paired 95% CI)")
+    right.set_title("what pruning cost (0 = nothing)")
+    for ax in (left, right):
         ax.set_xlabel("fraction of prunable weights removed")
-        ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(out / fname, dpi=110)
-        plt.close(fig)
-        paths.append(out / fname)
-    return paths
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "prune_loss.png", dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    for i, (mode, rows) in enumerate(curves.items()):
+        pts = [(r["achieved_sparsity"], r["latency_ratio_b12"]) for r in rows if r.get("latency_ratio_b12")]
+        pts = [(0.0, {"ratio": 1.0, "ci95": [1.0, 1.0]})] + pts
+        errorbars(ax, [x for x, _ in pts], [p for _, p in pts], f"C{i}", label.get(mode, mode))
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xlabel("fraction of prunable weights removed")
+    ax.set_ylabel("latency b12 / dense (paired, 95% CI)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "prune_latency.png", dpi=110)
+    plt.close(fig)
+    return [out / "prune_loss.png", out / "prune_latency.png"]
 
 
 PLOTS = ("loss_curves.png", "comparison.png", "prune_loss.png", "prune_latency.png")

@@ -87,10 +87,12 @@ def fmt_ratio(r: dict[str, Any]) -> str:
 
 
 def fmt_delta(d: dict[str, Any]) -> str:
-    """`+0.4% (+0.1 to +0.7%)`; `≈ +0.1% (-0.2 to +0.4%)` when the interval contains 0."""
+    """`+0.4% (+0.1 to +0.7%)`; `≈ +0.1% (-0.2 to +0.4%)` when the interval contains 0; two decimals when
+    every figure is below 0.1%, so that a small delta does not print as 0.0."""
     lo, hi = d["ci95"]
     mark = "≈ " if d["verdict"] == "same" else ""
-    return f"{mark}{d['delta']:+.1%} ({lo * 100:+.1f} to {hi * 100:+.1f}%)"
+    places = 2 if max(abs(d["delta"]), abs(lo), abs(hi)) < 0.001 else 1
+    return f"{mark}{d['delta'] * 100:+.{places}f}% ({lo * 100:+.{places}f} to {hi * 100:+.{places}f}%)"
 
 
 def summary_of(r: dict[str, Any], what: str) -> str:

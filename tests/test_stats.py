@@ -67,6 +67,8 @@ def test_formatting_marks_what_is_not_a_difference():
     assert stats.fmt_ratio({"ratio": 0.71, "ci95": [0.66, 0.76], "verdict": "faster"}) == "0.71x (0.66-0.76)"
     assert stats.fmt_ratio({"ratio": 0.98, "ci95": [0.91, 1.05], "verdict": "same"}) == "≈ 0.98x (0.91-1.05)"
     assert stats.fmt_delta({"delta": 0.004, "ci95": [0.001, 0.007], "verdict": "worse"}) == "+0.4% (+0.1 to +0.7%)"
+    small = {"delta": -0.0002, "ci95": [-0.0005, 0.0001], "verdict": "same"}
+    assert stats.fmt_delta(small) == "≈ -0.02% (-0.05 to +0.01%)"
 
 
 def test_interleaving_rotates_the_order():
