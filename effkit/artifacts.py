@@ -67,17 +67,6 @@ class RunLayout:
     def checkpoint_dir(self) -> Path:
         return self.run_dir / "checkpoints" / "last"
 
-    @property
-    def launch_config(self) -> Path:
-        return self.run_dir / "launch-config.json"
-
-    @property
-    def launch_log(self) -> Path:
-        return self.run_dir / "launch.log"
-
-    @property
-    def errors_dir(self) -> Path:
-        return self.run_dir / ".errors"
 
 
 @contextlib.contextmanager
@@ -100,6 +89,66 @@ def atomic_dir(final: Path):
     tmp.rename(final)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+_HELD: set[str] = set()  # run folders this process has locked (the lock is re-entrant within a process)
+
+
+def _owner_alive(owner: dict[str, Any]) -> bool:
+    if owner.get("host") != platform.node():
+        return True  # another machine's process: it cannot be checked from here
+    try:
+        os.kill(int(owner["pid"]), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, ValueError, KeyError, TypeError):
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def run_lock(run_dir: Path):
+    """One process at a time writes a run: `runs/<run>/.lock` holds the owner's pid and host. A second process
+    gets a one-line error naming the owner; a lock whose owner is gone (killed) is taken over. Taking the lock
+    also removes the half-written `.tmp-*` / `.old-*` folders killed writes left behind, and a run folder that is
+    still empty when the lock is released is removed."""
+    run_dir = Path(run_dir)
+    key = str(run_dir.resolve())
+    if key in _HELD:
+        yield
+        return
+    created = not run_dir.exists()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock = run_dir / ".lock"
+    me = json.dumps({"pid": os.getpid(), "host": platform.node()})
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                owner = json.loads(lock.read_text() or "{}")
+            except (json.JSONDecodeError, OSError):
+                owner = {}
+            if owner and _owner_alive(owner):
+                raise EffkitError(f"run {run_dir.name} is in use by process {owner.get('pid')} on "
+                                  f"{owner.get('host')}; wait for it to finish or choose another --run-name") from None
+            lock.unlink(missing_ok=True)  # stale: its owner is gone
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(me)
+        break
+    else:
+        raise EffkitError(f"could not lock run {run_dir.name} ({lock}); remove it if no effkit process uses the run")
+    _HELD.add(key)
+    try:
+        for stale in [*run_dir.glob(".tmp-*"), *run_dir.glob(".old-*")]:
+            shutil.rmtree(stale, ignore_errors=True)
+        yield
+    finally:
+        _HELD.discard(key)
+        lock.unlink(missing_ok=True)
+        if created and run_dir.is_dir() and not any(run_dir.iterdir()):
+            run_dir.rmdir()
 
 
 def atomic_write_text(path: Path, text: str) -> None:

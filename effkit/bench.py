@@ -159,6 +159,12 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
     cfg = cfg.validate()
     device = resolve_device(cfg.device)
     run_name, paths = find_artifacts(cfg)
+    with artifacts.run_lock(paths[0].parent):
+        return _bench(cfg, device, run_name, paths, progress)
+
+
+def _bench(cfg: BenchConfig, device: torch.device, run_name: str, paths: list[Path],
+           progress: bool) -> dict[str, Any]:
     data = artifacts.data_section(paths[0])  # every artifact is evaluated on the first one's held-out blocks
     data_cfg = DataConfig.from_dict(data)
     prepared = prepare(data_cfg, tokenizer_from=str(paths[0]))  # builds the caches once

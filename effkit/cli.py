@@ -137,6 +137,10 @@ def train(
     from effkit.train import train_any
 
     report = train_any(cfg)
+    if "node_rank" in report:
+        print(f"node {report['node_rank']}: training finished; node 0 saved the artifact "
+              f"({report['artifact_on_node0']}) and wrote the report ({report['report_on_node0']}) on its machine")
+        return
     _print_train_summary(report)
 
 
@@ -316,6 +320,8 @@ def generate(
 ):
     """Stream text from any artifact, quantized ones included."""
     quiet_libraries()
+    import math
+
     import torch
     from transformers import AutoTokenizer, TextStreamer
 
@@ -325,8 +331,12 @@ def generate(
 
     if max_new_tokens < 1:
         raise EffkitError(f"--max-new-tokens must be at least 1 (got {max_new_tokens})")
-    if temperature < 0:
-        raise EffkitError(f"--temperature must be >= 0 (got {temperature})")
+    if not math.isfinite(temperature) or temperature < 0:
+        raise EffkitError(f"--temperature must be a finite number >= 0 (got {temperature})")
+    if top_k < 1:
+        raise EffkitError(f"--top-k must be at least 1 (got {top_k})")
+    if not prompt.strip():
+        raise EffkitError("--prompt is empty; give some text to continue")
     path = resolve_artifact(source, runs_dir, default_tag="") if source else _newest(runs_dir)
     read_meta(path)
     dev = resolve_device(device)
@@ -489,10 +499,24 @@ def study(
 
 def main() -> None:
     try:
-        app()
+        code = app(standalone_mode=False)  # click's own errors come back here, to be said in one line
     except EffkitError as e:
         print(f"effkit: error: {e}", file=sys.stderr)
         sys.exit(e.exit_code)
     except Interrupted as e:
         print(f"effkit: {e}", file=sys.stderr)
         sys.exit(130)
+    except Exception as e:
+        # click's usage errors (from click, or the copy Typer vendors): a bad flag or an unparsable value
+        if hasattr(e, "format_message") and hasattr(e, "exit_code"):
+            message = " ".join(e.format_message().split())
+            if message:  # (no message: `effkit` alone, whose help was printed)
+                ctx = getattr(e, "ctx", None)
+                where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+                print(f"effkit: error: {message}{where}", file=sys.stderr)
+            sys.exit(e.exit_code)
+        if type(e).__name__ == "Abort":  # Ctrl-C while click was prompting or parsing
+            print("effkit: interrupted", file=sys.stderr)
+            sys.exit(130)
+        raise
+    sys.exit(code if isinstance(code, int) else 0)

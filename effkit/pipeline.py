@@ -112,7 +112,7 @@ def describe(plan: Plan) -> list[dict[str, Any]]:
         entry = {"stage": "train", "what": what, "leaves": str(plan.layout.artifact("train"))}
         if t.parallel.launched:
             p = t.parallel.replace(nproc=nproc_per_node(t.parallel))  # as resolved on this machine
-            cmd, env = launch_command(p, plan.layout.launch_config, plan.layout.errors_dir)
+            cmd, env = launch_command(p, Path("<tmp>/launch-config.json"), Path("<tmp>/errors"))
             cpu = " ACCELERATE_USE_CPU=1" if env.get("ACCELERATE_USE_CPU") else ""
             entry["launch"] = f"{cpu.strip()} {shlex.join(cmd)}".strip()
         rows.append(entry)
@@ -139,11 +139,16 @@ def run_pipeline(recipe: str, force: bool = False, dry_run: bool = False, consol
     steps = describe(plan)
     if dry_run:
         return {"plan": steps, "dry_run": True}
-    if force:
+    if force:  # run names are plain names (config), so these stay inside the runs and reports folders
+        with artifacts.run_lock(plan.run_dir):  # refuses while another process uses the run
+            pass
         shutil.rmtree(plan.run_dir, ignore_errors=True)
         shutil.rmtree(plan.report_dir, ignore_errors=True)
-    for stale in plan.run_dir.glob(".tmp-*") if plan.run_dir.is_dir() else []:
-        shutil.rmtree(stale, ignore_errors=True)  # half-written folders of an interrupted stage
+    with artifacts.run_lock(plan.run_dir):  # also removes half-written folders of an interrupted stage
+        return _run_stages(plan, steps, console)
+
+
+def _run_stages(plan: Plan, steps: list[dict[str, Any]], console: Console) -> dict:
     t0 = time.perf_counter()
     done: list[str] = []
     total = len(steps)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -152,14 +153,22 @@ def load_quantized(path: str | Path, device: torch.device | None = None) -> nn.M
 
     path = Path(path)
     device = device or torch.device("cpu")
-    desc = json.loads((path / QUANT_FILE).read_text())
+    try:
+        desc = json.loads((path / QUANT_FILE).read_text())
+        desc["backend"], desc["layers"]  # noqa: B018 - the keys every description has
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
+        raise EffkitError(f"{path / QUANT_FILE} is corrupt ({type(e).__name__}); quantize the parent again") from None
     reason = backend_available(desc["backend"], device)
     if reason:
         raise EffkitError(f"{path} was quantized with {desc['backend']}, which cannot run here: {reason}")
     config = GPT2Config.from_pretrained(path)
     config._attn_implementation = "sdpa"
     model = conv1d_to_linear(GPT2LMHeadModel(config))
-    tensors = load_file(path / WEIGHTS_FILE)
+    try:
+        tensors = load_file(path / WEIGHTS_FILE)
+    except (SafetensorError, OSError) as e:
+        raise EffkitError(f"{path / WEIGHTS_FILE} is unreadable or truncated ({type(e).__name__}); quantize the "
+                          "parent again") from None
     with torch.no_grad():
         for key in [k for k in tensors if k.endswith(".weight.int8")]:
             name = key.removesuffix(".weight.int8")
@@ -228,6 +237,11 @@ def run_quantize(cfg: QuantizeConfig) -> dict[str, Any]:
         raise EffkitError(f"{source} is already quantized; quantize its parent ({meta.get('parent')}) instead")
     if cfg.backend != "auto" and (reason := backend_available(cfg.backend, device)):
         raise EffkitError(f"--backend {cfg.backend} cannot run here: {reason}")
+    with artifacts.run_lock(source.parent):
+        return _quantize(cfg, device, source)
+
+
+def _quantize(cfg: QuantizeConfig, device: torch.device, source: Path) -> dict[str, Any]:
 
     data_section = artifacts.data_section(source)
     data_cfg = DataConfig.from_dict(data_section)

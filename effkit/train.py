@@ -424,6 +424,8 @@ def train_in_processes(cfg: TrainConfig) -> dict[str, Any]:
         raise EffkitError("--nproc/--nnodes > 1 need a parallel mode: add --parallel ddp (or fsdp, tp, fsdp+tp)")
     if p.cpu_offload and not torch.cuda.is_available():
         raise EffkitError("--cpu-offload moves FSDP parameters from GPU to CPU; there is no GPU here, drop it")
+    if p.nnodes > 1 and not cfg.run.run_name:
+        raise EffkitError("a multi-node run needs the same --run-name on every node (a made-up name would differ)")
     nproc = nproc_per_node(p)
     ParallelDims.build(p.replace(nproc=nproc), nproc * p.nnodes, n_head_of(cfg.model.name))
     threads = p.threads or (0 if torch.cuda.is_available() else max(1, (os.cpu_count() or 1) // nproc))
@@ -432,10 +434,17 @@ def train_in_processes(cfg: TrainConfig) -> dict[str, Any]:
     pretrained = is_pretrained_source(cfg.model.name)
     prepare(cfg.data, tokenizer_from=cfg.model.name if pretrained else None)  # bad data fails here, caches built once
     layout = RunLayout.of(cfg.run.runs_dir, cfg.run.reports_dir, cfg.run.run_name)
-    launch(cfg.to_dict(), cfg.parallel, layout)
+    launch(cfg.to_dict(), cfg.parallel, cfg.run.run_name)
+    if p.node_rank != 0:  # only global rank 0 (on node 0) saves the artifact and writes the report
+        return {"stage": "train", "run": cfg.run.run_name, "node_rank": p.node_rank,
+                "report_on_node0": str(layout.report("train")), "artifact_on_node0": str(layout.artifact("train"))}
     return json.loads(layout.report("train").read_text())
 
 
 def train_any(cfg: TrainConfig) -> dict[str, Any]:
-    """`effkit train`: in this process, or in launched processes when a parallel mode or several are asked."""
-    return train_in_processes(cfg) if cfg.parallel.launched else train(cfg)
+    """`effkit train`: in this process, or in launched processes when a parallel mode or several are asked;
+    the run is locked against a second effkit process meanwhile."""
+    if not cfg.run.run_name:
+        cfg = cfg.replace(run=cfg.run.replace(run_name=artifacts.new_run_name(cfg.model.name)))
+    with artifacts.run_lock(RunLayout.of(cfg.run.runs_dir, cfg.run.reports_dir, cfg.run.run_name).run_dir):
+        return train_in_processes(cfg) if cfg.parallel.launched else train(cfg)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 import traceback
@@ -21,14 +22,17 @@ def _report_error(kind: str, message: str) -> None:
 
 
 def _fault_injection():
-    """`EFFKIT_FAULT_INJECT=RANK:STEP` makes that rank crash after that step (to test failure handling)."""
+    """`EFFKIT_FAULT_INJECT=RANK:STEP` makes that rank raise after that step, `RANK:STEP:kill` makes it die by
+    SIGKILL (no chance to report anything): to test failure handling."""
     spec = os.environ.get("EFFKIT_FAULT_INJECT")
     if not spec:
         return None
-    rank, step = (int(x) for x in spec.split(":"))
+    rank, step, *how = spec.split(":")
 
     def on_step(s: int, loss: float) -> None:
-        if s == step and int(os.environ.get("RANK", "0")) == rank:
+        if s == int(step) and int(os.environ.get("RANK", "0")) == int(rank):
+            if how == ["kill"]:
+                os.kill(os.getpid(), signal.SIGKILL)
             raise RuntimeError(f"fault injected at step {s} (EFFKIT_FAULT_INJECT={spec})")
 
     return on_step

@@ -2,6 +2,7 @@ import csv
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -130,3 +131,24 @@ def test_bench_with_default_options_on_a_nano_model(run_with_artifacts):
     assert "interleaved" in report["protocol"]["latency"] and "Student-t" in report["protocol"]["latency"]
     md = (tmp / "reports-default" / "b" / "bench.md").read_text()
     assert "x (" in md and "95%" in md
+
+
+def test_generate_and_corrupt_quantized_artifacts_fail_in_one_line(run_with_artifacts, tmp_path, capsys,
+                                                                   monkeypatch):
+    import shutil
+
+    _, _, _, (dense, _, quant) = run_with_artifacts
+    for args, needle in [(["--prompt", ""], "--prompt is empty"), (["--top-k", "-1"], "--top-k must be at least 1"),
+                         (["--temperature", "nan"], "--temperature must be a finite number")]:
+        code, err = run_cli(["generate", "--from", dense, *args], capsys, monkeypatch)
+        assert code == 2 and len(err.splitlines()) == 1 and needle in err, (args, err)
+    broken = tmp_path / "broken"
+    shutil.copytree(quant, broken)
+    (broken / "quantization.json").write_text("garbage{")
+    code, err = run_cli(["generate", "--from", str(broken)], capsys, monkeypatch)
+    assert code == 2 and len(err.splitlines()) == 1 and "quantization.json is corrupt" in err, err
+    shutil.copy(Path(quant) / "quantization.json", broken / "quantization.json")
+    weights = broken / "quantized.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    code, err = run_cli(["generate", "--from", str(broken)], capsys, monkeypatch)
+    assert code == 2 and len(err.splitlines()) == 1 and "unreadable or truncated" in err, err

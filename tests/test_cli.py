@@ -152,3 +152,26 @@ def test_output_folder_that_is_a_file_fails_before_training(tmp_path, corpus_dir
     afile.write_text("")
     code, err = run_cli(tiny(tmp_path, corpus_dir, "--reports-dir", str(afile)), capsys, monkeypatch)
     assert_clean_failure(code, err, tmp_path, "is a file, not a folder")
+
+
+def test_one_process_per_run_and_a_stale_lock_is_taken_over(tmp_path, corpus_dir):
+    import os
+    import time
+
+    args = [sys.executable, "-m", "effkit", *tiny(tmp_path, corpus_dir)]
+    args[args.index("--run-name") + 1] = "busy"
+    first = subprocess.Popen([*args, "--max-steps", "100000"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    lock = tmp_path / "runs" / "busy" / ".lock"
+    deadline = time.monotonic() + 120
+    while not lock.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    second = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    first.kill()
+    first.wait()
+    lines = second.stderr.strip().splitlines()
+    assert second.returncode == 2 and len(lines) == 1 and f"in use by process {first.pid}" in lines[0], lines
+    assert lock.exists()  # left behind by the killed process: stale
+    (tmp_path / "runs" / "busy" / ".tmp-train-killedwrite").mkdir()
+    third = subprocess.run(args, capture_output=True, text=True, timeout=120, env={**os.environ})
+    assert third.returncode == 0, third.stderr[-1500:]
+    assert not lock.exists() and not list((tmp_path / "runs" / "busy").glob(".tmp-*"))

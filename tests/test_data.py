@@ -78,3 +78,39 @@ def test_blocks_and_sampler_partition_the_global_batch(corpus_dir):
     next(fresh), next(fresh)
     assert next(resumed) == next(fresh)
     assert torch.equal(data.train[0], torch.from_numpy(token_stream(c, tok, "train")[:32].astype(np.int64)))
+
+
+def test_a_binary_file_is_refused_as_data(tmp_path):
+    import os
+
+    import pytest
+
+    from effkit.errors import EffkitError
+
+    binary = tmp_path / "blob.txt"
+    binary.write_bytes(os.urandom(300_000))
+    with pytest.raises(EffkitError, match="does not look like text"):
+        load_corpus(str(binary))
+
+
+def test_corrupt_token_and_tokenizer_caches_are_rebuilt(corpus_dir, capsys):
+    from effkit.data.blocks import token_cache_path, token_stream
+    from effkit.data.tokenizer import tokenizer_cache_path
+
+    corpus = load_corpus(str(corpus_dir))
+    tok, _ = get_tokenizer(corpus, 512)
+    ids = token_stream(corpus, tok, "train")
+    cache = token_cache_path(corpus, tok, "train")
+    data = cache.read_bytes()
+    cache.write_bytes(data[: len(data) // 2])  # truncated by a killed write
+    again = token_stream(corpus, tok, "train")
+    assert (again == ids).all() and "rebuilt" in capsys.readouterr().err
+    header = bytearray(cache.read_bytes())
+    header[20:40] = b"x" * 20  # an overwritten header
+    cache.write_bytes(bytes(header))
+    assert (token_stream(corpus, tok, "train") == ids).all() and "rebuilt" in capsys.readouterr().err
+    tok_file = tokenizer_cache_path(corpus, 512) / "tokenizer.json"
+    tok_file.write_text(tok_file.read_text()[:100])  # truncated
+    rebuilt, source = get_tokenizer(corpus, 512)
+    assert source.startswith("trained:") and rebuilt("The Union").input_ids == tok("The Union").input_ids
+    assert "rebuilt" in capsys.readouterr().err

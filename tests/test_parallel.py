@@ -162,3 +162,42 @@ def test_bad_process_layouts_fail_before_launch(args, needle, tmp_path, corpus_d
     lines = capsys.readouterr().err.strip().splitlines()
     assert exc.value.code == 2 and len(lines) == 1 and needle in lines[0], lines
     assert not (tmp_path / "runs" / "bad").exists()
+
+
+def test_a_rank_killed_by_a_signal_is_named_and_nothing_is_left(tmp_path, corpus_dir):
+    out = _cli(["--data", str(corpus_dir), "--parallel", "ddp", "--nproc", "2", "--max-steps", "50",
+                "--batch-size", "2", "--run-name", "killed"], tmp_path, env={"EFFKIT_FAULT_INJECT": "1:2:kill"})
+    assert out.returncode == 1
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("effkit: error: rank 1 was killed by SIGKILL"), out.stderr[-2000:]
+    assert not (tmp_path / "runs" / "killed").exists()  # the launch files lived in a temporary folder
+
+
+def test_two_nodes_on_localhost_finish_and_match_single_process(tmp_path, corpus_dir):
+    import subprocess
+    import sys
+
+    port = str(_free_port())
+    base = [sys.executable, "-m", "effkit", "train", "--model", "gpt2-nano", "--vocab-size", "512", "--block-size",
+            "32", "--eval-blocks", "4", "--warmup-steps", "1", "--eval-interval", "0", "--checkpoint-interval", "0",
+            "--max-steps", "3", "--threads", "1", "--data", str(corpus_dir), "--runs-dir", str(tmp_path / "runs"),
+            "--reports-dir", str(tmp_path / "reports")]
+    nodes = [subprocess.Popen([*base, "--parallel", "ddp", "--nnodes", "2", "--nproc", "1", "--node-rank", str(r),
+                               "--master-addr", "127.0.0.1", "--master-port", port, "--batch-size", "2",
+                               "--run-name", "nodes"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"}) for r in (0, 1)]
+    outs = [n.communicate(timeout=240) for n in nodes]
+    assert [n.returncode for n in nodes] == [0, 0], [o[1][-1500:] for o in outs]
+    assert "node 1: training finished" in outs[1][0]
+    report = json.loads((tmp_path / "reports" / "nodes" / "train.json").read_text())
+    assert report["what_ran"]["world_size"] == 2 and report["what_ran"]["parallel"] == "ddp"
+    single = subprocess.run([*base, "--batch-size", "4", "--run-name", "single"], capture_output=True, text=True,
+                            timeout=240)
+    assert single.returncode == 0, single.stderr[-1500:]
+    ref = _losses(str(tmp_path / "reports"), "single")
+    assert _losses(str(tmp_path / "reports"), "nodes") == pytest.approx(ref, rel=2e-5, abs=2e-5)
+
+
+def test_a_multi_node_run_needs_a_run_name(tmp_path, corpus_dir):
+    out = _cli(["--data", str(corpus_dir), "--parallel", "ddp", "--nnodes", "2", "--nproc", "1"], tmp_path)
+    assert out.returncode == 2 and "needs the same --run-name on every node" in out.stderr.strip().splitlines()[-1]

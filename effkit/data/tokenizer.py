@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -17,6 +19,23 @@ def cache_dir() -> Path:
     root = Path(os.environ.get("EFFKIT_CACHE", Path.home() / ".cache" / "effkit"))
     root.mkdir(parents=True, exist_ok=True)
     return root
+
+
+def write_checksum(path: Path) -> None:
+    """Record the sha256 of a cache file beside it (`<name>.sha256`), so a later read can verify it."""
+    Path(f"{path}.sha256").write_text(hashlib.sha256(Path(path).read_bytes()).hexdigest())
+
+
+def checksum_ok(path: Path) -> bool:
+    """Whether a cache file is intact: it exists and matches the checksum recorded when it was written."""
+    sums = Path(f"{path}.sha256")
+    if not (Path(path).is_file() and sums.is_file()):
+        return False
+    return sums.read_text().strip() == hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def note_rebuilt(what: str, path: Path) -> None:
+    print(f"effkit: the {what} cache {path} was corrupt or incomplete; rebuilt it", file=sys.stderr)
 
 
 def _wrap(tok):
@@ -38,6 +57,10 @@ def train_tokenizer(corpus: Corpus, vocab_size: int):
     return _wrap(tok)
 
 
+def tokenizer_cache_path(corpus: Corpus, vocab_size: int) -> Path:
+    return cache_dir() / "tokenizers" / f"bpe-{corpus.fingerprint('train')}-v{vocab_size}"
+
+
 def get_tokenizer(corpus: Corpus, vocab_size: int, pretrained: str | None = None):
     """Return (tokenizer, source). A pretrained model folder brings its own tokenizer; otherwise train
     (or reuse from the cache) a BPE tokenizer on the corpus' training split."""
@@ -51,14 +74,20 @@ def get_tokenizer(corpus: Corpus, vocab_size: int, pretrained: str | None = None
         if tok.eos_token is None:
             raise EffkitError(f"the tokenizer of {pretrained} has no end-of-text token")
         return tok, f"pretrained:{pretrained}"
-    key = f"bpe-{corpus.fingerprint('train')}-v{vocab_size}"
-    path = cache_dir() / "tokenizers" / key
-    if (path / "tokenizer.json").is_file():
-        return AutoTokenizer.from_pretrained(path), f"cache:{path}"
+    path = tokenizer_cache_path(corpus, vocab_size)
+    if path.exists():
+        if checksum_ok(path / "tokenizer.json"):
+            try:
+                return AutoTokenizer.from_pretrained(path), f"cache:{path}"
+            except Exception:  # noqa: BLE001 - any failure to read the cache means: rebuild it
+                pass
+        shutil.rmtree(path, ignore_errors=True)
+        note_rebuilt("tokenizer", path)
     tok = train_tokenizer(corpus, vocab_size)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=".tmp-"))
     tok.save_pretrained(tmp)
+    write_checksum(tmp / "tokenizer.json")
     try:
         tmp.rename(path)
     except OSError:  # another process won the race

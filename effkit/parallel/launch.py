@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from effkit.artifacts import RunLayout
 from effkit.config import ParallelConfig
 from effkit.errors import EffkitError, WorkerFailed
 
@@ -54,25 +55,48 @@ def launch_command(p: ParallelConfig, cfg_path: Path, errors: Path) -> tuple[lis
     return cmd, env
 
 
-def launch(config: dict[str, Any], p: ParallelConfig, layout: RunLayout) -> None:
+def launch(config: dict[str, Any], p: ParallelConfig, run_name: str) -> None:
     """Run the worker in `p.nproc` processes per node with `config` (a TrainConfig as a dict); wait; raise a
-    one-line error naming the rank that failed first."""
-    layout.run_dir.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(layout.errors_dir, ignore_errors=True)
-    layout.launch_config.write_text(json.dumps(config, indent=1))
-    cmd, env = launch_command(p, layout.launch_config, layout.errors_dir)
-    with layout.launch_log.open("w") as err:  # the launcher's and workers' stderr: warnings, tracebacks
+    one-line error naming the rank that failed first. The launch files (config, per-rank error records, the
+    launcher's log) live in a temporary folder, removed after a success and named in the error after a failure,
+    so a failed launch leaves nothing in the run's folder."""
+    work = Path(tempfile.mkdtemp(prefix=f"effkit-launch-{run_name}-"))
+    cfg_path, errors, log = work / "launch-config.json", work / "errors", work / "launch.log"
+    cfg_path.write_text(json.dumps(config, indent=1))
+    cmd, env = launch_command(p, cfg_path, errors)
+    with log.open("w") as err:  # the launcher's and workers' stderr: warnings, and tracebacks on a crash
         proc = subprocess.run(cmd, env=env, stderr=err)
     if proc.returncode != 0:
-        raise_worker_failure(layout.errors_dir, proc.returncode, layout.launch_log)
+        raise_worker_failure(errors, proc.returncode, log)
+    shutil.rmtree(work, ignore_errors=True)
+
+
+# torchrun's failure summary: "rank      : 1 (local_rank: 1)" then "exitcode  : -9 (pid: 123)  (SIGKILL)"
+_FAILURE = re.compile(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)[^\n]*?(?:\((SIG[A-Z]+)\))?\s*\n")
+
+
+def killed_ranks(log: Path) -> dict[int, str]:
+    """Ranks the launcher saw die by a signal (they could not record an error themselves): {rank: signal}."""
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    return {int(rank): sig or f"signal {-int(code)}" for rank, code, sig in _FAILURE.findall(text) if int(code) < 0}
 
 
 def raise_worker_failure(errors: Path, code: int, log: Path) -> None:
+    """Name the rank that failed first: one killed by a signal (the others then lose their peer), else the
+    earliest error a rank recorded itself."""
     reports = sorted(errors.glob("rank*.json")) if errors.is_dir() else []
-    if not reports:
+    failures = sorted((json.loads(p.read_text()) for p in reports), key=lambda r: r["time"])
+    recorded = {r["rank"] for r in failures}
+    killed = {r: sig for r, sig in killed_ranks(log).items() if r not in recorded}
+    if killed:
+        first = min(killed)
+        others = sorted({*killed, *recorded} - {first})
+        tail = f" (then rank {', '.join(map(str, others))})" if others else ""
+        raise WorkerFailed(f"rank {first} was killed by {killed[first]}; the other processes were stopped{tail}; "
+                           f"launcher log in {log}")
+    if not failures:
         raise WorkerFailed(f"the distributed launch failed (exit code {code}) before any rank reported an error; "
                            f"see {log}")
-    failures = sorted((json.loads(p.read_text()) for p in reports), key=lambda r: r["time"])
     first = failures[0]  # the root cause; the others typically lost their peer
     others = [str(r["rank"]) for r in failures[1:]]
     tail = f" (then rank {', '.join(others)})" if others else ""

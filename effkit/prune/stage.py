@@ -140,6 +140,12 @@ def run_prune(cfg: PruneConfig, progress: bool = True) -> dict[str, Any]:
     meta = _check_source(source)
     data_cfg = DataConfig.from_dict(artifacts.data_section(source))
     layout = RunLayout.of(cfg.runs_dir, cfg.reports_dir, source.parent.name)
+    with artifacts.run_lock(layout.run_dir):
+        return _prune(cfg, rt, source, meta, data_cfg, layout, progress)
+
+
+def _prune(cfg: PruneConfig, rt: Runtime, source: Path, meta: dict[str, Any], data_cfg: DataConfig,
+           layout: RunLayout, progress: bool) -> dict[str, Any]:
     block = data_cfg.block_size
     torch.manual_seed(cfg.seed)
 
