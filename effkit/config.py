@@ -110,6 +110,9 @@ class RunSection(_Section):
     profile: bool = False  # synchronise CUDA around each phase so the time breakdown is exact
 
 
+MAX_VOCAB = 1_000_000  # beyond any GPT-2-class vocabulary; larger values crash the BPE trainer
+MAX_THREADS = 4096
+
 SECTIONS: dict[str, type] = {"data": DataConfig, "model": ModelConfig, "optim": OptimConfig,
                              "parallel": ParallelConfig, "run": RunSection}
 RENAMED = {"data": ("data", "source"), "model": ("model", "name"), "parallel": ("parallel", "mode")}
@@ -217,8 +220,9 @@ class TrainConfig(_Section):
         _finite("dropout", m.dropout, 0, 1, high_open=True)
         if d.block_size < 2:
             raise EffkitError(f"--block-size must be at least 2 (got {d.block_size})")
-        if d.vocab_size < 300:
-            raise EffkitError(f"--vocab-size must be at least 300 for byte-level BPE (got {d.vocab_size})")
+        if not 300 <= d.vocab_size <= MAX_VOCAB:
+            raise EffkitError(f"--vocab-size must be between 300 (byte-level BPE) and {MAX_VOCAB:,} "
+                              f"(got {d.vocab_size})")
         if not 0 < d.heldout_fraction < 1:
             raise EffkitError(f"--heldout-fraction must be in (0, 1) (got {d.heldout_fraction})")
         if o.amp_dtype not in ("bf16", "fp16"):
@@ -229,18 +233,21 @@ class TrainConfig(_Section):
             raise EffkitError(f"unknown --sync {p.sync!r}; choose one of {', '.join(SYNC_MODES)}")
         if p.nproc < 0:
             raise EffkitError(f"--nproc must be at least 1 (got {p.nproc})")
-        if p.threads < 0:
-            raise EffkitError(f"--threads must be >= 1, or 0 for torch's default (got {p.threads})")
+        if not 0 <= p.threads <= MAX_THREADS:
+            raise EffkitError(f"--threads must be between 1 and {MAX_THREADS}, or 0 for torch's default "
+                              f"(got {p.threads})")
         if p.sync != "ddp" and p.mode not in ("ddp", "none"):
             raise EffkitError(f"--sync {p.sync} applies to plain data parallelism; use it with --parallel ddp")
         if p.nnodes < 1 or not 0 <= p.node_rank < p.nnodes:
             raise EffkitError(f"--node-rank must be in [0, --nnodes) (got {p.node_rank} of {p.nnodes})")
         if d.eval_blocks < 1:
             raise EffkitError(f"--eval-blocks must be at least 1 (got {d.eval_blocks})")
-        if d.workers < 0:
-            raise EffkitError(f"--workers must be >= 0 (got {d.workers})")
+        if not 0 <= d.workers <= MAX_THREADS:
+            raise EffkitError(f"--workers must be between 0 and {MAX_THREADS} (got {d.workers})")
         if self.run.run_name:
             check_run_name(self.run.run_name)
+        elif p.nnodes > 1:
+            raise EffkitError("a multi-node run needs the same --run-name on every node (a made-up name would differ)")
         check_folder_option("--runs-dir", self.run.runs_dir)
         check_folder_option("--reports-dir", self.run.reports_dir)
         return self

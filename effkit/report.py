@@ -219,6 +219,16 @@ def plot_comparison(out: Path) -> Path | None:
     return path
 
 
+def save_sparsity_figure(plt, fig, axes, path: Path) -> None:
+    for ax in axes:
+        ax.set_xlabel("fraction of prunable weights removed")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def plot_prune_curves(out: Path) -> list[Path]:
     """prune_loss.png: held-out loss of each pruning mode next to its dense control (left), and the paired loss
     change against the control with its 95% interval (right: what pruning cost). prune_latency.png: batch-12
@@ -256,13 +266,7 @@ def plot_prune_curves(out: Path) -> list[Path]:
     right.axhline(0.0, color="k", lw=0.8)
     right.set_ylabel("Δ loss vs control (%, paired 95% CI)")
     right.set_title("what pruning cost (0 = nothing)")
-    for ax in (left, right):
-        ax.set_xlabel("fraction of prunable weights removed")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "prune_loss.png", dpi=110)
-    plt.close(fig)
+    save_sparsity_figure(plt, fig, (left, right), out / "prune_loss.png")
 
     fig, ax = plt.subplots(figsize=(6.4, 4))
     for i, (mode, rows) in enumerate(curves.items()):
@@ -270,13 +274,8 @@ def plot_prune_curves(out: Path) -> list[Path]:
         pts = [(0.0, {"ratio": 1.0, "ci95": [1.0, 1.0]})] + pts
         errorbars(ax, [x for x, _ in pts], [p for _, p in pts], f"C{i}", label.get(mode, mode))
     ax.axhline(1.0, color="k", lw=0.8)
-    ax.set_xlabel("fraction of prunable weights removed")
     ax.set_ylabel("latency b12 / dense (paired, 95% CI)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "prune_latency.png", dpi=110)
-    plt.close(fig)
+    save_sparsity_figure(plt, fig, (ax,), out / "prune_latency.png")
     return [out / "prune_loss.png", out / "prune_latency.png"]
 
 

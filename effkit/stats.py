@@ -40,6 +40,8 @@ def t95(df: int) -> float:
 def mean_ci(values: Sequence[float]) -> tuple[float, float, float]:
     """(mean, low, high): the 95% t-interval of the mean (zero width for a constant sample)."""
     m = fmean(values)
+    if not all(math.isfinite(v) for v in values):
+        return m, math.nan, math.nan
     if len(values) < 2:
         return m, -math.inf, math.inf
     half = t95(len(values) - 1) * stdev(values) / math.sqrt(len(values))

@@ -261,6 +261,9 @@ class Trainer:
                     t0 = time.perf_counter()
                     out = self.train_step()
                     self.step += 1
+                    if not math.isfinite(out["loss"]):  # every rank sees the same averaged loss
+                        raise EffkitError(f"training diverged at step {self.step}: the loss is {out['loss']}; "
+                                          f"lower --lr (now {o.lr:g}) or --weight-decay, or use more --warmup-steps")
                     dt = time.perf_counter() - t0
                     self.step_times.append(dt)
                     row = {"step": self.step, "loss": out["loss"], "lr": out["lr"], "grad_norm": out["grad_norm"],
@@ -293,6 +296,9 @@ class Trainer:
         """Final evaluation, the artifact `runs/<run>/<tag>/` and the report (rank 0 writes); `runs/latest`
         points at the run unless `mark_latest` is off."""
         final = self.evaluate()
+        if not math.isfinite(final["eval_loss"]):
+            raise EffkitError(f"training diverged: the held-out loss is {final['eval_loss']} after {self.step} steps; "
+                              f"lower --lr (now {self.cfg.optim.lr:g}) or --weight-decay")
         if self.rows:
             self.rows[-1]["eval_loss"] = final["eval_loss"]
         peak_mem = self.par.gather_ints(self.memory.peak_bytes)
@@ -424,8 +430,6 @@ def train_in_processes(cfg: TrainConfig) -> dict[str, Any]:
         raise EffkitError("--nproc/--nnodes > 1 need a parallel mode: add --parallel ddp (or fsdp, tp, fsdp+tp)")
     if p.cpu_offload and not torch.cuda.is_available():
         raise EffkitError("--cpu-offload moves FSDP parameters from GPU to CPU; there is no GPU here, drop it")
-    if p.nnodes > 1 and not cfg.run.run_name:
-        raise EffkitError("a multi-node run needs the same --run-name on every node (a made-up name would differ)")
     nproc = nproc_per_node(p)
     ParallelDims.build(p.replace(nproc=nproc), nproc * p.nnodes, n_head_of(cfg.model.name))
     threads = p.threads or (0 if torch.cuda.is_available() else max(1, (os.cpu_count() or 1) // nproc))
@@ -446,5 +450,8 @@ def train_any(cfg: TrainConfig) -> dict[str, Any]:
     the run is locked against a second effkit process meanwhile."""
     if not cfg.run.run_name:
         cfg = cfg.replace(run=cfg.run.replace(run_name=artifacts.new_run_name(cfg.model.name)))
+    run = train_in_processes if cfg.parallel.launched else train
+    if cfg.parallel.node_rank != 0:  # other nodes write nothing (global rank 0 saves): no lock to take
+        return run(cfg)
     with artifacts.run_lock(RunLayout.of(cfg.run.runs_dir, cfg.run.reports_dir, cfg.run.run_name).run_dir):
-        return train_in_processes(cfg) if cfg.parallel.launched else train(cfg)
+        return run(cfg)
