@@ -26,6 +26,13 @@ def new_run_name(model: str) -> str:
     return f"{stamp}-{re.sub(r'[^A-Za-z0-9._+-]+', '-', Path(model).name)}"[:128]
 
 
+def run_of(artifact: Path) -> str:
+    """The run an artifact belongs to, as a plain folder name: later stages write there, inside the runs folder,
+    wherever the artifact itself lies."""
+    name = re.sub(r"[^A-Za-z0-9._+-]+", "-", Path(artifact).resolve().parent.name).strip(".-")[:128]
+    return name if name and name != "latest" else "imported"
+
+
 def prune_tag(mode: str, round_: int) -> str:
     """The artifact tag of pruning round `round_` of `mode` (`prune-row-r2`)."""
     return f"prune-{mode}-r{round_}"
@@ -48,6 +55,11 @@ class RunLayout:
     @classmethod
     def of(cls, runs_dir: str | Path, reports_dir: str | Path, name: str) -> RunLayout:
         return cls(Path(runs_dir), Path(reports_dir), name)
+
+    @classmethod
+    def for_run(cls, run) -> RunLayout:
+        """The layout of a config's run options (`TrainConfig.run`, `RunConfig`: runs_dir, reports_dir, run_name)."""
+        return cls.of(run.runs_dir, run.reports_dir, run.run_name)
 
     @property
     def run_dir(self) -> Path:

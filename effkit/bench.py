@@ -40,7 +40,7 @@ def find_artifacts(cfg: BenchConfig) -> tuple[str, list[Path]]:
             if not p.exists():
                 raise EffkitError(f"artifact {p} does not exist")
             artifacts.read_meta(p)
-        return paths[0].parent.name, paths
+        return artifacts.run_of(paths[0]), paths
     run_dir = Path(cfg.runs_dir) / cfg.run if cfg.run else artifacts.latest_run(Path(cfg.runs_dir))
     if not run_dir.is_dir():
         raise EffkitError(f"unknown run {cfg.run!r}: {run_dir} does not exist; see `ls {cfg.runs_dir}`")
@@ -128,7 +128,7 @@ def combine(static: list[dict[str, Any]], timed: dict[str, dict[str, Any]]) -> l
         row["size_ratio"] = r["size_bytes"] / ref["size_bytes"]
         for b in LAT_BATCHES:
             samples = timed[f"latency_b{b}"]
-            row[f"latency_b{b}"] = metrics.latency_stats([t for rnd in samples[tag] for t in rnd])
+            row[f"latency_b{b}"] = metrics.latency_stats(samples[tag])
             row[f"latency_ratio_b{b}"] = stats.paired_ratio(samples[ref["tag"]], samples[tag])
         gen = timed["generation"]
         row["generation"]["tokens_per_s"] = stats.median_of_rounds(gen[tag])
@@ -159,7 +159,7 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
     cfg = cfg.validate()
     device = resolve_device(cfg.device)
     run_name, paths = find_artifacts(cfg)
-    with artifacts.run_lock(paths[0].parent):
+    with artifacts.run_lock(Path(cfg.runs_dir) / run_name):
         return _bench(cfg, device, run_name, paths, progress)
 
 

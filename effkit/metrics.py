@@ -196,9 +196,6 @@ def eval_summary(result: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in result.items() if k != "block_losses"}
 
 
-LATENCY_PROTOCOL = ("forward pass of (batch, block) random token ids in eval mode under torch.inference_mode, "
-                    "after {warmup} warm-up passes, {repeats} timed repeats with time.perf_counter "
-                    "(CUDA synchronised); percentiles over the repeats")
 INTERLEAVED_PROTOCOL = ("paired and interleaved: after {warmup} warm-up call(s) each, {rounds} rounds; in each round "
                         "every contender runs {repeats} timed repeat(s), the order rotated by one each round, so "
                         "that drift of the machine hits every contender alike")
@@ -250,26 +247,14 @@ def interleaved(contenders: dict[str, Callable[[], float]], rounds: int, repeats
     return samples
 
 
-def latency_stats(times: list[float]) -> dict[str, float]:
-    """p50/p90/p99, min/max and the relative spread (max - min) / p50 of a list of timings."""
+def latency_stats(rounds: list[list[float]]) -> dict[str, float]:
+    """p50/p90/p99, min/max and the relative spread (max - min) / p50 of every timing of every round."""
+    times = [t for rnd in rounds for t in rnd]
     ts = torch.tensor(times, dtype=torch.float64)
     p50 = float(ts.quantile(0.5))
     return {"p50_s": p50, "p90_s": float(ts.quantile(0.9)), "p99_s": float(ts.quantile(0.99)),
             "min_s": float(ts.min()), "max_s": float(ts.max()), "spread": float((ts.max() - ts.min()) / p50),
             "samples": len(times)}
-
-
-def measure_latency(model, batch: int, block: int, repeats: int = 20, warmup: int = 3,
-                    amp_dtype: torch.dtype | None = None) -> dict[str, float]:
-    """Forward latency of one model alone (not a comparison): p50/p90/p99, min/max and the relative spread."""
-    was_training = model.training
-    model.eval()
-    once = forward_timer(model, batch, block, amp_dtype)
-    for _ in range(warmup):
-        once()
-    times = [once() for _ in range(repeats)]
-    model.train(was_training)
-    return {**latency_stats(times), "repeats": repeats, "warmup": warmup, "batch": batch, "block": block}
 
 
 GENERATION_PROMPT = "The state of the Union"

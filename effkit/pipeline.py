@@ -41,7 +41,7 @@ class Plan:
 
     @property
     def layout(self) -> RunLayout:
-        return RunLayout.of(self.run.runs_dir, self.run.reports_dir, self.run.run_name)
+        return RunLayout.for_run(self.run)
 
     @property
     def run_dir(self) -> Path:
@@ -58,7 +58,7 @@ def make_plan(recipe: str) -> Plan:
     run = build_config(RunConfig, recipe, {})
     dirs = {"runs_dir": run.runs_dir, "reports_dir": run.reports_dir}
     train = build_config(TrainConfig, recipe, {"run_name": run.run_name, **dirs})
-    layout = RunLayout.of(run.runs_dir, run.reports_dir, run.run_name)
+    layout = RunLayout.for_run(run)
     dense = str(layout.artifact("train"))
     prune = {m: build_config(PruneConfig, recipe, {"mode": m, "source": dense, **dirs}) for m in run.prune_modes}
     if "prune" in run.stages and not prune:

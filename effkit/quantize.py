@@ -195,13 +195,11 @@ def load_any(path: str | Path, device: torch.device | None = None) -> nn.Module:
 # ------------------------------------------------------------------------------------------------ measurement
 
 def generate_sample(model: nn.Module, tokenizer, max_new_tokens: int) -> dict[str, Any]:
-    """Greedy generation with the KV cache from a fixed prompt (capped at the model's context): the text and
-    new tokens per second of one timed run after a 4-token warm-up."""
+    """Greedy generation with the KV cache from a fixed prompt (capped at the model's context): the text.
+    Its speed is measured apart, interleaved with the model it is compared with (`metrics.generation_timer`)."""
     new, note = metrics.generation_budget(model, tokenizer, max_new_tokens)
-    metrics.greedy_generate(model, tokenizer, min(4, new))
-    ids, seconds = metrics.greedy_generate(model, tokenizer, new)
-    return {"prompt": PROMPT, "text": tokenizer.decode(ids), "new_tokens": len(ids), "tokens_per_s": len(ids) / seconds,
-            **({"note": note} if note else {})}
+    ids, _ = metrics.greedy_generate(model, tokenizer, new)
+    return {"prompt": PROMPT, "text": tokenizer.decode(ids), "new_tokens": len(ids), **({"note": note} if note else {})}
 
 
 def side_by_side(contenders: dict[str, tuple[nn.Module, torch.dtype | None]], block: int, rounds: int,
@@ -237,11 +235,12 @@ def run_quantize(cfg: QuantizeConfig) -> dict[str, Any]:
         raise EffkitError(f"{source} is already quantized; quantize its parent ({meta.get('parent')}) instead")
     if cfg.backend != "auto" and (reason := backend_available(cfg.backend, device)):
         raise EffkitError(f"--backend {cfg.backend} cannot run here: {reason}")
-    with artifacts.run_lock(source.parent):
-        return _quantize(cfg, device, source)
+    run_dir = Path(cfg.runs_dir) / artifacts.run_of(source)  # inside the runs folder, wherever --from points
+    with artifacts.run_lock(run_dir):
+        return _quantize(cfg, device, source, run_dir)
 
 
-def _quantize(cfg: QuantizeConfig, device: torch.device, source: Path) -> dict[str, Any]:
+def _quantize(cfg: QuantizeConfig, device: torch.device, source: Path, run_dir: Path) -> dict[str, Any]:
 
     data_section = artifacts.data_section(source)
     data_cfg = DataConfig.from_dict(data_section)
@@ -288,7 +287,7 @@ def _quantize(cfg: QuantizeConfig, device: torch.device, source: Path) -> dict[s
                               cfg.latency_rounds, 1, warmup=1)
     for name, r in (("fp32", parent_fp32), ("bf16", parent_bf16), ("int8", q)):
         for b in (1, 12):
-            r[f"latency_b{b}"] = metrics.latency_stats([t for rnd in timed[f"b{b}"][name] for t in rnd])
+            r[f"latency_b{b}"] = metrics.latency_stats(timed[f"b{b}"][name])
     for name, r in (("fp32", parent_fp32), ("int8", q)):
         r["generation"]["tokens_per_s"] = stats.median_of_rounds(gen[name])
     comparisons = {
@@ -302,7 +301,6 @@ def _quantize(cfg: QuantizeConfig, device: torch.device, source: Path) -> dict[s
     fp32_blocks = parent_fp32.pop("block_losses")
     comparisons["eval_loss_delta"] = stats.paired_delta(fp32_blocks, q.pop("block_losses"))
     comparisons["bf16_eval_loss_delta"] = stats.paired_delta(fp32_blocks, parent_bf16.pop("block_losses"))
-    run_dir = source.parent
     tag = (f"quantize-{backend}" + (f"-{cfg.torchao_scheme}" if backend == "torchao" else "")
            + ("-head" if cfg.include_head else ""))
     description = {"backend": backend, "include_head": cfg.include_head, "threshold": cfg.threshold,

@@ -73,24 +73,27 @@ def write_stage_report(reports_dir: Path, report: dict[str, Any]) -> Path:
     return path
 
 
-def stage_reports(out: Path) -> list[dict[str, Any]]:
-    """The stage reports of a run folder (`<tag>.json` with metrics), oldest first."""
+def stage_reports(out: Path, strict: bool = True) -> list[dict[str, Any]]:
+    """The stage reports of a run folder (`<tag>.json` with metrics), oldest first. A corrupt file is an error
+    when `strict` (`effkit report`), else left out (a stage that just finished still writes its summary)."""
     reports = []
     for p in sorted(Path(out).glob("*.json")):
         try:
             data = json.loads(p.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError):
+            if not strict:
+                continue
             raise EffkitError(f"{p} is corrupt; delete it or re-run the stage that wrote it") from None
         if isinstance(data, dict) and "tag" in data and "metrics" in data:
             reports.append(data)
     return sorted(reports, key=lambda r: str(r.get("time", "")))
 
 
-def rebuild_summary(out: Path) -> Path:
+def rebuild_summary(out: Path, reports: list[dict[str, Any]] | None = None) -> Path:
     """`summary.md` (plots found in the folder, the bench table, one section per stage) and `summary.csv`
     (one row per stage tag), both rebuilt from the stage JSONs."""
     out = Path(out)
-    reports = stage_reports(out)
+    reports = stage_reports(out, strict=False) if reports is None else reports
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=SUMMARY_FIELDS)
     w.writeheader()
@@ -288,5 +291,6 @@ def render_run_report(reports_dir: Path, run: str) -> tuple[Path, list[Path]]:
     if not out.is_dir():
         known = sorted(p.name for p in Path(reports_dir).iterdir() if p.is_dir()) if Path(reports_dir).is_dir() else []
         raise EffkitError(f"unknown run {run!r}: no {out}; known runs: {', '.join(known) or 'none'}")
+    reports = stage_reports(out, strict=True)  # a corrupt stage report: one line, before any plot is drawn
     plots = [p for p in (plot_loss_curves(out), plot_comparison(out)) if p] + plot_prune_curves(out)
-    return rebuild_summary(out), plots
+    return rebuild_summary(out, reports), plots

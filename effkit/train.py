@@ -146,7 +146,7 @@ class Trainer:
         self.cfg, self.rt, self.tag, self.progress = cfg, rt, tag, progress
         self.hooks = hooks or TrainHooks()
         o, d = cfg.optim, cfg.data
-        self.layout = RunLayout.of(cfg.run.runs_dir, cfg.run.reports_dir, cfg.run.run_name)
+        self.layout = RunLayout.for_run(cfg.run)
         self.checkpointer = Checkpointer(self.layout.checkpoint_dir)
         self._set_threads()
         self.amp_dtype, self.amp_note = resolve_amp(o, rt.device)
@@ -393,7 +393,7 @@ def train(cfg: TrainConfig, rt: Runtime | None = None, *, on_step: Callable[[int
     rt = rt or init_runtime()
     resumed = None
     if cfg.run.resume:
-        layout = RunLayout.of(cfg.run.runs_dir, cfg.run.reports_dir, cfg.run.run_name)
+        layout = RunLayout.for_run(cfg.run)
         resumed = Checkpointer(layout.checkpoint_dir).load()
         saved = TrainConfig.from_dict(resumed.config)
         cfg = saved.replace(run=saved.run.replace(resume=True),
@@ -437,7 +437,7 @@ def train_in_processes(cfg: TrainConfig) -> dict[str, Any]:
                       run=cfg.run.replace(run_name=cfg.run.run_name or artifacts.new_run_name(cfg.model.name)))
     pretrained = is_pretrained_source(cfg.model.name)
     prepare(cfg.data, tokenizer_from=cfg.model.name if pretrained else None)  # bad data fails here, caches built once
-    layout = RunLayout.of(cfg.run.runs_dir, cfg.run.reports_dir, cfg.run.run_name)
+    layout = RunLayout.for_run(cfg.run)
     launch(cfg.to_dict(), cfg.parallel, cfg.run.run_name)
     if p.node_rank != 0:  # only global rank 0 (on node 0) saves the artifact and writes the report
         return {"stage": "train", "run": cfg.run.run_name, "node_rank": p.node_rank,
@@ -453,5 +453,5 @@ def train_any(cfg: TrainConfig) -> dict[str, Any]:
     run = train_in_processes if cfg.parallel.launched else train
     if cfg.parallel.node_rank != 0:  # other nodes write nothing (global rank 0 saves): no lock to take
         return run(cfg)
-    with artifacts.run_lock(RunLayout.of(cfg.run.runs_dir, cfg.run.reports_dir, cfg.run.run_name).run_dir):
+    with artifacts.run_lock(RunLayout.for_run(cfg.run).run_dir):
         return run(cfg)

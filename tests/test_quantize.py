@@ -80,3 +80,15 @@ def test_bad_quantize_input(trained, capsys, monkeypatch):
     done = run_quantize(qcfg(tmp, artifact, backend="dynamic"))
     code, err = run_cli(["--from", done["artifact"]], capsys, monkeypatch)
     assert code == 2 and "already quantized" in err and len(err.splitlines()) == 1
+
+
+def test_an_artifact_outside_the_runs_folder_is_quantized_into_it(trained, tmp_path):
+    import shutil
+    from pathlib import Path
+
+    tmp, artifact, _ = trained
+    outside = tmp_path / "elsewhere" / "model"
+    shutil.copytree(artifact, outside)
+    report = run_quantize(qcfg(tmp, str(outside), backend="dynamic"))
+    assert Path(report["artifact"]) == tmp / "runs" / "elsewhere" / "quantize-dynamic"
+    assert sorted(p.name for p in (tmp_path / "elsewhere").iterdir()) == ["model"]  # nothing written beside it

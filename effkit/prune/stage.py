@@ -75,8 +75,8 @@ def paired_latency(dense_model, model, block: int, cfg: PruneConfig) -> dict[str
         samples = metrics.interleaved({"dense": metrics.forward_timer(dense_model, b, block),
                                        "pruned": metrics.forward_timer(model, b, block)},
                                       cfg.latency_rounds, cfg.latency_repeats, warmup=2)
-        out[f"latency_b{b}"] = metrics.latency_stats([t for rnd in samples["pruned"] for t in rnd])
-        out[f"dense_latency_b{b}"] = metrics.latency_stats([t for rnd in samples["dense"] for t in rnd])
+        out[f"latency_b{b}"] = metrics.latency_stats(samples["pruned"])
+        out[f"dense_latency_b{b}"] = metrics.latency_stats(samples["dense"])
         out[f"latency_ratio_b{b}"] = stats.paired_ratio(samples["dense"], samples["pruned"])
     model.train(was_training)
     return out
@@ -139,7 +139,7 @@ def run_prune(cfg: PruneConfig, progress: bool = True) -> dict[str, Any]:
     source = artifacts.resolve_artifact(cfg.source, cfg.runs_dir)
     meta = _check_source(source)
     data_cfg = DataConfig.from_dict(artifacts.data_section(source))
-    layout = RunLayout.of(cfg.runs_dir, cfg.reports_dir, source.parent.name)
+    layout = RunLayout.of(cfg.runs_dir, cfg.reports_dir, artifacts.run_of(source))
     with artifacts.run_lock(layout.run_dir):
         return _prune(cfg, rt, source, meta, data_cfg, layout, progress)
 
