@@ -1,3 +1,17 @@
-from effkit.cli import main
+"""`python -m effkit` and the `effkit` command. The libraries load inside the guard, so Ctrl-C in the first
+second ends in one line like everywhere else."""
 
-main()
+import sys
+
+
+def main() -> None:
+    try:
+        from effkit.cli import main as cli_main
+    except KeyboardInterrupt:
+        print("effkit: interrupted", file=sys.stderr)
+        sys.exit(130)
+    cli_main()
+
+
+if __name__ == "__main__":
+    main()

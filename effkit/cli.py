@@ -506,6 +506,9 @@ def main() -> None:
     except Interrupted as e:
         print(f"effkit: {e}", file=sys.stderr)
         sys.exit(130)
+    except KeyboardInterrupt:  # Ctrl-C before or after Typer's own guard
+        print("effkit: interrupted", file=sys.stderr)
+        sys.exit(130)
     except Exception as e:
         # click's usage errors (from click, or the copy Typer vendors): a bad flag or an unparsable value
         if hasattr(e, "format_message") and hasattr(e, "exit_code"):
@@ -519,4 +522,6 @@ def main() -> None:
             print("effkit: interrupted", file=sys.stderr)
             sys.exit(130)
         raise
+    if code == 130:  # Typer turns Ctrl-C outside training (loading libraries, data or a model) into exit 130
+        print("effkit: interrupted", file=sys.stderr)
     sys.exit(code if isinstance(code, int) else 0)

@@ -175,3 +175,17 @@ def test_one_process_per_run_and_a_stale_lock_is_taken_over(tmp_path, corpus_dir
     third = subprocess.run(args, capture_output=True, text=True, timeout=120, env={**os.environ})
     assert third.returncode == 0, third.stderr[-1500:]
     assert not lock.exists() and not list((tmp_path / "runs" / "busy").glob(".tmp-*"))
+
+
+@pytest.mark.parametrize("delay", [0.3, 1.5])
+def test_ctrl_c_while_libraries_load_ends_in_one_line(delay, tmp_path, corpus_dir):
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "effkit", *tiny(tmp_path, corpus_dir, "--max-steps", "500")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(delay)  # the imports of torch and transformers take longer than this
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("effkit: interrupted"), err[-2000:]

@@ -201,3 +201,13 @@ def test_two_nodes_on_localhost_finish_and_match_single_process(tmp_path, corpus
 def test_a_multi_node_run_needs_a_run_name(tmp_path, corpus_dir):
     out = _cli(["--data", str(corpus_dir), "--parallel", "ddp", "--nnodes", "2", "--nproc", "1"], tmp_path)
     assert out.returncode == 2 and "needs the same --run-name on every node" in out.stderr.strip().splitlines()[-1]
+
+
+def test_a_bad_value_found_inside_the_ranks_exits_2_in_one_line(tmp_path, corpus_dir):
+    out = _cli(["--data", str(corpus_dir), "--parallel", "ddp", "--nproc", "2", "--max-steps", "20", "--lr", "1e4",
+                "--batch-size", "2", "--run-name", "diverge"], tmp_path)
+    assert out.returncode == 2, out.stderr[-2000:]
+    errors = [line for line in out.stderr.splitlines() if line.startswith("effkit:")]
+    assert len(errors) == 1 and "training diverged" in errors[0] and "lower --lr" in errors[0], out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
+    assert not (tmp_path / "runs" / "diverge").exists() and not (tmp_path / "reports" / "diverge").exists()
