@@ -23,7 +23,8 @@ import tomllib
 
 from effkit.errors import EffkitError
 
-PARALLEL_MODES = ("none", "ddp", "fsdp", "tp", "fsdp+tp")
+PARALLEL_MODES = ("none", "ddp", "fsdp", "tp", "fsdp+tp", "pp", "pp+fsdp")
+PP_SCHEDULES = ("gpipe", "1f1b")
 SYNC_MODES = ("ddp", "all-reduce", "gather-scatter")
 
 
@@ -83,11 +84,15 @@ class ParallelConfig(_Section):
     mode: str = "none"  # flag --parallel
     nproc: int = 0  # 0 = number of GPUs, or 2 on CPU when a parallel mode is asked for
     tp_size: int = 0  # fsdp+tp: tensor-parallel size (0 = min(world, 2))
+    pp_size: int = 0  # pp+fsdp: pipeline stages (0 = 2); pp: every process is a stage
+    pp_schedule: str = "1f1b"  # gpipe | 1f1b
+    microbatches: int = 4  # pipeline micro-batches per micro-step (they split --batch-size)
     sync: str = "ddp"  # gradient sync of plain data parallelism: ddp | all-reduce | gather-scatter
     nnodes: int = 1
     node_rank: int = 0
     master_addr: str = "127.0.0.1"
     master_port: int = 29500
+    connect_timeout: float = 120.0  # seconds a node other than 0 waits for node 0 to listen
     reshard_after_forward: bool = True
     cpu_offload: bool = False
     threads: int = 0  # torch intra-op threads per process, 0 = torch default
@@ -236,10 +241,23 @@ class TrainConfig(_Section):
         if not 0 <= p.threads <= MAX_THREADS:
             raise EffkitError(f"--threads must be between 1 and {MAX_THREADS}, or 0 for torch's default "
                               f"(got {p.threads})")
+        if p.pp_schedule not in PP_SCHEDULES:
+            raise EffkitError(f"unknown --pp-schedule {p.pp_schedule!r}; choose one of {', '.join(PP_SCHEDULES)}")
+        if p.mode.startswith("pp"):
+            if not 1 <= p.microbatches <= o.batch_size or o.batch_size % p.microbatches:
+                raise EffkitError(f"--microbatches {p.microbatches} must divide --batch-size {o.batch_size} (each "
+                                  "micro-batch gets batch-size / microbatches blocks)")
+            if o.amp and o.amp_dtype == "fp16":
+                raise EffkitError("--parallel pp does not combine with fp16's GradScaler; use --amp-dtype bf16")
+        elif p.pp_size not in (0, 1):
+            raise EffkitError(f"--pp-size {p.pp_size} only applies to --parallel pp+fsdp")
         if p.sync != "ddp" and p.mode not in ("ddp", "none"):
             raise EffkitError(f"--sync {p.sync} applies to plain data parallelism; use it with --parallel ddp")
         if p.nnodes < 1 or not 0 <= p.node_rank < p.nnodes:
             raise EffkitError(f"--node-rank must be in [0, --nnodes) (got {p.node_rank} of {p.nnodes})")
+        if not 1 <= p.master_port <= 65535:
+            raise EffkitError(f"--master-port must be a TCP port in [1, 65535] (got {p.master_port})")
+        _finite("connect_timeout", p.connect_timeout, 0, 86400, low_open=True)
         if d.eval_blocks < 1:
             raise EffkitError(f"--eval-blocks must be at least 1 (got {d.eval_blocks})")
         if not 0 <= d.workers <= MAX_THREADS:

@@ -173,14 +173,19 @@ def eval_batches(model, blocks: torch.Tensor, batch_size: int):
 
 
 @torch.no_grad()
-def evaluate(model, blocks: torch.Tensor, batch_size: int, amp_dtype: torch.dtype | None = None) -> dict[str, Any]:
+def evaluate(model, blocks: torch.Tensor, batch_size: int, amp_dtype: torch.dtype | None = None,
+             block_losses: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict[str, Any]:
     """Mean next-token cross-entropy over the held-out blocks, its 95% interval over blocks, and the per-block
-    losses (`block_losses`, for paired comparisons between models on the same blocks)."""
+    losses (`block_losses`, for paired comparisons between models on the same blocks). `block_losses(batch)`
+    replaces the model's own forward where it cannot give logits alone (a pipeline stage)."""
     was_training = model.training
     model.eval()
     device = model_device(model)
     per_block: list[float] = []
     for batch in eval_batches(model, blocks, batch_size):
+        if block_losses is not None:
+            per_block += block_losses(batch).tolist()
+            continue
         with autocast_ctx(device, amp_dtype):
             logits = model(batch).logits
         losses = lm_loss(logits, batch, reduction="none").view(batch.shape[0], -1).mean(1)

@@ -36,7 +36,7 @@ from effkit.model import (
     flops_per_token,
     is_pretrained_source,
     load_model,
-    n_head_of,
+    shape_of,
     save_model,
 )
 from effkit.parallel import ParallelDims, Runtime, init_runtime
@@ -169,10 +169,11 @@ class Trainer:
         model.to(rt.device)
         model.train()
 
-        self.dims = ParallelDims.build(cfg.parallel, rt.world_size, model.config.n_head)
+        self.dims = ParallelDims.build(cfg.parallel, rt.world_size, model.config.n_head, model.config.n_layer)
         p = cfg.parallel
         self.par = parallelize_gpt2(model, self.dims, p.sync, self.amp_dtype, p.reshard_after_forward, p.cpu_offload,
-                                    rt)
+                                    rt, pp_schedule=p.pp_schedule, microbatches=p.microbatches,
+                                    loss_scale=o.grad_accum)
         self._set_threads()  # launchers and Accelerate may have changed it
         self.optimizer = make_optimizer(self.par.model, o)
         self.tokens_per_step = o.batch_size * o.grad_accum * self.dims.dp * d.block_size
@@ -211,6 +212,10 @@ class Trainer:
         for micro in range(o.grad_accum):
             batch = next(self.batches).to(self.rt.device, non_blocking=True)
             clock.lap("data")
+            if par.pipeline is not None:  # the schedule runs forward and backward of every micro-batch
+                loss_sum += par.pipeline.step(batch)
+                clock.lap("pipeline")
+                continue
             with par.no_sync() if micro < o.grad_accum - 1 else nullcontext():
                 with metrics.autocast_ctx(self.rt.device, self.amp_dtype):
                     loss = metrics.lm_loss(par.model(batch).logits, batch) / o.grad_accum
@@ -232,7 +237,9 @@ class Trainer:
         return {"loss": par.mean_over_dp(loss_sum).item(), "lr": lr, "grad_norm": float(grad_norm)}
 
     def evaluate(self) -> dict[str, float]:
-        return metrics.evaluate(self.par.model, self.data.blocks.eval, self.cfg.optim.batch_size, self.amp_dtype)
+        pipe = self.par.pipeline
+        return metrics.evaluate(self.par.model, self.data.blocks.eval, self.cfg.optim.batch_size, self.amp_dtype,
+                                block_losses=pipe.block_losses if pipe is not None else None)
 
     def checkpoint(self) -> None:
         self.checkpointer.save(self.step, self.par, self.optimizer, self.scheduler, self.cfg.to_dict(), self.rows)
@@ -309,7 +316,7 @@ class Trainer:
             report = build_report(self, stage, parent, final, peak_mem, stage_metrics)
             artifact = self.layout.artifact(self.tag)
             with artifacts.atomic_dir(artifact) as tmp:
-                save_model(self.model, tmp, self.data.tokenizer, state_dict=state)
+                save_model(self.par.save_as or self.model, tmp, self.data.tokenizer, state_dict=state)
                 report["metrics"]["size_bytes"] = artifacts.dir_size(tmp)
                 meta = artifacts.write_meta(tmp, stage, report["config"], report["metrics"],
                                             data=self.cfg.data.to_dict(), parent=parent,
@@ -427,11 +434,13 @@ def train_in_processes(cfg: TrainConfig) -> dict[str, Any]:
     processes through Accelerate; returns rank 0's report."""
     p = cfg.parallel
     if p.mode == "none":
-        raise EffkitError("--nproc/--nnodes > 1 need a parallel mode: add --parallel ddp (or fsdp, tp, fsdp+tp)")
+        raise EffkitError("--nproc/--nnodes > 1 need a parallel mode: add --parallel ddp (or fsdp, tp, fsdp+tp, "
+                          "pp, pp+fsdp)")
     if p.cpu_offload and not torch.cuda.is_available():
         raise EffkitError("--cpu-offload moves FSDP parameters from GPU to CPU; there is no GPU here, drop it")
     nproc = nproc_per_node(p)
-    ParallelDims.build(p.replace(nproc=nproc), nproc * p.nnodes, n_head_of(cfg.model.name))
+    shape = shape_of(cfg.model.name)
+    ParallelDims.build(p.replace(nproc=nproc), nproc * p.nnodes, shape.get("n_head"), shape.get("n_layer"))
     threads = p.threads or (0 if torch.cuda.is_available() else max(1, (os.cpu_count() or 1) // nproc))
     cfg = cfg.replace(parallel=p.replace(nproc=nproc, threads=threads),
                       run=cfg.run.replace(run_name=cfg.run.run_name or artifacts.new_run_name(cfg.model.name)))

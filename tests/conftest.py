@@ -13,6 +13,7 @@ def _isolated_cache(tmp_path_factory):
     """Every test session gets its own tokenizer / token cache."""
     os.environ["EFFKIT_CACHE"] = str(tmp_path_factory.mktemp("effkit-cache"))
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    os.environ["EFFKIT_PG_TIMEOUT"] = "90"  # a hung collective in a multi-process test fails in 90 s, not 300
     yield
 
 

@@ -1,5 +1,6 @@
 """Every parallel mode, with 2 gloo processes and the same global batch, follows the single-process loss curve
-(fp32), and every mode saves one full Hugging Face artifact with the same logits."""
+(fp32), and every mode saves one full Hugging Face artifact with the same logits. Every multi-process test is
+guarded by a timeout, so a hang fails fast."""
 
 import json
 import os
@@ -15,14 +16,18 @@ from effkit.train import train
 
 STEPS = 5
 GLOBAL_BATCH = 4
-# mode name -> (parallel, sync, per-rank batch with 2 processes)
+# mode name -> (parallel, sync, per-rank batch with 2 processes, other options)
 MODES = {
-    "ddp": ("ddp", "ddp", GLOBAL_BATCH // 2),
-    "all-reduce": ("ddp", "all-reduce", GLOBAL_BATCH // 2),
-    "gather-scatter": ("ddp", "gather-scatter", GLOBAL_BATCH // 2),
-    "fsdp": ("fsdp", "ddp", GLOBAL_BATCH // 2),
-    "tp": ("tp", "ddp", GLOBAL_BATCH),  # both ranks see the same batch
-    "fsdp+tp": ("fsdp+tp", "ddp", GLOBAL_BATCH),  # 2 processes: a (dp=1, tp=2) mesh
+    "ddp": ("ddp", "ddp", GLOBAL_BATCH // 2, {}),
+    "all-reduce": ("ddp", "all-reduce", GLOBAL_BATCH // 2, {}),
+    "gather-scatter": ("ddp", "gather-scatter", GLOBAL_BATCH // 2, {}),
+    "fsdp": ("fsdp", "ddp", GLOBAL_BATCH // 2, {}),
+    "tp": ("tp", "ddp", GLOBAL_BATCH, {}),  # both ranks see the same batch
+    "fsdp+tp": ("fsdp+tp", "ddp", GLOBAL_BATCH, {}),  # 2 processes: a (dp=1, tp=2) mesh
+    # two stages of one block each; both see the same batch, in 4 micro-batches
+    "pp-gpipe": ("pp", "ddp", GLOBAL_BATCH, {"pp_schedule": "gpipe", "microbatches": 4}),
+    "pp-1f1b": ("pp", "ddp", GLOBAL_BATCH, {"pp_schedule": "1f1b", "microbatches": 4}),
+    "pp+fsdp": ("pp+fsdp", "ddp", GLOBAL_BATCH, {"microbatches": 2}),  # 2 processes: a (pp=2, dp=1) mesh
 }
 
 
@@ -37,9 +42,9 @@ def _worker(rank: int, port: int, base: dict, out_path: str):
                       MASTER_PORT=str(port), ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1")
     torch.set_num_threads(1)
     results = {}
-    for name, (parallel, sync, batch) in MODES.items():
+    for name, (parallel, sync, batch, other) in MODES.items():
         cfg = TrainConfig.from_flat(**{**base, "parallel": parallel, "sync": sync, "batch_size": batch,
-                                       "run_name": name, "threads": 1})
+                                       "run_name": name, "threads": 1, **other})
         report = train(cfg, progress=False)
         if rank == 0:
             results[name] = {"applied": report["what_ran"]["parallel"], "world": report["what_ran"]["world_size"],
@@ -81,7 +86,8 @@ def test_loss_matches_single_process(mode, parallel_runs):
 
 @pytest.mark.parametrize("mode, applied", [("ddp", "ddp"), ("all-reduce", "data-parallel (all-reduce)"),
                                            ("gather-scatter", "data-parallel (gather-scatter)"), ("fsdp", "fsdp"),
-                                           ("tp", "tp"), ("fsdp+tp", "fsdp+tp")])
+                                           ("tp", "tp"), ("fsdp+tp", "fsdp+tp"), ("pp-gpipe", "pp"),
+                                           ("pp-1f1b", "pp"), ("pp+fsdp", "pp+fsdp")])
 def test_mode_is_read_back_from_the_model(mode, applied, parallel_runs):
     _, _, results = parallel_runs
     assert results[mode]["applied"] == applied
@@ -93,6 +99,17 @@ def test_sharded_modes_hold_fewer_parameter_bytes(parallel_runs):
     full = results["ddp"]["detail"]["param_bytes_this_rank"]
     assert results["fsdp"]["detail"]["param_bytes_this_rank"] < 0.6 * full
     assert results["tp"]["detail"]["param_bytes_this_rank"] < full
+    assert results["pp-1f1b"]["detail"]["param_bytes_this_rank"] < full  # rank 0: the embeddings and block 0
+
+
+@pytest.mark.parametrize("mode, schedule", [("pp-gpipe", "ScheduleGPipe"), ("pp-1f1b", "Schedule1F1B"),
+                                            ("pp+fsdp", "Schedule1F1B")])
+def test_pipeline_stages_and_the_tied_embedding(mode, schedule, parallel_runs):
+    detail = parallel_runs[2][mode]["detail"]
+    assert detail["pp_schedule"] == schedule and detail["pp_size"] == 2
+    assert detail["stage_of_this_rank"] == 0 and detail["blocks_of_this_rank"] == [0, 1]  # report from rank 0
+    # the embedding (first stage) and the LM head (last stage) are two copies of one tied weight: still equal
+    assert detail["tied_embedding"].startswith("gradients summed") and detail["tied_copies_max_abs_diff"] == 0.0
 
 
 def test_saved_artifacts_of_all_modes_give_the_same_logits(parallel_runs):
@@ -149,6 +166,20 @@ def test_a_crashing_rank_stops_the_others_and_is_named(tmp_path, corpus_dir):
     (["--nproc", "2"], "need a parallel mode"),
     (["--parallel", "fsdp", "--cpu-offload"], "there is no GPU here"),
     (["--parallel", "fsdp", "--sync", "all-reduce"], "use it with --parallel ddp"),
+    (["--parallel", "pp", "--nproc", "3", "--batch-size", "3", "--microbatches", "3"],
+     "3 pipeline stages for a model of 2 blocks"),
+    (["--parallel", "pp", "--nproc", "2", "--microbatches", "1", "--batch-size", "4"],
+     "1f1b needs at least as many micro-batches as stages"),
+    (["--parallel", "pp", "--nproc", "2", "--microbatches", "3", "--batch-size", "4"],
+     "--microbatches 3 must divide --batch-size 4"),
+    (["--parallel", "pp", "--nproc", "2", "--pp-schedule", "zb"], "unknown --pp-schedule 'zb'"),
+    (["--parallel", "pp", "--nproc", "1"], "pipeline parallelism needs at least 2 stages"),
+    (["--parallel", "pp+fsdp", "--nproc", "3"], "divisible by --pp-size 2"),
+    (["--parallel", "ddp", "--nnodes", "2", "--node-rank", "2"], "--node-rank must be in [0, --nnodes)"),
+    (["--parallel", "ddp", "--nnodes", "2", "--node-rank", "1", "--master-addr", "no-such-host.invalid"],
+     "does not resolve"),
+    (["--parallel", "ddp", "--nnodes", "2", "--node-rank", "1", "--master-port", "1", "--connect-timeout", "1"],
+     "node 0 did not answer at 127.0.0.1:1 within 1 s"),
 ])
 def test_bad_process_layouts_fail_before_launch(args, needle, tmp_path, corpus_dir, capsys, monkeypatch):
     import sys

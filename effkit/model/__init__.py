@@ -12,12 +12,12 @@ from effkit.model.gpt2 import (
     flops_per_token,
     is_pretrained_source,
     load_model,
-    n_head_of,
+    shape_of,
     save_model,
 )
 
 __all__ = [
     "PRESETS", "activation_checkpointing_enabled", "build_model", "check_block_size", "check_preset",
     "conv1d_to_linear", "count_params", "enable_activation_checkpointing", "flops_per_token", "hf_state_dict",
-    "is_pretrained_source", "load_model", "n_head_of", "save_model",
+    "is_pretrained_source", "load_model", "shape_of", "save_model",
 ]

@@ -31,20 +31,22 @@ def is_pretrained_source(name: str) -> bool:
     return name not in PRESETS and (Path(name).expanduser().exists() or "/" in name)
 
 
-def n_head_of(name: str) -> int | None:
-    """The attention heads of a preset or a local model folder, without loading weights (None for a hub id:
+def shape_of(name: str) -> dict[str, int]:
+    """`n_head` and `n_layer` of a preset or a local model folder, without loading weights ({} for a hub id:
     checked when the model is loaded)."""
     import json
 
     if not is_pretrained_source(name):
-        return check_preset(name)["n_head"]
+        preset = check_preset(name)
+        return {"n_head": preset["n_head"], "n_layer": preset["n_layer"]}
     config = Path(name) / "config.json"
     if config.is_file():
         try:
-            return json.loads(config.read_text()).get("n_head")
+            values = json.loads(config.read_text())
         except (json.JSONDecodeError, OSError):
             raise EffkitError(f"{config} is not valid JSON; give an effkit artifact or a Hugging Face folder") from None
-    return None
+        return {k: values[k] for k in ("n_head", "n_layer") if isinstance(values, dict) and k in values}
+    return {}
 
 
 def check_block_size(block_size: int, n_positions: int) -> None:
@@ -108,6 +110,8 @@ def save_model(model: nn.Module, path: Path, tokenizer=None, state_dict: dict | 
     """Write a plain transformers folder (safetensors) into `path` (the caller makes it atomic)."""
     sd = state_dict if state_dict is not None else model.state_dict()
     sd = {k: v.detach().to("cpu").contiguous() for k, v in hf_state_dict(sd).items()}
+    if getattr(model.config, "tie_word_embeddings", False):  # saved once; loading ties the head to it
+        sd.pop("lm_head.weight", None)
     model.config.use_cache = True
     try:
         model.save_pretrained(path, state_dict=sd)

@@ -55,11 +55,37 @@ def launch_command(p: ParallelConfig, cfg_path: Path, errors: Path) -> tuple[lis
     return cmd, env
 
 
+def wait_for_master(p: ParallelConfig) -> None:
+    """Before launching: the master address must resolve, and a node other than 0 waits (up to
+    `p.connect_timeout` s) until node 0 listens on it, so a wrong address fails in one line instead of hanging."""
+    import socket
+    import time
+
+    try:
+        socket.getaddrinfo(p.master_addr, p.master_port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as e:
+        raise EffkitError(f"--master-addr {p.master_addr!r} does not resolve ({e}); give node 0's address") from None
+    if p.nnodes == 1 or p.node_rank == 0:
+        return
+    deadline = time.monotonic() + p.connect_timeout
+    while True:
+        try:
+            with socket.create_connection((p.master_addr, p.master_port), timeout=min(5.0, p.connect_timeout)):
+                return
+        except OSError as e:
+            if time.monotonic() >= deadline:
+                raise EffkitError(f"node 0 did not answer at {p.master_addr}:{p.master_port} within "
+                                  f"{p.connect_timeout:g} s ({e.strerror or e}); start node 0 first, check "
+                                  "--master-addr/--master-port and the firewall, or raise --connect-timeout") from None
+            time.sleep(0.5)
+
+
 def launch(config: dict[str, Any], p: ParallelConfig, run_name: str) -> None:
     """Run the worker in `p.nproc` processes per node with `config` (a TrainConfig as a dict); wait; raise a
     one-line error naming the rank that failed first. The launch files (config, per-rank error records, the
     launcher's log) live in a temporary folder, removed after a success and named in the error after a failure,
     so a failed launch leaves nothing in the run's folder."""
+    wait_for_master(p)
     work = Path(tempfile.mkdtemp(prefix=f"effkit-launch-{run_name}-"))
     cfg_path, errors, log = work / "launch-config.json", work / "errors", work / "launch.log"
     cfg_path.write_text(json.dumps(config, indent=1))

@@ -11,6 +11,8 @@ on the mode's name.
             row-parallel, MLP up column-parallel and down row-parallel; embeddings, LayerNorms and the tied
             LM head replicated
 - fsdp+tp:  2-D mesh (dp, tp): TP inside each dp group, FSDP2 across groups
+- pp:       every process one pipeline stage of consecutive blocks (`pipeline.py`: GPipe or 1F1B)
+- pp+fsdp:  2-D mesh (pp, dp): split first, then FSDP2 on each stage within its dp group
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch.distributed as dist
 from torch import nn
 
 from effkit.errors import EffkitError
+from effkit.parallel import pipeline as pp
 from effkit.parallel.dims import ParallelDims
 from effkit.parallel.runtime import Runtime
 
@@ -47,7 +50,7 @@ def apply_tp(model: nn.Module, tp_mesh) -> None:
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     tp = tp_mesh.size()
-    for block in model.transformer.h:
+    for block in pp.blocks_of(model):
         attn = block.attn  # ParallelDims.build checked that tp divides the heads
         idx = qkv_interleave_index(attn.split_size, tp).to(attn.c_attn.weight.device)
         with torch.no_grad():
@@ -62,7 +65,9 @@ def apply_tp(model: nn.Module, tp_mesh) -> None:
 
 
 def apply_fsdp(model: nn.Module, dp_mesh, param_dtype: torch.dtype | None, reshard_after_forward: bool,
-               cpu_offload: bool) -> None:
+               cpu_offload: bool, root: nn.Module | None = None) -> None:
+    """FSDP2 on every block of `model`, then on `root` (default: the model; a pipeline stage's wrapper, whose
+    forward is the one that runs) for the parameters outside the blocks."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype \
@@ -70,9 +75,9 @@ def apply_fsdp(model: nn.Module, dp_mesh, param_dtype: torch.dtype | None, resha
     kwargs: dict[str, Any] = {"mesh": dp_mesh, "mp_policy": mp, "reshard_after_forward": reshard_after_forward}
     if cpu_offload:
         kwargs["offload_policy"] = CPUOffloadPolicy()
-    for block in model.transformer.h:
+    for block in pp.blocks_of(model):
         fully_shard(block, **kwargs)
-    fully_shard(model, **kwargs)
+    fully_shard(root if root is not None else model, **kwargs)
 
 
 def apply_ddp(model: nn.Module) -> nn.Module:
@@ -137,6 +142,12 @@ class Parallelized:
     grad_sync: Callable[[nn.Module], None] | None = None  # hand-written gradient sync after backward
     dp_group: Any = None
     applied: dict[str, Any] = field(default_factory=dict)  # options applied beyond the mesh (fsdp, sync)
+    pipeline: pp.Pipeline | None = None  # this rank's stage and schedule (pp modes)
+    save_as: nn.Module | None = None  # a full model to save the gathered state with (pp: a meta skeleton)
+
+    @property
+    def sharded(self) -> bool:
+        return any(_is_dtensor(p) for p in self.base_model.parameters())
 
     def sync_gradients(self) -> None:
         if self.grad_sync is not None:
@@ -146,7 +157,10 @@ class Parallelized:
         """Global L2 norm of all gradients (sharded DTensors summed over their shard dims), then scale."""
         grads = [p.grad for p in self.base_model.parameters() if p.grad is not None]
         total = torch.zeros((), device=self.rt.device, dtype=torch.float32)
-        for g in grads:
+        pipe = self.pipeline
+        counted = [p.grad for p in self.base_model.parameters() if p.grad is not None
+                   and not (pipe is not None and pipe.last and not pipe.first and p is pipe.tied)]  # tied: once
+        for g in counted:
             if _is_dtensor(g):
                 local = g.to_local().float().pow(2).sum()
                 for dim, placement in enumerate(g.placements):
@@ -155,6 +169,8 @@ class Parallelized:
                 total += local.to(total.device)
             else:
                 total += g.float().pow(2).sum()
+        if pipe is not None:  # every stage holds different parameters
+            dist.all_reduce(total, group=pipe.group)
         norm = total.sqrt()
         coef = min(1.0, max_norm / (norm.item() + 1e-6))
         if coef < 1.0:
@@ -183,6 +199,8 @@ class Parallelized:
         """The full, unsharded model state on rank 0 (CPU), in effkit's Linear layout; {} elsewhere."""
         if not self.rt.distributed:
             return {k: v.detach().cpu() for k, v in self.base_model.state_dict().items()}
+        if self.pipeline is not None:
+            return pp.gather_model_state(self.pipeline, self.sharded, self.rt.rank)
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         sd = get_model_state_dict(self.base_model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
@@ -197,6 +215,8 @@ class Parallelized:
     def optimizer_state(self, optimizer) -> dict[str, Any]:
         if not self.rt.distributed:
             return optimizer.state_dict()
+        if self.pipeline is not None:
+            return pp.gather_optimizer_state(self.pipeline, optimizer, self.sharded, self.rt.rank)
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
         return get_optimizer_state_dict(self.base_model, optimizer,
@@ -205,6 +225,9 @@ class Parallelized:
     def load_optimizer_state(self, optimizer, state: dict[str, Any]) -> None:
         if not self.rt.distributed:
             optimizer.load_state_dict(state)
+            return
+        if self.pipeline is not None:
+            pp.load_optimizer_state(self.pipeline, optimizer, state, self.sharded)
             return
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
@@ -220,7 +243,9 @@ class Parallelized:
             if _is_dtensor(p):
                 names = p.device_mesh.mesh_dim_names or ()
                 sharded_dims |= {names[i] for i, pl in enumerate(p.placements) if pl.is_shard() and i < len(names)}
-        if isinstance(self.model, DistributedDataParallel):
+        if self.pipeline is not None:
+            mode = "pp+fsdp" if "dp" in sharded_dims else "pp"
+        elif isinstance(self.model, DistributedDataParallel):
             mode = "ddp"
         elif {"dp", "tp"} <= sharded_dims:
             mode = "fsdp+tp"
@@ -237,6 +262,15 @@ class Parallelized:
                           for p in self.base_model.parameters())
         detail = {"process_group_world_size": world, "backend": self.rt.backend, "dp_size": self.dims.dp,
                   "tp_size": self.dims.tp, "param_bytes_this_rank": param_bytes}
+        if self.pipeline is not None:
+            stage = self.pipeline.module
+            detail.update(pp_size=self.dims.pp, pp_schedule=type(self.pipeline.schedule).__name__,
+                          microbatches=self.pipeline.schedule._n_microbatches,
+                          stage_of_this_rank=stage.index, blocks_of_this_rank=[stage.layers.start, stage.layers.stop],
+                          tied_embedding=("gradients summed over the first and last stage"
+                                          if self.pipeline.tied_group is not None else "not tied"))
+            if self.pipeline.tied_drift is not None:
+                detail["tied_copies_max_abs_diff"] = self.pipeline.tied_drift
         if self.dims.tp > 1:
             detail["tp_plan"] = ("q/k/v colwise by whole heads, attn out rowwise, mlp up colwise, mlp down rowwise; "
                                  "embeddings, LayerNorms, tied LM head replicated")
@@ -246,8 +280,10 @@ class Parallelized:
 
 
 def parallelize_gpt2(model: nn.Module, dims: ParallelDims, sync: str, amp_dtype: torch.dtype | None,
-                     reshard_after_forward: bool, cpu_offload: bool, rt: Runtime) -> Parallelized:
-    """Apply `dims` to `model` (already on `rt.device`), torchtitan style: tp first, then data parallelism."""
+                     reshard_after_forward: bool, cpu_offload: bool, rt: Runtime,
+                     pp_schedule: str = "1f1b", microbatches: int = 1, loss_scale: int = 1) -> Parallelized:
+    """Apply `dims` to `model` (already on `rt.device`), torchtitan style: pipeline split first, then tp, then
+    data parallelism. `loss_scale`: the gradient-accumulation divisor the pipeline's loss applies."""
     if dims.mode == "none":
         return Parallelized(model, model, rt, dims)
     if not rt.distributed and not dist.is_initialized():
@@ -272,6 +308,18 @@ def parallelize_gpt2(model: nn.Module, dims: ParallelDims, sync: str, amp_dtype:
         mesh = init_device_mesh(rt.device.type, (dims.tp,), mesh_dim_names=("tp",))
         apply_tp(model, mesh)
         return Parallelized(model, model, rt, dims)
+    if dims.mode in ("pp", "pp+fsdp"):
+        mesh = init_device_mesh(rt.device.type, (dims.pp, dims.dp), mesh_dim_names=("pp", "dp"))
+        with torch.device("meta"):  # the full model's shape, to save the gathered state with
+            skeleton = type(model)(model.config)
+        stage = pp.split_stage(model, dims, rt.rank, amp_dtype)
+        applied = {}
+        if dims.mode == "pp+fsdp":  # shard the stage before the schedule sees its parameters
+            apply_fsdp(model, mesh["dp"], amp_dtype, reshard_after_forward, cpu_offload, root=stage)
+            applied = {"fsdp": fsdp_options}
+        pipe = pp.build_pipeline(stage, dims, mesh["pp"], rt.rank, pp_schedule, microbatches, loss_scale)
+        return Parallelized(stage, model, rt, dims, grad_sync=pipe.sync_tied_gradients, pipeline=pipe,
+                            save_as=skeleton, dp_group=mesh["dp"].get_group(), applied=applied)
     if dims.mode == "fsdp+tp":
         mesh = init_device_mesh(rt.device.type, (dims.dp, dims.tp), mesh_dim_names=("dp", "tp"))
         apply_tp(model, mesh["tp"])

@@ -60,10 +60,16 @@ def init_runtime(device: str = "auto") -> Runtime:
     return init_distributed()
 
 
-def init_distributed(timeout_s: float = 300.0) -> Runtime:
+PG_TIMEOUT_ENV = "EFFKIT_PG_TIMEOUT"  # seconds a collective may wait before the run fails (tests make it short)
+
+
+def init_distributed(timeout_s: float | None = None) -> Runtime:
     """Join the process group of a launched process: nccl with one GPU per process, else gloo on the CPU.
-    The world size is read back from the process group, never trusted from the environment."""
+    The world size is read back from the process group, never trusted from the environment. A collective that
+    waits longer than `timeout_s` (default: $EFFKIT_PG_TIMEOUT, else 300 s) fails instead of hanging."""
     import torch.distributed as dist
+
+    timeout_s = timeout_s or float(os.environ.get(PG_TIMEOUT_ENV) or 300)
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
