@@ -470,7 +470,8 @@ def doctor():
 
 @app.command()
 def study(
-    name: str = typer.Argument(..., help="sync, scaling, batch-size, amp, checkpointing, dataloader, profile"),
+    name: str = typer.Argument(..., help="sync, scaling, batch-size, amp, checkpointing, dataloader, profile, "
+                              "pipeline, pp-memory"),
     model: str = typer.Option("gpt2-mini", help="model preset"),
     data: str = typer.Option("builtin", help="corpus (as for effkit train)"),
     vocab_size: int = typer.Option(8192, help="BPE vocabulary size"),

@@ -43,6 +43,7 @@ class StudyConfig:
     batch_sizes: tuple[int, ...] = (1, 2, 4, 8)  # batch-size study
     block_sizes: tuple[int, ...] = (64, 128, 256)  # checkpointing study
     max_workers: int = -1  # dataloader study: 0..max_workers (-1: the number of CPU cores)
+    microbatches: tuple[int, ...] = (1, 2, 4, 8)  # pipeline study
 
 
 def _train_cfg(s: StudyConfig, name: str, **kw) -> TrainConfig:
@@ -202,9 +203,70 @@ def study_profile(s: StudyConfig) -> dict[str, Any]:
                                     "synchronised when on GPU), not torch.profiler"]}
 
 
+def study_pipeline(s: StudyConfig) -> dict[str, Any]:
+    """GPipe and 1F1B at `s.nproc` stages as micro-batches grow, one global batch throughout. The bubble is
+    estimated from measured times: 1 - (sequential time / stages) / pipelined time, where the sequential time is
+    one process running the same micro-batches one after another (batch B/m, m accumulation steps)."""
+    p = s.nproc
+    batch = max(8, -(-s.batch_size // 8) * 8)  # divisible by every micro-batch count of the study
+    rows, seq = [], {}
+    for m in s.microbatches:
+        r = _train(_train_cfg(s, f"pipeline-seq-m{m}", batch_size=batch // m, grad_accum=m, threads=1))
+        seq[m] = _steady_mean(r["step_times"])
+    for schedule in ("gpipe", "1f1b"):
+        for m in s.microbatches:
+            row: dict[str, Any] = {"schedule": schedule, "microbatches": m,
+                                   "bubble_theory": (p - 1) / (m + p - 1)}
+            if schedule == "1f1b" and m < p:
+                rows.append({**row, "time_per_iter_s": None, "time_per_iter_ci95": None,
+                             "sequential_time_s": seq[m], "bubble_measured": None, "bubble_ci95": None,
+                             "note": f"not run: 1F1B needs at least {p} micro-batches"})
+                continue
+            r = _train(_train_cfg(s, f"pipeline-{schedule}-m{m}", parallel="pp", nproc=p, threads=1,
+                                  batch_size=batch, microbatches=m, pp_schedule=schedule))
+            t, (lo, hi) = _steady_mean(r["step_times"]), _time_ci(r["step_times"])
+            ideal, lo = seq[m] / p, max(lo, 1e-9)
+            rows.append({**row, "time_per_iter_s": t, "time_per_iter_ci95": [lo, hi], "sequential_time_s": seq[m],
+                         "bubble_measured": 1 - ideal / t, "bubble_ci95": [1 - ideal / lo, 1 - ideal / hi],
+                         "note": ""})
+    return {"rows": rows, "notes": [
+        f"{p} stages of consecutive blocks (embeddings on the first, LM head on the last), 1 thread per process, "
+        f"global batch {batch} blocks split into m micro-batches",
+        "bubble_measured = 1 - (sequential / stages) / pipelined time per iteration; the sequential run does the "
+        "same micro-batches in one process. It counts everything that keeps a stage from working: the schedule's "
+        "bubble, unequal stages and the sends between processes; bubble_theory = (p-1)/(m+p-1) counts the first only",
+        f"intervals: 95% t-interval of the pipelined step times (the sequential time taken as exact); "
+        "the first step of each run is left out"]}
+
+
+def study_pp_memory(s: StudyConfig) -> dict[str, Any]:
+    """Per-rank peak memory and parameter bytes of `pp` vs `ddp` with the same processes and global batch."""
+    rows = []
+    for mode in ("ddp", "pp"):
+        batch = s.batch_size if mode == "pp" else max(1, s.batch_size // s.nproc)
+        r = _train(_train_cfg(s, f"pp-memory-{mode}", parallel=mode, nproc=s.nproc, threads=1, batch_size=batch,
+                              microbatches=min(batch, max(s.nproc, 2)), eval_blocks=2))
+        peaks = r["metrics"]["peak_memory_bytes_per_rank"]
+        rows.append({"mode": mode, "processes": s.nproc, "batch_per_rank": batch,
+                     "peak_memory_mib_per_rank": [round(_mib(b)) for b in peaks],
+                     "max_peak_memory_mib": _mib(max(peaks)),
+                     "param_mib_rank0": _mib(r["what_ran"]["parallel_detail"]["param_bytes_this_rank"]),
+                     "time_per_iter_s": _steady_mean(r["step_times"])})
+    ratio = rows[1]["max_peak_memory_mib"] / rows[0]["max_peak_memory_mib"]
+    return {"rows": rows, "notes": [
+        f"largest per-rank peak, pp / ddp: {ratio:.2f}x (one run each; peak memory is a high-water mark, "
+        "not a timing, and varies little between runs)",
+        f"same global batch ({s.batch_size} blocks): ddp gives each rank {rows[0]['batch_per_rank']}, pp gives every "
+        f"stage all {s.batch_size} in micro-batches; {s.steps} steps, fp32, AdamW",
+        "peak memory: " + ("cuda max_memory_allocated" if torch.cuda.is_available() else
+                           "RSS high-water mark over the training steps minus RSS at their start (the model is "
+                           "built whole on every rank, then split, before the measurement starts)")]}
+
+
 STUDIES: dict[str, Callable[[StudyConfig], dict[str, Any]]] = {
     "sync": study_sync, "scaling": study_scaling, "batch-size": study_batch_size, "amp": study_amp,
     "checkpointing": study_checkpointing, "dataloader": study_dataloader, "profile": study_profile,
+    "pipeline": study_pipeline, "pp-memory": study_pp_memory,
 }
 
 
@@ -265,6 +327,28 @@ def _plot(name: str, result: dict[str, Any], path: Path) -> None:
             ax.plot([r["num_workers"] for r in rows], [r["seconds"] for r in rows], "o-")
             ax.set_xlabel("num_workers")
             ax.set_ylabel("seconds")
+        elif name == "pipeline":
+            ms = sorted({r["microbatches"] for r in rows})
+            ax.plot(ms, [next(r["bubble_theory"] for r in rows if r["microbatches"] == m) for m in ms], "k--",
+                    label="theory (p-1)/(m+p-1)")
+            for i, sched in enumerate(("gpipe", "1f1b")):
+                sub = [r for r in rows if r["schedule"] == sched and r["bubble_measured"] is not None]
+                err = [[r["bubble_measured"] - r["bubble_ci95"][0] for r in sub],
+                       [r["bubble_ci95"][1] - r["bubble_measured"] for r in sub]]
+                ax.errorbar([r["microbatches"] + 0.08 * (i - 0.5) for r in sub], [r["bubble_measured"] for r in sub],
+                            yerr=err, fmt="o-", capsize=4, label=f"{sched} measured (95% CI)")
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(ms, [str(m) for m in ms])
+            ax.set_xlabel("micro-batches m")
+            ax.set_ylabel("idle fraction of a stage")
+            ax.legend()
+        elif name == "pp-memory":
+            for i, r in enumerate(rows):
+                ax.bar([i * 3 + k for k in range(len(r["peak_memory_mib_per_rank"]))], r["peak_memory_mib_per_rank"],
+                       label=r["mode"])
+            ax.set_xticks([])
+            ax.set_ylabel("peak memory per rank (MiB)")
+            ax.legend()
         elif name == "profile":
             ax.pie([r["seconds"] for r in rows], labels=[r["phase"] for r in rows], autopct="%1.0f%%")
         ax.set_title(name)
@@ -275,7 +359,9 @@ def _plot(name: str, result: dict[str, Any], path: Path) -> None:
 
 
 def fmt_value(v: Any) -> str:
-    """A study table cell: 4 significant digits; an interval as lo-hi."""
+    """A study table cell: 4 significant digits; an interval as lo-hi; - for a value not measured."""
+    if v is None:
+        return "-"
     if isinstance(v, float):
         return f"{v:.4g}"
     if isinstance(v, list) and len(v) == 2 and all(isinstance(x, float) for x in v):
@@ -308,7 +394,7 @@ def run_study(name: str, s: StudyConfig) -> dict[str, Any]:
                           f"use --nproc {cores} or fewer")
     if torch.cuda.is_available() and s.nproc > torch.cuda.device_count():
         raise EffkitError(f"--nproc {s.nproc} is more than this machine's {torch.cuda.device_count()} GPUs")
-    if name in ("sync", "batch-size") and s.nproc < 2:
+    if name in ("sync", "batch-size", "pipeline", "pp-memory") and s.nproc < 2:
         raise EffkitError(f"the {name} study compares multi-process modes; it needs --nproc 2 or more")
     if s.steps < 2 or s.batch_size < 1:
         raise EffkitError("--steps must be at least 2 and --batch-size at least 1")
