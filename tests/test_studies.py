@@ -13,7 +13,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 def tiny_study(tmp_path, corpus_dir):
     return StudyConfig(model="gpt2-nano", data=str(corpus_dir), vocab_size=512, block_size=32, batch_size=2,
                        steps=3, nproc=2, out=str(tmp_path / "studies"), runs_dir=str(tmp_path / "runs"),
-                       batch_sizes=(2,), block_sizes=(32,), max_workers=1)
+                       batch_sizes=(2,), block_sizes=(32,), max_workers=1, microbatches=(1, 2))
 
 
 @pytest.mark.parametrize("name", list(STUDIES))
@@ -26,7 +26,8 @@ def test_study_writes_consistent_json_markdown_and_png(name, tiny_study, tmp_pat
     assert data["rows"] == json.loads(json.dumps(result["rows"]))
     assert md.count("\n|") - 2 == len(data["rows"])  # header, separator, one line per row
     assert data["config"]["model"] == "gpt2-nano"
-    expected_rows = {"sync": 3, "scaling": 2, "batch-size": 2, "amp": 2, "checkpointing": 2, "dataloader": 2}
+    expected_rows = {"sync": 3, "scaling": 2, "batch-size": 2, "amp": 2, "checkpointing": 2, "dataloader": 2,
+                     "pipeline": 4, "pp-memory": 2}
     if name in expected_rows:
         assert len(data["rows"]) == expected_rows[name]
     if name == "sync":
@@ -35,13 +36,24 @@ def test_study_writes_consistent_json_markdown_and_png(name, tiny_study, tmp_pat
         phases = {r["phase"] for r in data["rows"]}
         assert {"data", "forward", "backward", "optimizer", "eval", "other"} <= phases
         assert sum(r["percent"] for r in data["rows"]) == pytest.approx(100)
+    if name == "pipeline":
+        by = {(r["schedule"], r["microbatches"]): r for r in data["rows"]}
+        assert by[("1f1b", 1)]["note"].startswith("not run") and by[("1f1b", 1)]["bubble_measured"] is None
+        assert by[("gpipe", 1)]["bubble_theory"] == pytest.approx(0.5)  # (p-1)/(m+p-1) with p=2, m=1
+        for r in (by[("gpipe", 1)], by[("gpipe", 2)], by[("1f1b", 2)]):
+            lo, hi = r["bubble_ci95"]
+            assert r["time_per_iter_s"] > 0 and lo <= r["bubble_measured"] <= hi
+    if name == "pp-memory":
+        assert [r["mode"] for r in data["rows"]] == ["ddp", "pp"]
+        assert data["rows"][1]["param_mib_rank0"] < data["rows"][0]["param_mib_rank0"]  # a stage holds part
     if name == "checkpointing":
         on = [r for r in data["rows"] if r["activation_checkpointing"]]
         assert len(on) == 1
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["study", "pipeline"], "unknown study 'pipeline'"),
+    (["study", "pipelines"], "unknown study 'pipelines'"),
+    (["study", "pipeline", "--nproc", "1"], "needs --nproc 2 or more"),
     (["study", "scaling", "--nproc", "64"], "more processes than this machine's"),
     (["study", "sync", "--nproc", "1"], "needs --nproc 2 or more"),
 ])
