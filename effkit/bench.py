@@ -54,7 +54,7 @@ def find_artifacts(cfg: BenchConfig) -> tuple[str, list[Path]]:
 
 
 def bench_one(path: Path, cfg: BenchConfig, tokenizer, eval_blocks: torch.Tensor, block: int,
-              device: torch.device) -> dict[str, Any]:
+              device: torch.device, eval_bytes: int = 0) -> dict[str, Any]:
     """One artifact alone: held-out loss (per block, for paired deltas), a greedy sample, size, parameters, and
     the peak memory of loading it and running every measured workload once."""
     meta = artifacts.read_meta(path)
@@ -63,7 +63,7 @@ def bench_one(path: Path, cfg: BenchConfig, tokenizer, eval_blocks: torch.Tensor
         r: dict[str, Any] = {"artifact": str(path), "tag": path.name, "stage": meta["stage"],
                              "params": sum(p.numel() for p in model.parameters()),
                              "size_bytes": artifacts.dir_size(path), "quantized": is_quantized(path)}
-        r.update(metrics.evaluate(model, eval_blocks, cfg.batch_size))
+        r.update(metrics.evaluate(model, eval_blocks, cfg.batch_size, eval_bytes=eval_bytes))
         if "eval_loss_delta_vs_control" in meta["metrics"]:  # measured by the prune stage on the same blocks
             r["eval_loss_delta_vs_control"] = meta["metrics"]["eval_loss_delta_vs_control"]
         r["generation"] = generate_sample(model, tokenizer, cfg.gen_tokens)
@@ -82,7 +82,7 @@ def bench_in_this_process(path: str, cfg: dict[str, Any], data: dict[str, Any], 
     data_cfg = DataConfig.from_dict(data)
     prepared = prepare(data_cfg, tokenizer_from=tokenizer_from)
     return bench_one(Path(path), BenchConfig.from_dict(cfg), prepared.tokenizer, prepared.blocks.eval,
-                     data_cfg.block_size, resolve_device(device))
+                     data_cfg.block_size, resolve_device(device), prepared.blocks.eval_bytes)
 
 
 def bench_isolated(path: Path, cfg: BenchConfig, data: dict[str, Any], tokenizer_from: Path) -> dict[str, Any]:
@@ -261,7 +261,7 @@ def flat_row(r: dict[str, Any]) -> dict[str, Any]:
 def table_rows(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """The bench table: each artifact's own figures, and its paired ratios to the reference with 95% intervals
     (`≈` marks a ratio whose interval contains 1: no difference shown)."""
-    cols = ["artifact", "eval loss (95% CI)", "Δ loss vs ref", "lat b1 ms", "b1 vs ref", "lat b12 ms", "b12 vs ref",
+    cols = ["artifact", "eval loss (95% CI)", "bits/byte", "Δ loss vs ref", "lat b1 ms", "b1 vs ref", "lat b12 ms", "b12 vs ref",
             "gen tok/s", "gen vs ref", "train tok/s b12", "train vs ref", "size MiB", "peak MiB"]
     ref = report["artifacts"][0]["tag"]
     rows = []
@@ -273,7 +273,8 @@ def table_rows(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
 
         lo, hi = r["eval_loss_ci95"]
         train = r["train_tokens_per_s_b12"]
-        rows.append([r["tag"], f"{r['eval_loss']:.4f} ({lo:.3f}-{hi:.3f})",
+        bpb = r.get("bits_per_byte")
+        rows.append([r["tag"], f"{r['eval_loss']:.4f} ({lo:.3f}-{hi:.3f})", f"{bpb:.4f}" if bpb else "n/a",
                      "ref" if is_ref else stats.fmt_delta(r["eval_loss_delta"]),
                      f"{r['latency_b1']['p50_s'] * 1e3:.1f}", vs("latency_ratio_b1"),
                      f"{r['latency_b12']['p50_s'] * 1e3:.1f}", vs("latency_ratio_b12"),
@@ -298,4 +299,22 @@ def bench_markdown(report: dict[str, Any]) -> str:
     if flags:
         lines += ["Notes:", *flags, ""]
     lines += ["How measured:", *[f"- {k}: {v}" for k, v in report["protocol"].items()], ""]
+    lines += sample_lines(report["artifacts"])
     return "\n".join(lines)
+
+
+def sample_lines(artifacts_: list[dict[str, Any]]) -> list[str]:
+    """Each artifact's greedy text and its seeded sample, side by side (greedy decoding loops at this scale:
+    the share of its 8-token windows that repeat says how much)."""
+    first = next((r["generation"] for r in artifacts_ if "sampled_text" in r.get("generation", {})), None)
+    if first is None:
+        return []
+    lines = ["Samples (prompt " + repr(first["prompt"]) + f"; sampled: {first['sampling']}):", "",
+             "| artifact | greedy | repeated 8-grams | sampled |", "|---|---|---|---|"]
+    cell = lambda t: " ".join(t.split())[:300].replace("|", "\\|")  # noqa: E731
+    for r in artifacts_:
+        g = r["generation"]
+        if "sampled_text" in g:
+            lines.append(f"| {r['tag']} | {cell(g['text'])} | {g['greedy_repeated_fraction']:.0%} | "
+                         f"{cell(g['sampled_text'])} |")
+    return [*lines, ""]

@@ -35,7 +35,7 @@ def _console():
     return probe if probe.is_terminal else Console(width=160)
 
 
-TERMINAL_BENCH_COLUMNS = ("artifact", "eval loss (95% CI)", "Δ loss vs ref", "lat b12 ms", "b12 vs ref", "gen vs ref",
+TERMINAL_BENCH_COLUMNS = ("artifact", "eval loss (95% CI)", "bits/byte", "Δ loss vs ref", "lat b12 ms", "b12 vs ref", "gen vs ref",
                           "train vs ref", "size MiB", "peak MiB")
 
 
@@ -100,7 +100,10 @@ def train(
     grad_clip: float = typer.Option(_D.grad_clip, help="gradient norm clip (0 = off)"),
     dropout: float = typer.Option(_D.dropout, help="dropout probability"),
     seed: int = typer.Option(_D.seed, help="random seed (model init and data order)"),
-    amp: bool = typer.Option(_D.amp, "--amp/--no-amp", help="mixed precision autocast (bf16 by default)"),
+    amp: Optional[bool] = typer.Option(_D.amp, "--amp/--no-amp", show_default="auto",
+                                       help="force mixed precision autocast (--amp-dtype) on or off; default: "
+                                            "bf16 on CUDA, on a CPU whichever of fp32 and bf16 measures faster "
+                                            "for the model's shape (measured once per machine and shape)"),
     amp_dtype: str = typer.Option(_D.amp_dtype, help="bf16, or fp16 (CUDA only, with GradScaler)"),
     activation_checkpointing: bool = typer.Option(_D.activation_checkpointing,
                                                   "--activation-checkpointing/--no-activation-checkpointing",
@@ -156,7 +159,9 @@ def _print_train_summary(report: dict) -> None:
     t = Table(title=f"train: {report['run']}")
     t.add_column("metric")
     t.add_column("value", justify="right")
-    rows = [("held-out loss", f"{m['eval_loss']:.4f}"), ("perplexity", f"{m['perplexity']:.1f}"),
+    rows = [("held-out loss", f"{m['eval_loss']:.4f} nats/token"),
+            ("bits per byte", f"{m['bits_per_byte']:.4f}" if m.get("bits_per_byte") else "n/a"),
+            ("perplexity", f"{m['perplexity']:.1f}"),
             ("steps", str(m["steps"])), ("train tokens/s", f"{m['train_tokens_per_s']:,.0f}"),
             ("MFU", f"{m['mfu']:.1%}" if m["mfu"] else "n/a"),
             ("peak memory / rank", ", ".join(f"{b / 2**20:,.0f} MiB" for b in m["peak_memory_bytes_per_rank"])),
@@ -269,6 +274,7 @@ def quantize(
     _console().print(t)
     print(f"parent: {m['parent_fp32']['generation']['text'][:120]!r}")
     print(f"int8:   {m['generation']['text'][:120]!r}")
+    print(f"int8, sampled ({m['generation']['sampling']}): {m['generation']['sampled_text'][:120]!r}")
     for v in report["verdicts"]:
         print(f"note: {v}")
     print(f"artifact: {report['artifact']}\nreport:   {Path(cfg.reports_dir) / report['run']}")

@@ -75,7 +75,7 @@ class OptimConfig(_Section):
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     seed: int = 1337
-    amp: bool = False
+    amp: bool | None = None  # None = auto: bf16 on CUDA; on a CPU whichever measures faster (effkit.precision)
     amp_dtype: str = "bf16"  # bf16 | fp16 (fp16 only on CUDA)
 
 
@@ -187,6 +187,8 @@ class TrainConfig(_Section):
             if key not in FLAT_KEYS:
                 raise EffkitError(f"unknown train option {key!r}")
             section, name = FLAT_KEYS[key]
+            if key == "amp" and value == "auto":  # recipes may say amp = "auto"
+                value = None
             per_section.setdefault(section, {})[name] = value
         return dataclasses.replace(self, **{s: getattr(self, s).replace(**v) for s, v in per_section.items()})
 
@@ -230,6 +232,8 @@ class TrainConfig(_Section):
                               f"(got {d.vocab_size})")
         if not 0 < d.heldout_fraction < 1:
             raise EffkitError(f"--heldout-fraction must be in (0, 1) (got {d.heldout_fraction})")
+        if o.amp not in (True, False, None):
+            raise EffkitError(f"amp must be true, false or \"auto\" (got {o.amp!r})")
         if o.amp_dtype not in ("bf16", "fp16"):
             raise EffkitError(f"--amp-dtype must be bf16 or fp16 (got {o.amp_dtype!r})")
         if p.mode not in PARALLEL_MODES:

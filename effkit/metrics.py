@@ -20,7 +20,8 @@ from effkit.errors import EffkitError
 
 EVAL_PROTOCOL = ("token-level mean cross-entropy over the fixed held-out blocks (documents held out by a hash "
                  "of their id, non-overlapping blocks of block_size, the first eval_blocks of them); "
-                 "perplexity = exp(loss)")
+                 "perplexity = exp(loss); bits per byte = loss x predicted tokens / ln 2 / UTF-8 bytes of the "
+                 "predicted text")
 
 # Dense bf16/fp16 tensor-core peak FLOP/s per GPU (vendor data sheets, without sparsity)
 GPU_PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12,
@@ -174,10 +175,12 @@ def eval_batches(model, blocks: torch.Tensor, batch_size: int):
 
 @torch.no_grad()
 def evaluate(model, blocks: torch.Tensor, batch_size: int, amp_dtype: torch.dtype | None = None,
-             block_losses: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict[str, Any]:
+             block_losses: Callable[[torch.Tensor], torch.Tensor] | None = None,
+             eval_bytes: int = 0) -> dict[str, Any]:
     """Mean next-token cross-entropy over the held-out blocks, its 95% interval over blocks, and the per-block
-    losses (`block_losses`, for paired comparisons between models on the same blocks). `block_losses(batch)`
-    replaces the model's own forward where it cannot give logits alone (a pipeline stage)."""
+    losses (`block_losses`, for paired comparisons between models on the same blocks). With `eval_bytes` (the
+    UTF-8 bytes of the predicted text), also bits per byte: the figure that compares across tokenizers.
+    `block_losses(batch)` replaces the model's own forward where it cannot give logits alone (a pipeline stage)."""
     was_training = model.training
     model.eval()
     device = model_device(model)
@@ -192,8 +195,16 @@ def evaluate(model, blocks: torch.Tensor, batch_size: int, amp_dtype: torch.dtyp
         per_block += losses.tolist()
     model.train(was_training)
     loss, lo, hi = stats.mean_ci(per_block)  # every block predicts the same number of tokens
-    return {"eval_loss": loss, "perplexity": math.exp(min(loss, 50)), "eval_tokens": blocks[:, 1:].numel(),
-            "eval_loss_ci95": [lo, hi], "block_losses": per_block}
+    out = {"eval_loss": loss, "perplexity": math.exp(min(loss, 50)), "eval_tokens": blocks[:, 1:].numel(),
+           "eval_loss_ci95": [lo, hi], "block_losses": per_block}
+    if eval_bytes:
+        out.update(bits_per_byte=bits_per_byte(loss, out["eval_tokens"], eval_bytes), eval_bytes=eval_bytes)
+    return out
+
+
+def bits_per_byte(loss_nats_per_token: float, tokens: int, n_bytes: int) -> float:
+    """Held-out loss in bits per UTF-8 byte of the predicted text: nats/token x tokens / ln 2 / bytes."""
+    return loss_nats_per_token * tokens / math.log(2) / n_bytes
 
 
 def eval_summary(result: dict[str, Any]) -> dict[str, Any]:
@@ -292,6 +303,32 @@ def greedy_generate(model, tokenizer, new_tokens: int, prompt: str = GENERATION_
     finally:
         model.config.use_cache = False
     return out[0, ids.shape[1]:], seconds
+
+
+SAMPLING = {"top_k": 40, "temperature": 0.8, "seed": 0}
+
+
+def sampled_generate(model, tokenizer, new_tokens: int, prompt: str = GENERATION_PROMPT,
+                     top_k: int = SAMPLING["top_k"], temperature: float = SAMPLING["temperature"],
+                     seed: int = SAMPLING["seed"]) -> torch.Tensor:
+    """Seeded top-k / temperature sampling of exactly `new_tokens` (the global RNG is left as it was)."""
+    device = model_device(model)
+    ids = tokenizer(prompt, return_tensors="pt").input_ids.to(device)
+    model.config.use_cache = True
+    try:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            torch.manual_seed(seed)
+            out = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=True,
+                                 top_k=top_k, temperature=temperature, pad_token_id=tokenizer.eos_token_id)
+    finally:
+        model.config.use_cache = False
+    return out[0, ids.shape[1]:]
+
+
+def repeated_fraction(ids: list[int], n: int = 8) -> float:
+    """The fraction of n-token windows that already occurred earlier in `ids` (greedy decoding loops: high)."""
+    windows = [tuple(ids[i:i + n]) for i in range(len(ids) - n + 1)]
+    return 1 - len(set(windows)) / len(windows) if windows else 0.0
 
 
 def generation_timer(model, tokenizer, new_tokens: int) -> Callable[[], float]:

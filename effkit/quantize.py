@@ -195,11 +195,18 @@ def load_any(path: str | Path, device: torch.device | None = None) -> nn.Module:
 # ------------------------------------------------------------------------------------------------ measurement
 
 def generate_sample(model: nn.Module, tokenizer, max_new_tokens: int) -> dict[str, Any]:
-    """Greedy generation with the KV cache from a fixed prompt (capped at the model's context): the text.
-    Its speed is measured apart, interleaved with the model it is compared with (`metrics.generation_timer`)."""
+    """Greedy generation with the KV cache from a fixed prompt (capped at the model's context), and a seeded
+    top-k / temperature sample beside it: the texts, and how much of the greedy text repeats itself. Speed is
+    measured apart, interleaved with the model it is compared with (`metrics.generation_timer`)."""
     new, note = metrics.generation_budget(model, tokenizer, max_new_tokens)
     ids, _ = metrics.greedy_generate(model, tokenizer, new)
-    return {"prompt": PROMPT, "text": tokenizer.decode(ids), "new_tokens": len(ids), **({"note": note} if note else {})}
+    sampled = metrics.sampled_generate(model, tokenizer, new)
+    s = metrics.SAMPLING
+    return {"prompt": PROMPT, "text": tokenizer.decode(ids), "new_tokens": len(ids),
+            "greedy_repeated_fraction": metrics.repeated_fraction(ids.tolist()),
+            "sampled_text": tokenizer.decode(sampled),
+            "sampling": f"top-k {s['top_k']}, temperature {s['temperature']}, seed {s['seed']}",
+            **({"note": note} if note else {})}
 
 
 def side_by_side(contenders: dict[str, tuple[nn.Module, torch.dtype | None]], block: int, rounds: int,
@@ -246,9 +253,10 @@ def _quantize(cfg: QuantizeConfig, device: torch.device, source: Path, run_dir: 
     data_cfg = DataConfig.from_dict(data_section)
     prepared = prepare(data_cfg, tokenizer_from=str(source))
     tokenizer, eval_blocks, block = prepared.tokenizer, prepared.blocks.eval, data_cfg.block_size
+    n_bytes = prepared.blocks.eval_bytes
     parent = load_model(str(source)).to(device).eval()
-    parent_fp32 = metrics.evaluate(parent, eval_blocks, cfg.batch_size)
-    parent_bf16 = metrics.evaluate(parent, eval_blocks, cfg.batch_size, torch.bfloat16)
+    parent_fp32 = metrics.evaluate(parent, eval_blocks, cfg.batch_size, eval_bytes=n_bytes)
+    parent_bf16 = metrics.evaluate(parent, eval_blocks, cfg.batch_size, torch.bfloat16, eval_bytes=n_bytes)
     parent_fp32["generation"] = generate_sample(parent, tokenizer, cfg.gen_tokens)
     parent_fp32["size_bytes"] = artifacts.dir_size(source)
 
@@ -277,7 +285,7 @@ def _quantize(cfg: QuantizeConfig, device: torch.device, source: Path, run_dir: 
     stored = fake_quantize(model, names, cfg.include_head)
     fp_copy = copy.deepcopy(model)  # the fake-quantized fp32 weights, for storage of the non-quantized rest
     apply_backend(model, names, backend, cfg.threshold, cfg.torchao_scheme)
-    q = metrics.evaluate(model, eval_blocks, cfg.batch_size)
+    q = metrics.evaluate(model, eval_blocks, cfg.batch_size, eval_bytes=n_bytes)
     q["generation"] = generate_sample(model, tokenizer, cfg.gen_tokens)
     timed = side_by_side({"fp32": (parent, None), "bf16": (parent, torch.bfloat16), "int8": (model, None)}, block,
                          cfg.latency_rounds, cfg.latency_repeats)

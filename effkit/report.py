@@ -13,7 +13,7 @@ from typing import Any
 from effkit.artifacts import atomic_write_text, prune_branch
 from effkit.errors import EffkitError
 
-SUMMARY_FIELDS = ["stage", "tag", "artifact", "eval_loss", "perplexity", "train_tokens_per_s", "mfu",
+SUMMARY_FIELDS = ["stage", "tag", "artifact", "eval_loss", "bits_per_byte", "perplexity", "train_tokens_per_s", "mfu",
                   "peak_memory_mb", "params", "size_mb", "parallel", "world_size", "amp_dtype", "time"]
 
 
@@ -28,7 +28,7 @@ def summary_row(report: dict[str, Any]) -> dict[str, Any]:
     peak = m.get("peak_memory_bytes_per_rank") or []
     return {
         "stage": report.get("stage"), "tag": report.get("tag"), "artifact": report.get("artifact"),
-        "eval_loss": m.get("eval_loss"), "perplexity": m.get("perplexity"),
+        "eval_loss": m.get("eval_loss"), "bits_per_byte": m.get("bits_per_byte"), "perplexity": m.get("perplexity"),
         "train_tokens_per_s": m.get("train_tokens_per_s"), "mfu": m.get("mfu"),
         "peak_memory_mb": round(max(peak) / 2**20, 1) if peak else None,
         "params": m.get("params"), "size_mb": round(m["size_bytes"] / 2**20, 2) if m.get("size_bytes") else None,

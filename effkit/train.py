@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from effkit import artifacts, metrics
+from effkit import artifacts, metrics, precision, stats
 from effkit.artifacts import RunLayout
 from effkit.checkpoint import Checkpoint, Checkpointer
 from effkit.config import OptimConfig, TrainConfig
@@ -45,18 +45,31 @@ from effkit.parallel.parallelize import parallelize_gpt2
 from effkit.report import plot_loss_curve, write_rows_csv, write_stage_report
 
 
-def resolve_amp(o: OptimConfig, device: torch.device) -> tuple[torch.dtype | None, str]:
-    """The autocast dtype actually used, and a note on why."""
+def resolve_amp(o: OptimConfig, device: torch.device, model: torch.nn.Module | None = None,
+                block: int = 0) -> tuple[torch.dtype | None, str, dict[str, Any] | None]:
+    """The autocast dtype actually used, a note on why, and (auto on a CPU) the measurement it was chosen by."""
+    if o.amp is None:  # auto
+        if device.type == "cuda":
+            if torch.cuda.is_bf16_supported():
+                return torch.bfloat16, "auto: bf16 autocast (CUDA)", None
+            return torch.float16, "auto: fp16 autocast with GradScaler (this GPU has no bf16)", None
+        if model is None:
+            raise EffkitError("--amp auto on a CPU needs the model to measure; pass --amp or --no-amp")
+        probe = precision.cpu_choice(model, o.batch_size, block)
+        cmp = probe["bf16_vs_fp32_time"]
+        note = (f"auto: {probe['picked']} (bf16 autocast step time {stats.fmt_ratio(cmp)} of fp32 on this CPU, "
+                f"{cmp['verdict']}; {'cached' if probe['cached'] else 'measured now'})")
+        return (torch.bfloat16 if probe["picked"] == "bf16" else None), note, probe
     if not o.amp:
-        return None, "fp32 (AMP off)"
+        return None, "fp32 (AMP off)", None
     if o.amp_dtype == "fp16":
         if device.type != "cuda":
             raise EffkitError("fp16 autocast does nothing on CPU (PyTorch runs those ops in fp32); "
                               "use --amp-dtype bf16 on CPU")
-        return torch.float16, "fp16 autocast with GradScaler"
+        return torch.float16, "fp16 autocast with GradScaler", None
     if device.type == "cuda" and not torch.cuda.is_bf16_supported():
         raise EffkitError("this GPU has no bf16 support; use --amp-dtype fp16")
-    return torch.bfloat16, "bf16 autocast"
+    return torch.bfloat16, "bf16 autocast", None
 
 
 def make_optimizer(model: torch.nn.Module, o: OptimConfig) -> torch.optim.Optimizer:
@@ -149,7 +162,8 @@ class Trainer:
         self.layout = RunLayout.for_run(cfg.run)
         self.checkpointer = Checkpointer(self.layout.checkpoint_dir)
         self._set_threads()
-        self.amp_dtype, self.amp_note = resolve_amp(o, rt.device)
+        if o.amp is not None:  # forced: fail fast on a bad combination (auto is decided on the built model)
+            resolve_amp(o, rt.device)
         pretrained = is_pretrained_source(cfg.model.name)
         if model is None and not pretrained:  # fail fast, before any data work
             check_block_size(d.block_size, check_preset(cfg.model.name)["n_positions"])
@@ -169,6 +183,9 @@ class Trainer:
         model.to(rt.device)
         model.train()
 
+        self.amp_dtype, self.amp_note, self.amp_probe = resolve_amp(o, rt.device, model, d.block_size)
+        if cfg.parallel.mode.startswith("pp") and self.amp_dtype == torch.float16:
+            raise EffkitError("--parallel pp does not combine with fp16's GradScaler; use --amp-dtype bf16 or --no-amp")
         self.dims = ParallelDims.build(cfg.parallel, rt.world_size, model.config.n_head, model.config.n_layer)
         p = cfg.parallel
         self.par = parallelize_gpt2(model, self.dims, p.sync, self.amp_dtype, p.reshard_after_forward, p.cpu_offload,
@@ -239,7 +256,8 @@ class Trainer:
     def evaluate(self) -> dict[str, float]:
         pipe = self.par.pipeline
         return metrics.evaluate(self.par.model, self.data.blocks.eval, self.cfg.optim.batch_size, self.amp_dtype,
-                                block_losses=pipe.block_losses if pipe is not None else None)
+                                block_losses=pipe.block_losses if pipe is not None else None,
+                                eval_bytes=self.data.blocks.eval_bytes)
 
     def checkpoint(self) -> None:
         self.checkpointer.save(self.step, self.par, self.optimizer, self.scheduler, self.cfg.to_dict(), self.rows)
@@ -352,7 +370,7 @@ def build_report(tr: Trainer, stage: str, parent: str | None, final: dict[str, f
     what_ran = {
         "device": metrics.describe_device(rt.device), "world_size": rt.world_size,
         "parallel": applied["mode"], "parallel_detail": applied.get("detail"),
-        "amp_dtype": amp_name, "amp_note": tr.amp_note,
+        "amp_dtype": amp_name, "amp_note": tr.amp_note, "amp_probe": tr.amp_probe,
         "activation_checkpointing": activation_checkpointing_enabled(tr.model),
         "model": cfg.model.name, "data": tr.data.corpus.name, "tokenizer": tr.data.tokenizer_source,
         "resumed_from_step": tr.resumed_from, "stopped_by": tr.stop_reason,
@@ -445,7 +463,17 @@ def train_in_processes(cfg: TrainConfig) -> dict[str, Any]:
     cfg = cfg.replace(parallel=p.replace(nproc=nproc, threads=threads),
                       run=cfg.run.replace(run_name=cfg.run.run_name or artifacts.new_run_name(cfg.model.name)))
     pretrained = is_pretrained_source(cfg.model.name)
-    prepare(cfg.data, tokenizer_from=cfg.model.name if pretrained else None)  # bad data fails here, caches built once
+    data = prepare(cfg.data, tokenizer_from=cfg.model.name if pretrained else None)  # bad data fails here, caches
+    if cfg.optim.amp is None and not torch.cuda.is_available():  # built once; --amp auto measured once, here
+        model = load_model(cfg.model.name) if pretrained else \
+            build_model(cfg.model.name, vocab_size=len(data.tokenizer), eos_token_id=data.tokenizer.eos_token_id)
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)  # as each process will run (the choice is cached per thread count)
+        try:
+            precision.cpu_choice(model, cfg.optim.batch_size, cfg.data.block_size)
+        finally:
+            torch.set_num_threads(before)
+        del model
     layout = RunLayout.for_run(cfg.run)
     launch(cfg.to_dict(), cfg.parallel, cfg.run.run_name)
     if p.node_rank != 0:  # only global rank 0 (on node 0) saves the artifact and writes the report

@@ -31,7 +31,7 @@ def tiny_cfg(corpus_dir, tmp_path):
     def make(**kw) -> TrainConfig:
         base = dict(model="gpt2-nano", data=str(corpus_dir), vocab_size=512, block_size=32, eval_blocks=8,
                     batch_size=4, max_steps=6, warmup_steps=2, eval_interval=0, checkpoint_interval=0,
-                    warmup_steps_excluded=1, runs_dir=str(tmp_path / "runs"),
+                    warmup_steps_excluded=1, runs_dir=str(tmp_path / "runs"), amp=False,
                     reports_dir=str(tmp_path / "reports"), run_name="t")
         base.update(kw)
         return TrainConfig.from_flat(**base)

@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 import torch
 
 from effkit.data import BlockSampler, get_tokenizer, load_blocks, load_corpus
@@ -114,3 +115,36 @@ def test_corrupt_token_and_tokenizer_caches_are_rebuilt(corpus_dir, capsys):
     rebuilt, source = get_tokenizer(corpus, 512)
     assert source.startswith("trained:") and rebuilt("The Union").input_ids == tok("The Union").input_ids
     assert "rebuilt" in capsys.readouterr().err
+
+
+def test_bits_per_byte_of_a_known_text_is_the_hand_computation(corpus_dir):
+    import math
+    from types import SimpleNamespace
+
+    from effkit import metrics
+    from effkit.config import DataConfig
+    from effkit.data import prepare
+    from effkit.data.tokenizer import token_byte_lengths
+
+    tok = prepare(DataConfig(source=str(corpus_dir), vocab_size=512, block_size=32)).tokenizer
+    text = "Fellow citizens of the naïve façade, 1789: ¿qué? 日本 and the Union, the Union, the Union."
+    ids = tok(text)["input_ids"]
+    lengths = token_byte_lengths(tok)
+    assert int(lengths[ids].sum()) == len(text.encode("utf-8"))  # every byte of the text, once
+    assert lengths[tok.eos_token_id] == 0
+
+    class Uniform(torch.nn.Module):  # predicts every token with probability 1/V: loss ln V nats per token
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(()))
+
+        def forward(self, x):
+            return SimpleNamespace(logits=torch.zeros(*x.shape, len(tok)) + self.w)
+
+    half = len(ids) // 2
+    blocks = torch.tensor([ids[:half], ids[half:2 * half]])
+    n_bytes = sum(len(tok.decode(row[1:]).encode("utf-8")) for row in blocks.tolist())
+    r = metrics.evaluate(Uniform(), blocks, 2, eval_bytes=n_bytes)
+    hand = math.log(len(tok)) * (2 * (half - 1)) / math.log(2) / n_bytes
+    assert r["eval_loss"] == pytest.approx(math.log(len(tok)))
+    assert r["bits_per_byte"] == pytest.approx(hand)

@@ -67,7 +67,7 @@ def parallel_runs(tmp_path_factory, corpus_dir):
     tmp = tmp_path_factory.mktemp("parallel")
     base = dict(model="gpt2-nano", data=str(corpus_dir), vocab_size=512, block_size=32, eval_blocks=4,
                 max_steps=STEPS, warmup_steps=2, eval_interval=0, checkpoint_interval=0, warmup_steps_excluded=1,
-                runs_dir=str(tmp / "runs"), reports_dir=str(tmp / "reports"), lr=3e-3)
+                runs_dir=str(tmp / "runs"), reports_dir=str(tmp / "reports"), lr=3e-3, amp=False)  # fp32 compared
     single = train(TrainConfig.from_flat(**{**base, "batch_size": GLOBAL_BATCH, "run_name": "single"}), progress=False)
     out = tmp / "results.json"
     mp.start_processes(_worker, args=(_free_port(), base, str(out)), nprocs=2, start_method="spawn")
@@ -128,7 +128,7 @@ def _cli(args, tmp_path, env=None, timeout=180):
     import sys
 
     cmd = [sys.executable, "-m", "effkit", "train", "--model", "gpt2-nano", "--vocab-size", "512", "--block-size",
-           "32", "--eval-blocks", "4", "--warmup-steps", "1", "--eval-interval", "0", "--checkpoint-interval", "0",
+           "32", "--eval-blocks", "4", "--no-amp", "--warmup-steps", "1", "--eval-interval", "0", "--checkpoint-interval", "0",
            "--runs-dir", str(tmp_path / "runs"), "--reports-dir", str(tmp_path / "reports"), *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
@@ -210,7 +210,7 @@ def test_two_nodes_on_localhost_finish_and_match_single_process(tmp_path, corpus
 
     port = str(_free_port())
     base = [sys.executable, "-m", "effkit", "train", "--model", "gpt2-nano", "--vocab-size", "512", "--block-size",
-            "32", "--eval-blocks", "4", "--warmup-steps", "1", "--eval-interval", "0", "--checkpoint-interval", "0",
+            "32", "--eval-blocks", "4", "--no-amp", "--warmup-steps", "1", "--eval-interval", "0", "--checkpoint-interval", "0",
             "--max-steps", "3", "--threads", "1", "--data", str(corpus_dir), "--runs-dir", str(tmp_path / "runs"),
             "--reports-dir", str(tmp_path / "reports")]
     nodes = [subprocess.Popen([*base, "--parallel", "ddp", "--nnodes", "2", "--nproc", "1", "--node-rank", str(r),

@@ -76,3 +76,60 @@ def test_resume_after_interrupt_matches_uninterrupted_run(tiny_cfg):
     resumed = train(tiny_cfg(run_name="cut", resume=True), progress=False)
     assert resumed["what_ran"]["resumed_from_step"] == 3
     assert losses(resumed) == pytest.approx(full, rel=1e-6, abs=1e-7)
+
+
+def _fake_timer(seconds: float):
+    import itertools
+
+    jitter = itertools.cycle([0.0, 0.01, -0.01, 0.005])
+    return lambda: seconds * (1 + next(jitter))
+
+
+@pytest.mark.parametrize("fp32_s, bf16_s, picked, verdict", [(1.0, 0.5, "bf16", "faster"),
+                                                             (0.5, 1.0, "fp32", "slower"),
+                                                             (1.0, 1.0, "fp32", "same")])
+def test_amp_auto_picks_the_faster_precision_and_records_why(fp32_s, bf16_s, picked, verdict):
+    from effkit import precision
+
+    out = precision.choose({"fp32": _fake_timer(fp32_s), "bf16": _fake_timer(bf16_s)}, rounds=5)
+    assert out["picked"] == picked and out["bf16_vs_fp32_time"]["verdict"] == verdict
+    assert out["bf16_vs_fp32_time"]["ratio"] == pytest.approx(bf16_s / fp32_s, rel=0.05)
+    assert out["fp32_step_s"] == pytest.approx(fp32_s, rel=0.05) and "interleaved" in out["how"]
+
+
+def test_amp_probe_is_cached_per_machine_and_model_shape(monkeypatch, tmp_path):
+    from effkit import precision
+    from effkit.model import build_model
+
+    monkeypatch.setenv("EFFKIT_CACHE", str(tmp_path / "cache"))
+    calls = []
+
+    def measure():
+        calls.append(1)
+        return {"picked": "fp32", "bf16_vs_fp32_time": {"ratio": 2.0, "ci95": [1.8, 2.2], "verdict": "slower"}}
+
+    nano = build_model("gpt2-nano", vocab_size=512)
+    first = precision.cpu_choice(nano, 4, 32, measure=measure)
+    again = precision.cpu_choice(nano, 4, 32, measure=measure)
+    assert (first["cached"], again["cached"], len(calls)) == (False, True, 1)
+    assert again["picked"] == "fp32" and "cpu_flags" in again
+    precision.cpu_choice(nano, 8, 32, measure=measure)  # another batch: another shape
+    precision.cpu_choice(build_model("gpt2-mini", vocab_size=512), 4, 32, measure=measure)  # another model
+    assert len(calls) == 3
+    before = torch.get_num_threads()
+    torch.set_num_threads(1 if before != 1 else 2)  # the machine as training runs it: another thread count
+    try:
+        precision.cpu_choice(nano, 4, 32, measure=measure)
+    finally:
+        torch.set_num_threads(before)
+    assert len(calls) == 4
+    assert "L2-d64-h2" in first["key"] and "threads" in first["key"]
+
+
+def test_default_training_precision_is_measured_and_reported(tiny_cfg, monkeypatch, tmp_path):
+    monkeypatch.setenv("EFFKIT_CACHE", str(tmp_path / "cache"))
+    report = train(tiny_cfg(amp=None, max_steps=2), progress=False)
+    w = report["what_ran"]
+    assert w["amp_note"].startswith("auto: ")
+    assert {"fp32": "fp32", "bf16": "bfloat16"}[w["amp_probe"]["picked"]] == w["amp_dtype"]
+    assert w["amp_probe"]["bf16_vs_fp32_time"]["verdict"] in ("faster", "slower", "same")

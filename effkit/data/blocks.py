@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from effkit.data.corpus import Corpus
-from effkit.data.tokenizer import cache_dir, checksum_ok, note_rebuilt, write_checksum
+from effkit.data.tokenizer import cache_dir, checksum_ok, note_rebuilt, token_byte_lengths, write_checksum
 from effkit.errors import EffkitError
 
 
@@ -64,6 +64,7 @@ class BlockData:
     eval: torch.Tensor  # (n_eval_blocks, block_size) int64: the fixed held-out blocks
     train_tokens: int
     heldout_tokens: int
+    eval_bytes: int = 0  # UTF-8 bytes of the text the held-out blocks predict (their tokens 1..T-1)
 
 
 def load_blocks(corpus: Corpus, tokenizer, block_size: int, eval_blocks: int) -> BlockData:
@@ -78,7 +79,9 @@ def load_blocks(corpus: Corpus, tokenizer, block_size: int, eval_blocks: int) ->
         raise EffkitError(f"the held-out split has {len(held)} tokens, less than one block of {block_size}; "
                           "use more data, a larger --heldout-fraction or a smaller --block-size")
     to_blocks = lambda a, n: torch.from_numpy(a[: n * block_size].astype(np.int64)).view(n, block_size)  # noqa: E731
-    return BlockData(to_blocks(train, n_train), to_blocks(held, n_eval), len(train), len(held))
+    eval_blocks_t = to_blocks(held, n_eval)
+    eval_bytes = int(token_byte_lengths(tokenizer)[eval_blocks_t[:, 1:].numpy()].sum())
+    return BlockData(to_blocks(train, n_train), eval_blocks_t, len(train), len(held), eval_bytes)
 
 
 class BlockSampler(torch.utils.data.Sampler):

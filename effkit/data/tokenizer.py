@@ -9,6 +9,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
+
 from effkit.data.corpus import Corpus
 from effkit.errors import EffkitError
 
@@ -43,6 +45,17 @@ def _wrap(tok):
 
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, bos_token=EOS, unk_token=EOS,
                                    pad_token=EOS, model_max_length=1_000_000)
+
+
+def token_byte_lengths(tokenizer) -> np.ndarray:
+    """UTF-8 bytes of the text each token id stands for (0 for special tokens such as end-of-text). A byte-level
+    BPE token string spells one byte per character, so its length is exact; other tokenizers decode each id."""
+    n = len(tokenizer)
+    special = set(tokenizer.all_special_ids)
+    byte_level = type(getattr(tokenizer.backend_tokenizer, "decoder", None)).__name__ == "ByteLevel"
+    tokens = tokenizer.convert_ids_to_tokens(list(range(n)))
+    return np.array([0 if i in special else len(t) if byte_level else len(tokenizer.decode([i]).encode("utf-8"))
+                     for i, t in enumerate(tokens)], dtype=np.int64)
 
 
 def train_tokenizer(corpus: Corpus, vocab_size: int):

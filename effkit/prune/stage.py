@@ -153,7 +153,7 @@ def _prune(cfg: PruneConfig, rt: Runtime, source: Path, meta: dict[str, Any], da
     model = copy.deepcopy(dense_model).train()
     blocks = prepare(data_cfg, tokenizer_from=str(source)).blocks
     dense = stage_metrics(model, block, None)
-    dense_eval = metrics.evaluate(dense_model, blocks.eval, cfg.batch_size)
+    dense_eval = metrics.evaluate(dense_model, blocks.eval, cfg.batch_size, eval_bytes=blocks.eval_bytes)
     dense.update(metrics.eval_summary(dense_eval))
     # without fine-tuning there is no extra training to control for: the dense parent is the control
     control = ControlArm(cfg, source, meta, data_cfg, layout, rt, progress) if cfg.control and cfg.finetune_steps \

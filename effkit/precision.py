@@ -1,0 +1,97 @@
+"""`--amp auto`: the training precision chosen by measurement, not by a rule about CPUs.
+
+On CUDA, auto is bf16 autocast (fp16 with GradScaler where the GPU has no bf16). On a CPU, whether bf16 autocast
+beats fp32 depends on the instructions the CPU has (AVX512-BF16, AMX) and on the model's shape, so effkit
+times a few training steps of both on the actual shape, interleaved and paired, and takes bf16 only when it is
+measurably faster (the 95% interval of the time ratio below 1). The result is cached per machine, thread count,
+torch version and shape, like the GEMM peak, and every report says what was measured.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from effkit import metrics, stats
+from effkit.data import cache_dir
+
+PROBE_ROUNDS = 5
+CPU_FLAGS = ("avx512_bf16", "amx_bf16", "avx512_vnni", "avx512f", "avx2")
+
+
+def cpu_flags() -> list[str]:
+    """The CPU features that decide bf16 and int8 speed, read from /proc/cpuinfo."""
+    try:
+        line = next((ln for ln in open("/proc/cpuinfo") if ln.startswith("flags")), "")
+    except OSError:
+        return []
+    have = set(line.split())
+    return [f for f in CPU_FLAGS if f in have]
+
+
+def probe_key(config, batch: int, block: int) -> str:
+    """Machine (CPU model, features, threads, torch) and shape (layers, width, heads, vocabulary, batch, block)."""
+    inner = config.n_inner or 4 * config.n_embd
+    shape = f"L{config.n_layer}-d{config.n_embd}-h{config.n_head}-i{inner}-v{config.vocab_size}-b{batch}-t{block}"
+    machine = f"{metrics.describe_device(torch.device('cpu'))}|{'+'.join(cpu_flags()) or 'no-flags'}|" \
+              f"torch {torch.__version__}"
+    return f"{machine}|{shape}"
+
+
+def choose(timers: dict[str, Callable[[], float]], rounds: int = PROBE_ROUNDS) -> dict[str, Any]:
+    """Time `fp32` and `bf16` (functions returning seconds per step) interleaved; bf16 only if measurably faster."""
+    samples = metrics.interleaved(timers, rounds, 1, warmup=1)
+    cmp = stats.paired_ratio(samples["fp32"], samples["bf16"])
+    return {"picked": "bf16" if cmp["verdict"] == "faster" else "fp32",
+            "bf16_vs_fp32_time": cmp, "fp32_step_s": stats.median_of_rounds(samples["fp32"]),
+            "bf16_step_s": stats.median_of_rounds(samples["bf16"]),
+            "how": f"forward + backward + AdamW of the model's shape on fixed random tokens, fp32 and bf16 autocast "
+                   f"interleaved ({rounds} rounds after a warm-up step each); bf16 is taken only when the 95% "
+                   f"interval of its time ratio lies below 1"}
+
+
+def step_timer(model: torch.nn.Module, batch: int, block: int, dtype: torch.dtype | None) -> Callable[[], float]:
+    """Seconds of one training step of a private copy of `model` under autocast `dtype` (None: fp32)."""
+    import copy
+    import time
+
+    m = copy.deepcopy(model).train()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-6)
+    x = metrics.random_tokens(m, batch, block)
+
+    def once() -> float:
+        t = time.perf_counter()
+        with metrics.autocast_ctx(x.device, dtype):
+            loss = metrics.lm_loss(m(x).logits, x)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return time.perf_counter() - t
+
+    return once
+
+
+def cpu_choice(model: torch.nn.Module, batch: int, block: int,
+               measure: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The cached choice for this machine and shape, measured on `model` the first time (`measure` overrides
+    the measurement, for tests)."""
+    key = probe_key(model.config, batch, block)
+    path = cache_dir() / "amp_probe.json"
+    try:
+        cache = json.loads(path.read_text()) if path.is_file() else {}
+    except (json.JSONDecodeError, OSError):
+        cache = {}  # a corrupt cache is measured again and rewritten
+    if key not in cache:
+        if measure is None:
+            measure = lambda: choose({"fp32": step_timer(model, batch, block, None),  # noqa: E731
+                                      "bf16": step_timer(model, batch, block, torch.bfloat16)})
+        cache[key] = {**measure(), "cpu_flags": cpu_flags()}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(cache, indent=1))
+        tmp.replace(path)
+        return {**cache[key], "key": key, "cached": False}
+    return {**cache[key], "key": key, "cached": True}
