@@ -473,6 +473,10 @@ def build_config(cls: type, recipe: str | None, overrides: dict[str, Any]) -> An
     defaults = flat_defaults(cls)
     for key, value in values.items():
         default = defaults[key]
+        if key == "amp":  # true, false, or "auto" (None)
+            if value not in (True, False, None, "auto"):
+                raise EffkitError(f"{where}: amp must be true, false or \"auto\" (got {value!r})")
+            continue
         if value is not None:
             want = type(default)
             if want is float and isinstance(value, int) and not isinstance(value, bool):
