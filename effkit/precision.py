@@ -18,7 +18,8 @@ import torch
 from effkit import metrics, stats
 from effkit.data import cache_dir
 
-PROBE_ROUNDS = 5
+PROBE_ROUNDS = 7  # at most; it stops after 3 once the interval excludes 1
+MIN_ROUNDS = 3
 CPU_FLAGS = ("avx512_bf16", "amx_bf16", "avx512_vnni", "avx512f", "avx2")
 
 
@@ -42,15 +43,24 @@ def probe_key(config, batch: int, block: int) -> str:
 
 
 def choose(timers: dict[str, Callable[[], float]], rounds: int = PROBE_ROUNDS) -> dict[str, Any]:
-    """Time `fp32` and `bf16` (functions returning seconds per step) interleaved; bf16 only if measurably faster."""
-    samples = metrics.interleaved(timers, rounds, 1, warmup=1)
+    """Time `fp32` and `bf16` (functions returning seconds per step) interleaved, round by round, stopping once
+    (after at least 3 rounds) the interval of their ratio excludes 1; bf16 only if measurably faster."""
+    samples: dict[str, list[list[float]]] = {"fp32": [], "bf16": []}
+    for r in range(rounds):
+        one = metrics.interleaved(timers, 1, 1, warmup=1 if r == 0 else 0)
+        for name in samples:  # alternate which goes first, as interleaved() rotates
+            samples[name] += one[name]
+        timers = dict(reversed(list(timers.items())))
+        if r + 1 >= MIN_ROUNDS and stats.paired_ratio(samples["fp32"], samples["bf16"])["verdict"] != "same":
+            break
     cmp = stats.paired_ratio(samples["fp32"], samples["bf16"])
+    rounds = cmp["rounds"]
     return {"picked": "bf16" if cmp["verdict"] == "faster" else "fp32",
             "bf16_vs_fp32_time": cmp, "fp32_step_s": stats.median_of_rounds(samples["fp32"]),
             "bf16_step_s": stats.median_of_rounds(samples["bf16"]),
             "how": f"forward + backward + AdamW of the model's shape on fixed random tokens, fp32 and bf16 autocast "
-                   f"interleaved ({rounds} rounds after a warm-up step each); bf16 is taken only when the 95% "
-                   f"interval of its time ratio lies below 1"}
+                   f"interleaved ({rounds} rounds after a warm-up step each, stopping after {MIN_ROUNDS} or more "
+                   f"once the 95% interval excludes 1); bf16 is taken only when that interval lies below 1"}
 
 
 def step_timer(model: torch.nn.Module, batch: int, block: int, dtype: torch.dtype | None) -> Callable[[], float]:

@@ -121,9 +121,12 @@ def finetune_config(cfg: PruneConfig, source: Path, meta: dict[str, Any], data: 
     """The fine-tuning of round `round_`: the parent's optimizer settings with the prune options on top,
     single process, no evaluations or checkpoints in between."""
     parent = TrainConfig.from_dict(meta["config"])
+    trained_in = meta.get("what_ran", {}).get("amp_dtype")  # fine-tune in the precision the parent trained in
+    amp = {"fp32": (False, parent.optim.amp_dtype), "bfloat16": (True, "bf16"), "float16": (True, "fp16")}.get(
+        trained_in, (parent.optim.amp, parent.optim.amp_dtype))
     return TrainConfig(
         data=data, model=ModelConfig(name=str(source)),
-        optim=parent.optim.replace(max_steps=cfg.finetune_steps, max_tokens=0, time_budget=0.0, lr=cfg.lr,
+        optim=parent.optim.replace(amp=amp[0], amp_dtype=amp[1], max_steps=cfg.finetune_steps, max_tokens=0, time_budget=0.0, lr=cfg.lr,
                                    min_lr=cfg.lr / 10, warmup_steps=cfg.warmup_steps, batch_size=cfg.batch_size,
                                    grad_accum=1, seed=cfg.seed + round_),
         parallel=ParallelConfig(threads=parent.parallel.threads),
