@@ -261,8 +261,8 @@ def flat_row(r: dict[str, Any]) -> dict[str, Any]:
 def table_rows(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """The bench table: each artifact's own figures, and its paired ratios to the reference with 95% intervals
     (`≈` marks a ratio whose interval contains 1: no difference shown)."""
-    cols = ["artifact", "eval loss (95% CI)", "bits/byte", "Δ loss vs ref", "lat b1 ms", "b1 vs ref", "lat b12 ms", "b12 vs ref",
-            "gen tok/s", "gen vs ref", "train tok/s b12", "train vs ref", "size MiB", "peak MiB"]
+    cols = ["artifact", "eval loss (95% CI)", "bits/byte", "Δ loss vs ref", "lat b1 ms", "b1 vs ref", "lat b12 ms",
+            "b12 vs ref", "gen tok/s", "gen vs ref", "train tok/s b12", "train vs ref", "size MiB", "peak MiB"]
     ref = report["artifacts"][0]["tag"]
     rows = []
     for r in report["artifacts"]:

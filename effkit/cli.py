@@ -35,8 +35,8 @@ def _console():
     return probe if probe.is_terminal else Console(width=160)
 
 
-TERMINAL_BENCH_COLUMNS = ("artifact", "eval loss (95% CI)", "bits/byte", "Δ loss vs ref", "lat b12 ms", "b12 vs ref", "gen vs ref",
-                          "train vs ref", "size MiB", "peak MiB")
+TERMINAL_BENCH_COLUMNS = ("artifact", "eval loss (95% CI)", "bits/byte", "Δ loss vs ref", "lat b12 ms", "b12 vs ref",
+                          "gen vs ref", "train vs ref", "size MiB", "peak MiB")
 
 
 def _bench_table(report: dict, title: str):

@@ -235,7 +235,7 @@ def study_pipeline(s: StudyConfig) -> dict[str, Any]:
         "bubble_measured = 1 - (sequential / stages) / pipelined time per iteration; the sequential run does the "
         "same micro-batches in one process. It counts everything that keeps a stage from working: the schedule's "
         "bubble, unequal stages and the sends between processes; bubble_theory = (p-1)/(m+p-1) counts the first only",
-        f"intervals: 95% t-interval of the pipelined step times (the sequential time taken as exact); "
+        "intervals: 95% t-interval of the pipelined step times (the sequential time taken as exact); "
         "the first step of each run is left out"]}
 
 

@@ -36,8 +36,8 @@ from effkit.model import (
     flops_per_token,
     is_pretrained_source,
     load_model,
-    shape_of,
     save_model,
+    shape_of,
 )
 from effkit.parallel import ParallelDims, Runtime, init_runtime
 from effkit.parallel.launch import launch, nproc_per_node

@@ -128,7 +128,8 @@ def _cli(args, tmp_path, env=None, timeout=180):
     import sys
 
     cmd = [sys.executable, "-m", "effkit", "train", "--model", "gpt2-nano", "--vocab-size", "512", "--block-size",
-           "32", "--eval-blocks", "4", "--no-amp", "--warmup-steps", "1", "--eval-interval", "0", "--checkpoint-interval", "0",
+           "32", "--eval-blocks", "4", "--no-amp", "--warmup-steps", "1", "--eval-interval", "0",
+           "--checkpoint-interval", "0",
            "--runs-dir", str(tmp_path / "runs"), "--reports-dir", str(tmp_path / "reports"), *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
@@ -210,7 +211,8 @@ def test_two_nodes_on_localhost_finish_and_match_single_process(tmp_path, corpus
 
     port = str(_free_port())
     base = [sys.executable, "-m", "effkit", "train", "--model", "gpt2-nano", "--vocab-size", "512", "--block-size",
-            "32", "--eval-blocks", "4", "--no-amp", "--warmup-steps", "1", "--eval-interval", "0", "--checkpoint-interval", "0",
+            "32", "--eval-blocks", "4", "--no-amp", "--warmup-steps", "1", "--eval-interval", "0",
+           "--checkpoint-interval", "0",
             "--max-steps", "3", "--threads", "1", "--data", str(corpus_dir), "--runs-dir", str(tmp_path / "runs"),
             "--reports-dir", str(tmp_path / "reports")]
     nodes = [subprocess.Popen([*base, "--parallel", "ddp", "--nnodes", "2", "--nproc", "1", "--node-rank", str(r),

@@ -12,8 +12,8 @@ from effkit.model.gpt2 import (
     flops_per_token,
     is_pretrained_source,
     load_model,
-    shape_of,
     save_model,
+    shape_of,
 )
 
 __all__ = [

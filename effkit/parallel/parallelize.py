@@ -265,7 +265,7 @@ class Parallelized:
         if self.pipeline is not None:
             stage = self.pipeline.module
             detail.update(pp_size=self.dims.pp, pp_schedule=type(self.pipeline.schedule).__name__,
-                          microbatches=self.pipeline.schedule._n_microbatches,
+                          microbatches=self.pipeline.microbatches,
                           stage_of_this_rank=stage.index, blocks_of_this_rank=[stage.layers.start, stage.layers.stop],
                           tied_embedding=("gradients summed over the first and last stage"
                                           if self.pipeline.tied_group is not None else "not tied"))

@@ -82,6 +82,7 @@ class Pipeline:
     tied_group: Any = None  # first and last stage of this pipeline, when the LM head is tied
     tied: nn.Parameter | None = None  # this rank's copy of the tied embedding / LM head weight
     tied_drift: float | None = None  # max |LM head - embedding| over the two copies, when last gathered (rank 0)
+    microbatches: int = 1
 
     @property
     def first(self) -> bool:
@@ -158,7 +159,7 @@ def build_pipeline(module: GPT2Stage, dims: ParallelDims, pp_mesh, rank: int, sc
 
     sched = getattr(pipelining, SCHEDULES[schedule])(stage, n_microbatches=microbatches, loss_fn=loss_fn,
                                                     scale_grads=True)
-    return Pipeline(module, sched, dims, group, ranks, tied_group, tied)
+    return Pipeline(module, sched, dims, group, ranks, tied_group, tied, microbatches=microbatches)
 
 
 def _gather_to_rank0(local: dict[str, Any], pipeline: Pipeline, rank: int) -> dict[str, Any]:

@@ -126,7 +126,8 @@ def finetune_config(cfg: PruneConfig, source: Path, meta: dict[str, Any], data: 
         trained_in, (parent.optim.amp, parent.optim.amp_dtype))
     return TrainConfig(
         data=data, model=ModelConfig(name=str(source)),
-        optim=parent.optim.replace(amp=amp[0], amp_dtype=amp[1], max_steps=cfg.finetune_steps, max_tokens=0, time_budget=0.0, lr=cfg.lr,
+        optim=parent.optim.replace(amp=amp[0], amp_dtype=amp[1],
+                                   max_steps=cfg.finetune_steps, max_tokens=0, time_budget=0.0, lr=cfg.lr,
                                    min_lr=cfg.lr / 10, warmup_steps=cfg.warmup_steps, batch_size=cfg.batch_size,
                                    grad_accum=1, seed=cfg.seed + round_),
         parallel=ParallelConfig(threads=parent.parallel.threads),
