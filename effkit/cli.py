@@ -80,8 +80,8 @@ def _flags(ctx: typer.Context, cls: type) -> dict:
 def train(
     ctx: typer.Context,
     recipe: Optional[Path] = typer.Option(None, help="TOML recipe; its \\[train] table sets defaults, flags override"),
-    model: str = typer.Option(_D.model, help="preset (gpt2-nano, gpt2-mini, gpt2, gpt2-medium, gpt2-large), "
-                              "a Hugging Face model folder, or a hub id (online)"),
+    model: str = typer.Option(_D.model, help="preset (gpt2-nano, gpt2-micro, gpt2-mini, gpt2, gpt2-medium, "
+                              "gpt2-large), a Hugging Face model folder, or a hub id (online)"),
     data: str = typer.Option(_D.data, help="builtin (State of the Union speeches), wikitext-103, wikitext-2, "
                              "or a .txt / folder / .jsonl path"),
     vocab_size: int = typer.Option(_D.vocab_size, help="BPE vocabulary size (ignored for pretrained models)"),

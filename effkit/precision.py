@@ -18,8 +18,8 @@ import torch
 from effkit import metrics, stats
 from effkit.data import cache_dir
 
-PROBE_ROUNDS = 7  # at most; it stops after 3 once the interval excludes 1
-MIN_ROUNDS = 3
+PROBE_ROUNDS = 7  # at most; it stops after 2 once the interval excludes 1
+MIN_ROUNDS = 2
 CPU_FLAGS = ("avx512_bf16", "amx_bf16", "avx512_vnni", "avx512f", "avx2")
 
 
@@ -44,7 +44,7 @@ def probe_key(config, batch: int, block: int) -> str:
 
 def choose(timers: dict[str, Callable[[], float]], rounds: int = PROBE_ROUNDS) -> dict[str, Any]:
     """Time `fp32` and `bf16` (functions returning seconds per step) interleaved, round by round, stopping once
-    (after at least 3 rounds) the interval of their ratio excludes 1; bf16 only if measurably faster."""
+    (after at least 2 rounds) the interval of their ratio excludes 1; bf16 only if measurably faster."""
     samples: dict[str, list[list[float]]] = {"fp32": [], "bf16": []}
     for r in range(rounds):
         one = metrics.interleaved(timers, 1, 1, warmup=1 if r == 0 else 0)

@@ -94,8 +94,8 @@ def test_entry_point_exit_code_and_no_traceback(tmp_path):
                           str(tmp_path / "runs")], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [
-        "effkit: error: unknown model preset 'nope'; choose one of gpt2-nano, gpt2-mini, gpt2, gpt2-medium, "
-        "gpt2-large, or give a Hugging Face model folder"]
+        "effkit: error: unknown model preset 'nope'; choose one of gpt2-nano, gpt2-micro, gpt2-mini, gpt2, "
+        "gpt2-medium, gpt2-large, or give a Hugging Face model folder"]
 
 
 def test_help_lists_every_command():

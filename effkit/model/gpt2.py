@@ -18,7 +18,8 @@ from effkit.model.convert import conv1d_to_linear, hf_state_dict
 # n_layer, n_embd, n_head, n_positions
 PRESETS: dict[str, dict[str, int]] = {
     "gpt2-nano": dict(n_layer=2, n_embd=64, n_head=2, n_positions=128),  # tests
-    "gpt2-mini": dict(n_layer=6, n_embd=384, n_head=6, n_positions=256),  # CPU quickstart
+    "gpt2-micro": dict(n_layer=4, n_embd=256, n_head=4, n_positions=256),  # CPU quickstart, fastest to train
+    "gpt2-mini": dict(n_layer=6, n_embd=384, n_head=6, n_positions=256),  # CPU quickstart until 0.1
     "gpt2": dict(n_layer=12, n_embd=768, n_head=12, n_positions=1024),  # 124M
     "gpt2-medium": dict(n_layer=24, n_embd=1024, n_head=16, n_positions=1024),  # 355M
     "gpt2-large": dict(n_layer=36, n_embd=1280, n_head=20, n_positions=1024),  # 774M
