@@ -311,7 +311,7 @@ def sample_lines(artifacts_: list[dict[str, Any]]) -> list[str]:
         return []
     lines = ["Samples (prompt " + repr(first["prompt"]) + f"; sampled: {first['sampling']}):", "",
              "| artifact | greedy | repeated 8-grams | sampled |", "|---|---|---|---|"]
-    cell = lambda t: " ".join(t.split())[:300].replace("|", "\\|")  # noqa: E731
+    cell = lambda t: t.replace("\n", "⏎")[:300].replace("|", "\\|")  # noqa: E731  (line breaks shown)
     for r in artifacts_:
         g = r["generation"]
         if "sampled_text" in g:
