@@ -244,3 +244,17 @@ def test_a_bad_value_found_inside_the_ranks_exits_2_in_one_line(tmp_path, corpus
     assert len(errors) == 1 and "training diverged" in errors[0] and "lower --lr" in errors[0], out.stderr[-2000:]
     assert "Traceback" not in out.stderr
     assert not (tmp_path / "runs" / "diverge").exists() and not (tmp_path / "reports" / "diverge").exists()
+
+
+def test_a_killed_pipeline_run_resumes_to_the_same_losses(tmp_path, corpus_dir):
+    args = ["--data", str(corpus_dir), "--parallel", "pp", "--nproc", "2", "--max-steps", "6", "--batch-size", "4",
+            "--threads", "1"]
+    full = _cli([*args, "--run-name", "full"], tmp_path)
+    assert full.returncode == 0, full.stderr[-2000:]
+    cut = _cli([*args, "--run-name", "cut", "--checkpoint-interval", "2"], tmp_path,
+               env={"EFFKIT_FAULT_INJECT": "1:4:kill"})
+    assert cut.returncode == 1 and "rank 1 was killed by SIGKILL" in cut.stderr
+    resumed = _cli([*args, "--run-name", "cut", "--resume"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    reports = str(tmp_path / "reports")
+    assert _losses(reports, "cut") == pytest.approx(_losses(reports, "full"), rel=1e-6, abs=1e-6)
