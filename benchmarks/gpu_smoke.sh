@@ -36,12 +36,18 @@ step "resume from the last checkpoint"
 effkit train "${TINY[@]}" --run-name "$RUN-fp16" --resume "${DIRS[@]}"
 
 if [ "$NGPU" -ge 2 ]; then
-  for mode in ddp fsdp tp fsdp+tp; do
+  for mode in ddp fsdp tp fsdp+tp pp; do
     step "train --parallel $mode on 2 GPUs (bf16)"
     effkit train "${TINY[@]}" --run-name "$RUN-$mode" --parallel "$mode" --nproc 2 --amp "${DIRS[@]}"
   done
+  step "train --parallel pp with GPipe and --amp auto on 2 GPUs"
+  effkit train "${TINY[@]}" --run-name "$RUN-gpipe" --parallel pp --pp-schedule gpipe --nproc 2 "${DIRS[@]}"
+  if [ "$NGPU" -ge 4 ]; then
+    step "train --parallel pp+fsdp on 4 GPUs (pp=2 x dp=2)"
+    effkit train "${TINY[@]}" --run-name "$RUN-ppfsdp" --parallel pp+fsdp --pp-size 2 --nproc 4 --amp "${DIRS[@]}"
+  fi
 else
-  step "one GPU: ddp, fsdp, tp and fsdp+tp skipped (they need 2 or more)"
+  step "one GPU: ddp, fsdp, tp, fsdp+tp and pp skipped (they need 2 or more)"
 fi
 
 DENSE="$OUT/runs/$RUN/train"
