@@ -25,6 +25,7 @@ from effkit.artifacts import RunLayout
 from effkit.checkpoint import Checkpoint, Checkpointer
 from effkit.config import OptimConfig, TrainConfig
 from effkit.data import BlockSampler, make_loader, prepare
+from effkit.data.blocks import check_batch
 from effkit.errors import EffkitError, Interrupted
 from effkit.model import (
     activation_checkpointing_enabled,
@@ -170,6 +171,7 @@ class Trainer:
 
         torch.manual_seed(o.seed)
         self.data = prepare(d, tokenizer_from=cfg.model.name if pretrained else None)
+        check_batch(len(self.data.blocks.train), o.batch_size * o.grad_accum)  # before any batch is allocated
         if model is None:
             model = (load_model(cfg.model.name, dropout=cfg.model.dropout) if pretrained else
                      build_model(cfg.model.name, vocab_size=len(self.data.tokenizer), dropout=cfg.model.dropout,
@@ -464,6 +466,7 @@ def train_in_processes(cfg: TrainConfig) -> dict[str, Any]:
                       run=cfg.run.replace(run_name=cfg.run.run_name or artifacts.new_run_name(cfg.model.name)))
     pretrained = is_pretrained_source(cfg.model.name)
     data = prepare(cfg.data, tokenizer_from=cfg.model.name if pretrained else None)  # bad data fails here, caches
+    check_batch(len(data.blocks.train), cfg.optim.batch_size * cfg.optim.grad_accum)
     if cfg.optim.amp is None and not torch.cuda.is_available():  # built once; --amp auto measured once, here
         model = load_model(cfg.model.name) if pretrained else \
             build_model(cfg.model.name, vocab_size=len(data.tokenizer), eos_token_id=data.tokenizer.eos_token_id)

@@ -38,6 +38,8 @@ def assert_clean_failure(code, err, tmp_path, needle):
     (["--batch-size", "0"], "--batch-size must be at least 1"),
     (["--max-steps", "-3"], "--max-steps must be >= 0"),
     (["--parallel", "pipeline"], "unknown --parallel 'pipeline'"),
+    (["--batch-size", "999999999999"], "fewer than one global batch"),  # before the precision probe allocates it
+    (["--amp", "--amp-dtype", "fp16"], "fp16 autocast does nothing on CPU"),
 ])
 def test_bad_options(extra, needle, tmp_path, corpus_dir, capsys, monkeypatch):
     code, err = run_cli(tiny(tmp_path, corpus_dir, *extra), capsys, monkeypatch)

@@ -84,15 +84,20 @@ def load_blocks(corpus: Corpus, tokenizer, block_size: int, eval_blocks: int) ->
     return BlockData(to_blocks(train, n_train), eval_blocks_t, len(train), len(held), eval_bytes)
 
 
+def check_batch(n_blocks: int, global_batch: int) -> None:
+    """One global batch must fit in the training split (checked before anything allocates a batch)."""
+    if n_blocks < global_batch:
+        raise EffkitError(f"the training split has {n_blocks} blocks, fewer than one global batch of "
+                          f"{global_batch}; lower --batch-size/--grad-accum or use more data")
+
+
 class BlockSampler(torch.utils.data.Sampler):
     """Yields, for each micro-step from `start_step` on, the block indices of this rank's micro-batch."""
 
     def __init__(self, n_blocks: int, batch_size: int, grad_accum: int, dp_size: int = 1, dp_rank: int = 0,
                  seed: int = 0, start_step: int = 0):
         self.global_batch = batch_size * grad_accum * dp_size
-        if n_blocks < self.global_batch:
-            raise EffkitError(f"the training split has {n_blocks} blocks, fewer than one global batch of "
-                              f"{self.global_batch}; lower --batch-size/--grad-accum or use more data")
+        check_batch(n_blocks, self.global_batch)
         self.n_blocks, self.batch_size, self.grad_accum = n_blocks, batch_size, grad_accum
         self.dp_size, self.dp_rank, self.seed, self.start_step = dp_size, dp_rank, seed, start_step
         self.steps_per_epoch = n_blocks // self.global_batch
