@@ -245,6 +245,12 @@ class TrainConfig(_Section):
         if not 0 <= p.threads <= MAX_THREADS:
             raise EffkitError(f"--threads must be between 1 and {MAX_THREADS}, or 0 for torch's default "
                               f"(got {p.threads})")
+        if p.microbatches < 1:
+            raise EffkitError(f"--microbatches must be at least 1 (got {p.microbatches})")
+        r = self.run
+        if r.eval_interval < 0 or r.checkpoint_interval < 0 or r.warmup_steps_excluded < 0:
+            raise EffkitError("--eval-interval, --checkpoint-interval and warmup_steps_excluded must be >= 0 "
+                              f"(0 = never; got {r.eval_interval}, {r.checkpoint_interval}, {r.warmup_steps_excluded})")
         if p.pp_schedule not in PP_SCHEDULES:
             raise EffkitError(f"unknown --pp-schedule {p.pp_schedule!r}; choose one of {', '.join(PP_SCHEDULES)}")
         if p.mode.startswith("pp"):
