@@ -186,8 +186,10 @@ def test_ctrl_c_while_libraries_load_ends_in_one_line(delay, tmp_path, corpus_di
     import signal
     import time
 
+    # a child inherits an ignored SIGINT (a background job, nohup): give it the default, as a terminal would
     proc = subprocess.Popen([sys.executable, "-m", "effkit", *tiny(tmp_path, corpus_dir, "--max-steps", "500")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     time.sleep(delay)  # the imports of torch and transformers take longer than this
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
