@@ -250,12 +250,12 @@ def study_pp_memory(s: StudyConfig) -> dict[str, Any]:
         rows.append({"mode": mode, "processes": s.nproc, "batch_per_rank": batch,
                      "peak_memory_mib_per_rank": [round(_mib(b)) for b in peaks],
                      "max_peak_memory_mib": _mib(max(peaks)),
-                     "param_mib_rank0": _mib(r["what_ran"]["parallel_detail"]["param_bytes_this_rank"]),
-                     "time_per_iter_s": _steady_mean(r["step_times"])})
+                     "param_mib_rank0": _mib(r["what_ran"]["parallel_detail"]["param_bytes_this_rank"])})
     ratio = rows[1]["max_peak_memory_mib"] / rows[0]["max_peak_memory_mib"]
     return {"rows": rows, "notes": [
         f"largest per-rank peak, pp / ddp: {ratio:.2f}x (one run each; peak memory is a high-water mark, "
-        "not a timing, and varies little between runs)",
+        "not a timing, and varies little between runs; time per step is left out: a few steps give no interval, "
+        "and `effkit study pipeline` measures it)",
         f"same global batch ({s.batch_size} blocks): ddp gives each rank {rows[0]['batch_per_rank']}, pp gives every "
         f"stage all {s.batch_size} in micro-batches; {s.steps} steps, fp32, AdamW",
         "peak memory: " + ("cuda max_memory_allocated" if torch.cuda.is_available() else
