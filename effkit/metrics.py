@@ -42,13 +42,22 @@ def describe_device(device: torch.device) -> str:
     return f"CPU {cpu} ({torch.get_num_threads()} threads)"
 
 
-def cpu_has_native_bf16() -> bool:
-    """True when the CPU has bf16 matrix instructions (AVX512-BF16 or AMX), read from /proc/cpuinfo."""
+CPU_FLAGS = ("avx512_bf16", "amx_bf16", "avx512_vnni", "avx512f", "avx2")
+
+
+def cpu_flags() -> list[str]:
+    """The CPU features that decide bf16 and int8 speed, read from /proc/cpuinfo."""
     try:
-        flags = next((ln for ln in open("/proc/cpuinfo") if ln.startswith("flags")), "").split()
+        line = next((ln for ln in open("/proc/cpuinfo") if ln.startswith("flags")), "")
     except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+        return []
+    have = set(line.split())
+    return [f for f in CPU_FLAGS if f in have]
+
+
+def cpu_has_native_bf16() -> bool:
+    """True when the CPU has bf16 matrix instructions (AVX512-BF16 or AMX)."""
+    return bool({"avx512_bf16", "amx_bf16"} & set(cpu_flags()))
 
 
 def cpu_peak_flops(dtype: torch.dtype, n: int = 1024, repeats: int = 10) -> tuple[float, str]:
@@ -342,10 +351,11 @@ def generation_timer(model, tokenizer, new_tokens: int) -> Callable[[], float]:
     return once
 
 
-def train_step_timers(model, batches: tuple[int, ...], block: int) -> dict[int, Callable[[], float]]:
-    """For each batch size, a function that runs one forward + backward + AdamW step with (batch, block) fixed
-    random tokens and returns tokens per second; all of them train one private copy of `model` with one
-    optimizer (one copy's memory, whatever the number of batch sizes)."""
+def train_step_timers(model, batches: tuple[int, ...], block: int,
+                      amp_dtype: torch.dtype | None = None) -> dict[int, Callable[[], float]]:
+    """For each batch size, a function that runs one forward + backward + AdamW step (under autocast `amp_dtype`)
+    with (batch, block) fixed random tokens and returns tokens per second; all of them train one private copy of
+    `model` with one optimizer (one copy's memory, whatever the number of batch sizes)."""
     import copy
 
     model = copy.deepcopy(model).train()
@@ -358,7 +368,9 @@ def train_step_timers(model, batches: tuple[int, ...], block: int) -> dict[int, 
         def once() -> float:
             synchronize(device)
             t = time.perf_counter()
-            lm_loss(model(x).logits, x).backward()
+            with autocast_ctx(device, amp_dtype):
+                loss = lm_loss(model(x).logits, x)
+            loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
             synchronize(device)

@@ -20,24 +20,11 @@ from effkit.data import cache_dir
 
 PROBE_ROUNDS = 7  # at most; it stops after 2 once the interval excludes 1
 MIN_ROUNDS = 2
-CPU_FLAGS = ("avx512_bf16", "amx_bf16", "avx512_vnni", "avx512f", "avx2")
-
-
-def cpu_flags() -> list[str]:
-    """The CPU features that decide bf16 and int8 speed, read from /proc/cpuinfo."""
-    try:
-        line = next((ln for ln in open("/proc/cpuinfo") if ln.startswith("flags")), "")
-    except OSError:
-        return []
-    have = set(line.split())
-    return [f for f in CPU_FLAGS if f in have]
-
-
 def probe_key(config, batch: int, block: int) -> str:
     """Machine (CPU model, features, threads, torch) and shape (layers, width, heads, vocabulary, batch, block)."""
     inner = config.n_inner or 4 * config.n_embd
     shape = f"L{config.n_layer}-d{config.n_embd}-h{config.n_head}-i{inner}-v{config.vocab_size}-b{batch}-t{block}"
-    machine = f"{metrics.describe_device(torch.device('cpu'))}|{'+'.join(cpu_flags()) or 'no-flags'}|" \
+    machine = f"{metrics.describe_device(torch.device('cpu'))}|{'+'.join(metrics.cpu_flags()) or 'no-flags'}|" \
               f"torch {torch.__version__}"
     return f"{machine}|{shape}"
 
@@ -63,25 +50,10 @@ def choose(timers: dict[str, Callable[[], float]], rounds: int = PROBE_ROUNDS) -
                    f"once the 95% interval excludes 1); bf16 is taken only when that interval lies below 1"}
 
 
-def step_timer(model: torch.nn.Module, batch: int, block: int, dtype: torch.dtype | None) -> Callable[[], float]:
+def step_seconds(model: torch.nn.Module, batch: int, block: int, dtype: torch.dtype | None) -> Callable[[], float]:
     """Seconds of one training step of a private copy of `model` under autocast `dtype` (None: fp32)."""
-    import copy
-    import time
-
-    m = copy.deepcopy(model).train()
-    opt = torch.optim.AdamW(m.parameters(), lr=1e-6)
-    x = metrics.random_tokens(m, batch, block)
-
-    def once() -> float:
-        t = time.perf_counter()
-        with metrics.autocast_ctx(x.device, dtype):
-            loss = metrics.lm_loss(m(x).logits, x)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return time.perf_counter() - t
-
-    return once
+    tokens_per_s = metrics.train_step_timers(model, (batch,), block, dtype)[batch]
+    return lambda: batch * block / tokens_per_s()
 
 
 def cpu_choice(model: torch.nn.Module, batch: int, block: int,
@@ -96,9 +68,9 @@ def cpu_choice(model: torch.nn.Module, batch: int, block: int,
         cache = {}  # a corrupt cache is measured again and rewritten
     if key not in cache:
         if measure is None:
-            measure = lambda: choose({"fp32": step_timer(model, batch, block, None),  # noqa: E731
-                                      "bf16": step_timer(model, batch, block, torch.bfloat16)})
-        cache[key] = {**measure(), "cpu_flags": cpu_flags()}
+            measure = lambda: choose({"fp32": step_seconds(model, batch, block, None),  # noqa: E731
+                                      "bf16": step_seconds(model, batch, block, torch.bfloat16)})
+        cache[key] = {**measure(), "cpu_flags": metrics.cpu_flags()}
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(cache, indent=1))
