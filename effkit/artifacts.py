@@ -209,7 +209,7 @@ def versions() -> dict[str, str]:
 
     out = {"python": platform.python_version(), "platform": platform.platform()}
     for pkg in ("effkit", "torch", "transformers", "accelerate", "tokenizers", "safetensors", "torch-pruning",
-                "bitsandbytes", "torchao"):
+                "bitsandbytes", "torchao", "onnx", "onnxruntime", "onnxscript"):
         try:
             out[pkg] = md.version(pkg)
         except md.PackageNotFoundError:

@@ -23,7 +23,7 @@ from effkit.data import prepare
 from effkit.errors import EffkitError
 from effkit.isolated import run_isolated
 from effkit.parallel import resolve_device
-from effkit.quantize import generate_sample, is_quantized, load_any
+from effkit.quantize import generate_sample, is_quantized, load_any, trainable
 from effkit.report import atomic_write_text, write_rows_csv
 
 LAT_BATCHES = (1, 12)
@@ -48,7 +48,7 @@ def find_artifacts(cfg: BenchConfig) -> tuple[str, list[Path]]:
              if (d / artifacts.META).is_file()]
     if not found:
         raise EffkitError(f"no artifacts found in {run_dir}; run `effkit train` first")
-    order = {"train": 0, "prune": 1, "quantize": 2}
+    order = {"train": 0, "prune": 1, "quantize": 2, "export": 3}
     found.sort(key=lambda td: (order.get(artifacts.read_meta(td[1])["stage"], 3), td[0]))
     return run_dir.name, [d for _, d in found]
 
@@ -61,7 +61,7 @@ def bench_one(path: Path, cfg: BenchConfig, tokenizer, eval_blocks: torch.Tensor
     with metrics.PeakMemory(device) as mem:
         model = load_any(path, device).eval()
         r: dict[str, Any] = {"artifact": str(path), "tag": path.name, "stage": meta["stage"],
-                             "params": sum(p.numel() for p in model.parameters()),
+                             "params": getattr(model, "n_params", None) or sum(p.numel() for p in model.parameters()),
                              "size_bytes": artifacts.dir_size(path), "quantized": is_quantized(path)}
         r.update(metrics.evaluate(model, eval_blocks, cfg.batch_size, eval_bytes=eval_bytes))
         if "eval_loss_delta_vs_control" in meta["metrics"]:  # measured by the prune stage on the same blocks
@@ -69,7 +69,7 @@ def bench_one(path: Path, cfg: BenchConfig, tokenizer, eval_blocks: torch.Tensor
         r["generation"] = generate_sample(model, tokenizer, cfg.gen_tokens)
         for b in LAT_BATCHES:
             metrics.forward_timer(model, b, block)()
-        if not r["quantized"]:
+        if trainable(path):
             for once in metrics.train_step_timers(model, TRAIN_BATCHES, block).values():
                 once()
     r["peak_memory_bytes"] = mem.peak_bytes
@@ -110,7 +110,7 @@ def timed_side_by_side(paths: list[Path], cfg: BenchConfig, tokenizer, block: in
         plan[f"latency_b{b}"] = ({t: metrics.forward_timer(m, b, block) for t, m in models.items()}, cfg.repeats)
     plan["generation"] = ({t: metrics.generation_timer(m, tokenizer, new_tokens) for t, m in models.items()}, 1)
     steppers = {tag: metrics.train_step_timers(models[tag], TRAIN_BATCHES, block)
-                for tag, p in zip(tags(paths), paths, strict=True) if not is_quantized(p)}
+                for tag, p in zip(tags(paths), paths, strict=True) if trainable(p)}
     for b in TRAIN_BATCHES:
         plan[f"train_b{b}"] = ({t: timers[b] for t, timers in steppers.items()}, cfg.train_steps)
     return {name: metrics.interleaved(fns, cfg.rounds, repeats, warmup=2) for name, (fns, repeats) in plan.items()}
@@ -139,7 +139,7 @@ def combine(static: list[dict[str, Any]], timed: dict[str, dict[str, Any]]) -> l
                 row[f"train_tokens_per_s_b{b}"] = stats.median_of_rounds(train[tag])
                 row[f"train_ratio_b{b}"] = stats.paired_ratio(train[ref["tag"]], train[tag], higher_is_better=True)
             else:
-                row[f"train_tokens_per_s_b{b}"] = f"not run: {r['stage']} int8 artifacts do not train"
+                row[f"train_tokens_per_s_b{b}"] = f"not run: {r['stage']} artifacts (int8 or ONNX) do not train"
         row["flags"] = [row["generation"]["note"]] if "note" in row["generation"] else []
         rows.append(row)
     return rows

@@ -12,7 +12,15 @@ from typing import Optional
 
 import typer
 
-from effkit.config import BenchConfig, PruneConfig, QuantizeConfig, TrainConfig, build_config, flat_defaults
+from effkit.config import (
+    BenchConfig,
+    ExportConfig,
+    PruneConfig,
+    QuantizeConfig,
+    TrainConfig,
+    build_config,
+    flat_defaults,
+)
 from effkit.errors import EffkitError, Interrupted
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -236,11 +244,13 @@ def quantize(
     ctx: typer.Context,
     recipe: Optional[Path] = typer.Option(None, help="TOML recipe; its \\[quantize] table sets defaults"),
     source: str = typer.Option(_Q.source, "--from", help="artifact to quantize (default: newest of the latest run)"),
-    backend: str = typer.Option(_Q.backend, help="auto (measure, keep the fastest), dynamic, bnb, torchao"),
+    backend: str = typer.Option(_Q.backend, help="auto (the fastest within 1% of the parent's loss), dynamic, bnb, "
+                                "torchao, onnxruntime"),
     include_head: bool = typer.Option(_Q.include_head, "--include-head/--no-include-head",
                                       help="also quantize the tied LM head / token embedding"),
     threshold: float = typer.Option(_Q.threshold, help="bnb LLM.int8 outlier threshold"),
     torchao_scheme: str = typer.Option(_Q.torchao_scheme, help="torchao: da8w8 (int8 act + weight) or w8"),
+    fuse: bool = typer.Option(_Q.fuse, "--fuse/--no-fuse", help="onnxruntime: ONNX Runtime's transformer fusions"),
     batch_size: int = typer.Option(_Q.batch_size, help="evaluation batch size"),
     latency_rounds: int = typer.Option(_Q.latency_rounds, help="interleaved rounds of fp32, bf16 and int8 timings"),
     latency_repeats: int = typer.Option(_Q.latency_repeats, help="timed forward passes per model per round"),
@@ -277,6 +287,44 @@ def quantize(
     print(f"int8, sampled ({m['generation']['sampling']}): {m['generation']['sampled_text'][:120]!r}")
     for v in report["verdicts"]:
         print(f"note: {v}")
+    print(f"int8 layers in the reloaded artifact: {m['int8_layers_reloaded']}; {m['portability']}")
+    print(f"artifact: {report['artifact']}\nreport:   {Path(cfg.reports_dir) / report['run']}")
+
+
+_E = ExportConfig()
+
+
+@app.command()
+def export(
+    ctx: typer.Context,
+    recipe: Optional[Path] = typer.Option(None, help="TOML recipe; its \\[export] table sets defaults"),
+    source: str = typer.Option(_E.source, "--from", help="dense or pruned artifact (default: the latest run's train)"),
+    format: str = typer.Option(_E.format, help="onnx"),
+    int8: bool = typer.Option(_E.int8, "--int8/--no-int8", help="ONNX Runtime dynamic int8 after export"),
+    fuse: bool = typer.Option(_E.fuse, "--fuse/--no-fuse", help="ONNX Runtime's transformer fusions first"),
+    batch_size: int = typer.Option(_E.batch_size, help="evaluation batch size"),
+    latency_rounds: int = typer.Option(_E.latency_rounds, help="interleaved rounds of PyTorch and ONNX timings"),
+    latency_repeats: int = typer.Option(_E.latency_repeats, help="timed forward passes per model per round"),
+    gen_tokens: int = typer.Option(_E.gen_tokens, help="new tokens in the generation sample"),
+    runs_dir: str = typer.Option(_E.runs_dir, help="where runs/ are"),
+    reports_dir: str = typer.Option(_E.reports_dir, help="where reports/ go"),
+):
+    """Export an artifact to ONNX (optionally int8 through ONNX Runtime) and compare it with its PyTorch parent."""
+    quiet_libraries()
+    from effkit.export import run_export
+    from effkit.stats import fmt_delta, fmt_ratio
+
+    cfg = build_config(ExportConfig, str(recipe) if recipe else None, _flags(ctx, ExportConfig))
+    report = run_export(cfg)
+    m = report["metrics"]
+    print(f"{report['tag']}: loss {m['eval_loss']:.4f} ({fmt_delta(m['eval_loss_delta'])} vs PyTorch fp32), latency "
+          f"b12 {fmt_ratio(m['latency_ratio_b12'])}, size {m['size_ratio_vs_parent']:.2f}x, int8 operators "
+          f"{m['int8_layers_reloaded']}")
+    print(f"sample: {m['generation']['text'][:120]!r}")
+    for v in report["verdicts"]:
+        print(f"note: {v}")
+    print(f"load it: onnxruntime.InferenceSession('{report['artifact']}/model.onnx'), or effkit bench / generate "
+          f"--from {report['artifact']}")
     print(f"artifact: {report['artifact']}\nreport:   {Path(cfg.reports_dir) / report['run']}")
 
 
@@ -459,7 +507,7 @@ def doctor():
                 else "emulated: slower than fp32 here, train with --no-amp")
     t.add_row("bf16", bf16)
     t.add_row("fp16 autocast", "yes (with GradScaler)" if cuda else "no-op on CPU: refused")
-    for b in ("dynamic", "bnb", "torchao"):
+    for b in ("dynamic", "bnb", "torchao", "onnxruntime"):
         reason = backend_available(b)
         t.add_row(f"int8 backend {b}", "available" if reason is None else f"not available: {reason}")
     for dtype in (torch.float32, torch.bfloat16):

@@ -334,7 +334,7 @@ class PruneConfig(_Section):
         return self
 
 
-BACKENDS = ("auto", "dynamic", "bnb", "torchao")
+BACKENDS = ("auto", "dynamic", "bnb", "torchao", "onnxruntime")
 
 
 @dataclass(frozen=True)
@@ -344,6 +344,7 @@ class QuantizeConfig(_Section):
     include_head: bool = False  # also the (tied) LM head and token embeddings
     threshold: float = 6.0  # bnb outlier threshold
     torchao_scheme: str = "da8w8"  # da8w8 (dynamic activation + weight) or w8 (weight-only)
+    fuse: bool = False  # onnxruntime: apply ONNX Runtime's transformer fusions before quantizing
     batch_size: int = 8  # evaluation batch
     latency_rounds: int = 5  # interleaved rounds: parent fp32, parent bf16 and int8 timed in each
     latency_repeats: int = 3  # timed forward passes per model per round
@@ -362,6 +363,33 @@ class QuantizeConfig(_Section):
         if self.latency_rounds < 2:
             raise EffkitError(f"--latency-rounds must be at least 2 (got {self.latency_rounds})")
         check_device(self.device)
+        check_folder_option("--reports-dir", self.reports_dir)
+        return self
+
+
+EXPORT_FORMATS = ("onnx",)
+
+
+@dataclass(frozen=True)
+class ExportConfig(_Section):
+    source: str = ""  # --from: a dense or pruned effkit artifact (default: the latest run's train artifact)
+    format: str = "onnx"
+    int8: bool = False  # ONNX Runtime dynamic int8 after export
+    fuse: bool = False  # ONNX Runtime's transformer fusions before quantizing
+    batch_size: int = 8  # evaluation batch
+    latency_rounds: int = 5  # interleaved rounds: PyTorch parent and exported model timed in each
+    latency_repeats: int = 3
+    gen_tokens: int = 64
+    runs_dir: str = "runs"
+    reports_dir: str = "reports"
+
+    def validate(self) -> ExportConfig:
+        if self.format not in EXPORT_FORMATS:
+            raise EffkitError(f"unknown --format {self.format!r}; choose one of {', '.join(EXPORT_FORMATS)}")
+        if self.batch_size < 1 or self.latency_repeats < 1 or self.gen_tokens < 1:
+            raise EffkitError("--batch-size, --latency-repeats and --gen-tokens must be at least 1")
+        if self.latency_rounds < 2:
+            raise EffkitError(f"--latency-rounds must be at least 2 (got {self.latency_rounds})")
         check_folder_option("--reports-dir", self.reports_dir)
         return self
 
@@ -438,7 +466,7 @@ def check_device(device: str) -> str:
 
 
 STAGES: dict[str, type] = {"train": TrainConfig, "prune": PruneConfig, "quantize": QuantizeConfig,
-                           "bench": BenchConfig, "run": RunConfig}
+                           "export": ExportConfig, "bench": BenchConfig, "run": RunConfig}
 
 
 def flat_defaults(cls: type) -> dict[str, Any]:
@@ -496,6 +524,6 @@ def build_config(cls: type, recipe: str | None, overrides: dict[str, Any]) -> An
         raise EffkitError(f"{where}: {e}" if recipe and not str(e).startswith(where) else str(e)) from None
 
 
-__all__ = ["BenchConfig", "DataConfig", "ModelConfig", "OptimConfig", "ParallelConfig", "PruneConfig",
+__all__ = ["BenchConfig", "DataConfig", "ExportConfig", "ModelConfig", "OptimConfig", "ParallelConfig", "PruneConfig",
            "QuantizeConfig", "RunConfig", "RunSection", "TrainConfig", "build_config", "load_recipe",
            "PARALLEL_MODES", "SYNC_MODES"]

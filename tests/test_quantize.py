@@ -7,7 +7,7 @@ from effkit import cli, metrics
 from effkit.config import PruneConfig, QuantizeConfig, TrainConfig
 from effkit.data import prepare
 from effkit.prune.stage import run_prune
-from effkit.quantize import backend_available, load_quantized, run_quantize
+from effkit.quantize import AUTO_LOSS_BUDGET, backend_available, int8_layer_count, load_quantized, run_quantize
 from effkit.train import train
 
 
@@ -26,7 +26,7 @@ def qcfg(tmp, source, **kw):
                              "runs_dir": str(tmp / "runs"), "reports_dir": str(tmp / "reports"), **kw})
 
 
-@pytest.mark.parametrize("backend", ["dynamic", "torchao", "bnb"])
+@pytest.mark.parametrize("backend", ["dynamic", "torchao", "bnb", "onnxruntime"])
 def test_backend_quantizes_reloads_and_stays_close(backend, trained):
     if reason := backend_available(backend):
         pytest.skip(f"not run: {reason}")
@@ -38,6 +38,7 @@ def test_backend_quantizes_reloads_and_stays_close(backend, trained):
     assert m["size_bytes"] < m["parent_fp32"]["size_bytes"]
     assert m["generation"]["new_tokens"] == 4 and m["parent_fp32"]["generation"]["text"]
     reloaded = load_quantized(report["artifact"])  # from the folder alone
+    assert int8_layer_count(reloaded) == m["int8_layers_reloaded"] >= 2 * 4  # every Linear of both blocks
     again = metrics.evaluate(reloaded, eval_blocks, 4)
     assert again["eval_loss"] == pytest.approx(m["eval_loss"], rel=1e-4)
     saved = json.loads((tmp / "runs" / "q" / report["tag"] / "effkit.json").read_text())
@@ -49,8 +50,12 @@ def test_auto_measures_and_names_its_choice(trained):
     report = run_quantize(qcfg(tmp, artifact, backend="auto"))
     auto = report["metrics"]["auto"]
     assert auto["picked"] == report["what_ran"]["backend"]
-    timed = {b: t for b, t in auto["latency_b12_s"].items() if isinstance(t, float)}
+    timed = {b: t["latency_b12_s"] for b, t in auto["table"].items() if "latency_b12_s" in t}
     assert auto["picked"] == min(timed, key=timed.get)
+    assert all(auto["table"][b]["loss_increase"] <= AUTO_LOSS_BUDGET for b in timed)
+    runnable = [b for b in ("dynamic", "torchao", "bnb", "onnxruntime") if backend_available(b) is None]
+    assert set(auto["table"]) == {"dynamic", "torchao", "bnb", "onnxruntime"} and set(runnable) <= set(
+        b for b, t in auto["table"].items() if "eval_loss" in t)  # every backend that runs here was tried
 
 
 def test_a_row_pruned_artifact_quantizes(trained):

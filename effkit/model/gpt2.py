@@ -87,6 +87,9 @@ def load_model(path: str, dropout: float | None = None) -> nn.Module:
         if not (p / "config.json").is_file():
             raise EffkitError(f"{p} is not a model folder (no config.json); give an effkit artifact or a "
                               "Hugging Face model folder")
+        if (p / "model.onnx").is_file():
+            raise EffkitError(f"{p} is an ONNX artifact, which PyTorch stages cannot load; give its parent (see "
+                              f"{p / 'effkit.json'}), or run it with effkit bench / generate")
         if not any(p.glob("*.safetensors")):
             raise EffkitError(f"{p} holds no .safetensors weights; effkit never loads pickled weights")
     elif "/" in path and (path.startswith((".", "/", "~")) or path.count("/") > 1):
