@@ -477,6 +477,8 @@ def run_cmd(
         console.print(_bench_table(result["bench"], f"effkit run: {result['bench']['run']}"))
     console.print(f"stages: {', '.join(result['done'])}; wall time {result['wall_s'] / 60:.1f} min")
     console.print(f"report: {result['report']}")
+    if result.get("deliverable"):
+        console.print(result["deliverable"]["line"], soft_wrap=True, highlight=False)
 
 
 @app.command()

@@ -434,7 +434,10 @@ class RunConfig(_Section):
     stages: list = field(default_factory=lambda: list(PIPELINE))
     run_name: str = "quickstart"
     prune_modes: list = field(default_factory=lambda: ["row", "weight"])
-    quantize_from: str = "train"  # the artifact tag to quantize (train, or e.g. prune-row-r2)
+    # artifact tags to quantize: train, a round (prune-row-r2), or best-pruned: the most compressed round (smallest
+    # folder) whose held-out loss is within max_loss_increase of its dense control (relative)
+    quantize_from: list = field(default_factory=lambda: ["train"])
+    max_loss_increase: float = 0.02
     runs_dir: str = "runs"
     reports_dir: str = "reports"
 
@@ -448,6 +451,10 @@ class RunConfig(_Section):
         if order != sorted(order) or len(set(order)) != len(order):
             raise EffkitError(f"stages {self.stages} are in an impossible order; they run as "
                               f"{' -> '.join(PIPELINE)}")
+        if not self.quantize_from or not all(isinstance(t, str) and t for t in self.quantize_from):
+            raise EffkitError(f"quantize_from must be a tag or a list of tags, e.g. [\"train\", \"best-pruned\"] "
+                              f"(got {self.quantize_from!r})")
+        _finite("max_loss_increase", self.max_loss_increase, 0)
         for m in self.prune_modes:
             if m not in PRUNE_MODES:
                 raise EffkitError(f"unknown prune mode {m!r} in prune_modes; choose weight or row")
@@ -507,6 +514,9 @@ def build_config(cls: type, recipe: str | None, overrides: dict[str, Any]) -> An
     defaults = flat_defaults(cls)
     for key, value in values.items():
         default = defaults[key]
+        if key == "quantize_from" and isinstance(value, str):  # one tag, or a list of them
+            values[key] = [value]
+            continue
         if key == "amp":  # true, false, or "auto" (None)
             if value not in (True, False, None, "auto"):
                 raise EffkitError(f"{where}: amp must be true, false or \"auto\" (got {value!r})")

@@ -3,6 +3,10 @@
 A stage is complete when its artifact folder exists (folders appear by an atomic rename, so existing means
 complete); complete stages are skipped, an interrupted stage starts again from scratch (training resumes from
 its checkpoint), and `--force` redoes everything.
+
+`quantize_from` lists what is quantized: `train`, a pruning round, or `best-pruned` (the most compressed round
+within `max_loss_increase` of its dense control), so a run delivers the composed model, pruned and int8. The run
+ends with one line: the fastest artifact within the loss budget, how it compares, and how to load it.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from typing import Any
 
 from rich.console import Console
 
-from effkit import artifacts
+from effkit import artifacts, onnx_export, stats
 from effkit.artifacts import RunLayout, prune_tag
 from effkit.bench import run_bench
 from effkit.checkpoint import Checkpointer
@@ -25,7 +29,7 @@ from effkit.config import BenchConfig, PruneConfig, QuantizeConfig, RunConfig, T
 from effkit.errors import EffkitError
 from effkit.parallel.launch import launch_command, nproc_per_node
 from effkit.prune.stage import run_prune
-from effkit.quantize import run_quantize
+from effkit.quantize import QUANT_FILE, is_quantized, run_quantize
 from effkit.report import render_run_report
 from effkit.train import train_any
 
@@ -63,13 +67,14 @@ def make_plan(recipe: str) -> Plan:
     prune = {m: build_config(PruneConfig, recipe, {"mode": m, "source": dense, **dirs}) for m in run.prune_modes}
     if "prune" in run.stages and not prune:
         raise EffkitError(f"recipe {recipe}: [run] lists the prune stage but prune_modes is empty")
-    qsource = str(layout.artifact(run.quantize_from))
-    quantize = build_config(QuantizeConfig, recipe, {"source": qsource, **dirs})
+    quantize = build_config(QuantizeConfig, recipe, {"source": dense, **dirs})
     bench = build_config(BenchConfig, recipe, {"run": run.run_name, **dirs})
     valid_tags = {"train"} | {prune_tag(m, r) for m, c in prune.items() for r in range(1, c.rounds + 1)}
-    if "quantize" in run.stages and run.quantize_from not in valid_tags:
-        raise EffkitError(f"recipe {recipe}: [run] quantize_from = {run.quantize_from!r} is not an artifact this "
-                          f"recipe makes; choose one of {', '.join(sorted(valid_tags))}")
+    for wanted in run.quantize_from if "quantize" in run.stages else []:
+        if wanted not in valid_tags | ({BEST_PRUNED} if prune and "prune" in run.stages else set()):
+            raise EffkitError(f"recipe {recipe}: [run] quantize_from = {wanted!r} is not an artifact this recipe "
+                              f"makes; choose among {', '.join(sorted(valid_tags))}"
+                              + (f", {BEST_PRUNED}" if prune and "prune" in run.stages else ""))
     return Plan(recipe, run, train, prune, quantize, bench)
 
 
@@ -83,13 +88,74 @@ def _prune_done(plan: Plan, mode: str) -> bool:
         plan.layout.artifact(prune_tag(mode, cfg.rounds)))
 
 
-def _quantize_done(plan: Plan) -> Path | None:
+def _quantize_done(plan: Plan, source: Path) -> Path | None:
     if not plan.run_dir.is_dir():
         return None
-    for d in plan.run_dir.glob("quantize-*"):
-        if _complete(d) and artifacts.read_meta(d).get("parent") == plan.quantize.source:
+    for d in plan.run_dir.glob("*quantize-*"):
+        if _complete(d) and artifacts.read_meta(d).get("parent") == str(source):
             return d
     return None
+
+
+BEST_PRUNED = "best-pruned"
+
+
+def best_pruned(plan: Plan) -> tuple[Path | None, dict[str, Any]]:
+    """The most compressed pruning round (smallest artifact folder: parameters really removed; then the lowest
+    batch-12 latency) whose held-out loss is within `max_loss_increase` of its dense control (of the dense parent
+    when the round ran without a control), and the table it was chosen from."""
+    budget = plan.run.max_loss_increase
+    rows = []
+    for mode, cfg in plan.prune.items():
+        for r in range(1, cfg.rounds + 1):
+            d = plan.layout.artifact(prune_tag(mode, r))
+            if not _complete(d):
+                continue
+            m = artifacts.read_meta(d)["metrics"]
+            vs = "control" if m.get("eval_loss_delta_vs_control") else "dense parent"
+            delta = m.get("eval_loss_delta_vs_control") or m["eval_loss_delta_vs_dense"]
+            rows.append({"tag": d.name, "size_bytes": artifacts.dir_size(d), "loss_delta": delta["delta"],
+                         "loss_delta_ci95": delta["ci95"], "vs": vs, "latency_b12_s": m["latency_b12"]["p50_s"],
+                         "within_budget": delta["delta"] <= budget})
+    within = [r for r in rows if r["within_budget"]]
+    best = min(within, key=lambda r: (r["size_bytes"], r["latency_b12_s"])) if within else None
+    return (plan.layout.artifact(best["tag"]) if best else None), {
+        "picked": best["tag"] if best else None, "budget": budget, "rounds": rows,
+        "how": f"pruning rounds whose held-out loss is at most {budget:.1%} above their dense control's (relative, "
+               "point estimate of the paired delta); among them the smallest folder, then the lowest latency b12"}
+
+
+def load_command(path: Path) -> str:
+    """How a user loads an artifact outside effkit (or with it, where nothing else can)."""
+    if is_quantized(path):
+        fmt = json.loads((path / QUANT_FILE).read_text()).get("format", "effkit")
+        if fmt == "transformers-bitsandbytes":
+            return f"AutoModelForCausalLM.from_pretrained('{path}')  (bitsandbytes installed)"
+        if fmt != "onnx":
+            return f"effkit.quantize.load_quantized('{path}')  (effkit's int8 format)"
+    if onnx_export.is_onnx(path):
+        return f"onnxruntime.InferenceSession('{path / onnx_export.ONNX_FILE}')"
+    return f"AutoModelForCausalLM.from_pretrained('{path}')"
+
+
+def deliverable(plan: Plan, bench: dict[str, Any]) -> dict[str, Any]:
+    """The artifact to ship: among the benched artifacts whose held-out loss is within `max_loss_increase` of the
+    dense reference's, the lowest batch-12 latency (then the smallest); with the line that says so."""
+    budget = plan.run.max_loss_increase
+    rows = bench["artifacts"]
+    ref = rows[0]
+    within = [r for r in rows if r["eval_loss_delta"]["delta"] <= budget]
+    lat = lambda r: 1.0 if r is ref else r["latency_ratio_b12"]["ratio"]  # noqa: E731
+    best = min(within, key=lambda r: (lat(r), r["size_ratio"]))
+    path = Path(best["artifact"])
+    line = (f"deliver {best['tag']}: latency b12 "
+            + ("1.00x (it is the reference)" if best is ref else stats.fmt_ratio(best["latency_ratio_b12"]))
+            + f", size {best['size_ratio']:.2f}x, loss " + ("ref" if best is ref else
+                                                         stats.fmt_delta(best["eval_loss_delta"]))
+            + f" vs {ref['tag']}; load it: {load_command(path)}, or effkit generate --from {path}")
+    return {"tag": best["tag"], "artifact": str(path), "line": line, "budget": budget,
+            "how": f"benched artifacts whose held-out loss is at most {budget:.1%} above {ref['tag']}'s (paired, "
+                   "point estimate); the lowest latency ratio at batch 12, then the smallest size"}
 
 
 def _bench_done(plan: Plan) -> bool:
@@ -123,8 +189,12 @@ def describe(plan: Plan) -> list[dict[str, Any]]:
                              str(plan.layout.artifact(prune_tag(m, r))) for r in range(1, c.rounds + 1))})
     if "quantize" in st:
         q = plan.quantize
-        rows.append({"stage": "quantize", "what": f"{q.backend} int8 of {q.source}",
-                     "leaves": str(plan.run_dir / "quantize-<backend>")})
+        for wanted in plan.run.quantize_from:
+            what = (f"the most compressed pruning round within {plan.run.max_loss_increase:.1%} of its control"
+                    if wanted == BEST_PRUNED else str(plan.layout.artifact(wanted)))
+            rows.append({"stage": f"quantize {wanted}", "what": f"{q.backend} int8 of {what}",
+                         "leaves": str(plan.run_dir / ("quantize-<backend>" if wanted == "train"
+                                                       else f"<{wanted}>+quantize-<backend>"))})
     if "bench" in st:
         rows.append({"stage": "bench", "what": "every artifact of the run, one protocol",
                      "leaves": str(plan.report_dir / "bench.json")})
@@ -181,15 +251,27 @@ def _run_stages(plan: Plan, steps: list[dict[str, Any]], console: Console) -> di
             header(i, f"prune {mode}")
             run_prune(cfg)
             done.append(f"prune {mode}")
-    if "quantize" in st:
+    choice = None
+    for wanted in plan.run.quantize_from if "quantize" in st else []:
         i += 1
-        if _quantize_done(plan):
-            header(i, "quantize", skipped=True)
-            done.append("quantize (skipped)")
+        name = f"quantize {wanted}" if plan.run.quantize_from != ["train"] else "quantize"
+        source = plan.layout.artifact(wanted)
+        if wanted == BEST_PRUNED:
+            source, choice = best_pruned(plan)
+            if source is None:
+                header(i, name)
+                console.print(f"no pruning round is within {plan.run.max_loss_increase:.1%} of its control: nothing "
+                              "to quantize")
+                done.append(f"{name} (none within the loss budget)")
+                continue
+            name = f"{name} ({source.name})"
+        if _quantize_done(plan, source):
+            header(i, name, skipped=True)
+            done.append(f"{name} (skipped)")
         else:
-            header(i, "quantize")
-            run_quantize(plan.quantize)
-            done.append("quantize")
+            header(i, name)
+            run_quantize(plan.quantize.replace(source=str(source)))
+            done.append(name)
     bench_report = None
     if "bench" in st:
         i += 1
@@ -201,10 +283,16 @@ def _run_stages(plan: Plan, steps: list[dict[str, Any]], console: Console) -> di
             header(i, "bench")
             bench_report = run_bench(plan.bench)
             done.append("bench")
+    ship = None
+    if bench_report:
+        ship = deliverable(plan, bench_report)
+        if choice:
+            ship["best_pruned"] = choice
+        artifacts.atomic_write_text(plan.report_dir / "deliverable.json", json.dumps(ship, indent=2))
     if "report" in st:
         i += 1
         header(i, "report")
         render_run_report(Path(plan.run.reports_dir), plan.run.run_name)
         done.append("report")
     return {"plan": steps, "done": done, "wall_s": time.perf_counter() - t0, "bench": bench_report,
-            "report": str(plan.report_dir / "summary.md")}
+            "report": str(plan.report_dir / "summary.md"), "deliverable": ship}

@@ -100,6 +100,9 @@ def rebuild_summary(out: Path, reports: list[dict[str, Any]] | None = None) -> P
     w.writerows(summary_row(r) for r in reports)
     atomic_write_text(out / "summary.csv", buf.getvalue())
     lines = [f"# effkit report: {out.name}", ""]
+    if (out / "deliverable.json").is_file():  # written by `effkit run` after its bench
+        ship = json.loads((out / "deliverable.json").read_text())
+        lines += ["## What to ship", "", ship["line"], "", f"({ship['how']}.)", ""]
     for name in PLOTS:
         if (out / name).is_file():
             lines += [f"![{Path(name).stem}]({name})", ""]

@@ -1,3 +1,4 @@
+import json
 import os
 import signal
 import subprocess
@@ -52,16 +53,23 @@ quick = true
 
 
 def test_tiny_recipe_end_to_end_then_skips(tmp_path, corpus_dir):
-    recipe = write_recipe(tmp_path, corpus_dir)
-    t0 = time.monotonic()
+    recipe = write_recipe(tmp_path, corpus_dir, extra_run='quantize_from = ["train", "best-pruned"]\n'
+                                                          "max_loss_increase = 0.5")
     first = run_pipeline(str(recipe))
-    assert time.monotonic() - t0 < 60
-    assert first["done"] == ["train", "prune row", "quantize", "bench", "report"]
-    assert [r["tag"] for r in first["bench"]["artifacts"]] == ["train", "prune-row-r1", "quantize-dynamic"]
-    assert (tmp_path / "reports" / "tiny" / "summary.md").is_file()
+    assert first["done"] == ["train", "prune row", "quantize train", "quantize best-pruned (prune-row-r1)", "bench",
+                             "report"]
+    tags = [r["tag"] for r in first["bench"]["artifacts"]]
+    assert tags == ["train", "prune-row-r1", "quantize-dynamic", "prune-row-r1+quantize-dynamic"]
+    composed = json.loads((tmp_path / "runs" / "tiny" / tags[-1] / "effkit.json").read_text())
+    assert composed["parent"].endswith("prune-row-r1") and composed["metrics"]["int8_layers_reloaded"] > 0
+    ship = first["deliverable"]
+    assert ship["tag"] in tags and ship["line"].startswith(f"deliver {ship['tag']}: latency b12 ")
+    assert ship["best_pruned"]["picked"] == "prune-row-r1"
+    summary = (tmp_path / "reports" / "tiny" / "summary.md").read_text()
+    assert ship["line"] in summary and "prune-row-r1+quantize-dynamic" in summary
     second = run_pipeline(str(recipe))
-    assert second["done"] == ["train (skipped)", "prune row (skipped)", "quantize (skipped)", "bench (skipped)",
-                              "report"]
+    assert second["done"] == ["train (skipped)", "prune row (skipped)", "quantize train (skipped)",
+                              "quantize best-pruned (prune-row-r1) (skipped)", "bench (skipped)", "report"]
     only_train = recipe.read_text().replace('run_name = "tiny"', 'run_name = "tiny"\nstages = ["train"]')
     recipe.write_text(only_train)
     forced = run_pipeline(str(recipe), force=True)
@@ -93,6 +101,8 @@ def test_a_run_killed_during_prune_resumes_and_completes(tmp_path, corpus_dir):
     ('stages = ["train", "distill"]', "unknown stage 'distill'"),
     ('prune_modes = ["heads"]', "unknown prune mode 'heads'"),
     ('quantize_from = "prune-row-r7"', "is not an artifact this recipe makes"),
+    ('quantize_from = ["train", 3]', "quantize_from must be a tag or a list of tags"),
+    ("max_loss_increase = -0.1", "max-loss-increase must be a finite number >= 0"),
     ("flavour = 1", "unknown key 'flavour' in [run]"),
     ("= broken", "is not valid TOML"),
 ])
