@@ -98,22 +98,54 @@ def tags(paths: list[Path]) -> list[str]:
     return [p.name if names.count(p.name) == 1 else f"{p.parent.name}/{p.name}" for p in paths]
 
 
+COMPILED = " (compiled)"
+
+
+def compile_for_inference(model: torch.nn.Module, block: int) -> tuple[torch.nn.Module | None, str]:
+    """`torch.compile` (Inductor, weights frozen as constants, static shapes), warmed up at every timed batch
+    size; (None, reason) where it fails."""
+    import torch._inductor.config as inductor
+
+    from effkit.onnx_export import OnnxCausalLM
+
+    if isinstance(model, OnnxCausalLM):
+        return None, "not run: an ONNX Runtime artifact (its graph is already optimized by ONNX Runtime)"
+    inductor.freezing = True
+    compiled = torch.compile(model, dynamic=False)
+    try:
+        for b in LAT_BATCHES:
+            metrics.forward_timer(compiled, b, block)()
+    except Exception as e:  # noqa: BLE001 - a backend's modules Inductor cannot compile: reported, not fatal
+        first = (str(e).strip().splitlines() or [""])[0]
+        return None, f"not run: torch.compile failed ({type(e).__name__}: {first[:120]})"
+    return compiled, "torch.compile(dynamic=False), Inductor with freezing"
+
+
 def timed_side_by_side(paths: list[Path], cfg: BenchConfig, tokenizer, block: int,
                        device: torch.device) -> dict[str, dict[str, Any]]:
     """Every artifact loaded at once and timed in interleaved rounds: {measure: {tag: per-round samples}}.
     Measures: latency_b1, latency_b12 (seconds), generation (tokens/s), train_b4, train_b12 (tokens/s, dense
-    and pruned artifacts only)."""
+    and pruned artifacts only). With `compile`, each PyTorch artifact's compiled twin (`<tag> (compiled)`) joins the
+    latency rounds; `compile_status` says, per artifact, whether it compiled."""
     models = {tag: load_any(p, device).eval() for tag, p in zip(tags(paths), paths, strict=True)}
     new_tokens = min(metrics.generation_budget(m, tokenizer, cfg.gen_tokens)[0] for m in models.values())
+    forward = dict(models)
+    status: dict[str, str] = {}
+    if cfg.compile:
+        for tag, m in models.items():
+            compiled, status[tag] = compile_for_inference(m, block)
+            if compiled is not None:
+                forward[tag + COMPILED] = compiled
     plan: dict[str, tuple[dict[str, Any], int]] = {}
     for b in LAT_BATCHES:
-        plan[f"latency_b{b}"] = ({t: metrics.forward_timer(m, b, block) for t, m in models.items()}, cfg.repeats)
+        plan[f"latency_b{b}"] = ({t: metrics.forward_timer(m, b, block) for t, m in forward.items()}, cfg.repeats)
     plan["generation"] = ({t: metrics.generation_timer(m, tokenizer, new_tokens) for t, m in models.items()}, 1)
     steppers = {tag: metrics.train_step_timers(models[tag], TRAIN_BATCHES, block)
                 for tag, p in zip(tags(paths), paths, strict=True) if trainable(p)}
     for b in TRAIN_BATCHES:
         plan[f"train_b{b}"] = ({t: timers[b] for t, timers in steppers.items()}, cfg.train_steps)
-    return {name: metrics.interleaved(fns, cfg.rounds, repeats, warmup=2) for name, (fns, repeats) in plan.items()}
+    timed = {name: metrics.interleaved(fns, cfg.rounds, repeats, warmup=2) for name, (fns, repeats) in plan.items()}
+    return {**timed, "compile_status": status}
 
 
 def combine(static: list[dict[str, Any]], timed: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -141,8 +173,45 @@ def combine(static: list[dict[str, Any]], timed: dict[str, dict[str, Any]]) -> l
             else:
                 row[f"train_tokens_per_s_b{b}"] = f"not run: {r['stage']} artifacts (int8 or ONNX) do not train"
         row["flags"] = [row["generation"]["note"]] if "note" in row["generation"] else []
+        if tag in timed.get("compile_status", {}):
+            row["compiled"] = compiled_row(timed, tag, ref["tag"])
         rows.append(row)
     return rows
+
+
+def compiled_row(timed: dict[str, Any], tag: str, ref: str) -> dict[str, Any]:
+    """An artifact's compiled twin: its latency, paired with the same artifact eager and with the (eager)
+    reference, or why it did not run."""
+    status = timed["compile_status"][tag]
+    if tag + COMPILED not in timed["latency_b1"]:
+        return {"status": status}
+    out: dict[str, Any] = {"status": status}
+    for b in LAT_BATCHES:
+        samples = timed[f"latency_b{b}"]
+        out[f"latency_b{b}"] = metrics.latency_stats(samples[tag + COMPILED])
+        out[f"ratio_vs_eager_b{b}"] = stats.paired_ratio(samples[tag], samples[tag + COMPILED])
+        out[f"latency_ratio_b{b}"] = stats.paired_ratio(samples[ref], samples[tag + COMPILED])
+    return out
+
+
+def compiled_lines(report: dict[str, Any]) -> list[str]:
+    """bench.md's table of compiled vs eager latency (present with --compile)."""
+    rows = [r for r in report["artifacts"] if "compiled" in r]
+    if not rows:
+        return []
+    ref = report["artifacts"][0]["tag"]
+    lines = ["Compiled (torch.compile, Inductor, freezing) vs eager, same interleaved rounds:", "",
+             f"| artifact | eager b12 ms | compiled b12 ms | compiled vs eager b12 | compiled vs {ref} (eager) b12 | "
+             "compiled vs eager b1 |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        c = r["compiled"]
+        if "latency_b12" not in c:
+            lines.append(f"| {r['tag']} | {r['latency_b12']['p50_s'] * 1e3:.1f} | {c['status']} | | | |")
+            continue
+        lines.append(f"| {r['tag']} | {r['latency_b12']['p50_s'] * 1e3:.1f} | {c['latency_b12']['p50_s'] * 1e3:.1f} | "
+                     f"{stats.fmt_ratio(c['ratio_vs_eager_b12'])} | {stats.fmt_ratio(c['latency_ratio_b12'])} | "
+                     f"{stats.fmt_ratio(c['ratio_vs_eager_b1'])} |")
+    return [*lines, ""]
 
 
 def leaderboard(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -202,8 +271,11 @@ def _bench(cfg: BenchConfig, device: torch.device, run_name: str, paths: list[Pa
                          f"tokens); {stats.LOSS_METHOD}",
             "latency": f"forward of (batch, {block}) fixed random tokens under torch.inference_mode; "
                        + interleave.format(repeats=cfg.repeats) + f"; {stats.RATIO_METHOD}; p50/p90/p99 over all "
-                       "timed repeats",
-            "generation": f"greedy decoding with the KV cache, {rows[0]['generation']['new_tokens']} new tokens "
+                       "timed repeats" + ("; with --compile each PyTorch artifact's torch.compile twin (Inductor, "
+                                          "freezing, static shapes, compiled and warmed up before the rounds) is "
+                                          "timed in the same rounds" if cfg.compile else ""),
+            "generation": "greedy decoding (PyTorch artifacts with the KV cache; ONNX ones recompute the prefix, see "
+                          f"the notes), {rows[0]['generation']['new_tokens']} new tokens "
                           "per call (capped by the smallest context when needed), new tokens / wall time; "
                           + interleave.format(repeats=1),
             "training_throughput": f"one forward+backward+AdamW step on a private copy, batch x {block} tokens, "
@@ -293,6 +365,7 @@ def bench_markdown(report: dict[str, Any]) -> str:
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     lines += ["", "Ratios are paired with the reference and carry 95% intervals; ≈ marks an interval that contains 1 "
               "(no difference shown).", ""]
+    lines += compiled_lines(report)
     if report.get("verdicts"):
         lines += ["Verdicts:", *[f"- {v}" for v in report["verdicts"]], ""]
     flags = [f"- {r['tag']}: {f}" for r in report["artifacts"] for f in r["flags"]]

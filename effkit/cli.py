@@ -342,6 +342,8 @@ def bench(
     repeats: int = typer.Option(_B.repeats, help="timed forward passes per artifact per round"),
     gen_tokens: int = typer.Option(_B.gen_tokens, help="new tokens per generation (capped by the context)"),
     train_steps: int = typer.Option(_B.train_steps, help="timed training steps per artifact per round"),
+    compile: bool = typer.Option(_B.compile, "--compile/--no-compile",
+                                 help="also time each PyTorch artifact under torch.compile (Inductor, freezing)"),
     batch_size: int = typer.Option(_B.batch_size, help="evaluation batch size"),
     json_out: bool = typer.Option(False, "--json", help="print the machine-readable result instead of the table"),
     device: str = typer.Option(_B.device, help=DEVICE_HELP),

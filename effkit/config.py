@@ -403,6 +403,7 @@ class BenchConfig(_Section):
     repeats: int = 3  # timed forward passes per artifact per round
     gen_tokens: int = 128
     train_steps: int = 1  # timed optimizer steps per artifact per round
+    compile: bool = False  # also time every PyTorch artifact under torch.compile (Inductor, freezing)
     batch_size: int = 8  # evaluation batch
     device: str = "auto"
     runs_dir: str = "runs"

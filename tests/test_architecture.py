@@ -20,7 +20,8 @@ from effkit.prune.weight import apply_masks, compute_masks
 PACKAGE = Path(effkit.__file__).parent
 # The layers, bottom up. The CLI sits on top; __main__ is `python -m effkit`, the CLI's other entry point.
 CORE = {"effkit", "effkit.errors", "effkit.config", "effkit.artifacts", "effkit.metrics", "effkit.report",
-        "effkit.checkpoint", "effkit.quiet", "effkit.isolated", "effkit.stats", "effkit.precision"}
+        "effkit.checkpoint", "effkit.quiet", "effkit.isolated", "effkit.stats", "effkit.precision",
+        "effkit.onnx_export"}
 CORE_PACKAGES = ("effkit.data", "effkit.model", "effkit.parallel")
 ENTRY = {"effkit.cli", "effkit.__main__"}
 
