@@ -101,26 +101,6 @@ def tags(paths: list[Path]) -> list[str]:
 COMPILED = " (compiled)"
 
 
-def compile_for_inference(model: torch.nn.Module, block: int) -> tuple[torch.nn.Module | None, str]:
-    """`torch.compile` (Inductor, weights frozen as constants, static shapes), warmed up at every timed batch
-    size; (None, reason) where it fails."""
-    import torch._inductor.config as inductor
-
-    from effkit.onnx_export import OnnxCausalLM
-
-    if isinstance(model, OnnxCausalLM):
-        return None, "not run: an ONNX Runtime artifact (its graph is already optimized by ONNX Runtime)"
-    inductor.freezing = True
-    compiled = torch.compile(model, dynamic=False)
-    try:
-        for b in LAT_BATCHES:
-            metrics.forward_timer(compiled, b, block)()
-    except Exception as e:  # noqa: BLE001 - a backend's modules Inductor cannot compile: reported, not fatal
-        first = (str(e).strip().splitlines() or [""])[0]
-        return None, f"not run: torch.compile failed ({type(e).__name__}: {first[:120]})"
-    return compiled, "torch.compile(dynamic=False), Inductor with freezing"
-
-
 def timed_side_by_side(paths: list[Path], cfg: BenchConfig, tokenizer, block: int,
                        device: torch.device) -> dict[str, dict[str, Any]]:
     """Every artifact loaded at once and timed in interleaved rounds: {measure: {tag: per-round samples}}.
@@ -133,7 +113,7 @@ def timed_side_by_side(paths: list[Path], cfg: BenchConfig, tokenizer, block: in
     status: dict[str, str] = {}
     if cfg.compile:
         for tag, m in models.items():
-            compiled, status[tag] = compile_for_inference(m, block)
+            compiled, status[tag] = metrics.compile_for_inference(m, LAT_BATCHES, block)
             if compiled is not None:
                 forward[tag + COMPILED] = compiled
     plan: dict[str, tuple[dict[str, Any], int]] = {}

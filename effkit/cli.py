@@ -251,6 +251,8 @@ def quantize(
     threshold: float = typer.Option(_Q.threshold, help="bnb LLM.int8 outlier threshold"),
     torchao_scheme: str = typer.Option(_Q.torchao_scheme, help="torchao: da8w8 (int8 act + weight) or w8"),
     fuse: bool = typer.Option(_Q.fuse, "--fuse/--no-fuse", help="onnxruntime: ONNX Runtime's transformer fusions"),
+    compile: bool = typer.Option(_Q.compile, "--compile/--no-compile",
+                                 help="also time parent and int8 under torch.compile (Inductor, freezing)"),
     batch_size: int = typer.Option(_Q.batch_size, help="evaluation batch size"),
     latency_rounds: int = typer.Option(_Q.latency_rounds, help="interleaved rounds of fp32, bf16 and int8 timings"),
     latency_repeats: int = typer.Option(_Q.latency_repeats, help="timed forward passes per model per round"),

@@ -345,6 +345,7 @@ class QuantizeConfig(_Section):
     threshold: float = 6.0  # bnb outlier threshold
     torchao_scheme: str = "da8w8"  # da8w8 (dynamic activation + weight) or w8 (weight-only)
     fuse: bool = False  # onnxruntime: apply ONNX Runtime's transformer fusions before quantizing
+    compile: bool = False  # also time the parent and the int8 model under torch.compile (Inductor, freezing)
     batch_size: int = 8  # evaluation batch
     latency_rounds: int = 5  # interleaved rounds: parent fp32, parent bf16 and int8 timed in each
     latency_repeats: int = 3  # timed forward passes per model per round

@@ -256,6 +256,24 @@ def forward_timer(model, batch: int, block: int, amp_dtype: torch.dtype | None =
     return once
 
 
+def compile_for_inference(model, batches: tuple[int, ...], block: int) -> tuple[Any, str]:
+    """`torch.compile` of `model` (Inductor, weights frozen as constants, static shapes), compiled and warmed up at
+    every batch size in `batches`; (None, "not run: <reason>") where it cannot be or fails."""
+    if not getattr(model, "compilable", True):
+        return None, "not run: an ONNX Runtime artifact (its graph is already optimized by ONNX Runtime)"
+    import torch._inductor.config as inductor
+
+    inductor.freezing = True
+    compiled = torch.compile(model, dynamic=False)
+    try:
+        for b in batches:
+            forward_timer(compiled, b, block)()
+    except Exception as e:  # noqa: BLE001 - modules Inductor cannot compile: reported, not fatal
+        first = (str(e).strip().splitlines() or [""])[0]
+        return None, f"not run: torch.compile failed ({type(e).__name__}: {first[:120]})"
+    return compiled, "torch.compile(dynamic=False), Inductor with freezing"
+
+
 def interleaved(contenders: dict[str, Callable[[], float]], rounds: int, repeats: int,
                 warmup: int = 1) -> dict[str, list[list[float]]]:
     """Measure every contender (a function returning one timing or rate) in `rounds` rounds of `repeats` calls,

@@ -201,6 +201,7 @@ class OnnxCausalLM(nn.Module):
     PyTorch parameters: `n_params` gives the parent's parameter count."""
 
     generation_note = GENERATION_NOTE
+    compilable = False  # torch.compile has nothing to do: ONNX Runtime optimizes the graph
 
     def __init__(self, path: str | Path):
         super().__init__()

@@ -471,8 +471,14 @@ def compare_with_parent(cfg, device: torch.device, parent: nn.Module, model: nn.
     and interleaved: latency at batch 1 and 12, generation tokens/s, held-out loss per block (the `evaluate`
     results `parent_fp32`, `parent_bf16`, `q`, which are completed in place). `cfg` gives latency_rounds and
     latency_repeats. Returns metrics, verdicts and the protocol. (The contender is named "int8" in the metrics.)"""
-    timed = side_by_side({"fp32": (parent, None), "bf16": (parent, torch.bfloat16), "int8": (model, None)}, block,
-                         cfg.latency_rounds, cfg.latency_repeats)
+    contenders = {"fp32": (parent, None), "bf16": (parent, torch.bfloat16), "int8": (model, None)}
+    compiled_status = {}
+    if getattr(cfg, "compile", False):  # the compiled twins join the same rounds
+        for name, m in (("fp32", parent), ("int8", model)):
+            twin, compiled_status[name] = metrics.compile_for_inference(m, (1, 12), block)
+            if twin is not None:
+                contenders[f"{name} compiled"] = (twin, None)
+    timed = side_by_side(contenders, block, cfg.latency_rounds, cfg.latency_repeats)
     new_tokens = q["generation"]["new_tokens"]
     gen = metrics.interleaved({"fp32": metrics.generation_timer(parent, tokenizer, new_tokens),
                                "int8": metrics.generation_timer(model, tokenizer, new_tokens)},
@@ -490,6 +496,12 @@ def compare_with_parent(cfg, device: torch.device, parent: nn.Module, model: nn.
            for b in (1, 12)},
         "generation_ratio": stats.paired_ratio(gen["fp32"], gen["int8"], higher_is_better=True),
     }
+    if compiled_status:
+        comparisons["compiled"] = {"status": compiled_status, **{
+            f"{name}_compiled_vs_{ref}_b{b}": stats.paired_ratio(timed[f"b{b}"][ref],
+                                                                 timed[f"b{b}"][f"{name} compiled"])
+            for name, ref in (("fp32", "fp32"), ("int8", "int8"), ("int8", "fp32")) for b in (1, 12)
+            if f"{name} compiled" in timed[f"b{b}"]}}
     fp32_blocks = parent_fp32.pop("block_losses")
     comparisons["eval_loss_delta"] = stats.paired_delta(fp32_blocks, q.pop("block_losses"))
     comparisons["bf16_eval_loss_delta"] = stats.paired_delta(fp32_blocks, parent_bf16.pop("block_losses"))
@@ -497,6 +509,10 @@ def compare_with_parent(cfg, device: torch.device, parent: nn.Module, model: nn.
                 stats.summary_of(comparisons["eval_loss_delta"], f"{label} loss vs fp32")]
     if comparisons["eval_loss_delta"]["ci95"][0] > 0.01:
         verdicts.append(f"{label} loss is worse than the parent's by more than 1% (the whole 95% interval is above)")
+    for key, what in (("int8_compiled_vs_fp32_b12", f"{label} compiled latency b12 vs fp32 eager"),
+                      ("int8_compiled_vs_int8_b12", f"{label} compiled vs eager, b12")):
+        if key in comparisons.get("compiled", {}):
+            verdicts.append(stats.summary_of(comparisons["compiled"][key], what))
     bf16 = comparisons["bf16_latency_ratio_b12"]
     verdicts.append(stats.summary_of(bf16, "bf16 autocast latency b12 vs fp32")
                     + ("; this CPU has no native bf16 (AVX512-BF16/AMX)" if device.type == "cpu"
@@ -513,7 +529,9 @@ def compare_with_parent(cfg, device: torch.device, parent: nn.Module, model: nn.
                            f"{label} (reloaded from its folder) "
                            + metrics.INTERLEAVED_PROTOCOL.format(warmup=2, rounds=cfg.latency_rounds,
                                                                  repeats=cfg.latency_repeats)
-                           + f"; {stats.RATIO_METHOD}",
+                           + f"; {stats.RATIO_METHOD}"
+                           + ("; with --compile, torch.compile twins (Inductor, freezing, static shapes) of the fp32 "
+                              "parent and of the int8 model in the same rounds" if compiled_status else ""),
                 "generation": generation, "size": "bytes of all files in the artifact folder",
                 "int8_layers": "counted in the model reloaded from the artifact folder (int8 modules, or int8 "
                                "operators of the ONNX graph)"}

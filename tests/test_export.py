@@ -110,12 +110,18 @@ def test_bench_measures_onnx_artifacts_beside_pytorch_ones(trained):
     if not onnx8.is_dir():
         run_export_cfg(ecfg(tmp, artifact, int8=True))
     report = run_bench(BenchConfig(paths=(artifact, str(onnx8)), rounds=2, repeats=1, gen_tokens=4, batch_size=4,
-                                   runs_dir=str(tmp / "runs"), reports_dir=str(tmp / "reports")), progress=False)
-    row = report["artifacts"][1]
+                                   compile=True, runs_dir=str(tmp / "runs"), reports_dir=str(tmp / "reports")),
+                       progress=False)
+    dense, row = report["artifacts"]
     assert row["tag"] == "onnx-int8" and row["stage"] == "export" and row["params"] > 0
     assert "recomputes the whole prefix" in row["generation"]["note"]
     assert str(row["train_tokens_per_s_b12"]).startswith("not run")
     assert row["latency_ratio_b12"]["verdict"] in ("faster", "slower", "same")
+    # --compile: the PyTorch artifact's compiled twin was timed in the same rounds; the ONNX one says why not
+    assert dense["compiled"]["ratio_vs_eager_b12"]["verdict"] in ("faster", "slower", "same")
+    assert dense["compiled"]["latency_b12"]["samples"] == 2
+    assert row["compiled"]["status"].startswith("not run: an ONNX Runtime artifact")
+    assert "Compiled (torch.compile" in (tmp / "reports" / "x" / "bench.md").read_text()
 
 
 def run_cli(args, capsys, monkeypatch):

@@ -31,8 +31,13 @@ def test_backend_quantizes_reloads_and_stays_close(backend, trained):
     if reason := backend_available(backend):
         pytest.skip(f"not run: {reason}")
     tmp, artifact, eval_blocks = trained
-    report = run_quantize(qcfg(tmp, artifact, backend=backend, include_head=backend == "dynamic"))
+    report = run_quantize(qcfg(tmp, artifact, backend=backend, include_head=backend == "dynamic",
+                               compile=backend == "dynamic"))
     m = report["metrics"]
+    if backend == "dynamic":  # --compile: the compiled twins were timed in the same rounds, or say why not
+        assert set(m["compiled"]["status"]) == {"fp32", "int8"}
+        assert m["compiled"]["fp32_compiled_vs_fp32_b12"]["verdict"] in ("faster", "slower", "same")
+        assert "int8_compiled_vs_int8_b12" in m["compiled"] or m["compiled"]["status"]["int8"].startswith("not run")
     assert report["what_ran"]["backend"] == backend
     assert abs(m["eval_loss_delta_vs_parent"]) < 0.02
     assert m["size_bytes"] < m["parent_fp32"]["size_bytes"]
