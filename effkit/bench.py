@@ -23,7 +23,7 @@ from effkit.data import prepare
 from effkit.errors import EffkitError
 from effkit.isolated import run_isolated
 from effkit.parallel import resolve_device
-from effkit.quantize import generate_sample, is_quantized, load_any, trainable
+from effkit.quantize import cannot_run_on, generate_sample, is_quantized, load_any, trainable
 from effkit.report import atomic_write_text, write_rows_csv
 
 LAT_BATCHES = (1, 12)
@@ -207,13 +207,18 @@ def leaderboard(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def run_bench(cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
     cfg = cfg.validate()
     device = resolve_device(cfg.device)
-    run_name, paths = find_artifacts(cfg)
+    run_name, found = find_artifacts(cfg)
+    not_run = {p.name: f"not run: {reason}" for p in found if (reason := cannot_run_on(p, device))}
+    paths = [p for p in found if p.name not in not_run]
+    if not paths:
+        raise EffkitError(f"no artifact of run {run_name} can run on {device}: "
+                          + "; ".join(f"{t}: {r}" for t, r in not_run.items()))
     with artifacts.run_lock(Path(cfg.runs_dir) / run_name):
-        return _bench(cfg, device, run_name, paths, progress)
+        return _bench(cfg, device, run_name, paths, progress, not_run)
 
 
 def _bench(cfg: BenchConfig, device: torch.device, run_name: str, paths: list[Path],
-           progress: bool) -> dict[str, Any]:
+           progress: bool, not_run: dict[str, str] | None = None) -> dict[str, Any]:
     data = artifacts.data_section(paths[0])  # every artifact is evaluated on the first one's held-out blocks
     data_cfg = DataConfig.from_dict(data)
     prepared = prepare(data_cfg, tokenizer_from=str(paths[0]))  # builds the caches once
@@ -244,7 +249,7 @@ def _bench(cfg: BenchConfig, device: torch.device, run_name: str, paths: list[Pa
         "device": metrics.describe_device(device), "versions": artifacts.versions(),
         "git_commit": artifacts.git_commit(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "wall_s": time.perf_counter() - t0,
-        "verdicts": verdicts(rows),
+        "verdicts": verdicts(rows), "not_run": not_run or {},
         "protocol": {
             "eval_loss": metrics.EVAL_PROTOCOL + f"; the blocks of {paths[0].name}'s data "
                          f"({len(prepared.blocks.eval)} blocks, {prepared.blocks.eval[:, 1:].numel()} predicted "
@@ -349,6 +354,7 @@ def bench_markdown(report: dict[str, Any]) -> str:
     if report.get("verdicts"):
         lines += ["Verdicts:", *[f"- {v}" for v in report["verdicts"]], ""]
     flags = [f"- {r['tag']}: {f}" for r in report["artifacts"] for f in r["flags"]]
+    flags += [f"- {tag}: {why}" for tag, why in report.get("not_run", {}).items()]
     if flags:
         lines += ["Notes:", *flags, ""]
     lines += ["How measured:", *[f"- {k}: {v}" for k, v in report["protocol"].items()], ""]

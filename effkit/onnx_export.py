@@ -151,14 +151,65 @@ def fuse(path: Path, config) -> dict[str, Any]:
 
 
 def quantize_int8(src: Path, dst: Path) -> dict[str, Any]:
-    """ONNX Runtime dynamic int8: weights int8 per output channel for MatMul, per tensor for Gather (embeddings);
-    activations quantized at run time."""
+    """ONNX Runtime dynamic int8: weights int8 per output channel for MatMul, per tensor for Gather (position
+    embeddings); activations quantized at run time. Then the token embedding is re-tied to the int8 LM head
+    (`tie_embedding_to_head`)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     with _quiet_exporter():
         quantize_dynamic(str(src), str(dst), per_channel=True, weight_type=QuantType.QInt8)
+    tied = tie_embedding_to_head(dst)
     return {"quantizer": "onnxruntime.quantization.quantize_dynamic(per_channel=True, weight_type=QInt8)",
-            "int8": int8_counts(dst)}
+            "token_embedding": tied, "int8": int8_counts(dst)}
+
+
+def tie_embedding_to_head(path: Path) -> str:
+    """Make the token-embedding lookup read the int8 LM head (`head_quantized`, (n_embd, vocab), one scale and zero
+    point per token) instead of its own per-tensor int8 table, and drop that table: the tied weight is stored once,
+    as in the PyTorch model, and each token's embedding gets its own scale. In place; returns what was done."""
+    import numpy as np
+    import onnx
+    from onnx import helper, numpy_helper
+
+    model = onnx.load(str(path))
+    graph = model.graph
+    inits = {i.name: i for i in graph.initializer}
+    head = {k: inits.get(f"head_{k}") for k in ("quantized", "scale", "zero_point")}
+    if any(v is None for v in head.values()):
+        return "own per-tensor int8 table (the LM head was not quantized per channel)"
+    n_embd, vocab = head["quantized"].dims
+    lookup = next((n for n in graph.node if n.op_type == "Gather" and n.input[0] in inits
+                   and list(inits[n.input[0]].dims) == [vocab, n_embd]), None)
+    dequant = next((n for n in graph.node if lookup is not None and n.op_type == "DequantizeLinear"
+                    and n.input[0] == lookup.output[0]), None)
+    if dequant is None:
+        return "own per-tensor int8 table (no int8 token-embedding lookup found)"
+    ids, out = lookup.input[1], dequant.output[0]
+    p = "effkit_tied_embedding"
+    graph.initializer.append(numpy_helper.from_array(np.array([-1], dtype=np.int64), f"{p}_axes"))
+    new_nodes = [
+        helper.make_node("Gather", ["head_quantized", ids], [f"{p}_q"], axis=1),  # (n_embd, B, T)
+        helper.make_node("Transpose", [f"{p}_q"], [f"{p}_qt"], perm=[1, 2, 0]),  # (B, T, n_embd)
+        helper.make_node("Cast", [f"{p}_qt"], [f"{p}_f"], to=onnx.TensorProto.FLOAT),
+        helper.make_node("Gather", ["head_zero_point", ids], [f"{p}_zp"], axis=0),  # (B, T)
+        helper.make_node("Cast", [f"{p}_zp"], [f"{p}_zpf"], to=onnx.TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", [f"{p}_zpf", f"{p}_axes"], [f"{p}_zpu"]),
+        helper.make_node("Sub", [f"{p}_f", f"{p}_zpu"], [f"{p}_c"]),
+        helper.make_node("Gather", ["head_scale", ids], [f"{p}_s"], axis=0),
+        helper.make_node("Unsqueeze", [f"{p}_s", f"{p}_axes"], [f"{p}_su"]),
+        helper.make_node("Mul", [f"{p}_c", f"{p}_su"], [out]),
+    ]
+    nodes = list(graph.node)
+    at = nodes.index(lookup)
+    nodes = nodes[:at] + new_nodes + [n for n in nodes[at:] if n is not lookup and n is not dequant]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    used = {i for n in graph.node for i in n.input}
+    for name in (lookup.input[0], *dequant.input[1:]):
+        if name not in used and name in inits:
+            graph.initializer.remove(inits[name])
+    onnx.save(model, str(path))
+    return "read from the int8 LM head (stored once, one scale per token), as the PyTorch model ties them"
 
 
 def int8_counts(path: Path) -> dict[str, int]:

@@ -293,6 +293,20 @@ def load_any(path: str | Path, device: torch.device | None = None) -> nn.Module:
     return load_model(str(path)).to(device)
 
 
+def cannot_run_on(path: str | Path, device: torch.device) -> str | None:
+    """Why an artifact cannot run on `device` (None if it can): ONNX artifacts run on the CPU only, and an int8
+    artifact needs its backend on that device."""
+    if is_quantized(path):
+        try:
+            backend = json.loads((Path(path) / QUANT_FILE).read_text())["backend"]
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, OSError):
+            return None  # loading it says what is wrong
+        return backend_available(backend, device)
+    if onnx_export.is_onnx(path) and device.type != "cpu":
+        return "effkit runs ONNX artifacts on the CPU only; bench them with --device cpu"
+    return None
+
+
 def trainable(path: str | Path) -> bool:
     """Whether an artifact can be trained (and so timed training): dense and pruned PyTorch ones."""
     return not is_quantized(path) and not onnx_export.is_onnx(path)

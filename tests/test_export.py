@@ -66,7 +66,8 @@ def test_onnx_int8_reloads_from_its_folder_alone_and_generates(trained, tmp_path
     shutil.copytree(report["artifact"], moved)  # the folder alone, elsewhere
     model = OnnxCausalLM(moved)
     assert int8_layer_count(model) > 0
-    assert model.description["int8"]["MatMulInteger"] >= 2 * 4  # every Linear of both blocks
+    assert model.description["int8"]["MatMulInteger"] >= 2 * 4 + 1  # every Linear of both blocks, and the head
+    assert model.description["token_embedding"].startswith("read from the int8 LM head")  # stored once
     parent = metrics.evaluate(load_model(artifact).eval(), blocks, 4)["eval_loss"]
     assert abs(metrics.evaluate(model, blocks, 4)["eval_loss"] / parent - 1) < 0.02
     monkeypatch.setattr(sys, "argv", ["effkit", "generate", "--from", str(moved), "--max-new-tokens", "5"])
@@ -146,6 +147,10 @@ def test_bad_export_input(trained, capsys, monkeypatch):
                        (["export", "--from", artifact, "--format", "tflite"], "unknown --format 'tflite'")):
         code, err = run_cli([*args, *dirs], capsys, monkeypatch)
         assert code == 2 and says in err and len(err.splitlines()) == 1, (args, err)
+    from effkit.quantize import cannot_run_on
+
+    assert "CPU only" in cannot_run_on(onnx8, torch.device("cuda"))  # bench leaves it out on a GPU, saying why
+    assert cannot_run_on(onnx8, torch.device("cpu")) is None
     before = sorted(p.name for p in (tmp / "runs" / "x").iterdir())
     monkeypatch.setattr(effkit.onnx_export, "onnx_unavailable", lambda: "ModuleNotFoundError: onnxruntime")
     code, err = run_cli(["export", "--from", artifact, *dirs], capsys, monkeypatch)
