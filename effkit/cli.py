@@ -284,6 +284,15 @@ def quantize(
                   f"{r['latency_b12']['p50_s'] * 1000:.1f} ms", fmt_ratio(ratio) if ratio else "ref",
                   f"{gen:.0f}" if gen else "")
     _console().print(t)
+    if m.get("auto"):
+        a = Table(title=f"--backend auto picked {m['auto']['picked']}: {m['auto']['how']}")
+        for col in ("backend", "status", "eval loss", "loss vs parent", "latency b12 vs parent"):
+            a.add_column(col)
+        for b, row in m["auto"]["table"].items():
+            a.add_row(b, row["status"], f"{row['eval_loss']:.4f}" if "eval_loss" in row else "",
+                      f"{row['loss_increase']:+.2%}" if "loss_increase" in row else "",
+                      fmt_ratio(row["ratio_to_parent_b12"]) if "ratio_to_parent_b12" in row else "")
+        _console().print(a)
     print(f"parent: {m['parent_fp32']['generation']['text'][:120]!r}")
     print(f"int8:   {m['generation']['text'][:120]!r}")
     print(f"int8, sampled ({m['generation']['sampling']}): {m['generation']['sampled_text'][:120]!r}")

@@ -152,6 +152,13 @@ def test_bad_export_input(trained, capsys, monkeypatch):
     assert "CPU only" in cannot_run_on(onnx8, torch.device("cuda"))  # bench leaves it out on a GPU, saying why
     assert cannot_run_on(onnx8, torch.device("cpu")) is None
     before = sorted(p.name for p in (tmp / "runs" / "x").iterdir())
+
+    def unrepresentable(*args, **kwargs):
+        raise RuntimeError("Unsupported: aten::weird_op\nlong exporter trace ...")
+
+    monkeypatch.setattr(torch.onnx, "export", unrepresentable)  # a model the exporter cannot represent
+    code, err = run_cli(["export", "--from", artifact, "--int8", *dirs], capsys, monkeypatch)
+    assert code == 2 and "ONNX cannot represent this model" in err and len(err.splitlines()) == 1, err
     monkeypatch.setattr(effkit.onnx_export, "onnx_unavailable", lambda: "ModuleNotFoundError: onnxruntime")
     code, err = run_cli(["export", "--from", artifact, *dirs], capsys, monkeypatch)
     assert code == 2 and "onnxruntime" in err and len(err.splitlines()) == 1

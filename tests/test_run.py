@@ -8,7 +8,7 @@ import time
 import pytest
 
 from effkit import cli
-from effkit.pipeline import run_pipeline
+from effkit.pipeline import best_pruned, make_plan, run_pipeline
 
 
 def write_recipe(tmp_path, corpus_dir, extra_run="", prune_rounds=1, finetune=1):
@@ -67,6 +67,10 @@ def test_tiny_recipe_end_to_end_then_skips(tmp_path, corpus_dir):
     assert ship["best_pruned"]["picked"] == "prune-row-r1"
     summary = (tmp_path / "reports" / "tiny" / "summary.md").read_text()
     assert ship["line"] in summary and "prune-row-r1+quantize-dynamic" in summary
+    strict = make_plan(str(recipe))
+    strict.run = strict.run.replace(max_loss_increase=-1.0)  # no round can be 100% better than its control
+    picked, table = best_pruned(strict)
+    assert picked is None and table["rounds"] and not any(r["within_budget"] for r in table["rounds"])
     second = run_pipeline(str(recipe))
     assert second["done"] == ["train (skipped)", "prune row (skipped)", "quantize train (skipped)",
                               "quantize best-pruned (prune-row-r1) (skipped)", "bench (skipped)", "report"]
