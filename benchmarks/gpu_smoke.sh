@@ -8,6 +8,7 @@
 #          with 2+ GPUs also ddp, fsdp (bf16), tp and fsdp+tp (2-D mesh needs 4 GPUs; 2 GPUs give a (1, 2) mesh)
 #   prune: row and weight (wanda), on the GPU
 #   quantize: bnb and torchao on the GPU; dynamic on the CPU (PyTorch's dynamic int8 is CPU-only)
+#   export: ONNX int8 on the CPU (ONNX Runtime's CPU provider)
 #   bench, generate (GPU), report
 # Each step's stage report says which device ran it (what_ran.device); the last check reads them back.
 set -euo pipefail
@@ -62,6 +63,8 @@ for backend in bnb torchao; do
 done
 step "quantize dynamic (CPU: PyTorch's dynamic int8 has no CUDA kernels)"
 effkit quantize --from "$DENSE" --backend dynamic --device cpu --latency-repeats 5 --gen-tokens 16 "${DIRS[@]}"
+step "export onnx int8 (CPU: effkit runs ONNX Runtime's CPU provider; bench on the GPU leaves it out, saying why)"
+effkit export --from "$DENSE" --int8 --latency-repeats 2 --gen-tokens 16 "${DIRS[@]}"
 step "bench every artifact of the run (GPU)"
 effkit bench --run "$RUN" --quick --device cuda "${DIRS[@]}"
 step "generate (GPU)"
@@ -77,7 +80,7 @@ bad = []
 for p in sorted(Path(sys.argv[1]).glob("gpu-smoke*/*.json")):
     report = json.loads(p.read_text())
     device = report.get("what_ran", {}).get("device") or report.get("device")
-    if device is None or "quantize-dynamic" in p.name:
+    if device is None or "quantize-dynamic" in p.name or "onnx" in p.name:
         continue
     print(f"{p.parent.name}/{p.name}: {device}")
     if device.startswith("CPU"):

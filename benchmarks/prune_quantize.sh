@@ -10,7 +10,7 @@ effkit train --recipe recipes/quickstart.toml --run-name quickstart "${DIRS[@]}"
 DENSE="$OUT/runs/quickstart/train"
 effkit prune --from "$DENSE" --mode row --target 0.9 --rounds 9 --finetune-steps 30 "${DIRS[@]}"
 effkit prune --from "$DENSE" --mode weight --target 0.9 --rounds 9 --finetune-steps 30 "${DIRS[@]}"
-for backend in dynamic torchao bnb; do
+for backend in dynamic torchao bnb onnxruntime; do
   effkit quantize --from "$DENSE" --backend "$backend" "${DIRS[@]}"
 done
 effkit quantize --from "$DENSE" --backend dynamic --include-head "${DIRS[@]}"

@@ -261,8 +261,11 @@ def compile_for_inference(model, batches: tuple[int, ...], block: int) -> tuple[
     every batch size in `batches`; (None, "not run: <reason>") where it cannot be or fails."""
     if not getattr(model, "compilable", True):
         return None, "not run: an ONNX Runtime artifact (its graph is already optimized by ONNX Runtime)"
+    import logging
+
     import torch._inductor.config as inductor
 
+    logging.getLogger("torch._dynamo").setLevel(logging.ERROR)  # recompile-limit notices (bitsandbytes' modules)
     inductor.freezing = True
     compiled = torch.compile(model, dynamic=False)
     try:

@@ -82,8 +82,9 @@ def test_a_row_pruned_artifact_exports_and_quantizes_to_onnx_int8(trained):
     pruned = run_prune(PruneConfig(source=artifact, mode="row", target=0.5, rounds=1, finetune_steps=0,
                                    latency_repeats=1, latency_rounds=2, control=False, runs_dir=str(tmp / "runs"),
                                    reports_dir=str(tmp / "reports")), progress=False)
-    report = run_export_cfg(ecfg(tmp, pruned["artifact"], int8=True))
+    report = run_export_cfg(ecfg(tmp, pruned["artifact"], int8=True, fuse=True))
     assert report["tag"] == "prune-row-r1+onnx-int8"
+    assert report["what_ran"]["fused_operators"].get("SkipLayerNormalization", 0) > 0  # --fuse: ORT's fusions ran
     model = OnnxCausalLM(report["artifact"])
     assert model.config.n_inner == 128 and int8_layer_count(model) > 0
     assert abs(report["metrics"]["eval_loss"] / report["metrics"]["parent_fp32"]["eval_loss"] - 1) < 0.02
