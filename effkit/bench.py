@@ -44,8 +44,8 @@ def find_artifacts(cfg: BenchConfig) -> tuple[str, list[Path]]:
     run_dir = Path(cfg.runs_dir) / cfg.run if cfg.run else artifacts.latest_run(Path(cfg.runs_dir))
     if not run_dir.is_dir():
         raise EffkitError(f"unknown run {cfg.run!r}: {run_dir} does not exist; see `ls {cfg.runs_dir}`")
-    found = [(artifacts.read_meta(d).get("time", ""), d) for d in sorted(run_dir.iterdir())
-             if (d / artifacts.META).is_file()]
+    found = [((artifacts.read_meta(d).get("time", ""), (d / artifacts.META).stat().st_mtime_ns), d)
+             for d in sorted(run_dir.iterdir()) if (d / artifacts.META).is_file()]  # times to the second, then ns
     if not found:
         raise EffkitError(f"no artifacts found in {run_dir}; run `effkit train` first")
     order = {"train": 0, "prune": 1, "quantize": 2, "export": 3}

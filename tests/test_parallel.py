@@ -258,3 +258,26 @@ def test_a_killed_pipeline_run_resumes_to_the_same_losses(tmp_path, corpus_dir):
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     reports = str(tmp_path / "reports")
     assert _losses(reports, "cut") == pytest.approx(_losses(reports, "full"), rel=1e-6, abs=1e-6)
+
+
+def test_the_rank_killed_from_outside_is_named_not_the_one_the_launcher_stopped(tmp_path):
+    from effkit.errors import WorkerFailed
+    from effkit.parallel.launch import raise_worker_failure
+
+    log = tmp_path / "launch.log"  # torchrun's failure summary when rank 1 was killed and the launcher stopped rank 0
+    log.write_text("""Root Cause (first observed failure):
+[0]:
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 1146)  (SIGTERM)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 1146
+[1]:
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 1147)  (SIGKILL)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 1147
+""")
+    with pytest.raises(WorkerFailed, match=r"^rank 1 was killed by SIGKILL; .*\(then rank 0\)"):
+        raise_worker_failure(tmp_path / "errors", 1, log)

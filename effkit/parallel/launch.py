@@ -115,7 +115,8 @@ def raise_worker_failure(errors: Path, code: int, log: Path) -> None:
     recorded = {r["rank"] for r in failures}
     killed = {r: sig for r, sig in killed_ranks(log).items() if r not in recorded}
     if killed:
-        first = min(killed)
+        # the launcher stops the surviving ranks with SIGTERM: a rank killed by another signal is the cause
+        first = min({r for r, sig in killed.items() if sig not in ("SIGTERM", "signal 15")} or killed)
         others = sorted({*killed, *recorded} - {first})
         tail = f" (then rank {', '.join(map(str, others))})" if others else ""
         raise WorkerFailed(f"rank {first} was killed by {killed[first]}; the other processes were stopped{tail}; "
