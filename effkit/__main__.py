@@ -1,15 +1,14 @@
 """`python -m effkit` and the `effkit` command. The libraries load inside the guard, so Ctrl-C in the first
 second ends in one line like everywhere else."""
 
-import sys
-
 
 def main() -> None:
     try:
         from effkit.cli import main as cli_main
     except KeyboardInterrupt:
-        print("effkit: interrupted", file=sys.stderr)
-        sys.exit(130)
+        from effkit.errors import exit_interrupted
+
+        exit_interrupted()
     cli_main()
 
 

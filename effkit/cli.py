@@ -21,7 +21,7 @@ from effkit.config import (
     build_config,
     flat_defaults,
 )
-from effkit.errors import EffkitError, Interrupted
+from effkit.errors import EffkitError, Interrupted, exit_interrupted
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="effkit: train, prune, quantize and benchmark GPT-2-class models, with honest numbers.")
@@ -579,11 +579,9 @@ def main() -> None:
         print(f"effkit: error: {e}", file=sys.stderr)
         sys.exit(e.exit_code)
     except Interrupted as e:
-        print(f"effkit: {e}", file=sys.stderr)
-        sys.exit(130)
+        exit_interrupted(str(e))
     except KeyboardInterrupt:  # Ctrl-C before or after Typer's own guard
-        print("effkit: interrupted", file=sys.stderr)
-        sys.exit(130)
+        exit_interrupted()
     except Exception as e:
         # click's usage errors (from click, or the copy Typer vendors): a bad flag or an unparsable value
         if hasattr(e, "format_message") and hasattr(e, "exit_code"):
@@ -594,9 +592,8 @@ def main() -> None:
                 print(f"effkit: error: {message}{where}", file=sys.stderr)
             sys.exit(e.exit_code)
         if type(e).__name__ == "Abort":  # Ctrl-C while click was prompting or parsing
-            print("effkit: interrupted", file=sys.stderr)
-            sys.exit(130)
+            exit_interrupted()
         raise
     if code == 130:  # Typer turns Ctrl-C outside training (loading libraries, data or a model) into exit 130
-        print("effkit: interrupted", file=sys.stderr)
+        exit_interrupted()
     sys.exit(code if isinstance(code, int) else 0)
