@@ -290,7 +290,7 @@ def quantize(
             a.add_column(col)
         for b, row in m["auto"]["table"].items():
             a.add_row(b, row["status"], f"{row['eval_loss']:.4f}" if "eval_loss" in row else "",
-                      f"{row['loss_increase']:+.2%}" if "loss_increase" in row else "",
+                      fmt_delta(row["loss_delta"]) if "loss_delta" in row else "",
                       fmt_ratio(row["ratio_to_parent_b12"]) if "ratio_to_parent_b12" in row else "")
         _console().print(a)
     print(f"parent: {m['parent_fp32']['generation']['text'][:120]!r}")

@@ -383,42 +383,42 @@ def quantize_tag(backend: str, cfg: QuantizeConfig, source: Path) -> str:
 
 
 def pick_backend(cfg: QuantizeConfig, device: torch.device, parent: nn.Module, source: Path, tokenizer,
-                 eval_blocks: torch.Tensor, block: int, parent_loss: float, run_dir: Path) -> tuple[str, dict]:
-    """`--backend auto`: write and reload every backend that runs here, keep those within AUTO_LOSS_BUDGET of the
-    parent's held-out loss, time them with the parent interleaved at batch 12, and pick the lowest median."""
+                 eval_blocks: torch.Tensor, block: int, parent_blocks: list[float],
+                 scratch: Path) -> tuple[str, dict]:
+    """`--backend auto`: write every backend that runs here into `scratch/<backend>` and reload it, keep those
+    within AUTO_LOSS_BUDGET of the parent's held-out loss (`parent_blocks`: its per-block losses, for a paired
+    delta), time them with the parent interleaved at batch 12, and pick the lowest median. The winner's folder is
+    left in `scratch` for the caller to move into place."""
     table: dict[str, dict[str, Any]] = {}
     candidates: dict[str, nn.Module] = {}
-    scratch = Path(tempfile.mkdtemp(dir=run_dir, prefix=".tmp-auto-"))  # removed below, or by the next run lock
-    try:
-        for b in ("dynamic", "torchao", "bnb", "onnxruntime"):
-            if reason := backend_available(b, device):
-                table[b] = {"status": f"not run: {reason}"}
-                continue
-            if b == "bnb" and cfg.include_head:
-                table[b] = {"status": "not run: transformers' bitsandbytes format keeps the tied head in fp32"}
-                continue
-            (scratch / b).mkdir()
-            try:
-                write_quantized(scratch / b, b, parent, source, tokenizer, cfg, device)
-                model = load_quantized(scratch / b, device)
-            except EffkitError as e:
-                table[b] = {"status": f"not run: {e}"}
-                continue
-            loss = metrics.evaluate(model, eval_blocks, cfg.batch_size)["eval_loss"]
-            increase = loss / parent_loss - 1
-            ok = increase <= AUTO_LOSS_BUDGET
-            table[b] = {"status": "candidate" if ok else f"left out: loss {increase:+.2%} > {AUTO_LOSS_BUDGET:.0%}",
-                        "eval_loss": loss, "loss_increase": increase, "size_bytes": artifacts.dir_size(scratch / b)}
-            if ok:
-                candidates[b] = model
-        if not candidates:
-            raise EffkitError(f"no int8 backend stays within {AUTO_LOSS_BUDGET:.0%} of the parent's held-out loss "
-                              f"here ({', '.join(b + ': ' + t['status'] for b, t in table.items())}); choose one "
-                              "with --backend")
-        trial = side_by_side({"parent": (parent, None), **{b: (m, None) for b, m in candidates.items()}}, block,
-                             cfg.latency_rounds, 1)["b12"]
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    for b in ("dynamic", "torchao", "bnb", "onnxruntime"):
+        if reason := backend_available(b, device):
+            table[b] = {"status": f"not run: {reason}"}
+            continue
+        if b == "bnb" and cfg.include_head:
+            table[b] = {"status": "not run: transformers' bitsandbytes format keeps the tied head in fp32"}
+            continue
+        (scratch / b).mkdir()
+        try:
+            write_quantized(scratch / b, b, parent, source, tokenizer, cfg, device)
+            model = load_quantized(scratch / b, device)
+        except EffkitError as e:
+            table[b] = {"status": f"not run: {e}"}
+            continue
+        result = metrics.evaluate(model, eval_blocks, cfg.batch_size)
+        delta = stats.paired_delta(parent_blocks, result["block_losses"])
+        ok = delta["delta"] <= AUTO_LOSS_BUDGET
+        table[b] = {"status": "candidate" if ok else f"left out: loss {delta['delta']:+.2%} > {AUTO_LOSS_BUDGET:.0%}",
+                    "eval_loss": result["eval_loss"], "loss_increase": delta["delta"], "loss_delta": delta,
+                    "size_bytes": artifacts.dir_size(scratch / b)}
+        if ok:
+            candidates[b] = model
+    if not candidates:
+        raise EffkitError(f"no int8 backend stays within {AUTO_LOSS_BUDGET:.0%} of the parent's held-out loss "
+                          f"here ({', '.join(b + ': ' + t['status'] for b, t in table.items())}); choose one "
+                          "with --backend")
+    trial = side_by_side({"parent": (parent, None), **{b: (m, None) for b, m in candidates.items()}}, block,
+                         cfg.latency_rounds, 1)["b12"]
     for b in candidates:
         table[b]["latency_b12_s"] = stats.median_of_rounds(trial[b])
         table[b]["ratio_to_parent_b12"] = stats.paired_ratio(trial["parent"], trial[b])
@@ -433,22 +433,40 @@ def _quantize(cfg: QuantizeConfig, device: torch.device, source: Path, run_dir: 
     data_section = artifacts.data_section(source)
     data_cfg = DataConfig.from_dict(data_section)
     prepared = prepare(data_cfg, tokenizer_from=str(source))
-    tokenizer, eval_blocks, block = prepared.tokenizer, prepared.blocks.eval, data_cfg.block_size
-    n_bytes = prepared.blocks.eval_bytes
+    tokenizer, eval_blocks, n_bytes = prepared.tokenizer, prepared.blocks.eval, prepared.blocks.eval_bytes
     parent = load_model(str(source)).to(device).eval()
     parent_fp32 = metrics.evaluate(parent, eval_blocks, cfg.batch_size, eval_bytes=n_bytes)
     parent_bf16 = metrics.evaluate(parent, eval_blocks, cfg.batch_size, torch.bfloat16, eval_bytes=n_bytes)
     parent_fp32["generation"] = generate_sample(parent, tokenizer, cfg.gen_tokens)
     parent_fp32["size_bytes"] = artifacts.dir_size(source)
 
+    # auto writes every backend here; removed below, or by the next run lock if the process is killed
+    scratch = Path(tempfile.mkdtemp(dir=run_dir, prefix=".tmp-auto-"))
+    try:
+        return _write_and_measure(cfg, device, source, run_dir, scratch, data_section, prepared, parent,
+                                  parent_fp32, parent_bf16)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _write_and_measure(cfg: QuantizeConfig, device: torch.device, source: Path, run_dir: Path, scratch: Path,
+                       data_section: dict, prepared, parent: nn.Module, parent_fp32: dict,
+                       parent_bf16: dict) -> dict[str, Any]:
+    """Choose the backend (auto), write the artifact, reload it, measure it against the parent, report."""
+    tokenizer, eval_blocks, n_bytes = prepared.tokenizer, prepared.blocks.eval, prepared.blocks.eval_bytes
+    block = DataConfig.from_dict(data_section).block_size
     backend, auto_note = cfg.backend, None
     if backend == "auto":
         backend, auto_note = pick_backend(cfg, device, parent, source, tokenizer, eval_blocks, block,
-                                          parent_fp32["eval_loss"], run_dir)
+                                          parent_fp32["block_losses"], scratch)
     tag = quantize_tag(backend, cfg, source)
     artifact = run_dir / tag
     with artifacts.atomic_dir(artifact) as tmp:
-        description = write_quantized(tmp, backend, parent, source, tokenizer, cfg, device)
+        if auto_note:  # the winner was written while choosing: moved into place, not written again
+            shutil.copytree(scratch / backend, tmp, dirs_exist_ok=True)
+            description = json.loads((tmp / QUANT_FILE).read_text())
+        else:
+            description = write_quantized(tmp, backend, parent, source, tokenizer, cfg, device)
         model = load_quantized(tmp, device)  # what is measured: the artifact as its folder alone reloads it
         int8_layers = int8_layer_count(model)
         if not int8_layers:

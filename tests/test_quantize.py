@@ -57,7 +57,8 @@ def test_auto_measures_and_names_its_choice(trained):
     assert auto["picked"] == report["what_ran"]["backend"]
     timed = {b: t["latency_b12_s"] for b, t in auto["table"].items() if "latency_b12_s" in t}
     assert auto["picked"] == min(timed, key=timed.get)
-    assert all(auto["table"][b]["loss_increase"] <= AUTO_LOSS_BUDGET for b in timed)
+    assert all(auto["table"][b]["loss_delta"]["delta"] <= AUTO_LOSS_BUDGET for b in timed)
+    assert not list((tmp / "runs" / "q").glob(".tmp-auto-*"))  # the candidates' scratch folder is gone
     runnable = [b for b in ("dynamic", "torchao", "bnb", "onnxruntime") if backend_available(b) is None]
     assert set(auto["table"]) == {"dynamic", "torchao", "bnb", "onnxruntime"} and set(runnable) <= set(
         b for b, t in auto["table"].items() if "eval_loss" in t)  # every backend that runs here was tried
