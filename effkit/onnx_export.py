@@ -3,7 +3,11 @@
 effkit's measurement code calls on a model (`model(ids).logits`, `generate`, `config`, `eval`).
 
 The TorchScript exporter fails on transformers 5's masking code (`aten::diff`); the dynamo exporter works. The
-exported graph maps `input_ids` (batch, seq; both dynamic, seq up to the context) to `logits`. The LM head is
+exported graph maps `input_ids` (batch, seq; both dynamic, seq up to the context) to `logits`. Since it has no
+padding mask, attention is exported as what it is, causal: an attention function that calls
+`scaled_dot_product_attention(is_causal=True)` (registered with transformers' `AttentionInterface`; transformers
+then builds no mask) becomes one ONNX `Attention` node per layer (opset 23) instead of a materialised mask and a
+`Where` per layer. The LM head is
 exported as its own (transposed) weight rather than tied to the token embedding, so that ONNX Runtime quantizes
 it as a per-channel int8 `MatMulInteger` (a tied weight reaches the head through a `Transpose`, which the
 quantizer leaves in fp32); the embedding lookup is quantized too (`Gather` on int8, one scale per tensor).
@@ -34,6 +38,8 @@ from effkit.errors import EffkitError
 ONNX_FILE = "model.onnx"
 ONNX_DESC = "onnx.json"
 EXPORT_ATOL = 1e-4  # max |logit difference| allowed between the exported graph and PyTorch
+OPSET = 23  # the first with the `Attention` operator (ONNX Runtime >= 1.23 runs it)
+CAUSAL_ATTENTION = "effkit_causal"
 INT8_OPS = ("MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QGemm", "QAttention")
 GENERATION_NOTE = ("ONNX artifact: exported without past key/values, so generation recomputes the whole prefix for "
                    "every new token (measured as it is)")
@@ -57,6 +63,34 @@ def require_onnx() -> None:
 
 def is_onnx(path: str | Path) -> bool:
     return (Path(path) / ONNX_DESC).is_file()
+
+
+def _causal_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **_):
+    """GPT-2 attention without a mask argument: causal by construction (what the exported graph computes)."""
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling)
+    return out.transpose(1, 2).contiguous(), None
+
+
+@contextlib.contextmanager
+def _causal_attention_for(model: nn.Module):
+    """Run `model` with `_causal_attention` (no mask built by transformers) while it is exported, where its
+    attention is plain scaled dot-product (GPT-2's inverse-layer-index scaling and upcast reordering are not)."""
+    from transformers import AttentionInterface
+
+    cfg = model.config
+    if getattr(cfg, "scale_attn_by_inverse_layer_idx", False) or getattr(cfg, "reorder_and_upcast_attn", False):
+        yield
+        return
+    AttentionInterface.register(CAUSAL_ATTENTION, _causal_attention)
+    configs = {id(m.config): m.config for m in model.modules() if hasattr(m, "config")} | {id(cfg): cfg}
+    before = {k: c._attn_implementation for k, c in configs.items()}
+    try:
+        for c in configs.values():
+            c._attn_implementation = CAUSAL_ATTENTION
+        yield
+    finally:
+        for k, c in configs.items():
+            c._attn_implementation = before[k]
 
 
 class _LogitsOnly(nn.Module):
@@ -105,10 +139,13 @@ def export_fp32(model: nn.Module, out: Path) -> dict[str, Any]:
     example = probe_ids(model.config.vocab_size, (2, min(16, n_pos)))
     batch = torch.export.Dim("batch", min=1, max=4096)
     seq = torch.export.Dim("seq", min=1, max=n_pos)
+    probe = probe_ids(model.config.vocab_size, (3, min(24, n_pos)))
+    reference = wrapper(probe)  # with the model's own attention
     t0 = time.perf_counter()
     try:
-        with _quiet_exporter():
+        with _quiet_exporter(), _causal_attention_for(model):
             program = torch.onnx.export(wrapper, (example,), dynamo=True, optimize=True, verbose=False,
+                                        opset_version=OPSET,
                                         input_names=["input_ids"], output_names=["logits"],
                                         dynamic_shapes={"input_ids": {0: batch, 1: seq}})
             program.save(str(out))
@@ -118,17 +155,19 @@ def export_fp32(model: nn.Module, out: Path) -> dict[str, Any]:
         first = (str(e).strip().splitlines() or [""])[0]
         raise EffkitError(f"ONNX cannot represent this model: {type(e).__name__}: {first[:200]}") from None
     seconds = time.perf_counter() - t0
-    probe = probe_ids(model.config.vocab_size, (3, min(24, n_pos)))
-    diff = float((torch.from_numpy(session(out).run(None, {"input_ids": probe.numpy()})[0]) - wrapper(probe))
+    diff = float((torch.from_numpy(session(out).run(None, {"input_ids": probe.numpy()})[0]) - reference)
                  .abs().max())
     if not diff <= EXPORT_ATOL:
         raise EffkitError(f"the exported ONNX graph does not reproduce the model (max logit difference {diff:.2e} > "
                           f"{EXPORT_ATOL}); this model cannot be exported faithfully")
     import onnx
 
-    return {"exporter": f"torch.onnx.export(dynamo=True, optimize=True), torch {torch.__version__}",
-            "opset": max(o.version for o in onnx.load(str(out), load_external_data=False).opset_import
-                         if o.domain in ("", "ai.onnx")),
+    graph = onnx.load(str(out), load_external_data=False)
+    return {"exporter": f"torch.onnx.export(dynamo=True, optimize=True, opset_version={OPSET}), torch "
+                        f"{torch.__version__}",
+            "opset": max(o.version for o in graph.opset_import if o.domain in ("", "ai.onnx")),
+            "attention": (f"{sum(n.op_type == 'Attention' for n in graph.graph.node)} causal ONNX Attention nodes "
+                          "(no mask input: the graph takes no padding mask)"),
             "export_seconds": seconds, "max_abs_logit_diff_vs_pytorch": diff,
             "inputs": "input_ids int64 (batch, seq), batch and seq dynamic (seq <= n_positions)",
             "outputs": "logits float32 (batch, seq, vocab)", "past_key_values": False,
@@ -157,9 +196,13 @@ def quantize_int8(src: Path, dst: Path) -> dict[str, Any]:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     with _quiet_exporter():
-        quantize_dynamic(str(src), str(dst), per_channel=True, weight_type=QuantType.QInt8)
+        # the weight-bearing ops only: left to itself the quantizer turns ONNX `Attention` into com.microsoft's
+        # `QAttention`, which rejects the `is_causal` attribute (an invalid graph)
+        quantize_dynamic(str(src), str(dst), per_channel=True, weight_type=QuantType.QInt8,
+                         op_types_to_quantize=["MatMul", "Gemm", "Gather"])
     tied = tie_embedding_to_head(dst)
-    return {"quantizer": "onnxruntime.quantization.quantize_dynamic(per_channel=True, weight_type=QInt8)",
+    return {"quantizer": "onnxruntime.quantization.quantize_dynamic(per_channel=True, weight_type=QInt8, "
+                         "op_types_to_quantize=[MatMul, Gemm, Gather])",
             "token_embedding": tied, "int8": int8_counts(dst)}
 
 
