@@ -53,6 +53,23 @@ def find_artifacts(cfg: BenchConfig) -> tuple[str, list[Path]]:
     return run_dir.name, [d for _, d in found]
 
 
+def dense_control_of(path: Path) -> Path | None:
+    """The dense control of a pruned artifact or of anything made from one (its int8 or ONNX forms): the dense
+    parent fine-tuned exactly as the pruning round was, which the prune stage names in its metrics. None for
+    artifacts with no pruning round in their ancestry, or whose control folder is gone."""
+    seen: set[Path] = set()
+    while path not in seen and (path / artifacts.META).is_file():
+        seen.add(path)
+        meta = artifacts.read_meta(path)
+        control = meta.get("metrics", {}).get("control_artifact")
+        if control:
+            return Path(control) if (Path(control) / artifacts.META).is_file() else None
+        if not meta.get("parent"):
+            return None
+        path = Path(meta["parent"])
+    return None
+
+
 def bench_one(path: Path, cfg: BenchConfig, tokenizer, eval_blocks: torch.Tensor, block: int,
               device: torch.device, eval_bytes: int = 0) -> dict[str, Any]:
     """One artifact alone: held-out loss (per block, for paired deltas), a greedy sample, size, parameters, and
@@ -64,8 +81,6 @@ def bench_one(path: Path, cfg: BenchConfig, tokenizer, eval_blocks: torch.Tensor
                              "params": getattr(model, "n_params", None) or sum(p.numel() for p in model.parameters()),
                              "size_bytes": artifacts.dir_size(path), "quantized": is_quantized(path)}
         r.update(metrics.evaluate(model, eval_blocks, cfg.batch_size, eval_bytes=eval_bytes))
-        if "eval_loss_delta_vs_control" in meta["metrics"]:  # measured by the prune stage on the same blocks
-            r["eval_loss_delta_vs_control"] = meta["metrics"]["eval_loss_delta_vs_control"]
         r["generation"] = generate_sample(model, tokenizer, cfg.gen_tokens)
         for b in LAT_BATCHES:
             metrics.forward_timer(model, b, block)()
@@ -73,6 +88,13 @@ def bench_one(path: Path, cfg: BenchConfig, tokenizer, eval_blocks: torch.Tensor
             for once in metrics.train_step_timers(model, TRAIN_BATCHES, block).values():
                 once()
     r["peak_memory_bytes"] = mem.peak_bytes
+    if (control := dense_control_of(path)) is not None:  # after the peak: the control is not part of the footprint
+        if "eval_loss_delta_vs_control" in meta["metrics"]:  # measured by the prune stage on the same blocks
+            r["eval_loss_delta_vs_control"] = meta["metrics"]["eval_loss_delta_vs_control"]
+        else:  # a descendant (int8, ONNX) of a pruned round: against the same control, paired on the same blocks
+            ctrl = metrics.evaluate(load_any(control, device).eval(), eval_blocks, cfg.batch_size)
+            r["eval_loss_delta_vs_control"] = stats.paired_delta(ctrl["block_losses"], r["block_losses"])
+        r["control_artifact"] = str(control)
     return r
 
 

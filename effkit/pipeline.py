@@ -139,23 +139,30 @@ def load_command(path: Path) -> str:
 
 
 def deliverable(plan: Plan, bench: dict[str, Any]) -> dict[str, Any]:
-    """The artifact to ship: among the benched artifacts whose held-out loss is within `max_loss_increase` of the
-    dense reference's, the lowest batch-12 latency (then the smallest); with the line that says so."""
+    """The artifact to ship: among the benched artifacts whose held-out loss is within `max_loss_increase` of their
+    dense control's (a pruned artifact and its int8 or ONNX forms: the dense parent given the same fine-tuning) or
+    of the dense reference's (the rest), the lowest batch-12 latency, then the smallest; with the line that says
+    so."""
     budget = plan.run.max_loss_increase
     rows = bench["artifacts"]
     ref = rows[0]
-    within = [r for r in rows if r["eval_loss_delta"]["delta"] <= budget]
+    judged = lambda r: r.get("eval_loss_delta_vs_control") or r["eval_loss_delta"]  # noqa: E731
+    within = [r for r in rows if r is ref or judged(r)["delta"] <= budget]
     lat = lambda r: 1.0 if r is ref else r["latency_ratio_b12"]["ratio"]  # noqa: E731
     best = min(within, key=lambda r: (lat(r), r["size_ratio"]))
     path = Path(best["artifact"])
+    loss = "ref" if best is ref else stats.fmt_delta(best["eval_loss_delta"]) + f" vs {ref['tag']}"
+    if best.get("eval_loss_delta_vs_control"):
+        loss += f", {stats.fmt_delta(best['eval_loss_delta_vs_control'])} vs its dense control"
     line = (f"deliver {best['tag']}: latency b12 "
             + ("1.00x (it is the reference)" if best is ref else stats.fmt_ratio(best["latency_ratio_b12"]))
-            + f", size {best['size_ratio']:.2f}x, loss " + ("ref" if best is ref else
-                                                         stats.fmt_delta(best["eval_loss_delta"]))
-            + f" vs {ref['tag']}; load it: {load_command(path)}, or effkit generate --from {path}")
+            + f", size {best['size_ratio']:.2f}x, loss {loss}; load it: {load_command(path)}, or effkit generate "
+              f"--from {path}")
     return {"tag": best["tag"], "artifact": str(path), "line": line, "budget": budget,
-            "how": f"benched artifacts whose held-out loss is at most {budget:.1%} above {ref['tag']}'s (paired, "
-                   "point estimate); the lowest latency ratio at batch 12, then the smallest size"}
+            "how": f"benched artifacts whose held-out loss is at most {budget:.1%} above their dense control's (the "
+                   "dense parent given the same fine-tuning, for pruned artifacts and their int8 or ONNX forms) or "
+                   f"{ref['tag']}'s (the others), paired point estimate; the lowest latency ratio at batch 12, then "
+                   "the smallest size"}
 
 
 def _bench_done(plan: Plan) -> bool:

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from effkit import cli
-from effkit.pipeline import best_pruned, make_plan, run_pipeline
+from effkit.pipeline import best_pruned, deliverable, make_plan, run_pipeline
 
 
 def write_recipe(tmp_path, corpus_dir, extra_run="", prune_rounds=1, finetune=1):
@@ -62,6 +62,12 @@ def test_tiny_recipe_end_to_end_then_skips(tmp_path, corpus_dir):
     assert tags == ["train", "prune-row-r1", "quantize-dynamic", "prune-row-r1+quantize-dynamic"]
     composed = json.loads((tmp_path / "runs" / "tiny" / tags[-1] / "effkit.json").read_text())
     assert composed["parent"].endswith("prune-row-r1") and composed["metrics"]["int8_layers_reloaded"] > 0
+    rows = {r["tag"]: r for r in first["bench"]["artifacts"]}
+    control = rows["prune-row-r1"]["control_artifact"]  # the int8 form of a pruned round is judged by its control
+    assert "/controls/" in control and rows["prune-row-r1+quantize-dynamic"]["control_artifact"] == control
+    assert rows["prune-row-r1+quantize-dynamic"]["eval_loss_delta_vs_control"]["verdict"] in ("better", "worse",
+                                                                                              "same")
+    assert "control_artifact" not in rows["quantize-dynamic"]
     ship = first["deliverable"]
     assert ship["tag"] in tags and ship["line"].startswith(f"deliver {ship['tag']}: latency b12 ")
     assert ship["best_pruned"]["picked"] == "prune-row-r1"
@@ -79,6 +85,29 @@ def test_tiny_recipe_end_to_end_then_skips(tmp_path, corpus_dir):
     forced = run_pipeline(str(recipe), force=True)
     assert forced["done"] == ["train"]  # redone, although complete
     assert not (tmp_path / "runs" / "tiny" / "prune-row-r1").exists()  # --force starts the run afresh
+
+
+def _row(tag, latency, loss, vs_control=None):
+    delta = lambda d: {"delta": d, "ci95": [d, d], "verdict": "worse"}  # noqa: E731
+    ratio = {"ratio": latency, "ci95": [latency, latency], "verdict": "faster"}
+    r = {"tag": tag, "artifact": f"/runs/x/{tag}", "latency_ratio_b12": ratio, "size_ratio": latency,
+         "eval_loss_delta": delta(loss)}
+    if vs_control is not None:
+        r["eval_loss_delta_vs_control"] = delta(vs_control)
+    return r
+
+
+def test_the_deliverable_judges_pruned_artifacts_by_their_dense_control(tmp_path, corpus_dir):
+    plan = make_plan(str(write_recipe(tmp_path, corpus_dir, extra_run="max_loss_increase = 0.02")))
+    dense = {"tag": "train", "artifact": "/runs/x/train", "size_ratio": 1.0, "eval_loss_delta": None}
+    bench = {"artifacts": [dense, _row("quantize-onnxruntime", 0.5, 0.001),
+                           _row("prune-row-r2+quantize-onnxruntime", 0.4, 0.025, vs_control=0.007)]}
+    ship = deliverable(plan, bench)  # 2.5% above the dense model, 0.7% above the dense model fine-tuned alike
+    assert ship["tag"] == "prune-row-r2+quantize-onnxruntime" and "vs its dense control" in ship["line"]
+    bench["artifacts"][2] = _row("prune-row-r2+quantize-onnxruntime", 0.4, 0.025, vs_control=0.021)
+    assert deliverable(plan, bench)["tag"] == "quantize-onnxruntime"  # over budget against its control
+    bench["artifacts"][1] = _row("quantize-onnxruntime", 0.5, 0.03)  # no control: judged against the dense model
+    assert deliverable(plan, bench)["tag"] == "train"
 
 
 def test_a_run_killed_during_prune_resumes_and_completes(tmp_path, corpus_dir):
