@@ -6,7 +6,7 @@
 # What it runs:
 #   train: single process in fp32, bf16 and fp16 (GradScaler), activation checkpointing;
 #          with 2+ GPUs also ddp, fsdp (bf16), tp and fsdp+tp (2-D mesh needs 4 GPUs; 2 GPUs give a (1, 2) mesh)
-#   prune: row and weight (wanda), on the GPU
+#   prune: row, width (taylor), depth with distillation, and weight (wanda), on the GPU
 #   quantize: bnb and torchao on the GPU; dynamic on the CPU (PyTorch's dynamic int8 is CPU-only)
 #   export: ONNX int8 on the CPU (ONNX Runtime's CPU provider)
 #   bench, generate (GPU), report
@@ -54,6 +54,12 @@ fi
 DENSE="$OUT/runs/$RUN/train"
 step "prune row (GPU)"
 effkit prune --from "$DENSE" --mode row --target 0.5 --rounds 2 --finetune-steps 5 --device cuda "${DIRS[@]}"
+step "prune width, taylor importance (GPU)"
+effkit prune --from "$DENSE" --mode width --importance taylor --target 0.25 --rounds 1 --finetune-steps 5 \
+  --device cuda "${DIRS[@]}"
+step "prune depth with distillation (GPU)"
+effkit prune --from "$DENSE" --mode depth --target 0.5 --rounds 1 --finetune-steps 5 --distill --device cuda \
+  "${DIRS[@]}"
 step "prune weight, wanda (GPU)"
 effkit prune --from "$DENSE" --mode weight --importance wanda --target 0.5 --rounds 1 --finetune-steps 5 \
   --device cuda "${DIRS[@]}"

@@ -189,26 +189,34 @@ def prune(
     ctx: typer.Context,
     recipe: Optional[Path] = typer.Option(None, help="TOML recipe; its \\[prune] table sets defaults"),
     source: str = typer.Option(_P.source, "--from", help="artifact folder to prune (default: runs/latest/train)"),
-    mode: str = typer.Option(_P.mode, help="row (remove MLP channels: smaller, faster) or weight (unstructured)"),
-    target: float = typer.Option(_P.target, help="fraction of prunable weights removed by the last round (0-1)"),
+    mode: str = typer.Option(_P.mode, help="row (MLP channels), width (residual channels, through Torch-Pruning), "
+                                           "depth (whole blocks): smaller and faster; or weight (unstructured)"),
+    target: float = typer.Option(_P.target, help="fraction removed by the last round (0-1): of the weights, MLP "
+                                                 "channels, residual channels or blocks"),
     rounds: int = typer.Option(_P.rounds, help="prune in this many steps up to the target"),
     finetune_steps: int = typer.Option(_P.finetune_steps, help="fine-tuning steps after each round (0 = none)"),
-    importance: str = typer.Option(_P.importance, help="weight mode: magnitude, or wanda (|W| x input norm)"),
+    importance: str = typer.Option(_P.importance, help="weight mode: magnitude, or wanda (|W| x input norm); width "
+                                                       "mode: magnitude, or taylor (|W x gradient|)"),
     scope: str = typer.Option(_P.scope, help="weight mode, magnitude: rank globally or per layer"),
-    calib_batches: int = typer.Option(_P.calib_batches, help="wanda: calibration batches"),
+    calib_batches: int = typer.Option(_P.calib_batches, help="wanda, taylor, depth: calibration batches"),
     batch_size: int = typer.Option(_P.batch_size, help="fine-tuning batch size (blocks)"),
     lr: float = typer.Option(_P.lr, help="fine-tuning peak learning rate"),
     warmup_steps: int = typer.Option(_P.warmup_steps, help="fine-tuning warm-up steps"),
     seed: int = typer.Option(_P.seed, help="random seed"),
     control: bool = typer.Option(_P.control, "--control/--no-control",
                                  help="also fine-tune the unpruned parent with the same steps (the fair baseline)"),
+    distill: Optional[bool] = typer.Option(_P.distill, "--distill/--no-distill", show_default="auto",
+                                           help="fine-tune toward the frozen dense parent's logits (KL); auto: on "
+                                                "for row, width and depth, off for weight"),
+    distill_alpha: float = typer.Option(_P.distill_alpha, help="weight of the KL term (0-1)"),
+    distill_temperature: float = typer.Option(_P.distill_temperature, help="softmax temperature of the KL term"),
     latency_rounds: int = typer.Option(_P.latency_rounds, help="interleaved rounds of the latency against dense"),
     latency_repeats: int = typer.Option(_P.latency_repeats, help="timed forward passes per model per round"),
     device: str = typer.Option(_P.device, help=DEVICE_HELP),
     runs_dir: str = typer.Option(_P.runs_dir, help="where runs/ are"),
     reports_dir: str = typer.Option(_P.reports_dir, help="where reports/ go"),
 ):
-    """Prune a trained model (row or weight), fine-tuning between rounds; one artifact per round."""
+    """Prune a trained model (row, width, depth or weight), fine-tuning between rounds; one artifact per round."""
     quiet_libraries()
     cfg = build_config(PruneConfig, str(recipe) if recipe else None, _flags(ctx, PruneConfig))
     from effkit.prune.stage import run_prune

@@ -281,18 +281,19 @@ class TrainConfig(_Section):
         return self
 
 
-PRUNE_MODES = ("weight", "row")
-IMPORTANCE = ("magnitude", "wanda")
+PRUNE_MODES = ("weight", "row", "width", "depth")
+STRUCTURED_MODES = ("row", "width", "depth")
+IMPORTANCE = ("magnitude", "wanda", "taylor")
 
 
 @dataclass(frozen=True)
 class PruneConfig(_Section):
     source: str = ""  # --from: an effkit artifact folder (default: runs/latest/train)
-    mode: str = "row"
-    target: float = 0.5  # fraction of the prunable weights removed at the last round
+    mode: str = "row"  # weight | row (MLP channels) | width (residual channels) | depth (whole blocks)
+    target: float = 0.5  # fraction removed at the last round: of weights, MLP channels, residual channels, blocks
     rounds: int = 3
     finetune_steps: int = 40  # per round; 0 = no fine-tuning
-    importance: str = "magnitude"  # weight mode: magnitude | wanda
+    importance: str = "magnitude"  # weight: magnitude | wanda; width: magnitude | taylor
     scope: str = "global"  # weight mode, magnitude: global | layer
     calib_batches: int = 4
     batch_size: int = 8
@@ -300,15 +301,32 @@ class PruneConfig(_Section):
     warmup_steps: int = 5
     seed: int = 1337
     control: bool = True  # fine-tune the unpruned parent with the same steps: the fair baseline for the loss
+    # fine-tune with a KL term to the frozen dense parent's logits; None = auto: on for the structured modes (it
+    # measured better than plain fine-tuning for row, width and depth on the quickstart), off for weight
+    distill: bool | None = None
+    distill_alpha: float = 0.5  # weight of the KL term; 1 - alpha on the next-token cross-entropy
+    distill_temperature: float = 2.0
     latency_rounds: int = 5  # interleaved rounds of the paired latency against the dense parent
     latency_repeats: int = 3  # timed forward passes per model per round
     device: str = "auto"
     runs_dir: str = "runs"
     reports_dir: str = "reports"
 
+    @property
+    def distilling(self) -> bool:
+        """Whether the fine-tuning between rounds distils from the dense parent (resolves the auto default)."""
+        if self.distill is not None:
+            return self.distill
+        return self.mode in STRUCTURED_MODES and self.finetune_steps > 0
+
+    @property
+    def label(self) -> str:
+        """The mode as artifact tags and report names use it: `width`, or `width-distill` when distilling."""
+        return f"{self.mode}-distill" if self.distilling else self.mode
+
     def validate(self) -> PruneConfig:
         if self.mode not in PRUNE_MODES:
-            raise EffkitError(f"unknown --mode {self.mode!r}; choose weight or row")
+            raise EffkitError(f"unknown --mode {self.mode!r}; choose one of {', '.join(PRUNE_MODES)}")
         if not 0 < self.target < 1:
             raise EffkitError(f"--target must be between 0 and 1, exclusive (got {self.target}); "
                               "it is the fraction of prunable weights removed")
@@ -317,9 +335,21 @@ class PruneConfig(_Section):
         if self.finetune_steps < 0:
             raise EffkitError(f"--finetune-steps must be >= 0 (got {self.finetune_steps})")
         if self.importance not in IMPORTANCE:
-            raise EffkitError(f"unknown --importance {self.importance!r}; choose magnitude or wanda")
+            raise EffkitError(f"unknown --importance {self.importance!r}; choose magnitude, wanda (weight mode) or "
+                              "taylor (width mode)")
         if self.importance == "wanda" and self.mode != "weight":
             raise EffkitError("--importance wanda applies to --mode weight")
+        if self.importance == "taylor" and self.mode != "width":
+            raise EffkitError("--importance taylor applies to --mode width (depth ranks blocks by the measured loss "
+                              "of skipping them; row by the norm of each channel's weights)")
+        if self.distill and self.mode not in STRUCTURED_MODES:
+            raise EffkitError(f"--distill applies to the structured modes ({', '.join(STRUCTURED_MODES)}), not to "
+                              f"--mode {self.mode}")
+        if self.distill and not self.finetune_steps:
+            raise EffkitError("--distill needs fine-tuning steps (--finetune-steps > 0): it is a fine-tuning loss")
+        if not 0 <= self.distill_alpha <= 1:
+            raise EffkitError(f"--distill-alpha must be between 0 and 1 (got {self.distill_alpha})")
+        _finite("distill-temperature", self.distill_temperature, 0, low_open=True)
         if self.scope not in ("global", "layer"):
             raise EffkitError(f"unknown --scope {self.scope!r}; choose global or layer")
         if self.batch_size < 1 or self.calib_batches < 1 or self.latency_repeats < 1:
@@ -459,7 +489,7 @@ class RunConfig(_Section):
         _finite("max_loss_increase", self.max_loss_increase, 0)
         for m in self.prune_modes:
             if m not in PRUNE_MODES:
-                raise EffkitError(f"unknown prune mode {m!r} in prune_modes; choose weight or row")
+                raise EffkitError(f"unknown prune mode {m!r} in prune_modes; choose among {', '.join(PRUNE_MODES)}")
         check_run_name(self.run_name, "run_name")
         check_folder_option("runs_dir", self.runs_dir)
         check_folder_option("reports_dir", self.reports_dir)
@@ -519,9 +549,11 @@ def build_config(cls: type, recipe: str | None, overrides: dict[str, Any]) -> An
         if key == "quantize_from" and isinstance(value, str):  # one tag, or a list of them
             values[key] = [value]
             continue
-        if key == "amp":  # true, false, or "auto" (None)
+        if key in ("amp", "distill"):  # true, false, or "auto" (None)
             if value not in (True, False, None, "auto"):
-                raise EffkitError(f"{where}: amp must be true, false or \"auto\" (got {value!r})")
+                raise EffkitError(f"{where}: {key} must be true, false or \"auto\" (got {value!r})")
+            if key == "distill" and value == "auto":
+                values[key] = None
             continue
         if value is not None:
             want = type(default)

@@ -69,7 +69,7 @@ def make_plan(recipe: str) -> Plan:
         raise EffkitError(f"recipe {recipe}: [run] lists the prune stage but prune_modes is empty")
     quantize = build_config(QuantizeConfig, recipe, {"source": dense, **dirs})
     bench = build_config(BenchConfig, recipe, {"run": run.run_name, **dirs})
-    valid_tags = {"train"} | {prune_tag(m, r) for m, c in prune.items() for r in range(1, c.rounds + 1)}
+    valid_tags = {"train"} | {prune_tag(c.label, r) for c in prune.values() for r in range(1, c.rounds + 1)}
     for wanted in run.quantize_from if "quantize" in run.stages else []:
         if wanted not in valid_tags | ({BEST_PRUNED} if prune and "prune" in run.stages else set()):
             raise EffkitError(f"recipe {recipe}: [run] quantize_from = {wanted!r} is not an artifact this recipe "
@@ -84,8 +84,8 @@ def _complete(path: Path) -> bool:
 
 def _prune_done(plan: Plan, mode: str) -> bool:
     cfg = plan.prune[mode]
-    return (plan.report_dir / f"prune-{mode}.json").is_file() and _complete(
-        plan.layout.artifact(prune_tag(mode, cfg.rounds)))
+    return (plan.report_dir / f"prune-{cfg.label}.json").is_file() and _complete(
+        plan.layout.artifact(prune_tag(cfg.label, cfg.rounds)))
 
 
 def _quantize_done(plan: Plan, source: Path) -> Path | None:
@@ -106,9 +106,9 @@ def best_pruned(plan: Plan) -> tuple[Path | None, dict[str, Any]]:
     when the round ran without a control), and the table it was chosen from."""
     budget = plan.run.max_loss_increase
     rows = []
-    for mode, cfg in plan.prune.items():
+    for cfg in plan.prune.values():
         for r in range(1, cfg.rounds + 1):
-            d = plan.layout.artifact(prune_tag(mode, r))
+            d = plan.layout.artifact(prune_tag(cfg.label, r))
             if not _complete(d):
                 continue
             m = artifacts.read_meta(d)["metrics"]
@@ -193,7 +193,7 @@ def describe(plan: Plan) -> list[dict[str, Any]]:
         for m, c in plan.prune.items():
             rows.append({"stage": f"prune {m}", "what": f"to {c.target} in {c.rounds} rounds, {c.finetune_steps} "
                          "fine-tuning steps each", "leaves": ", ".join(
-                             str(plan.layout.artifact(prune_tag(m, r))) for r in range(1, c.rounds + 1))})
+                             str(plan.layout.artifact(prune_tag(c.label, r))) for r in range(1, c.rounds + 1))})
     if "quantize" in st:
         q = plan.quantize
         for wanted in plan.run.quantize_from:

@@ -227,7 +227,7 @@ def plot_comparison(out: Path) -> Path | None:
 
 def save_sparsity_figure(plt, fig, axes, path: Path) -> None:
     for ax in axes:
-        ax.set_xlabel("fraction of prunable weights removed")
+        ax.set_xlabel("fraction of block parameters removed (weight mode: zeroed)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
@@ -238,16 +238,25 @@ def save_sparsity_figure(plt, fig, axes, path: Path) -> None:
 def plot_prune_curves(out: Path) -> list[Path]:
     """prune_loss.png: held-out loss of each pruning mode next to its dense control (left), and the paired loss
     change against the control with its 95% interval (right: what pruning cost). prune_latency.png: batch-12
-    latency relative to the dense parent (paired, 95% interval). One line per pruning mode found."""
+    latency relative to the dense parent (paired, 95% interval). One line per pruning run found (mode, and
+    whether it distilled), all on one axis: the fraction of transformer-block parameters removed."""
     curves = {}
     for p in sorted(Path(out).glob("prune-*.json")):
         data = json.loads(p.read_text())
         if "curve" in data:
-            curves[data["config"]["mode"]] = data["curve"]
+            curves[data.get("label", data["config"]["mode"])] = data["curve"]
     if not curves:
         return []
     plt = pyplot()
-    label = {"weight": "weight (zeroed block weights)", "row": "row (MLP channels removed)"}
+    names = {"weight": "weight (zeroed block weights)", "row": "row (MLP channels)",
+             "width": "width (residual channels)", "depth": "depth (whole blocks)"}
+    label = {k: names.get(k.removesuffix("-distill"), k) + (" + distillation" if k.endswith("-distill") else "")
+             for k in curves}
+
+    def removed(mode, r):  # weight mode zeroes weights (its block parameters all stay): its zeroed fraction
+        if mode == "weight" or r.get("block_params_removed") is None:
+            return r["achieved_sparsity"]
+        return r["block_params_removed"]
 
     def errorbars(ax, xs, cis, color, lab, fmt="o-"):
         values = [c["ratio"] if "ratio" in c else c["delta"] * 100 for c in cis]
@@ -258,7 +267,7 @@ def plot_prune_curves(out: Path) -> list[Path]:
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     for i, (mode, rows) in enumerate(curves.items()):
-        color, xs = f"C{i}", [r["achieved_sparsity"] for r in rows]
+        color, xs = f"C{i}", [removed(mode, r) for r in rows]
         left.plot(xs, [r["eval_loss"] for r in rows], "o-", color=color, label=label.get(mode, mode))
         ctrl = [(x, r["control_eval_loss"]) for x, r in zip(xs, rows, strict=True) if r.get("control_eval_loss")]
         if len(ctrl) > 1:
@@ -276,7 +285,7 @@ def plot_prune_curves(out: Path) -> list[Path]:
 
     fig, ax = plt.subplots(figsize=(6.4, 4))
     for i, (mode, rows) in enumerate(curves.items()):
-        pts = [(r["achieved_sparsity"], r["latency_ratio_b12"]) for r in rows if r.get("latency_ratio_b12")]
+        pts = [(removed(mode, r), r["latency_ratio_b12"]) for r in rows if r.get("latency_ratio_b12")]
         pts = [(0.0, {"ratio": 1.0, "ci95": [1.0, 1.0]})] + pts
         errorbars(ax, [x for x, _ in pts], [p for _, p in pts], f"C{i}", label.get(mode, mode))
     ax.axhline(1.0, color="k", lw=0.8)

@@ -147,6 +147,8 @@ class _Progress:
 class TrainHooks:
     on_step: Callable[[int, float], None] | None = None  # after every step: (step, loss)
     after_optimizer_step: Callable[[torch.nn.Module], None] | None = None  # e.g. re-apply pruning masks
+    # the training loss from (logits, batch); None = next-token cross-entropy (e.g. distillation adds a KL term)
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
 
 class Trainer:
@@ -237,7 +239,8 @@ class Trainer:
                 continue
             with par.no_sync() if micro < o.grad_accum - 1 else nullcontext():
                 with metrics.autocast_ctx(self.rt.device, self.amp_dtype):
-                    loss = metrics.lm_loss(par.model(batch).logits, batch) / o.grad_accum
+                    logits = par.model(batch).logits
+                    loss = (self.hooks.loss or metrics.lm_loss)(logits, batch) / o.grad_accum
                 clock.lap("forward")
                 self.scaler.scale(loss).backward()
                 clock.lap("backward")
@@ -438,12 +441,13 @@ def train_from_dict(config: dict[str, Any]) -> dict[str, Any]:
 def finetune(cfg: TrainConfig, model: torch.nn.Module, rt: Runtime, *, stage: str, tag: str, parent: str,
              after_step: Callable[[torch.nn.Module], None] | None = None,
              extra_metrics: Callable[[torch.nn.Module], dict[str, Any]] | None = None,
+             loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
              progress: bool = True, mark_latest: bool = True) -> dict[str, Any]:
     """Fine-tune an already built `model` (e.g. pruned) with the one loop and save it as `runs/<run>/<tag>/`.
     `cfg.model.name` is the artifact it came from (for its tokenizer); with no step bound it is only
-    evaluated and saved."""
+    evaluated and saved. `loss` replaces the next-token cross-entropy (distillation)."""
     cfg = cfg.validate(allow_no_steps=True)
-    trainer = Trainer(cfg, rt, model=model, hooks=TrainHooks(after_optimizer_step=after_step), tag=tag,
+    trainer = Trainer(cfg, rt, model=model, hooks=TrainHooks(after_optimizer_step=after_step, loss=loss), tag=tag,
                       progress=progress)
     trainer.fit()
     return trainer.finish(stage=stage, parent=parent, extra_metrics=extra_metrics, mark_latest=mark_latest)

@@ -24,7 +24,7 @@ def run_with_artifacts(tmp_path_factory, corpus_dir):
     dense = train(TrainConfig.from_flat(model="gpt2-nano", data=str(corpus_dir), vocab_size=512, block_size=32,
                                         eval_blocks=4, batch_size=4, max_steps=4, warmup_steps=1, eval_interval=0,
                                         checkpoint_interval=0, run_name="b", **dirs), progress=False)["artifact"]
-    pruned = run_prune(PruneConfig(source=dense, mode="row", target=0.5, rounds=1, finetune_steps=1,
+    pruned = run_prune(PruneConfig(source=dense, mode="row", target=0.5, rounds=1, finetune_steps=1, distill=False,
                                    latency_repeats=2, **dirs), progress=False)["artifact"]
     quant = run_quantize(QuantizeConfig(source=dense, backend="dynamic", latency_repeats=2, gen_tokens=4,
                                         **dirs))["artifact"]

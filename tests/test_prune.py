@@ -24,7 +24,7 @@ def trained(tmp_path_factory, corpus_dir):
 
 def prune_cfg(tmp, artifact, **kw):
     base = dict(source=artifact, rounds=2, finetune_steps=3, batch_size=4, latency_repeats=2, calib_batches=1,
-                runs_dir=str(tmp / "runs"), reports_dir=str(tmp / "reports"))
+                distill=False, runs_dir=str(tmp / "runs"), reports_dir=str(tmp / "reports"))
     return PruneConfig(**{**base, **kw})
 
 
@@ -90,6 +90,8 @@ def run_cli(args, capsys, monkeypatch):
     (["--target", "0"], "--target must be between 0 and 1"),
     (["--target", "1.5"], "--target must be between 0 and 1"),
     (["--mode", "channel"], "unknown --mode 'channel'"),
+    (["--mode", "depth", "--target", "0.9"], "would remove all 2 blocks"),
+    (["--mode", "row", "--distill", "--finetune-steps", "0"], "--distill needs fine-tuning steps"),
     (["--from", "/nonexistent/model"], "does not exist"),
 ])
 def test_bad_prune_input(args, needle, trained, capsys, monkeypatch):

@@ -56,35 +56,36 @@ def test_tiny_recipe_end_to_end_then_skips(tmp_path, corpus_dir):
     recipe = write_recipe(tmp_path, corpus_dir, extra_run='quantize_from = ["train", "best-pruned"]\n'
                                                           "max_loss_increase = 0.5")
     first = run_pipeline(str(recipe))
-    assert first["done"] == ["train", "prune row", "quantize train", "quantize best-pruned (prune-row-r1)", "bench",
+    assert first["done"] == ["train", "prune row", "quantize train", "quantize best-pruned (prune-row-distill-r1)",
+                             "bench",
                              "report"]
     tags = [r["tag"] for r in first["bench"]["artifacts"]]
-    assert tags == ["train", "prune-row-r1", "quantize-dynamic", "prune-row-r1+quantize-dynamic"]
+    assert tags == ["train", "prune-row-distill-r1", "quantize-dynamic", "prune-row-distill-r1+quantize-dynamic"]
     composed = json.loads((tmp_path / "runs" / "tiny" / tags[-1] / "effkit.json").read_text())
-    assert composed["parent"].endswith("prune-row-r1") and composed["metrics"]["int8_layers_reloaded"] > 0
+    assert composed["parent"].endswith("prune-row-distill-r1") and composed["metrics"]["int8_layers_reloaded"] > 0
     rows = {r["tag"]: r for r in first["bench"]["artifacts"]}
-    control = rows["prune-row-r1"]["control_artifact"]  # the int8 form of a pruned round is judged by its control
-    assert "/controls/" in control and rows["prune-row-r1+quantize-dynamic"]["control_artifact"] == control
-    assert rows["prune-row-r1+quantize-dynamic"]["eval_loss_delta_vs_control"]["verdict"] in ("better", "worse",
+    control = rows["prune-row-distill-r1"]["control_artifact"]  # the int8 form of a round is judged by its control
+    assert "/controls/" in control and rows["prune-row-distill-r1+quantize-dynamic"]["control_artifact"] == control
+    assert rows["prune-row-distill-r1+quantize-dynamic"]["eval_loss_delta_vs_control"]["verdict"] in ("better", "worse",
                                                                                               "same")
     assert "control_artifact" not in rows["quantize-dynamic"]
     ship = first["deliverable"]
     assert ship["tag"] in tags and ship["line"].startswith(f"deliver {ship['tag']}: latency b12 ")
-    assert ship["best_pruned"]["picked"] == "prune-row-r1"
+    assert ship["best_pruned"]["picked"] == "prune-row-distill-r1"
     summary = (tmp_path / "reports" / "tiny" / "summary.md").read_text()
-    assert ship["line"] in summary and "prune-row-r1+quantize-dynamic" in summary
+    assert ship["line"] in summary and "prune-row-distill-r1+quantize-dynamic" in summary
     strict = make_plan(str(recipe))
     strict.run = strict.run.replace(max_loss_increase=-1.0)  # no round can be 100% better than its control
     picked, table = best_pruned(strict)
     assert picked is None and table["rounds"] and not any(r["within_budget"] for r in table["rounds"])
     second = run_pipeline(str(recipe))
     assert second["done"] == ["train (skipped)", "prune row (skipped)", "quantize train (skipped)",
-                              "quantize best-pruned (prune-row-r1) (skipped)", "bench (skipped)", "report"]
+                              "quantize best-pruned (prune-row-distill-r1) (skipped)", "bench (skipped)", "report"]
     only_train = recipe.read_text().replace('run_name = "tiny"', 'run_name = "tiny"\nstages = ["train"]')
     recipe.write_text(only_train)
     forced = run_pipeline(str(recipe), force=True)
     assert forced["done"] == ["train"]  # redone, although complete
-    assert not (tmp_path / "runs" / "tiny" / "prune-row-r1").exists()  # --force starts the run afresh
+    assert not (tmp_path / "runs" / "tiny" / "prune-row-distill-r1").exists()  # --force starts the run afresh
 
 
 def _row(tag, latency, loss, vs_control=None):
@@ -115,17 +116,17 @@ def test_a_run_killed_during_prune_resumes_and_completes(tmp_path, corpus_dir):
                           extra_run='stages = ["train", "prune"]')
     proc = subprocess.Popen([sys.executable, "-m", "effkit", "run", str(recipe)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    marker = tmp_path / "runs" / "tiny" / "prune-row-r1" / "effkit.json"
+    marker = tmp_path / "runs" / "tiny" / "prune-row-distill-r1" / "effkit.json"
     deadline = time.monotonic() + 120
     while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert marker.exists()
-    assert not (tmp_path / "reports" / "tiny" / "prune-row.json").exists()  # killed before the stage finished
+    assert not (tmp_path / "reports" / "tiny" / "prune-row-distill.json").exists()  # killed before the stage finished
     result = run_pipeline(str(recipe))
     assert result["done"] == ["train (skipped)", "prune row"]
-    assert (tmp_path / "runs" / "tiny" / "prune-row-r2" / "effkit.json").is_file()
+    assert (tmp_path / "runs" / "tiny" / "prune-row-distill-r2" / "effkit.json").is_file()
     assert not list((tmp_path / "runs" / "tiny").glob(".tmp-*"))
 
 

@@ -23,8 +23,11 @@ from effkit.data import prepare
 from effkit.errors import EffkitError
 from effkit.model import count_params, load_model
 from effkit.parallel import Runtime, init_runtime
+from effkit.prune.depth import prune_blocks
+from effkit.prune.distill import Distiller
 from effkit.prune.row import prune_mlp_channels
 from effkit.prune.weight import apply_masks, compute_masks, prunable_linears, sparsity
+from effkit.prune.width import prune_width, valid_width
 from effkit.report import atomic_write_text, plot_prune_curves, write_rows_csv
 from effkit.train import finetune
 
@@ -44,16 +47,27 @@ def mlp_weights(model) -> int:
     return sum(b.mlp.c_fc.weight.numel() + b.mlp.c_proj.weight.numel() for b in model.transformer.h)
 
 
-def stage_metrics(model, block: int, dense: dict[str, Any] | None) -> dict[str, Any]:
+def block_params(model) -> int:
+    """Parameters of the transformer blocks (what structured modes remove; embeddings and final norm excluded)."""
+    return sum(p.numel() for p in model.transformer.h.parameters())
+
+
+def stage_metrics(model, block: int, dense: dict[str, Any] | None, mode: str = "row") -> dict[str, Any]:
     """Size, sparsity and FLOPs of `model`; the FLOPs speed-up against `dense` when given.
     `achieved_sparsity`: the fraction of prunable weights removed. Weight mode counts zeros among the block
-    Linear weights; row mode counts the MLP weights physically removed (the row-prunable ones)."""
+    Linear weights; row mode counts the MLP weights physically removed (the row-prunable ones); width and depth
+    count the block parameters removed. `block_params_removed` is that last fraction for every mode."""
     zeros, total = sparsity(model)
     removed = dense["mlp_weights"] - mlp_weights(model) if dense else 0
     achieved = removed / dense["mlp_weights"] if removed else zeros / total
+    blocks = block_params(model)
+    if dense and mode in ("width", "depth"):
+        achieved = 1 - blocks / dense["block_params"]
     m: dict[str, Any] = {
         "prunable_weights": total, "zero_weights": zeros, "mlp_weights": mlp_weights(model),
-        "achieved_sparsity": achieved,
+        "achieved_sparsity": achieved, "block_params": blocks,
+        "block_params_removed": 1 - blocks / dense["block_params"] if dense else 0.0,
+        "n_embd": model.config.n_embd, "n_layer": model.config.n_layer,
         "params": count_params(model), "nonzero_params": sum(int((p != 0).sum()) for p in model.parameters()),
         "n_inner": model.config.n_inner or 4 * model.config.n_embd,
         "flops_per_token_dense": forward_flops_per_token(model, block),
@@ -137,6 +151,37 @@ def finetune_config(cfg: PruneConfig, source: Path, meta: dict[str, Any], data: 
     )
 
 
+def importance_of(cfg: PruneConfig) -> str:
+    """How this mode ranks what it removes, in words."""
+    return {"weight": cfg.importance, "row": "L2 norm of each channel's c_fc row",
+            "width": f"Torch-Pruning group {cfg.importance} importance (residual group; per head for q/k and v)",
+            "depth": "calibration-loss increase when the block is skipped"}[cfg.mode]
+
+
+def check_structure(cfg: PruneConfig, model) -> dict[str, Any]:
+    """The shape the last round leaves, refused (one line, before anything is written) when it removes all or
+    nothing; widths are rounded to a multiple of the head count, and the report says so."""
+    c = model.config
+    if cfg.mode == "width":
+        width = valid_width(c.n_embd, c.n_head, cfg.target)
+        if width == c.n_embd:
+            raise EffkitError(f"--target {cfg.target} removes no residual channel of {c.n_embd} once rounded to a "
+                              f"multiple of the {c.n_head} heads; use a larger --target")
+        return {"n_embd": f"{c.n_embd} -> {width} (a multiple of n_head={c.n_head}: GPT2Config needs equal heads; "
+                          f"{1 - width / c.n_embd:.1%} removed for --target {cfg.target})",
+                "head_dim": f"{c.n_embd // c.n_head} -> {width // c.n_head}"}
+    if cfg.mode == "depth":
+        remove = round(c.n_layer * cfg.target)
+        if remove >= c.n_layer:
+            raise EffkitError(f"--target {cfg.target} would remove all {c.n_layer} blocks; use a target below "
+                              f"{(c.n_layer - 0.5) / c.n_layer:.2f}")
+        if remove == 0:
+            raise EffkitError(f"--target {cfg.target} removes no block of {c.n_layer} (rounded); use at least "
+                              f"{0.5 / c.n_layer:.2f}")
+        return {"n_layer": f"{c.n_layer} -> {c.n_layer - remove}"}
+    return {}
+
+
 def run_prune(cfg: PruneConfig, progress: bool = True) -> dict[str, Any]:
     cfg = cfg.validate()
     rt = init_runtime(cfg.device)
@@ -155,6 +200,7 @@ def _prune(cfg: PruneConfig, rt: Runtime, source: Path, meta: dict[str, Any], da
 
     dense_model = load_model(str(source)).to(rt.device).eval()
     model = copy.deepcopy(dense_model).train()
+    structure = check_structure(cfg, model)  # before anything is written: a target that removes all or nothing
     blocks = prepare(data_cfg, tokenizer_from=str(source)).blocks
     dense = stage_metrics(model, block, None)
     dense_eval = metrics.evaluate(dense_model, blocks.eval, cfg.batch_size, eval_bytes=blocks.eval_bytes)
@@ -162,15 +208,18 @@ def _prune(cfg: PruneConfig, rt: Runtime, source: Path, meta: dict[str, Any], da
     # without fine-tuning there is no extra training to control for: the dense parent is the control
     control = ControlArm(cfg, source, meta, data_cfg, layout, rt, progress) if cfg.control and cfg.finetune_steps \
         else None
-    n_inner0 = dense["n_inner"]
+    n_inner0, n_embd0, n_layer0 = dense["n_inner"], dense["n_embd"], dense["n_layer"]
     masks: dict[str, torch.Tensor] | None = None
     calib = None
-    if cfg.importance == "wanda":
+    if cfg.importance in ("wanda", "taylor") or cfg.mode == "depth":
         g = torch.Generator().manual_seed(cfg.seed)
         idx = torch.randperm(len(blocks.train), generator=g)[: cfg.calib_batches * cfg.batch_size]
         calib = list(blocks.train[idx].split(cfg.batch_size))
+    distiller = (Distiller(dense_model, cfg.distill_alpha, cfg.distill_temperature, teacher_name=str(source))
+                 if cfg.distilling else None)
 
     rows: list[dict[str, Any]] = [{"round": 0, "target": 0.0, "achieved_sparsity": dense["achieved_sparsity"],
+                                   "block_params_removed": 0.0,
                                    "eval_loss": dense["eval_loss"], "eval_loss_ci95": dense["eval_loss_ci95"],
                                    "control_eval_loss": dense["eval_loss"], "params": dense["params"],
                                    "flops_per_token": dense["flops_per_token_dense"], "artifact": str(source)}]
@@ -179,19 +228,28 @@ def _prune(cfg: PruneConfig, rt: Runtime, source: Path, meta: dict[str, Any], da
         fraction = cfg.target * r / cfg.rounds
         control_eval = (metrics.evaluate(control.after(r), blocks.eval, cfg.batch_size) if control
                         else dense_eval if cfg.control else None)
+        after_step = None
+        done: dict[str, Any] = {}
         if cfg.mode == "weight":
             masks = compute_masks(model, fraction, cfg.importance, cfg.scope, calib, previous=masks)
             apply_masks(model, masks)
             after_step = (lambda mdl, m=masks: apply_masks(mdl, m))
-        else:
+        elif cfg.mode == "row":
             keep = max(1, round(n_inner0 * (1 - fraction)))
             prune_mlp_channels(model, keep)
-            after_step = None
+        elif cfg.mode == "width":
+            model, done = prune_width(model, valid_width(n_embd0, model.config.n_head, fraction), cfg.importance,
+                                      calib)
+        else:  # depth: the blocks still to remove to reach this round's fraction of the original depth
+            model, done = prune_blocks(model, round(n_layer0 * fraction) - (n_layer0 - model.config.n_layer), calib)
+        model.train()
 
-        def extra(mdl, f=fraction, r=r, control_eval=control_eval):
+        def extra(mdl, f=fraction, r=r, control_eval=control_eval, done=done):
             m = {"prune": {"mode": cfg.mode, "round": r, "target": f, "final_target": cfg.target,
-                           "importance": cfg.importance, "scope": cfg.scope if cfg.mode == "weight" else None},
-                 **stage_metrics(mdl, block, dense), **paired_latency(dense_model, mdl, block, cfg)}
+                           "importance": importance_of(cfg), "scope": cfg.scope if cfg.mode == "weight" else None,
+                           "structure": structure, "this_round": done,
+                           "distill": distiller.describe() if distiller else None},
+                 **stage_metrics(mdl, block, dense, cfg.mode), **paired_latency(dense_model, mdl, block, cfg)}
             own = metrics.evaluate(mdl, blocks.eval, cfg.batch_size)
             m["eval_loss_delta_vs_dense"] = stats.paired_delta(dense_eval["block_losses"], own["block_losses"])
             if control_eval is not None:
@@ -203,15 +261,18 @@ def _prune(cfg: PruneConfig, rt: Runtime, source: Path, meta: dict[str, Any], da
             return m
 
         report = finetune(finetune_config(cfg, source, meta, data_cfg, r, layout), model, rt, stage="prune",
-                          tag=prune_tag(cfg.mode, r), parent=parent, after_step=after_step, extra_metrics=extra,
-                          progress=progress)
+                          tag=prune_tag(cfg.label, r), parent=parent, after_step=after_step, extra_metrics=extra,
+                          loss=distiller, progress=progress)
         m = report["metrics"]
         rows.append({"round": r, "target": fraction, "achieved_sparsity": m["achieved_sparsity"],
+                     "block_params_removed": m["block_params_removed"], "n_embd": m["n_embd"],
+                     "n_layer": m["n_layer"], "n_inner": m["n_inner"],
                      "eval_loss": m["eval_loss"], "eval_loss_ci95": m["eval_loss_ci95"],
                      "control_eval_loss": m.get("control_eval_loss"),
                      "eval_loss_delta_vs_control": m.get("eval_loss_delta_vs_control"),
                      "eval_loss_delta_vs_dense": m["eval_loss_delta_vs_dense"], "params": m["params"],
-                     "flops_per_token": m["flops_per_token_dense" if cfg.mode == "row" else "flops_per_token_nonzero"],
+                     "flops_per_token": m["flops_per_token_nonzero" if cfg.mode == "weight" else
+                                          "flops_per_token_dense"],
                      "latency_b1_s": m["latency_b1"]["p50_s"], "latency_b12_s": m["latency_b12"]["p50_s"],
                      "latency_ratio_b1": m["latency_ratio_b1"], "latency_ratio_b12": m["latency_ratio_b12"],
                      "speedup_projected": m["speedup_projected_from_flops"], "artifact": report["artifact"]})
@@ -244,7 +305,8 @@ def write_prune_report(cfg: PruneConfig, layout: RunLayout, rows: list[dict[str,
         verdicts.append("no control arm (--no-control): the loss deltas against the dense parent are confounded "
                         "with the extra fine-tuning steps")
     report = {
-        "stage": "prune", "tag": f"prune-{cfg.mode}", "run": layout.name, "artifact": last["artifact"],
+        "stage": "prune", "tag": f"prune-{cfg.label}", "mode": cfg.mode, "label": cfg.label, "run": layout.name,
+        "artifact": last["artifact"],
         "config": cfg.to_dict(), "curve": rows, "dense": dense, "verdicts": verdicts,
         "protocol": {"eval_loss": metrics.EVAL_PROTOCOL + "; " + stats.LOSS_METHOD,
                      "control": ("the dense parent fine-tuned with the same steps, data order and learning rate "
@@ -254,13 +316,21 @@ def write_prune_report(cfg: PruneConfig, layout: RunLayout, rows: list[dict[str,
                                 + metrics.INTERLEAVED_PROTOCOL.format(warmup=2, rounds=cfg.latency_rounds,
                                                                       repeats=cfg.latency_repeats)
                                 + f"; {stats.RATIO_METHOD}; device {metrics.describe_device(rt.device)}",
-                     "sparsity": "counted zeros over the Linear weights of the transformer blocks",
+                     "importance": importance_of(cfg),
+                     "distillation": (f"fine-tuning loss (1 - {cfg.distill_alpha}) x cross-entropy + "
+                                      f"{cfg.distill_alpha} x T^2 x KL(teacher_T || student_T), T = "
+                                      f"{cfg.distill_temperature}, teacher = the frozen dense parent "
+                                      f"({cfg.source}); the control arm stays a plain fine-tune (a dense model "
+                                      "distilled from itself is a plain fine-tune with a smaller step)")
+                                     if cfg.distilling else "off",
+                     "sparsity": "counted zeros over the Linear weights of the transformer blocks; width and depth: "
+                                 "the fraction of transformer-block parameters removed",
                      "flops": "forward FLOPs/token = 2 x (block Linear weights + LM head) + 4*L*d*T; weight mode "
                               "counts non-zero weights (what sparse kernels could skip)"},
         "versions": artifacts.versions(), "git_commit": artifacts.git_commit(),
     }
-    atomic_write_text(out / f"prune-{cfg.mode}.json", json.dumps(report, indent=2, default=str))
-    write_rows_csv(out / f"prune-{cfg.mode}.csv", [flat_curve_row(r) for r in rows])
+    atomic_write_text(out / f"prune-{cfg.label}.json", json.dumps(report, indent=2, default=str))
+    write_rows_csv(out / f"prune-{cfg.label}.csv", [flat_curve_row(r) for r in rows])
     plot_prune_curves(out)
     return report
 
