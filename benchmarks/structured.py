@@ -22,6 +22,7 @@ from effkit.config import DataConfig, PruneConfig
 from effkit.data import prepare
 from effkit.model import load_model
 from effkit.prune.stage import run_prune
+from effkit.quiet import quiet_libraries
 from effkit.report import render_run_report
 
 # fractions of each mode's own unit that remove about 25% (round 1) and 50% (round 2) of the block parameters of
@@ -36,6 +37,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=60, help="fine-tuning steps per round")
     ap.add_argument("--out", default="reports/benchmarks/structured")
     a = ap.parse_args()
+    quiet_libraries()
     out = Path(a.out)
     dense = out / "runs" / "structured" / "train"
     if not dense.is_dir():
