@@ -37,3 +37,19 @@ def tiny_cfg(corpus_dir, tmp_path):
         return TrainConfig.from_flat(**base)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def train_tiny(corpus_dir):
+    """train_tiny(tmp, run_name): a 4-step gpt2-nano training run under `tmp`, the parent that prune tests cut;
+    returns its artifact."""
+    return lambda tmp, run_name: _train_tiny(tmp, corpus_dir, run_name)
+
+
+def _train_tiny(tmp: Path, corpus_dir: Path, run_name: str) -> str:
+    from effkit.train import train
+
+    cfg = TrainConfig.from_flat(model="gpt2-nano", data=str(corpus_dir), vocab_size=512, block_size=32, eval_blocks=4,
+                                batch_size=4, max_steps=4, warmup_steps=1, eval_interval=0, checkpoint_interval=0,
+                                runs_dir=str(tmp / "runs"), reports_dir=str(tmp / "reports"), run_name=run_name)
+    return train(cfg, progress=False)["artifact"]

@@ -7,19 +7,14 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from effkit import cli
-from effkit.config import PruneConfig, TrainConfig
+from effkit.config import PruneConfig
 from effkit.prune.stage import run_prune
-from effkit.train import train
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, corpus_dir):
+def trained(tmp_path_factory, train_tiny):
     tmp = tmp_path_factory.mktemp("prune")
-    cfg = TrainConfig.from_flat(model="gpt2-nano", data=str(corpus_dir), vocab_size=512, block_size=32, eval_blocks=4,
-                                batch_size=4, max_steps=4, warmup_steps=1, eval_interval=0, checkpoint_interval=0,
-                                runs_dir=str(tmp / "runs"), reports_dir=str(tmp / "reports"), run_name="p")
-    report = train(cfg, progress=False)
-    return tmp, report["artifact"]
+    return tmp, train_tiny(tmp, "p")
 
 
 def prune_cfg(tmp, artifact, **kw):

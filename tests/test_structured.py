@@ -15,16 +15,12 @@ from effkit.prune.depth import block_importance, prune_blocks
 from effkit.prune.distill import Distiller, kl_to_teacher
 from effkit.prune.stage import run_prune
 from effkit.prune.width import prune_width, valid_width
-from effkit.train import train
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, corpus_dir):
+def trained(tmp_path_factory, train_tiny):
     tmp = tmp_path_factory.mktemp("structured")
-    cfg = TrainConfig.from_flat(model="gpt2-nano", data=str(corpus_dir), vocab_size=512, block_size=32, eval_blocks=4,
-                                batch_size=4, max_steps=4, warmup_steps=1, eval_interval=0, checkpoint_interval=0,
-                                runs_dir=str(tmp / "runs"), reports_dir=str(tmp / "reports"), run_name="s")
-    return tmp, train(cfg, progress=False)["artifact"]
+    return tmp, train_tiny(tmp, "s")
 
 
 def prune_cfg(tmp, artifact, **kw):
