@@ -128,26 +128,39 @@ def timed_side_by_side(paths: list[Path], cfg: BenchConfig, tokenizer, block: in
     """Every artifact loaded at once and timed in interleaved rounds: {measure: {tag: per-round samples}}.
     Measures: latency_b1, latency_b12 (seconds), generation (tokens/s), train_b4, train_b12 (tokens/s, dense
     and pruned artifacts only). With `compile`, each PyTorch artifact's compiled twin (`<tag> (compiled)`) joins the
-    latency rounds; `compile_status` says, per artifact, whether it compiled."""
+    latency rounds, and its compiled decoding (static KV cache) the generation rounds; `compile_status` and
+    `generation_compile_status` say, per artifact, whether they compiled."""
     models = {tag: load_any(p, device).eval() for tag, p in zip(tags(paths), paths, strict=True)}
     new_tokens = min(metrics.generation_budget(m, tokenizer, cfg.gen_tokens)[0] for m in models.values())
     forward = dict(models)
     status: dict[str, str] = {}
+    generators = {t: metrics.generation_timer(m, tokenizer, new_tokens) for t, m in models.items()}
+    gen_status: dict[str, str] = {}
     if cfg.compile:
         for tag, m in models.items():
             compiled, status[tag] = metrics.compile_for_inference(m, LAT_BATCHES, block)
             if compiled is not None:
                 forward[tag + COMPILED] = compiled
+            kwargs, gen_status[tag] = metrics.compiled_generation(m)
+            if kwargs is not None:
+                timer = metrics.generation_timer(m, tokenizer, new_tokens, kwargs)
+                try:
+                    timer()  # compiles
+                except Exception as e:  # noqa: BLE001 - reported, not fatal
+                    first = (str(e).strip().splitlines() or [""])[0]
+                    gen_status[tag] = f"not run: torch.compile failed ({type(e).__name__}: {first[:120]})"
+                else:
+                    generators[tag + COMPILED] = timer
     plan: dict[str, tuple[dict[str, Any], int]] = {}
     for b in LAT_BATCHES:
         plan[f"latency_b{b}"] = ({t: metrics.forward_timer(m, b, block) for t, m in forward.items()}, cfg.repeats)
-    plan["generation"] = ({t: metrics.generation_timer(m, tokenizer, new_tokens) for t, m in models.items()}, 1)
+    plan["generation"] = (generators, 1)
     steppers = {tag: metrics.train_step_timers(models[tag], TRAIN_BATCHES, block)
                 for tag, p in zip(tags(paths), paths, strict=True) if trainable(p)}
     for b in TRAIN_BATCHES:
         plan[f"train_b{b}"] = ({t: timers[b] for t, timers in steppers.items()}, cfg.train_steps)
     timed = {name: metrics.interleaved(fns, cfg.rounds, repeats, warmup=2) for name, (fns, repeats) in plan.items()}
-    return {**timed, "compile_status": status}
+    return {**timed, "compile_status": status, "generation_compile_status": gen_status}
 
 
 def combine(static: list[dict[str, Any]], timed: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -183,36 +196,42 @@ def combine(static: list[dict[str, Any]], timed: dict[str, dict[str, Any]]) -> l
 
 def compiled_row(timed: dict[str, Any], tag: str, ref: str) -> dict[str, Any]:
     """An artifact's compiled twin: its latency, paired with the same artifact eager and with the (eager)
-    reference, or why it did not run."""
-    status = timed["compile_status"][tag]
-    if tag + COMPILED not in timed["latency_b1"]:
-        return {"status": status}
-    out: dict[str, Any] = {"status": status}
-    for b in LAT_BATCHES:
-        samples = timed[f"latency_b{b}"]
-        out[f"latency_b{b}"] = metrics.latency_stats(samples[tag + COMPILED])
-        out[f"ratio_vs_eager_b{b}"] = stats.paired_ratio(samples[tag], samples[tag + COMPILED])
-        out[f"latency_ratio_b{b}"] = stats.paired_ratio(samples[ref], samples[tag + COMPILED])
+    reference, and its compiled decoding's tokens/s paired with the eager decoding; or why either did not run."""
+    out: dict[str, Any] = {"status": timed["compile_status"][tag],
+                           "generation_status": timed.get("generation_compile_status", {}).get(tag, "not run")}
+    if tag + COMPILED in timed["latency_b1"]:
+        for b in LAT_BATCHES:
+            samples = timed[f"latency_b{b}"]
+            out[f"latency_b{b}"] = metrics.latency_stats(samples[tag + COMPILED])
+            out[f"ratio_vs_eager_b{b}"] = stats.paired_ratio(samples[tag], samples[tag + COMPILED])
+            out[f"latency_ratio_b{b}"] = stats.paired_ratio(samples[ref], samples[tag + COMPILED])
+    gen = timed["generation"]
+    if tag + COMPILED in gen:
+        out["generation_tokens_per_s"] = stats.median_of_rounds(gen[tag + COMPILED])
+        out["generation_ratio_vs_eager"] = stats.paired_ratio(gen[tag], gen[tag + COMPILED], higher_is_better=True)
     return out
 
 
 def compiled_lines(report: dict[str, Any]) -> list[str]:
-    """bench.md's table of compiled vs eager latency (present with --compile)."""
+    """bench.md's table of compiled vs eager latency and generation (present with --compile)."""
     rows = [r for r in report["artifacts"] if "compiled" in r]
     if not rows:
         return []
     ref = report["artifacts"][0]["tag"]
-    lines = ["Compiled (torch.compile, Inductor, freezing) vs eager, same interleaved rounds:", "",
+    lines = ["Compiled (torch.compile, Inductor; forward with freezing, decoding with a static KV cache) vs eager, "
+             "same interleaved rounds:", "",
              f"| artifact | eager b12 ms | compiled b12 ms | compiled vs eager b12 | compiled vs {ref} (eager) b12 | "
-             "compiled vs eager b1 |", "|---|---|---|---|---|---|"]
+             "compiled vs eager b1 | compiled gen tok/s | compiled vs eager gen |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         c = r["compiled"]
-        if "latency_b12" not in c:
-            lines.append(f"| {r['tag']} | {r['latency_b12']['p50_s'] * 1e3:.1f} | {c['status']} | | | |")
-            continue
-        lines.append(f"| {r['tag']} | {r['latency_b12']['p50_s'] * 1e3:.1f} | {c['latency_b12']['p50_s'] * 1e3:.1f} | "
-                     f"{stats.fmt_ratio(c['ratio_vs_eager_b12'])} | {stats.fmt_ratio(c['latency_ratio_b12'])} | "
-                     f"{stats.fmt_ratio(c['ratio_vs_eager_b1'])} |")
+        if "latency_b12" in c:
+            fwd = (f"{c['latency_b12']['p50_s'] * 1e3:.1f} | {stats.fmt_ratio(c['ratio_vs_eager_b12'])} | "
+                   f"{stats.fmt_ratio(c['latency_ratio_b12'])} | {stats.fmt_ratio(c['ratio_vs_eager_b1'])}")
+        else:
+            fwd = f"{c['status']} | | |"
+        gen = (f"{c['generation_tokens_per_s']:.0f} | {stats.fmt_ratio(c['generation_ratio_vs_eager'])}"
+               if "generation_tokens_per_s" in c else f"{c.get('generation_status', 'not run')} |")
+        lines.append(f"| {r['tag']} | {r['latency_b12']['p50_s'] * 1e3:.1f} | {fwd} | {gen} |")
     return [*lines, ""]
 
 
@@ -280,7 +299,8 @@ def _bench(cfg: BenchConfig, device: torch.device, run_name: str, paths: list[Pa
                        + interleave.format(repeats=cfg.repeats) + f"; {stats.RATIO_METHOD}; p50/p90/p99 over all "
                        "timed repeats" + ("; with --compile each PyTorch artifact's torch.compile twin (Inductor, "
                                           "freezing, static shapes, compiled and warmed up before the rounds) is "
-                                          "timed in the same rounds" if cfg.compile else ""),
+                                          "timed in the same rounds, and its compiled decoding (static KV cache) "
+                                          "in the generation rounds" if cfg.compile else ""),
             "generation": "greedy decoding (PyTorch artifacts with the KV cache; ONNX ones recompute the prefix, see "
                           f"the notes), {rows[0]['generation']['new_tokens']} new tokens "
                           "per call (capped by the smallest context when needed), new tokens / wall time; "

@@ -395,6 +395,8 @@ def generate(
     temperature: float = typer.Option(0.0, help="0 = greedy; otherwise sample at this temperature"),
     top_k: int = typer.Option(50, help="sample among the k most likely tokens (with --temperature > 0)"),
     seed: int = typer.Option(0, help="random seed for sampling"),
+    compile: bool = typer.Option(False, "--compile", help="decode with a static KV cache and a torch.compile'd "
+                                                          "step (compiled before the streamed text)"),
     device: str = typer.Option("auto", help=DEVICE_HELP),
     runs_dir: str = typer.Option("runs", help="where runs/ are"),
 ):
@@ -427,9 +429,21 @@ def generate(
     if ids.shape[1] + max_new_tokens > model.config.n_positions:
         raise EffkitError(f"prompt ({ids.shape[1]} tokens) + --max-new-tokens exceed the model's context "
                           f"({model.config.n_positions}); ask for fewer tokens")
-    torch.manual_seed(seed)
     kwargs = {"do_sample": True, "temperature": temperature, "top_k": top_k} if temperature > 0 else \
         {"do_sample": False}
+    if compile:
+        import time
+
+        from effkit.metrics import compiled_generation, greedy_generate
+
+        compiled, status = compiled_generation(model)
+        if compiled is None:
+            raise EffkitError(f"--compile: {status}; run without --compile")
+        t = time.perf_counter()
+        greedy_generate(model, tok, max_new_tokens, prompt, generate_kwargs=compiled)  # compiles (same shapes)
+        print(f"compiled in {time.perf_counter() - t:.1f} s: {status}", file=sys.stderr)
+        kwargs.update(compiled)
+    torch.manual_seed(seed)
     with torch.inference_mode():
         model.generate(ids, max_new_tokens=max_new_tokens, pad_token_id=tok.eos_token_id,
                        streamer=TextStreamer(tok), **kwargs)

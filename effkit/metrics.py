@@ -317,17 +317,46 @@ def generation_budget(model, tokenizer, wanted: int, prompt: str = GENERATION_PR
                  f"{model.config.n_positions} tokens"
 
 
+def _inductor_config():
+    import torch._inductor.config as inductor
+
+    return inductor
+
+
+def compiled_generation(model) -> tuple[dict[str, Any] | None, str]:
+    """`generate` keyword arguments that decode with a static KV cache and a `torch.compile`d forward (Inductor,
+    static shapes: the cache no longer grows, so one graph serves every step; transformers compiles it on the
+    first call, on any device), or (None, "not run: <reason>")."""
+    if not getattr(model, "compilable", True):
+        return None, "not run: an ONNX Runtime artifact (its graph is already optimized by ONNX Runtime)"
+    if getattr(model, "hf_quantizer", None) is not None and not model.hf_quantizer.is_compileable:
+        return None, "not run: transformers does not compile this quantization method"
+    from transformers import CompileConfig
+
+    config = CompileConfig(mode="default", dynamic=False, fullgraph=True)
+    config._compile_all_devices = True  # transformers compiles automatically on GPUs only unless told
+    return {"cache_implementation": "static", "compile_config": config}, \
+        "torch.compile of the decoding step (Inductor, static KV cache, fullgraph), compiled on the first call"
+
+
 @torch.inference_mode()
-def greedy_generate(model, tokenizer, new_tokens: int, prompt: str = GENERATION_PROMPT) -> tuple[torch.Tensor, float]:
-    """Greedy decoding of exactly `new_tokens` with the KV cache: (new token ids, seconds)."""
+def greedy_generate(model, tokenizer, new_tokens: int, prompt: str = GENERATION_PROMPT,
+                    generate_kwargs: dict[str, Any] | None = None) -> tuple[torch.Tensor, float]:
+    """Greedy decoding of exactly `new_tokens` with the KV cache: (new token ids, seconds). `generate_kwargs`:
+    e.g. `compiled_generation`'s."""
     device = model_device(model)
     ids = tokenizer(prompt, return_tensors="pt").input_ids.to(device)
     model.config.use_cache = True
+    kwargs = generate_kwargs or {}
+    # Inductor's freezing (set for compiled forwards, see compile_for_inference) would fold the static cache that
+    # decoding mutates into constants: compiled decoding runs with it off
+    frozen = nullcontext() if "compile_config" not in kwargs else _inductor_config().patch(freezing=False)
     try:
         synchronize(device)
         t = time.perf_counter()
-        out = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                             pad_token_id=tokenizer.eos_token_id)
+        with frozen:
+            out = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                                 pad_token_id=tokenizer.eos_token_id, **kwargs)
         synchronize(device)
         seconds = time.perf_counter() - t
     finally:
@@ -361,12 +390,13 @@ def repeated_fraction(ids: list[int], n: int = 8) -> float:
     return 1 - len(set(windows)) / len(windows) if windows else 0.0
 
 
-def generation_timer(model, tokenizer, new_tokens: int) -> Callable[[], float]:
+def generation_timer(model, tokenizer, new_tokens: int,
+                     generate_kwargs: dict[str, Any] | None = None) -> Callable[[], float]:
     """A function returning the new tokens per second of one greedy decoding of `new_tokens` (the caller caps
     `new_tokens` with `generation_budget`)."""
 
     def once() -> float:
-        new, seconds = greedy_generate(model, tokenizer, new_tokens)
+        new, seconds = greedy_generate(model, tokenizer, new_tokens, generate_kwargs=generate_kwargs)
         return len(new) / seconds
 
     return once

@@ -91,6 +91,17 @@ def test_generate_streams_text(run_with_artifacts, which):
     assert out.stdout.startswith("The Congress") and len(out.stdout.strip()) > len("The Congress")
 
 
+def test_generate_compile_gives_the_eager_greedy_text(run_with_artifacts):
+    _, _, _, paths = run_with_artifacts
+    args = [sys.executable, "-m", "effkit", "generate", "--from", paths[0], "--prompt", "The Congress",
+            "--max-new-tokens", "6"]
+    eager = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    compiled = subprocess.run([*args, "--compile"], capture_output=True, text=True, timeout=300)
+    assert compiled.returncode == 0, compiled.stderr[-1500:]
+    assert "compiled in" in compiled.stderr and "static KV cache" in compiled.stderr
+    assert compiled.stdout == eager.stdout and len(eager.stdout.strip()) > len("The Congress")
+
+
 def run_cli(args, capsys, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["effkit", *args])
     with pytest.raises(SystemExit) as exc:

@@ -126,6 +126,10 @@ def test_bench_measures_onnx_artifacts_beside_pytorch_ones(trained):
     assert dense["compiled"]["ratio_vs_eager_b12"]["verdict"] in ("faster", "slower", "same")
     assert dense["compiled"]["latency_b12"]["samples"] == 2
     assert row["compiled"]["status"].startswith("not run: an ONNX Runtime artifact")
+    # and its compiled decoding (static KV cache) was timed in the generation rounds
+    assert dense["compiled"]["generation_ratio_vs_eager"]["verdict"] in ("faster", "slower", "same")
+    assert dense["compiled"]["generation_tokens_per_s"] > 0
+    assert row["compiled"]["generation_status"].startswith("not run: an ONNX Runtime artifact")
     assert "Compiled (torch.compile" in (tmp / "reports" / "x" / "bench.md").read_text()
 
 
