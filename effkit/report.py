@@ -229,7 +229,8 @@ def save_sparsity_figure(plt, fig, axes, path: Path) -> None:
     for ax in axes:
         ax.set_xlabel("fraction of block parameters removed (weight mode: zeroed)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:  # an empty panel (no control arm) has nothing to label
+            ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
