@@ -442,6 +442,7 @@ def generate(
         t = time.perf_counter()
         greedy_generate(model, tok, max_new_tokens, prompt, generate_kwargs=compiled)  # compiles (same shapes)
         print(f"compiled in {time.perf_counter() - t:.1f} s: {status}", file=sys.stderr)
+        model.config.use_cache = True  # greedy_generate leaves it off, as effkit's measured models keep it
         kwargs.update(compiled)
     torch.manual_seed(seed)
     with torch.inference_mode():

@@ -192,7 +192,8 @@ def describe(plan: Plan) -> list[dict[str, Any]]:
     if "prune" in st:
         for m, c in plan.prune.items():
             rows.append({"stage": f"prune {m}", "what": f"to {c.target} in {c.rounds} rounds, {c.finetune_steps} "
-                         "fine-tuning steps each", "leaves": ", ".join(
+                         "fine-tuning steps each" + (" (distilled from the dense model)" if c.distilling else ""),
+                         "leaves": ", ".join(
                              str(plan.layout.artifact(prune_tag(c.label, r))) for r in range(1, c.rounds + 1))})
     if "quantize" in st:
         q = plan.quantize
