@@ -329,7 +329,7 @@ class PruneConfig(_Section):
             raise EffkitError(f"unknown --mode {self.mode!r}; choose one of {', '.join(PRUNE_MODES)}")
         if not 0 < self.target < 1:
             raise EffkitError(f"--target must be between 0 and 1, exclusive (got {self.target}); "
-                              "it is the fraction of prunable weights removed")
+                              "it is the fraction removed: of the weights, MLP channels, residual channels or blocks")
         if self.rounds < 1:
             raise EffkitError(f"--rounds must be at least 1 (got {self.rounds})")
         if self.finetune_steps < 0:

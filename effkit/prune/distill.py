@@ -9,7 +9,6 @@ on the cross-entropy's scale as T changes (Hinton et al., 2015).
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
@@ -29,10 +28,11 @@ def kl_to_teacher(student_logits: torch.Tensor, teacher_logits: torch.Tensor, te
 
 class Distiller:
     """The distillation loss hook: call it with (student logits, batch). It keeps the last step's parts
-    (`last`: cross-entropy, KL, total) for reports and tests."""
+    (`last`: cross-entropy, KL, total) for reports and tests. The teacher is frozen in place (eval mode, no
+    gradients), not copied: the prune stage's dense parent is never trained, and a copy would double its memory."""
 
     def __init__(self, teacher: nn.Module, alpha: float, temperature: float, teacher_name: str = ""):
-        self.teacher = copy.deepcopy(teacher).eval()
+        self.teacher = teacher.eval()
         for p in self.teacher.parameters():
             p.requires_grad_(False)
         self.alpha, self.temperature, self.teacher_name = alpha, temperature, teacher_name
