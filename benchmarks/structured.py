@@ -17,9 +17,10 @@ import json
 import shutil
 from pathlib import Path
 
-from effkit import artifacts, metrics, stats
+from effkit import artifacts
 from effkit.config import DataConfig, PruneConfig
 from effkit.data import prepare
+from effkit.measure import metrics, stats
 from effkit.model import load_model
 from effkit.prune.stage import run_prune
 from effkit.quiet import quiet_libraries

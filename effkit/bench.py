@@ -5,28 +5,33 @@ Two parts. (1) Each artifact alone in a fresh process: held-out loss per block, 
 (on CPU the process' RSS high-water mark, which an earlier artifact's freed memory would hide). (2) All artifacts
 loaded side by side in one process and timed in interleaved rounds (forward latency at batch 1 and 12,
 generation tokens/s, training tokens/s), so that every ratio to the reference is paired and comes with a 95%
-interval and a verdict (`effkit.stats`).
+interval and a verdict (`effkit.measure.stats`).
 """
 
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from effkit import artifacts, metrics, stats
+from effkit import artifacts
+from effkit.artifacts.loader import cannot_run_on, is_quantized, kind, load_any, trainable
 from effkit.config import BenchConfig, DataConfig
 from effkit.data import prepare
 from effkit.errors import EffkitError
 from effkit.isolated import run_isolated
+from effkit.measure import metrics, stats
+from effkit.measure.compare import generate_sample
 from effkit.parallel import resolve_device
-from effkit.quantize import cannot_run_on, generate_sample, is_quantized, load_any, trainable
 from effkit.report import atomic_write_text, write_rows_csv
 
-LAT_BATCHES = (1, 12)
+LAT_BATCHES = (1, 12)  # prefill: one forward of (batch, block)
+DECODE_BATCHES = (1, 12)  # decode: greedy generation with the KV cache from `batch` prompts
 TRAIN_BATCHES = (4, 12)
 LEADERBOARD_UNITS = {"loss": "nats/token (held-out eval loss)", "inference_latency_1": "seconds per forward "
                      "(batch 1, p50)", "inference_latency_12": "seconds per forward (batch 12, p50)",
@@ -48,7 +53,7 @@ def find_artifacts(cfg: BenchConfig) -> tuple[str, list[Path]]:
              for d in sorted(run_dir.iterdir()) if (d / artifacts.META).is_file()]  # times to the second, then ns
     if not found:
         raise EffkitError(f"no artifacts found in {run_dir}; run `effkit train` first")
-    order = {"train": 0, "prune": 1, "quantize": 2, "export": 3}
+    order = {"train": 0, "prune": 1, "quantize": 2, "export": 3, "peer": 4}
     found.sort(key=lambda td: (order.get(artifacts.read_meta(td[1])["stage"], 3), td[0]))
     return run_dir.name, [d for _, d in found]
 
@@ -68,6 +73,54 @@ def dense_control_of(path: Path) -> Path | None:
             return None
         path = Path(meta["parent"])
     return None
+
+
+PEERS = {  # peer tag -> (engine, how the dense reference gets there)
+    "peer-ctranslate2-int8": ("CTranslate2", "ctranslate2.converters.TransformersConverter(reference).convert(out, "
+                              "quantization='int8'), run by ctranslate2.Generator (compute type int8)"),
+    "peer-onnxruntime-int8": ("ONNX Runtime", "the with-past ONNX export of the reference (the layout optimum "
+                              "writes) + onnxruntime.quantization.quantize_dynamic(weight_type=QInt8, MatMul and "
+                              "Gemm), per tensor"),
+}
+
+
+def make_peers(reference: Path, scratch: Path) -> tuple[list[Path], dict[str, str]]:
+    """The dense reference through the engines a user would pick instead of effkit, written into `scratch` as
+    artifacts of stage `peer` (measured like every artifact, never delivered); with why a peer is not run."""
+    from transformers import AutoTokenizer
+
+    from effkit import ct2_export, onnx_export
+    from effkit.model import load_model
+
+    if kind(reference) != "pytorch":
+        return [], {tag: f"not run: the reference {reference.name} is not a PyTorch artifact" for tag in PEERS}
+    made, not_run = [], {}
+    tokenizer = AutoTokenizer.from_pretrained(reference)
+    data = artifacts.data_section(reference)
+    for tag, (engine, how) in PEERS.items():
+        reason = (ct2_export.ct2_unavailable(None, "int8") if engine == "CTranslate2"
+                  else onnx_export.onnx_unavailable())
+        if reason:
+            not_run[tag] = f"not run: {reason}"
+            continue
+        folder = scratch / tag
+        folder.mkdir()
+        try:
+            model = load_model(str(reference)).eval()
+            if engine == "CTranslate2":
+                desc = ct2_export.write_artifact(folder, reference, model.config, tokenizer, "int8")
+                desc["params"] = sum(p.numel() for p in model.parameters())
+                ct2_export.write_description(folder, desc)
+            else:
+                desc = onnx_export.write_artifact(folder, model, tokenizer, int8=True, fused=False,
+                                                  standard_int8=True)
+        except EffkitError as e:
+            not_run[tag] = f"not run: {e}"
+            continue
+        artifacts.write_meta(folder, "peer", {"engine": engine, "how": how}, {}, data=data, parent=str(reference),
+                             extra={"peer": desc})
+        made.append(folder)
+    return made, not_run
 
 
 def bench_one(path: Path, cfg: BenchConfig, tokenizer, eval_blocks: torch.Tensor, block: int,
@@ -126,10 +179,11 @@ COMPILED = " (compiled)"
 def timed_side_by_side(paths: list[Path], cfg: BenchConfig, tokenizer, block: int,
                        device: torch.device) -> dict[str, dict[str, Any]]:
     """Every artifact loaded at once and timed in interleaved rounds: {measure: {tag: per-round samples}}.
-    Measures: latency_b1, latency_b12 (seconds), generation (tokens/s), train_b4, train_b12 (tokens/s, dense
-    and pruned artifacts only). With `compile`, each PyTorch artifact's compiled twin (`<tag> (compiled)`) joins the
-    latency rounds, and its compiled decoding (static KV cache) the generation rounds; `compile_status` and
-    `generation_compile_status` say, per artifact, whether they compiled."""
+    Measures: latency_b1, latency_b12 (prefill, seconds), decode_b1, decode_b12 (new tokens/s of greedy decoding
+    with the KV cache), train_b4, train_b12 (tokens/s, dense and pruned artifacts only). With `compile`, each
+    PyTorch artifact's compiled twin (`<tag> (compiled)`) joins the latency rounds, and its compiled decoding
+    (static KV cache) the decode_b1 rounds; `compile_status` and `generation_compile_status` say, per artifact,
+    whether they compiled."""
     models = {tag: load_any(p, device).eval() for tag, p in zip(tags(paths), paths, strict=True)}
     new_tokens = min(metrics.generation_budget(m, tokenizer, cfg.gen_tokens)[0] for m in models.values())
     forward = dict(models)
@@ -154,18 +208,21 @@ def timed_side_by_side(paths: list[Path], cfg: BenchConfig, tokenizer, block: in
     plan: dict[str, tuple[dict[str, Any], int]] = {}
     for b in LAT_BATCHES:
         plan[f"latency_b{b}"] = ({t: metrics.forward_timer(m, b, block) for t, m in forward.items()}, cfg.repeats)
-    plan["generation"] = (generators, 1)
+    plan["decode_b1"] = (generators, 1)
+    plan["decode_b12"] = ({t: metrics.generation_timer(m, tokenizer, new_tokens, batch=12)
+                           for t, m in models.items()}, 1)
     steppers = {tag: metrics.train_step_timers(models[tag], TRAIN_BATCHES, block)
                 for tag, p in zip(tags(paths), paths, strict=True) if trainable(p)}
     for b in TRAIN_BATCHES:
         plan[f"train_b{b}"] = ({t: timers[b] for t, timers in steppers.items()}, cfg.train_steps)
     timed = {name: metrics.interleaved(fns, cfg.rounds, repeats, warmup=2) for name, (fns, repeats) in plan.items()}
-    return {**timed, "compile_status": status, "generation_compile_status": gen_status}
+    return {**timed, "compile_status": status, "generation_compile_status": gen_status, "new_tokens": new_tokens}
 
 
 def combine(static: list[dict[str, Any]], timed: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per artifact: its own figures, and paired comparisons with the first (the reference)."""
     ref = static[0]
+    peers = [r["tag"] for r in static if r["stage"] == "peer"]
     rows = []
     for r in static:
         tag = r["tag"]
@@ -177,9 +234,12 @@ def combine(static: list[dict[str, Any]], timed: dict[str, dict[str, Any]]) -> l
             samples = timed[f"latency_b{b}"]
             row[f"latency_b{b}"] = metrics.latency_stats(samples[tag])
             row[f"latency_ratio_b{b}"] = stats.paired_ratio(samples[ref["tag"]], samples[tag])
-        gen = timed["generation"]
-        row["generation"]["tokens_per_s"] = stats.median_of_rounds(gen[tag])
-        row["generation_ratio"] = stats.paired_ratio(gen[ref["tag"]], gen[tag], higher_is_better=True)
+        for b in DECODE_BATCHES:
+            dec = timed[f"decode_b{b}"]
+            row[f"decode_tokens_per_s_b{b}"] = stats.median_of_rounds(dec[tag])
+            row[f"decode_ratio_b{b}"] = stats.paired_ratio(dec[ref["tag"]], dec[tag], higher_is_better=True)
+        row["generation"]["tokens_per_s"] = row["decode_tokens_per_s_b1"]  # the b1 decode, under its old names
+        row["generation_ratio"] = row["decode_ratio_b1"]
         for b in TRAIN_BATCHES:
             train = timed[f"train_b{b}"]
             if tag in train and ref["tag"] in train:
@@ -190,8 +250,37 @@ def combine(static: list[dict[str, Any]], timed: dict[str, dict[str, Any]]) -> l
         row["flags"] = [row["generation"]["note"]] if "note" in row["generation"] else []
         if tag in timed.get("compile_status", {}):
             row["compiled"] = compiled_row(timed, tag, ref["tag"])
+        if r["stage"] != "peer":
+            row["vs_peers"] = {p: peer_ratios(timed, p, tag) for p in peers}
         rows.append(row)
     return rows
+
+
+PEER_WORKLOADS = {"decode_b1": ("decode_b1", True), "decode_b12": ("decode_b12", True),
+                  "prefill_b12": ("latency_b12", False)}
+
+
+def peer_ratios(timed: dict[str, Any], peer: str, tag: str) -> dict[str, Any]:
+    """`tag` against the peer row `peer`, paired in the same rounds: decode tokens/s at batch 1 and 12 (above 1:
+    faster than the peer) and prefill latency at batch 12 (below 1: faster)."""
+    return {name: stats.paired_ratio(timed[key][peer], timed[key][tag], higher_is_better=higher)
+            for name, (key, higher) in PEER_WORKLOADS.items()}
+
+
+def peer_lines(report: dict[str, Any]) -> list[str]:
+    """bench.md's table of every artifact against the engines a user would pick instead (the peer rows)."""
+    peers = [r["tag"] for r in report["artifacts"] if r["stage"] == "peer"]
+    if not peers:
+        return []
+    head = " | ".join(f"vs {p}: decode b1 | decode b12 | prefill b12" for p in peers)
+    lines = ["Against the engines a user would pick instead (the dense reference through them, same rounds; decode "
+             "ratios above 1 and prefill ratios below 1 are faster than the peer):", "",
+             f"| artifact | {head} |", "|---|" + "---|---|---|" * len(peers)]
+    for r in report["artifacts"]:
+        if "vs_peers" in r:
+            cells = [stats.fmt_ratio(r["vs_peers"][p][w]) for p in peers for w in PEER_WORKLOADS]
+            lines.append(f"| {r['tag']} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
 
 
 def compiled_row(timed: dict[str, Any], tag: str, ref: str) -> dict[str, Any]:
@@ -205,7 +294,7 @@ def compiled_row(timed: dict[str, Any], tag: str, ref: str) -> dict[str, Any]:
             out[f"latency_b{b}"] = metrics.latency_stats(samples[tag + COMPILED])
             out[f"ratio_vs_eager_b{b}"] = stats.paired_ratio(samples[tag], samples[tag + COMPILED])
             out[f"latency_ratio_b{b}"] = stats.paired_ratio(samples[ref], samples[tag + COMPILED])
-    gen = timed["generation"]
+    gen = timed["decode_b1"]
     if tag + COMPILED in gen:
         out["generation_tokens_per_s"] = stats.median_of_rounds(gen[tag + COMPILED])
         out["generation_ratio_vs_eager"] = stats.paired_ratio(gen[tag], gen[tag + COMPILED], higher_is_better=True)
@@ -254,8 +343,17 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
     if not paths:
         raise EffkitError(f"no artifact of run {run_name} can run on {device}: "
                           + "; ".join(f"{t}: {r}" for t, r in not_run.items()))
-    with artifacts.run_lock(Path(cfg.runs_dir) / run_name):
-        return _bench(cfg, device, run_name, paths, progress, not_run)
+    run_dir = Path(cfg.runs_dir) / run_name
+    with artifacts.run_lock(run_dir):
+        if not cfg.peers:
+            return _bench(cfg, device, run_name, paths, progress, not_run)
+        # the peers live as long as this bench; removed below, or by the next run lock if the process is killed
+        scratch = Path(tempfile.mkdtemp(dir=run_dir, prefix=".tmp-peers-"))
+        try:
+            peers, peers_not_run = make_peers(paths[0], scratch)
+            return _bench(cfg, device, run_name, paths + peers, progress, {**not_run, **peers_not_run})
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _bench(cfg: BenchConfig, device: torch.device, run_name: str, paths: list[Path],
@@ -301,10 +399,11 @@ def _bench(cfg: BenchConfig, device: torch.device, run_name: str, paths: list[Pa
                                           "freezing, static shapes, compiled and warmed up before the rounds) is "
                                           "timed in the same rounds, and its compiled decoding (static KV cache) "
                                           "in the generation rounds" if cfg.compile else ""),
-            "generation": "greedy decoding (PyTorch artifacts with the KV cache; ONNX ones recompute the prefix, see "
-                          f"the notes), {rows[0]['generation']['new_tokens']} new tokens "
-                          "per call (capped by the smallest context when needed), new tokens / wall time; "
-                          + interleave.format(repeats=1),
+            "generation": "decode: greedy decoding with the KV cache (PyTorch's generate; ONNX Runtime's with-past "
+                          "graph; older ONNX artifacts without past recompute the prefix, see the notes) from 1 and "
+                          f"12 copies of the prompt, {timed['new_tokens']} new tokens per row (capped by the "
+                          "smallest context when needed), new tokens of all rows / wall time (prefill included); "
+                          + interleave.format(repeats=1) + "; the b1 decode is also reported as `generation`",
             "training_throughput": f"one forward+backward+AdamW step on a private copy, batch x {block} tokens, "
                                    "tokens / wall time; " + interleave.format(repeats=cfg.train_steps),
             "peak_memory": metrics.PeakMemory(device).method + ", while loading the artifact, evaluating it and "
@@ -351,6 +450,7 @@ def flat_row(r: dict[str, Any]) -> dict[str, Any]:
             "latency_b1_p50_ms": r["latency_b1"]["p50_s"] * 1e3, **ratio("latency_ratio_b1"),
             "latency_b12_p50_ms": r["latency_b12"]["p50_s"] * 1e3, **ratio("latency_ratio_b12"),
             "generation_tokens_per_s": r["generation"]["tokens_per_s"], **ratio("generation_ratio"),
+            "decode_tokens_per_s_b12": r["decode_tokens_per_s_b12"], **ratio("decode_ratio_b12"),
             "train_tokens_per_s_b4": num(r["train_tokens_per_s_b4"]),
             "train_tokens_per_s_b12": num(r["train_tokens_per_s_b12"]), **ratio("train_ratio_b12"),
             "peak_memory_mb": r["peak_memory_bytes"] / 2**20, "params": r["params"],
@@ -360,8 +460,9 @@ def flat_row(r: dict[str, Any]) -> dict[str, Any]:
 def table_rows(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """The bench table: each artifact's own figures, and its paired ratios to the reference with 95% intervals
     (`≈` marks a ratio whose interval contains 1: no difference shown)."""
-    cols = ["artifact", "eval loss (95% CI)", "bits/byte", "Δ loss vs ref", "lat b1 ms", "b1 vs ref", "lat b12 ms",
-            "b12 vs ref", "gen tok/s", "gen vs ref", "train tok/s b12", "train vs ref", "size MiB", "peak MiB"]
+    cols = ["artifact", "eval loss (95% CI)", "bits/byte", "Δ loss vs ref", "prefill b1 ms", "prefill b1 vs ref",
+            "prefill b12 ms", "prefill b12 vs ref", "decode b1 tok/s", "decode b1 vs ref", "decode b12 tok/s",
+            "decode b12 vs ref", "train tok/s b12", "train vs ref", "size MiB", "peak MiB"]
     ref = report["artifacts"][0]["tag"]
     rows = []
     for r in report["artifacts"]:
@@ -377,7 +478,8 @@ def table_rows(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
                      "ref" if is_ref else stats.fmt_delta(r["eval_loss_delta"]),
                      f"{r['latency_b1']['p50_s'] * 1e3:.1f}", vs("latency_ratio_b1"),
                      f"{r['latency_b12']['p50_s'] * 1e3:.1f}", vs("latency_ratio_b12"),
-                     f"{r['generation']['tokens_per_s']:.0f}", vs("generation_ratio"),
+                     f"{r['decode_tokens_per_s_b1']:.0f}", vs("decode_ratio_b1"),
+                     f"{r['decode_tokens_per_s_b12']:.0f}", vs("decode_ratio_b12"),
                      f"{train:,.0f}" if isinstance(train, float) else "n/a", vs("train_ratio_b12"),
                      f"{r['size_bytes'] / 2**20:.1f} ({r['size_ratio']:.2f}x)",
                      f"{r['peak_memory_bytes'] / 2**20:.0f}"])
@@ -392,6 +494,7 @@ def bench_markdown(report: dict[str, Any]) -> str:
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     lines += ["", "Ratios are paired with the reference and carry 95% intervals; ≈ marks an interval that contains 1 "
               "(no difference shown).", ""]
+    lines += peer_lines(report)
     lines += compiled_lines(report)
     if report.get("verdicts"):
         lines += ["Verdicts:", *[f"- {v}" for v in report["verdicts"]], ""]

@@ -22,6 +22,8 @@ from effkit.config import (
     flat_defaults,
 )
 from effkit.errors import EffkitError, Interrupted, exit_interrupted
+from effkit.prune import methods
+from effkit.quantize import backends
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="effkit: train, prune, quantize and benchmark GPT-2-class models, with honest numbers.")
@@ -43,8 +45,8 @@ def _console():
     return probe if probe.is_terminal else Console(width=160)
 
 
-TERMINAL_BENCH_COLUMNS = ("artifact", "eval loss (95% CI)", "bits/byte", "Δ loss vs ref", "lat b12 ms", "b12 vs ref",
-                          "gen vs ref", "train vs ref", "size MiB", "peak MiB")
+TERMINAL_BENCH_COLUMNS = ("artifact", "eval loss (95% CI)", "Δ loss vs ref", "prefill b12 vs ref", "decode b1 tok/s",
+                          "decode b1 vs ref", "decode b12 tok/s", "decode b12 vs ref", "size MiB", "peak MiB")
 
 
 def _bench_table(report: dict, title: str):
@@ -189,8 +191,9 @@ def prune(
     ctx: typer.Context,
     recipe: Optional[Path] = typer.Option(None, help="TOML recipe; its \\[prune] table sets defaults"),
     source: str = typer.Option(_P.source, "--from", help="artifact folder to prune (default: runs/latest/train)"),
-    mode: str = typer.Option(_P.mode, help="row (MLP channels), width (residual channels, through Torch-Pruning), "
-                                           "depth (whole blocks): smaller and faster; or weight (unstructured)"),
+    mode: str = typer.Option(_P.mode, help="a pruning method: " + ", ".join(methods.names()) + " (row: MLP "
+                                           "channels, width: residual channels, depth: whole blocks, weight: "
+                                           "unstructured)"),
     target: float = typer.Option(_P.target, help="fraction removed by the last round (0-1): of the weights, MLP "
                                                  "channels, residual channels or blocks"),
     rounds: int = typer.Option(_P.rounds, help="prune in this many steps up to the target"),
@@ -224,7 +227,7 @@ def prune(
     report = run_prune(cfg)
     from rich.table import Table
 
-    from effkit.stats import fmt_delta, fmt_ratio
+    from effkit.measure.stats import fmt_delta, fmt_ratio
 
     t = Table(title=f"prune --mode {cfg.mode}: {report['run']}")
     for col in ("round", "removed", "eval loss", "control loss", "Δ loss vs control", "params",
@@ -252,13 +255,15 @@ def quantize(
     ctx: typer.Context,
     recipe: Optional[Path] = typer.Option(None, help="TOML recipe; its \\[quantize] table sets defaults"),
     source: str = typer.Option(_Q.source, "--from", help="artifact to quantize (default: newest of the latest run)"),
-    backend: str = typer.Option(_Q.backend, help="auto (the fastest within 1% of the parent's loss), dynamic, bnb, "
-                                "torchao, onnxruntime"),
+    backend: str = typer.Option(_Q.backend, help="auto (the fastest within 1% of the parent's loss) or a backend: "
+                                + ", ".join(backends.names())),
     include_head: bool = typer.Option(_Q.include_head, "--include-head/--no-include-head",
                                       help="also quantize the tied LM head / token embedding"),
     threshold: float = typer.Option(_Q.threshold, help="bnb LLM.int8 outlier threshold"),
     torchao_scheme: str = typer.Option(_Q.torchao_scheme, help="torchao: da8w8 (int8 act + weight) or w8"),
     fuse: bool = typer.Option(_Q.fuse, "--fuse/--no-fuse", help="onnxruntime: ONNX Runtime's transformer fusions"),
+    compute_type: str = typer.Option(_Q.compute_type, help="ctranslate2: int8, int8_float32, int16, float32 (or "
+                                                            "int8_bfloat16 / float16 where the device has them)"),
     compile: bool = typer.Option(_Q.compile, "--compile/--no-compile",
                                  help="also time parent and int8 under torch.compile (Inductor, freezing)"),
     batch_size: int = typer.Option(_Q.batch_size, help="evaluation batch size"),
@@ -271,13 +276,13 @@ def quantize(
 ):
     """Quantize an artifact to int8 and compare it with its parent (fp32 and bf16)."""
     quiet_libraries()
-    from effkit.quantize import run_quantize
+    from effkit.quantize.stage import run_quantize
 
     cfg = build_config(QuantizeConfig, str(recipe) if recipe else None, _flags(ctx, QuantizeConfig))
     report = run_quantize(cfg)
     from rich.table import Table
 
-    from effkit.stats import fmt_delta, fmt_ratio
+    from effkit.measure.stats import fmt_delta, fmt_ratio
 
     m = report["metrics"]
     t = Table(title=f"quantize ({report['what_ran']['backend']}): {report['run']}")
@@ -318,8 +323,9 @@ def export(
     ctx: typer.Context,
     recipe: Optional[Path] = typer.Option(None, help="TOML recipe; its \\[export] table sets defaults"),
     source: str = typer.Option(_E.source, "--from", help="dense or pruned artifact (default: the latest run's train)"),
-    format: str = typer.Option(_E.format, help="onnx"),
-    int8: bool = typer.Option(_E.int8, "--int8/--no-int8", help="ONNX Runtime dynamic int8 after export"),
+    format: str = typer.Option(_E.format, help="onnx (with past key/values, for ONNX Runtime) or ctranslate2"),
+    int8: bool = typer.Option(_E.int8, "--int8/--no-int8", help="int8 weights: ONNX Runtime dynamic int8 after "
+                                                                 "export, or CTranslate2's int8"),
     fuse: bool = typer.Option(_E.fuse, "--fuse/--no-fuse", help="ONNX Runtime's transformer fusions first"),
     batch_size: int = typer.Option(_E.batch_size, help="evaluation batch size"),
     latency_rounds: int = typer.Option(_E.latency_rounds, help="interleaved rounds of PyTorch and ONNX timings"),
@@ -328,10 +334,10 @@ def export(
     runs_dir: str = typer.Option(_E.runs_dir, help="where runs/ are"),
     reports_dir: str = typer.Option(_E.reports_dir, help="where reports/ go"),
 ):
-    """Export an artifact to ONNX (optionally int8 through ONNX Runtime) and compare it with its PyTorch parent."""
+    """Export an artifact to ONNX or CTranslate2 (optionally int8) and compare it with its PyTorch parent."""
     quiet_libraries()
     from effkit.export import run_export
-    from effkit.stats import fmt_delta, fmt_ratio
+    from effkit.measure.stats import fmt_delta, fmt_ratio
 
     cfg = build_config(ExportConfig, str(recipe) if recipe else None, _flags(ctx, ExportConfig))
     report = run_export(cfg)
@@ -363,6 +369,9 @@ def bench(
     train_steps: int = typer.Option(_B.train_steps, help="timed training steps per artifact per round"),
     compile: bool = typer.Option(_B.compile, "--compile/--no-compile",
                                  help="also time each PyTorch artifact under torch.compile (Inductor, freezing)"),
+    peers: Optional[bool] = typer.Option(None, "--peers/--no-peers",
+                                         help="also the dense reference through CTranslate2 int8 and ONNX Runtime "
+                                              "int8 (with past), in the same rounds (default: on in effkit run)"),
     batch_size: int = typer.Option(_B.batch_size, help="evaluation batch size"),
     json_out: bool = typer.Option(False, "--json", help="print the machine-readable result instead of the table"),
     device: str = typer.Option(_B.device, help=DEVICE_HELP),
@@ -408,8 +417,8 @@ def generate(
     from transformers import AutoTokenizer, TextStreamer
 
     from effkit.artifacts import read_meta, resolve_artifact
+    from effkit.artifacts.loader import load_any
     from effkit.parallel import resolve_device
-    from effkit.quantize import load_any
 
     if max_new_tokens < 1:
         raise EffkitError(f"--max-new-tokens must be at least 1 (got {max_new_tokens})")
@@ -424,7 +433,6 @@ def generate(
     dev = resolve_device(device)
     tok = AutoTokenizer.from_pretrained(path)
     model = load_any(path, dev).eval()
-    model.config.use_cache = True
     ids = tok(prompt, return_tensors="pt").input_ids.to(dev)
     if ids.shape[1] + max_new_tokens > model.config.n_positions:
         raise EffkitError(f"prompt ({ids.shape[1]} tokens) + --max-new-tokens exceed the model's context "
@@ -434,7 +442,7 @@ def generate(
     if compile:
         import time
 
-        from effkit.metrics import compiled_generation, greedy_generate
+        from effkit.measure.metrics import compiled_generation, greedy_generate
 
         compiled, status = compiled_generation(model)
         if compiled is None:
@@ -442,16 +450,15 @@ def generate(
         t = time.perf_counter()
         greedy_generate(model, tok, max_new_tokens, prompt, generate_kwargs=compiled)  # compiles (same shapes)
         print(f"compiled in {time.perf_counter() - t:.1f} s: {status}", file=sys.stderr)
-        model.config.use_cache = True  # greedy_generate leaves it off, as effkit's measured models keep it
         kwargs.update(compiled)
     torch.manual_seed(seed)
     with torch.inference_mode():
-        model.generate(ids, max_new_tokens=max_new_tokens, pad_token_id=tok.eos_token_id,
+        model.generate(ids, max_new_tokens=max_new_tokens, pad_token_id=tok.eos_token_id, use_cache=True,
                        streamer=TextStreamer(tok), **kwargs)
 
 
 def _newest(runs_dir: str) -> Path:
-    from effkit.quantize import newest_artifact
+    from effkit.artifacts.loader import newest_artifact
 
     return newest_artifact(runs_dir, quantized=True)
 
@@ -525,9 +532,9 @@ def doctor():
     import torch.distributed as dist
     from rich.table import Table
 
-    from effkit import metrics
     from effkit.artifacts import versions
-    from effkit.quantize import backend_available
+    from effkit.measure import metrics
+    from effkit.quantize import backends
 
     t = Table(title="effkit doctor")
     t.add_column("what")
@@ -545,8 +552,8 @@ def doctor():
                 else "emulated: slower than fp32 here, train with --no-amp")
     t.add_row("bf16", bf16)
     t.add_row("fp16 autocast", "yes (with GradScaler)" if cuda else "no-op on CPU: refused")
-    for b in ("dynamic", "bnb", "torchao", "onnxruntime"):
-        reason = backend_available(b)
+    for b in backends.names():
+        reason = backends.unavailable(b)
         t.add_row(f"int8 backend {b}", "available" if reason is None else f"not available: {reason}")
     for dtype in (torch.float32, torch.bfloat16):
         if cuda:

@@ -19,9 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import tomllib
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
+    import tomli as tomllib
 
 from effkit.errors import EffkitError
+from effkit.prune import methods
+from effkit.quantize import backends
 
 PARALLEL_MODES = ("none", "ddp", "fsdp", "tp", "fsdp+tp", "pp", "pp+fsdp")
 PP_SCHEDULES = ("gpipe", "1f1b")
@@ -75,7 +80,7 @@ class OptimConfig(_Section):
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     seed: int = 1337
-    amp: bool | None = None  # None = auto: bf16 on CUDA; on a CPU whichever measures faster (effkit.precision)
+    amp: bool | None = None  # None = auto: bf16 on CUDA; on a CPU whichever measures faster (measure.precision)
     amp_dtype: str = "bf16"  # bf16 | fp16 (fp16 only on CUDA)
 
 
@@ -281,9 +286,6 @@ class TrainConfig(_Section):
         return self
 
 
-PRUNE_MODES = ("weight", "row", "width", "depth")
-STRUCTURED_MODES = ("row", "width", "depth")
-IMPORTANCE = ("magnitude", "wanda", "taylor")
 
 
 @dataclass(frozen=True)
@@ -317,7 +319,7 @@ class PruneConfig(_Section):
         """Whether the fine-tuning between rounds distils from the dense parent (resolves the auto default)."""
         if self.distill is not None:
             return self.distill
-        return self.mode in STRUCTURED_MODES and self.finetune_steps > 0
+        return methods.get(self.mode).structured and self.finetune_steps > 0
 
     @property
     def label(self) -> str:
@@ -325,8 +327,7 @@ class PruneConfig(_Section):
         return f"{self.mode}-distill" if self.distilling else self.mode
 
     def validate(self) -> PruneConfig:
-        if self.mode not in PRUNE_MODES:
-            raise EffkitError(f"unknown --mode {self.mode!r}; choose one of {', '.join(PRUNE_MODES)}")
+        pruner = methods.get(self.mode)  # unknown modes end here, in one line
         if not 0 < self.target < 1:
             raise EffkitError(f"--target must be between 0 and 1, exclusive (got {self.target}); "
                               "it is the fraction removed: of the weights, MLP channels, residual channels or blocks")
@@ -334,16 +335,16 @@ class PruneConfig(_Section):
             raise EffkitError(f"--rounds must be at least 1 (got {self.rounds})")
         if self.finetune_steps < 0:
             raise EffkitError(f"--finetune-steps must be >= 0 (got {self.finetune_steps})")
-        if self.importance not in IMPORTANCE:
-            raise EffkitError(f"unknown --importance {self.importance!r}; choose magnitude, wanda (weight mode) or "
-                              "taylor (width mode)")
-        if self.importance == "wanda" and self.mode != "weight":
-            raise EffkitError("--importance wanda applies to --mode weight")
-        if self.importance == "taylor" and self.mode != "width":
-            raise EffkitError("--importance taylor applies to --mode width (depth ranks blocks by the measured loss "
-                              "of skipping them; row by the norm of each channel's weights)")
-        if self.distill and self.mode not in STRUCTURED_MODES:
-            raise EffkitError(f"--distill applies to the structured modes ({', '.join(STRUCTURED_MODES)}), not to "
+        if self.importance not in pruner.importances:
+            accept = [m for m in methods.names() if self.importance in methods.get(m).importances]
+            if not accept:
+                known = sorted({i for m in methods.names() for i in methods.get(m).importances})
+                raise EffkitError(f"unknown --importance {self.importance!r}; choose one of {', '.join(known)}")
+            raise EffkitError(f"--importance {self.importance} applies to --mode {' or '.join(accept)}; --mode "
+                              f"{self.mode} ranks by {pruner.ranks_by(self)}")
+        if self.distill and not pruner.structured:
+            structured = [m for m in methods.names() if methods.get(m).structured]
+            raise EffkitError(f"--distill applies to the structured modes ({', '.join(structured)}), not to "
                               f"--mode {self.mode}")
         if self.distill and not self.finetune_steps:
             raise EffkitError("--distill needs fine-tuning steps (--finetune-steps > 0): it is a fine-tuning loss")
@@ -364,9 +365,6 @@ class PruneConfig(_Section):
         return self
 
 
-BACKENDS = ("auto", "dynamic", "bnb", "torchao", "onnxruntime")
-
-
 @dataclass(frozen=True)
 class QuantizeConfig(_Section):
     source: str = ""  # --from: an effkit artifact (default: the newest artifact of the latest run)
@@ -375,6 +373,7 @@ class QuantizeConfig(_Section):
     threshold: float = 6.0  # bnb outlier threshold
     torchao_scheme: str = "da8w8"  # da8w8 (dynamic activation + weight) or w8 (weight-only)
     fuse: bool = False  # onnxruntime: apply ONNX Runtime's transformer fusions before quantizing
+    compute_type: str = "int8"  # ctranslate2: what CTranslate2 computes in (int8, int8_float32, float32, ...)
     compile: bool = False  # also time the parent and the int8 model under torch.compile (Inductor, freezing)
     batch_size: int = 8  # evaluation batch
     latency_rounds: int = 5  # interleaved rounds: parent fp32, parent bf16 and int8 timed in each
@@ -385,8 +384,8 @@ class QuantizeConfig(_Section):
     reports_dir: str = "reports"
 
     def validate(self) -> QuantizeConfig:
-        if self.backend not in BACKENDS:
-            raise EffkitError(f"unknown --backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
+        if self.backend not in (choices := ("auto", *backends.names())):
+            raise EffkitError(f"unknown --backend {self.backend!r}; choose one of {', '.join(choices)}")
         if self.torchao_scheme not in ("da8w8", "w8"):
             raise EffkitError(f"unknown --torchao-scheme {self.torchao_scheme!r}; choose da8w8 or w8")
         if self.batch_size < 1 or self.latency_repeats < 1 or self.gen_tokens < 1:
@@ -398,7 +397,7 @@ class QuantizeConfig(_Section):
         return self
 
 
-EXPORT_FORMATS = ("onnx",)
+EXPORT_FORMATS = ("onnx", "ctranslate2")
 
 
 @dataclass(frozen=True)
@@ -435,6 +434,9 @@ class BenchConfig(_Section):
     gen_tokens: int = 128
     train_steps: int = 1  # timed optimizer steps per artifact per round
     compile: bool = False  # also time every PyTorch artifact under torch.compile (Inductor, freezing)
+    # also the dense reference through the engines a user would pick instead (CTranslate2 int8 by its converter,
+    # ONNX Runtime int8 of the with-past export), in the same rounds; None = on in `effkit run`, off otherwise
+    peers: bool | None = None
     batch_size: int = 8  # evaluation batch
     device: str = "auto"
     runs_dir: str = "runs"
@@ -461,6 +463,11 @@ class BenchConfig(_Section):
 PIPELINE = ("train", "prune", "quantize", "bench", "report")
 
 
+# workload -> (the bench row key of its paired ratio to the reference, whether a higher ratio is better)
+WORKLOADS = {"decode-b1": ("decode_ratio_b1", True), "decode-b12": ("decode_ratio_b12", True),
+             "prefill-b12": ("latency_ratio_b12", False)}
+
+
 @dataclass(frozen=True)
 class RunConfig(_Section):
     stages: list = field(default_factory=lambda: list(PIPELINE))
@@ -470,6 +477,9 @@ class RunConfig(_Section):
     # folder) whose held-out loss is within max_loss_increase of its dense control (relative)
     quantize_from: list = field(default_factory=lambda: ["train"])
     max_loss_increase: float = 0.02
+    # the workload the delivered artifact is chosen for: decode-b1, decode-b12 (greedy tokens/s with the KV cache)
+    # or prefill-b12 (one forward of 12 x block); every table shows all three
+    optimize_for: str = "decode-b1"
     runs_dir: str = "runs"
     reports_dir: str = "reports"
 
@@ -487,9 +497,11 @@ class RunConfig(_Section):
             raise EffkitError(f"quantize_from must be a tag or a list of tags, e.g. [\"train\", \"best-pruned\"] "
                               f"(got {self.quantize_from!r})")
         _finite("max_loss_increase", self.max_loss_increase, 0)
+        if self.optimize_for not in WORKLOADS:
+            raise EffkitError(f"unknown optimize_for {self.optimize_for!r}; choose one of {', '.join(WORKLOADS)}")
         for m in self.prune_modes:
-            if m not in PRUNE_MODES:
-                raise EffkitError(f"unknown prune mode {m!r} in prune_modes; choose among {', '.join(PRUNE_MODES)}")
+            if m not in methods.names():
+                raise EffkitError(f"unknown prune mode {m!r} in prune_modes; choose among {', '.join(methods.names())}")
         check_run_name(self.run_name, "run_name")
         check_folder_option("runs_dir", self.runs_dir)
         check_folder_option("reports_dir", self.reports_dir)

@@ -1,7 +1,8 @@
-"""`effkit export --format onnx [--int8]`: a dense or pruned artifact as an ONNX artifact (`effkit.onnx_export`),
-reloaded from its folder alone and measured against its PyTorch parent with quantize's protocol (held-out loss
-per block, interleaved latency at batch 1 and 12, generation), so `bench`, `generate` and any ONNX Runtime can
-use it."""
+"""`effkit export --format onnx | ctranslate2 [--int8]`: a dense or pruned artifact for another engine (ONNX
+Runtime through `effkit.onnx_export`, with past key/values; CTranslate2 through its own converter,
+`effkit.ct2_export`), reloaded from its folder alone and measured against its PyTorch parent with quantize's
+protocol (held-out loss per block, interleaved prefill latency at batch 1 and 12, generation), so `bench`,
+`generate` and the engine itself can use it."""
 
 from __future__ import annotations
 
@@ -11,37 +12,66 @@ from typing import Any
 
 import torch
 
-from effkit import artifacts, metrics, onnx_export
+from effkit import artifacts, ct2_export, onnx_export
+from effkit.artifacts.loader import kind, quantized_layers
 from effkit.config import DataConfig, ExportConfig
 from effkit.data import prepare
 from effkit.errors import EffkitError
+from effkit.measure import metrics
+from effkit.measure.compare import compare_with_parent, generate_sample
 from effkit.model import load_model
-from effkit.quantize import PORTABILITY, compare_with_parent, generate_sample, int8_layer_count, is_quantized
 from effkit.report import write_stage_report
 
 
 def export_tag(cfg: ExportConfig, source: Path) -> str:
-    """`onnx` / `onnx-int8` for the dense model, `prune-row-r2+onnx-int8` for a pruned one."""
-    tag = "onnx-int8" if cfg.int8 else "onnx"
+    """`onnx` / `onnx-int8` / `ctranslate2-int8` for the dense model, `prune-row-r2+onnx-int8` for a pruned one."""
+    tag = cfg.format + ("-int8" if cfg.int8 else "")
     return f"{source.name}+{tag}" if artifacts.read_meta(source)["stage"] == "prune" else tag
+
+
+def unavailable(cfg: ExportConfig) -> str | None:
+    if cfg.format == "onnx":
+        return onnx_export.onnx_unavailable()
+    return ct2_export.ct2_unavailable(None, "int8" if cfg.int8 else "float32")
+
+
+def write(cfg: ExportConfig, folder: Path, source: Path, parent, tokenizer) -> tuple[dict[str, Any], Any, dict]:
+    """Write the export into `folder` and reload it from there: (description, model, what_ran keys)."""
+    if cfg.format == "onnx":
+        desc = onnx_export.write_artifact(folder, copy.deepcopy(parent), tokenizer, int8=cfg.int8, fused=cfg.fuse)
+        return desc, onnx_export.OnnxCausalLM(folder), {
+            "precision": desc["precision"], "past_key_values": desc["past_key_values"], "runtime": desc["runtime"],
+            "exporter": desc["exporter"], "opset": desc["opset"],
+            "fused_operators": desc.get("fused_operators", "not applied (--fuse to apply)"),
+            "int8_operators": desc.get("int8", {})}
+    compute_type = "int8" if cfg.int8 else "float32"
+    desc = ct2_export.write_artifact(folder, source, parent.config, tokenizer, compute_type)
+    desc["params"] = sum(p.numel() for p in parent.parameters())
+    ct2_export.write_description(folder, desc)
+    model = ct2_export.Ct2CausalLM(folder)
+    return desc, model, {"precision": compute_type, "runtime": desc["runtime"], "exporter": desc["converter"],
+                         "weights": ct2_export.weight_dtypes(folder)}
 
 
 def run_export(cfg: ExportConfig) -> dict[str, Any]:
     cfg = cfg.validate()
-    onnx_export.require_onnx()
+    if reason := unavailable(cfg):
+        raise EffkitError(f"--format {cfg.format} cannot run here: {reason}")
     source = artifacts.resolve_artifact(cfg.source, cfg.runs_dir)
     meta = artifacts.read_meta(source)
-    if is_quantized(source) or onnx_export.is_onnx(source):
-        kind = "ONNX" if onnx_export.is_onnx(source) else "int8"
-        raise EffkitError(f"{source} is a {meta['stage']} artifact ({kind}); export a dense or pruned PyTorch "
-                          f"artifact (its parent: {meta.get('parent')}), with --int8 for ONNX Runtime int8")
+    if kind(source) != "pytorch":
+        what = {"onnx": "ONNX", "ctranslate2": "CTranslate2"}.get(kind(source), "int8")
+        raise EffkitError(f"{source} is a {meta['stage']} artifact ({what}); export a dense or pruned PyTorch "
+                          f"artifact (its parent: {meta.get('parent')}), with --int8 for int8")
+    if cfg.fuse and cfg.format != "onnx":
+        raise EffkitError("--fuse applies to --format onnx (ONNX Runtime's fusions)")
     run_dir = Path(cfg.runs_dir) / artifacts.run_of(source)
     with artifacts.run_lock(run_dir):
         return _export(cfg, source, run_dir)
 
 
 def _export(cfg: ExportConfig, source: Path, run_dir: Path) -> dict[str, Any]:
-    device = torch.device("cpu")  # ONNX Runtime's CPU provider; the parent is timed on the same device
+    device = torch.device("cpu")  # the engines' CPU paths; the parent is timed on the same device
     data_section = artifacts.data_section(source)
     data_cfg = DataConfig.from_dict(data_section)
     prepared = prepare(data_cfg, tokenizer_from=str(source))
@@ -53,32 +83,29 @@ def _export(cfg: ExportConfig, source: Path, run_dir: Path) -> dict[str, Any]:
     parent_fp32["generation"] = generate_sample(parent, tokenizer, cfg.gen_tokens)
     parent_fp32["size_bytes"] = artifacts.dir_size(source)
     tag = export_tag(cfg, source)
-    label = f"ONNX Runtime {'int8' if cfg.int8 else 'fp32'}"
+    engine = "ONNX Runtime" if cfg.format == "onnx" else "CTranslate2"
+    label = f"{engine} {'int8' if cfg.int8 else 'fp32'}"
     artifact = run_dir / tag
     with artifacts.atomic_dir(artifact) as tmp:
-        desc = onnx_export.write_artifact(tmp, copy.deepcopy(parent), tokenizer, int8=cfg.int8, fused=cfg.fuse)
-        model = onnx_export.OnnxCausalLM(tmp)  # what is measured: the artifact as its folder alone reloads it
+        desc, model, ran = write(cfg, tmp, source, parent, tokenizer)  # measured as its folder alone reloads it
         q = metrics.evaluate(model, eval_blocks, cfg.batch_size, eval_bytes=n_bytes)
         q["generation"] = generate_sample(model, tokenizer, cfg.gen_tokens)
         q["size_bytes"] = artifacts.dir_size(tmp)
         m, verdicts, protocol = compare_with_parent(cfg, device, parent, model, tokenizer, block, parent_fp32,
                                                     parent_bf16, q, label)
-        m.update(params=desc["params"], int8_layers_reloaded=int8_layer_count(model) if cfg.int8 else 0,
-                 max_abs_logit_diff_vs_pytorch=desc["max_abs_logit_diff_vs_pytorch"],
-                 portability=PORTABILITY["onnxruntime"])
+        m.update(params=desc["params"], int8_layers_reloaded=quantized_layers(tmp, model) if cfg.int8 else 0,
+                 portability=onnx_export.PORTABILITY if cfg.format == "onnx" else ct2_export.PORTABILITY)
+        if cfg.format == "onnx":
+            m.update(max_abs_logit_diff_vs_pytorch=desc["max_abs_logit_diff_vs_pytorch"], parity=desc["parity"])
+            protocol["export_check"] = (f"parity gate before writing: {desc['parity']['how']}; max |logit "
+                                        f"difference| {desc['max_abs_logit_diff_vs_pytorch']:.1e}")
         meta_out = artifacts.write_meta(tmp, "export", cfg.to_dict(), m, data=data_section, parent=str(source),
-                                        extra={"onnx": desc})
-    protocol["export_check"] = (f"ONNX Runtime logits vs PyTorch's on a (3, 24) probe batch (another shape than "
-                                f"the traced one): max |difference| {desc['max_abs_logit_diff_vs_pytorch']:.1e} "
-                                f"(refused above {onnx_export.EXPORT_ATOL})")
+                                        extra={cfg.format: desc})
     report = {
         "stage": "export", "tag": tag, "parent": str(source), "run": run_dir.name, "artifact": str(artifact),
         "time": meta_out["time"], "config": cfg.to_dict(), "metrics": m, "verdicts": verdicts,
-        "what_ran": {"device": metrics.describe_device(device), "format": "onnx", "precision": desc["precision"],
-                     "runtime": desc["runtime"], "exporter": desc["exporter"], "opset": desc["opset"],
-                     "fused_operators": desc.get("fused_operators", "not applied (--fuse to apply)"),
-                     "int8_operators": desc.get("int8", {}), "world_size": 1, "parallel": "none",
-                     "amp_dtype": "fp32 activations" + (", int8 weights" if cfg.int8 else ""),
+        "what_ran": {"device": metrics.describe_device(device), "format": cfg.format, **ran, "world_size": 1,
+                     "parallel": "none", "amp_dtype": "fp32 activations" + (", int8 weights" if cfg.int8 else ""),
                      "cpu_flags": " ".join(metrics.cpu_flags())},
         "versions": meta_out["versions"], "git_commit": meta_out["git_commit"],
         "protocol": protocol,

@@ -1,20 +1,28 @@
-"""ONNX artifacts: export with `torch.onnx.export(dynamo=True)`, int8 with ONNX Runtime's `quantize_dynamic`, and
-`OnnxCausalLM`, which runs an ONNX artifact through an `onnxruntime.InferenceSession` behind the few methods
-effkit's measurement code calls on a model (`model(ids).logits`, `generate`, `config`, `eval`).
+"""ONNX artifacts: export with `torch.onnx.export(dynamo=True)` in the layout ONNX Runtime users expect of a
+decoder with past key/values, int8 with ONNX Runtime's `quantize_dynamic`, and `OnnxCausalLM`, which runs an
+ONNX artifact through an `onnxruntime.InferenceSession` behind the few methods effkit's measurement code calls
+on a model (`model(ids).logits`, `generate` with the KV cache, `config`, `eval`).
 
-The TorchScript exporter fails on transformers 5's masking code (`aten::diff`); the dynamo exporter works. The
-exported graph maps `input_ids` (batch, seq; both dynamic, seq up to the context) to `logits`. Since it has no
-padding mask, attention is exported as what it is, causal: an attention function that calls
-`scaled_dot_product_attention(is_causal=True)` (registered with transformers' `AttentionInterface`; transformers
-then builds no mask) becomes one ONNX `Attention` node per layer (opset 23) instead of a materialised mask and a
-`Where` per layer. The LM head is
-exported as its own (transposed) weight rather than tied to the token embedding, so that ONNX Runtime quantizes
-it as a per-channel int8 `MatMulInteger` (a tied weight reaches the head through a `Transpose`, which the
-quantizer leaves in fp32); the embedding lookup is quantized too (`Gather` on int8, one scale per tensor).
+The graph (`_WithPast`): inputs `input_ids` (batch, seq), `attention_mask` (batch, past + seq; 1 = attend),
+`position_ids` (batch, seq) and `past_key_values.{i}.key` / `.value` (batch, heads, past, head_dim) for every
+layer; outputs `logits` (batch, seq, vocab) and `present.{i}.key` / `.value` (batch, heads, past + seq,
+head_dim). Batch, seq and past are dynamic; past may be 0 (prefill). That is the with-past layout optimum's
+exports use, so plain onnxruntime code with a ten-line greedy loop runs it. The wrapper calls the model's own
+modules (embeddings, LayerNorms, the attention and MLP projections, the MLP activation) and writes out only the
+attention core: the concatenation with the past, the causal + padding mask, scaled dot-product (with GPT-2's
+scaling options). The TorchScript exporter fails on transformers 5's masking code (`aten::diff`); this wrapper
+does not go through it.
+
+Nothing is written unless it passes the parity gate (`check_parity`): ONNX Runtime's fp32 logits equal
+PyTorch's within 1e-4 on a probe batch of another shape than the traced one, and its greedy tokens with the
+cache equal PyTorch's with its cache and with the full recompute. The LM head is exported as its own
+(transposed) weight rather than tied to the token embedding, so that ONNX Runtime quantizes it as a per-channel
+int8 `MatMulInteger` (a tied weight reaches the head through a `Transpose`, which the quantizer leaves in
+fp32); after quantization the embedding lookup reads that int8 head (`tie_embedding_to_head`).
 
 An ONNX artifact folder: `model.onnx`, `onnx.json` (what was exported and how), `config.json`, the tokenizer and
-`effkit.json`. Generation with it recomputes the whole prefix for every new token: the graph is exported without
-past key/values, and reports say so.
+`effkit.json`. Artifacts of older effkit versions (no past inputs) still load; generation with them recomputes
+the prefix, and reports say so.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import contextlib
 import io
 import json
 import logging
+import math
 import time
 import warnings
 from collections import Counter
@@ -30,7 +39,9 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from effkit.errors import EffkitError
@@ -38,11 +49,12 @@ from effkit.errors import EffkitError
 ONNX_FILE = "model.onnx"
 ONNX_DESC = "onnx.json"
 EXPORT_ATOL = 1e-4  # max |logit difference| allowed between the exported graph and PyTorch
-OPSET = 23  # the first with the `Attention` operator (ONNX Runtime >= 1.23 runs it)
-CAUSAL_ATTENTION = "effkit_causal"
+OPSET = 23
+PARITY_TOKENS = 32  # greedy tokens compared between the with-past graph, PyTorch with its cache and without
+PORTABILITY = "portable: any ONNX Runtime loads model.onnx (onnxruntime.InferenceSession)"
 INT8_OPS = ("MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QGemm", "QAttention")
-GENERATION_NOTE = ("ONNX artifact: exported without past key/values, so generation recomputes the whole prefix for "
-                   "every new token (measured as it is)")
+GENERATION_NOTE = ("ONNX artifact of an older effkit, exported without past key/values: generation recomputes the "
+                   "whole prefix for every new token (measured as it is); export the parent again for the KV cache")
 
 
 def onnx_unavailable() -> str | None:
@@ -65,47 +77,56 @@ def is_onnx(path: str | Path) -> bool:
     return (Path(path) / ONNX_DESC).is_file()
 
 
-def _causal_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **_):
-    """GPT-2 attention without a mask argument: causal by construction (what the exported graph computes)."""
-    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling)
-    return out.transpose(1, 2).contiguous(), None
+def past_names(n_layer: int) -> list[str]:
+    return [f"past_key_values.{i}.{kv}" for i in range(n_layer) for kv in ("key", "value")]
 
 
-@contextlib.contextmanager
-def _causal_attention_for(model: nn.Module):
-    """Run `model` with `_causal_attention` (no mask built by transformers) while it is exported, where its
-    attention is plain scaled dot-product (GPT-2's inverse-layer-index scaling and upcast reordering are not)."""
-    from transformers import AttentionInterface
-
-    cfg = model.config
-    if getattr(cfg, "scale_attn_by_inverse_layer_idx", False) or getattr(cfg, "reorder_and_upcast_attn", False):
-        yield
-        return
-    AttentionInterface.register(CAUSAL_ATTENTION, _causal_attention)
-    configs = {id(m.config): m.config for m in model.modules() if hasattr(m, "config")} | {id(cfg): cfg}
-    before = {k: c._attn_implementation for k, c in configs.items()}
-    try:
-        for c in configs.values():
-            c._attn_implementation = CAUSAL_ATTENTION
-        yield
-    finally:
-        for k, c in configs.items():
-            c._attn_implementation = before[k]
+def present_names(n_layer: int) -> list[str]:
+    return [f"present.{i}.{kv}" for i in range(n_layer) for kv in ("key", "value")]
 
 
-class _LogitsOnly(nn.Module):
-    """What is exported: input_ids -> logits, with the LM head as its own transposed weight (see the module doc)."""
+class _WithPast(nn.Module):
+    """What is exported: one decoder step over `input_ids` given the past keys and values (see the module doc),
+    with the LM head as its own transposed weight."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
-        self.transformer = model.transformer
-        head = model.lm_head
-        if head.bias is not None:
+        c = model.config
+        if getattr(c, "reorder_and_upcast_attn", False):
+            raise EffkitError("this GPT-2 uses reorder_and_upcast_attn, which effkit's ONNX export does not write")
+        if model.lm_head.bias is not None:
             raise EffkitError("this model's LM head has a bias, which effkit's ONNX export does not handle")
-        self.head = nn.Parameter(head.weight.detach().t().contiguous().clone(), requires_grad=False)
+        self.transformer = model.transformer
+        self.head = nn.Parameter(model.lm_head.weight.detach().t().contiguous().clone(), requires_grad=False)
+        self.n_head = c.n_head
+        self.scales = [(1 / math.sqrt(c.n_embd // c.n_head) if c.scale_attn_weights else 1.0)
+                       / (i + 1 if c.scale_attn_by_inverse_layer_idx else 1) for i in range(c.n_layer)]
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.transformer(input_ids=input_ids, use_cache=False).last_hidden_state @ self.head
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                *past: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        t = self.transformer
+        b, n = input_ids.shape
+        x = t.wte(input_ids) + t.wpe(position_ids)
+        p = past[0].shape[2]
+        q_pos = torch.arange(n, device=x.device) + p
+        k_pos = torch.arange(p + n, device=x.device)
+        allowed = (k_pos[None, :] <= q_pos[:, None])[None] & attention_mask[:, None, :].bool()  # (b, n, p + n)
+        bias = torch.where(allowed, 0.0, torch.finfo(x.dtype).min)[:, None]  # no -inf: a padded row stays finite
+        presents = []
+        for i, block in enumerate(t.h):
+            qkv = block.attn.c_attn(block.ln_1(x))
+            q, k, v = (z.view(b, n, self.n_head, -1).transpose(1, 2) for z in qkv.split(qkv.shape[-1] // 3, -1))
+            k, v = torch.cat([past[2 * i], k], dim=2), torch.cat([past[2 * i + 1], v], dim=2)
+            presents += [k, v]
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=self.scales[i])
+            x = x + block.attn.c_proj(a.transpose(1, 2).reshape(b, n, -1))
+            x = x + block.mlp(block.ln_2(x))
+        return (t.ln_f(x) @ self.head, *presents)
+
+
+def empty_past(config, batch: int) -> dict[str, np.ndarray]:
+    shape = (batch, config.n_head, 0, config.n_embd // config.n_head)
+    return {name: np.zeros(shape, np.float32) for name in past_names(config.n_layer)}
 
 
 @contextlib.contextmanager
@@ -130,24 +151,30 @@ def probe_ids(vocab_size: int, shape: tuple[int, int] = (3, 24)) -> torch.Tensor
 
 @torch.no_grad()
 def export_fp32(model: nn.Module, out: Path) -> dict[str, Any]:
-    """Export `model` (effkit's Linear form, on the CPU, eval mode) to `out` and check that ONNX Runtime gives
-    PyTorch's logits on a probe batch whose shape differs from the traced one (max difference <= EXPORT_ATOL)."""
+    """Export `model` (effkit's Linear form, on the CPU, eval mode) with past key/values to `out`, and refuse it
+    unless it passes the parity gate (`check_parity`)."""
     require_onnx()
     model = model.cpu().eval()
-    n_pos = model.config.n_positions
-    wrapper = _LogitsOnly(model).eval()
-    example = probe_ids(model.config.vocab_size, (2, min(16, n_pos)))
-    batch = torch.export.Dim("batch", min=1, max=4096)
-    seq = torch.export.Dim("seq", min=1, max=n_pos)
-    probe = probe_ids(model.config.vocab_size, (3, min(24, n_pos)))
-    reference = wrapper(probe)  # with the model's own attention
+    c = model.config
+    wrapper = _WithPast(model).eval()
+    b, n, p = 2, min(5, c.n_positions - 3), 3  # sizes other than 0 and 1, which torch.export would specialize
+    ids = probe_ids(c.vocab_size, (b, n))
+    past = tuple(torch.zeros(b, c.n_head, p, c.n_embd // c.n_head) for _ in past_names(c.n_layer))
+    mask = torch.ones(b, p + n, dtype=torch.long)
+    pos = torch.arange(p, p + n).expand(b, n)
+    batch, seq = torch.export.Dim("batch", min=1, max=4096), torch.export.Dim("seq", min=1, max=c.n_positions)
+    total = torch.export.Dim("total", min=1, max=c.n_positions)
+    past_len = torch.export.Dim("past", min=0, max=c.n_positions)
     t0 = time.perf_counter()
     try:
-        with _quiet_exporter(), _causal_attention_for(model):
-            program = torch.onnx.export(wrapper, (example,), dynamo=True, optimize=True, verbose=False,
-                                        opset_version=OPSET,
-                                        input_names=["input_ids"], output_names=["logits"],
-                                        dynamic_shapes={"input_ids": {0: batch, 1: seq}})
+        with _quiet_exporter():
+            program = torch.onnx.export(
+                wrapper, (ids, mask, pos, *past), dynamo=True, optimize=True, verbose=False, opset_version=OPSET,
+                input_names=["input_ids", "attention_mask", "position_ids", *past_names(c.n_layer)],
+                output_names=["logits", *present_names(c.n_layer)],
+                dynamic_shapes={"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: total},
+                                "position_ids": {0: batch, 1: seq},
+                                "past": tuple({0: batch, 2: past_len} for _ in past)})
             program.save(str(out))
     except EffkitError:
         raise
@@ -155,23 +182,66 @@ def export_fp32(model: nn.Module, out: Path) -> dict[str, Any]:
         first = (str(e).strip().splitlines() or [""])[0]
         raise EffkitError(f"ONNX cannot represent this model: {type(e).__name__}: {first[:200]}") from None
     seconds = time.perf_counter() - t0
-    diff = float((torch.from_numpy(session(out).run(None, {"input_ids": probe.numpy()})[0]) - reference)
-                 .abs().max())
+    parity = check_parity(model, session(out))
+    return {"exporter": f"torch.onnx.export(dynamo=True, optimize=True, opset_version={OPSET}), torch "
+                        f"{torch.__version__}",
+            "opset": OPSET, "export_seconds": seconds, "max_abs_logit_diff_vs_pytorch": parity["max_abs_logit_diff"],
+            "parity": parity, "past_key_values": True,
+            "inputs": "input_ids int64 (batch, seq); attention_mask int64 (batch, past + seq); position_ids int64 "
+                      "(batch, seq); past_key_values.{i}.key / .value float32 (batch, heads, past, head_dim); "
+                      "batch, seq and past dynamic (past may be 0)",
+            "outputs": "logits float32 (batch, seq, vocab); present.{i}.key / .value (batch, heads, past + seq, "
+                       "head_dim)",
+            "lm_head": "exported as its own transposed weight (not tied to the embedding), so that it quantizes"}
+
+
+def step(sess, input_ids: np.ndarray, past: dict[str, np.ndarray], past_len: int) -> tuple[np.ndarray, dict]:
+    """One run of the with-past graph: the logits of `input_ids` after `past_len` cached positions, and the new
+    cache (no padding: every position attended)."""
+    b, n = input_ids.shape
+    feed = {"input_ids": input_ids, "attention_mask": np.ones((b, past_len + n), np.int64),
+            "position_ids": np.broadcast_to(np.arange(past_len, past_len + n, dtype=np.int64), (b, n)), **past}
+    out = sess.run(None, feed)
+    return out[0], dict(zip(past, out[1:], strict=True))
+
+
+def greedy_with_past(sess, config, prompt: np.ndarray, new_tokens: int) -> np.ndarray:
+    """Greedy decoding through the with-past graph: prefill, then one token per run with the cache."""
+    logits, past = step(sess, prompt, empty_past(config, prompt.shape[0]), 0)
+    ids = [prompt]
+    for k in range(new_tokens):
+        nxt = logits[:, -1].argmax(-1)[:, None].astype(np.int64)
+        ids.append(nxt)
+        if k + 1 < new_tokens:
+            logits, past = step(sess, nxt, past, prompt.shape[1] + k)
+    return np.concatenate(ids, axis=1)
+
+
+@torch.no_grad()
+def check_parity(model: nn.Module, sess) -> dict[str, Any]:
+    """The export's gate: ONNX Runtime's logits within EXPORT_ATOL of PyTorch's on a (3, 24) probe batch (a shape
+    the export did not trace), and its greedy tokens with the cache equal to PyTorch's with its cache and with the
+    full recompute (PARITY_TOKENS new tokens, capped by the context). A one-line error otherwise."""
+    c = model.config
+    probe = probe_ids(c.vocab_size, (3, min(24, c.n_positions)))
+    logits, _ = step(sess, probe.numpy(), empty_past(c, 3), 0)
+    diff = float((torch.from_numpy(logits) - model(probe).logits).abs().max())
     if not diff <= EXPORT_ATOL:
         raise EffkitError(f"the exported ONNX graph does not reproduce the model (max logit difference {diff:.2e} > "
                           f"{EXPORT_ATOL}); this model cannot be exported faithfully")
-    import onnx
-
-    graph = onnx.load(str(out), load_external_data=False)
-    return {"exporter": f"torch.onnx.export(dynamo=True, optimize=True, opset_version={OPSET}), torch "
-                        f"{torch.__version__}",
-            "opset": max(o.version for o in graph.opset_import if o.domain in ("", "ai.onnx")),
-            "attention": (f"{sum(n.op_type == 'Attention' for n in graph.graph.node)} causal ONNX Attention nodes "
-                          "(no mask input: the graph takes no padding mask)"),
-            "export_seconds": seconds, "max_abs_logit_diff_vs_pytorch": diff,
-            "inputs": "input_ids int64 (batch, seq), batch and seq dynamic (seq <= n_positions)",
-            "outputs": "logits float32 (batch, seq, vocab)", "past_key_values": False,
-            "lm_head": "exported as its own transposed weight (not tied to the embedding), so that it quantizes"}
+    prompt = probe_ids(c.vocab_size, (1, min(8, c.n_positions // 2)))
+    new = min(PARITY_TOKENS, c.n_positions - prompt.shape[1])
+    onnx_ids = torch.from_numpy(greedy_with_past(sess, c, prompt.numpy(), new))
+    kw = {"max_new_tokens": new, "min_new_tokens": new, "do_sample": False, "pad_token_id": 0}
+    cached = model.generate(prompt, use_cache=True, **kw)
+    recomputed = model.generate(prompt, use_cache=False, **kw)
+    if not (torch.equal(onnx_ids, cached) and torch.equal(cached, recomputed)):
+        raise EffkitError(f"the exported ONNX graph's greedy tokens with its KV cache differ from PyTorch's (with "
+                          f"its cache: {torch.equal(onnx_ids, cached)}, PyTorch cached vs recomputed: "
+                          f"{torch.equal(cached, recomputed)}); this model cannot be exported faithfully")
+    return {"max_abs_logit_diff": diff, "greedy_tokens_equal": new,
+            "how": f"logits of a (3, {probe.shape[1]}) probe batch within {EXPORT_ATOL} of PyTorch's; {new} greedy "
+                   "tokens from the with-past graph equal PyTorch's with its KV cache and with the full recompute"}
 
 
 def fuse(path: Path, config) -> dict[str, Any]:
@@ -295,10 +365,9 @@ def session(path: Path):
 
 class OnnxCausalLM(nn.Module):
     """An ONNX artifact behind the interface effkit's measurement code uses: `model(ids).logits` (a torch tensor),
-    `generate(...)` (greedy or top-k sampling, prefix recomputed each token), `config`, `eval()`. It holds no
-    PyTorch parameters: `n_params` gives the parent's parameter count."""
+    `generate(...)` (greedy or top-k sampling, with the KV cache), `config`, `eval()`. It holds no PyTorch
+    parameters: `n_params` gives the parent's parameter count."""
 
-    generation_note = GENERATION_NOTE
     compilable = False  # torch.compile has nothing to do: ONNX Runtime optimizes the graph
 
     def __init__(self, path: str | Path):
@@ -318,23 +387,42 @@ class OnnxCausalLM(nn.Module):
         self.n_params = int(self.description.get("params", 0))
         self.session = session(path / ONNX_FILE)
         self.path = path
+        self.with_past = "past_key_values.0.key" in {i.name for i in self.session.get_inputs()}
+        self.generation_note = None if self.with_past else GENERATION_NOTE
+
+    def _check_length(self, n: int) -> None:
+        if n > self.config.n_positions:
+            raise EffkitError(f"{n} tokens exceed the model's context ({self.config.n_positions})")
 
     def forward(self, input_ids: torch.Tensor, **_: Any) -> SimpleNamespace:
-        if input_ids.shape[-1] > self.config.n_positions:
-            raise EffkitError(f"{input_ids.shape[-1]} tokens exceed the model's context ({self.config.n_positions})")
-        logits = self.session.run(None, {"input_ids": input_ids.detach().cpu().long().numpy()})[0]
+        self._check_length(input_ids.shape[-1])
+        ids = input_ids.detach().cpu().long().numpy()
+        if self.with_past:
+            logits, _ = step(self.session, ids, empty_past(self.config, ids.shape[0]), 0)
+        else:
+            logits = self.session.run(None, {"input_ids": ids})[0]
         return SimpleNamespace(logits=torch.from_numpy(logits))
 
     @torch.inference_mode()
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, do_sample: bool = False, top_k: int | None = None,
                  temperature: float = 1.0, streamer=None, **_: Any) -> torch.Tensor:
-        """Exactly `max_new_tokens` new tokens (never stops early, like effkit's `min_new_tokens` calls), the
-        whole prefix recomputed each step; sampling draws from torch's global generator (seed it first)."""
-        ids = input_ids.cpu()
+        """Exactly `max_new_tokens` new tokens (never stops early, like effkit's `min_new_tokens` calls), with the
+        KV cache (the prefix recomputed each step for an artifact without past inputs); sampling draws from
+        torch's global generator (seed it first)."""
+        ids = input_ids.cpu().long()
+        self._check_length(ids.shape[1] + max_new_tokens - 1)  # the last new token is not fed back
         if streamer is not None:
             streamer.put(ids)
+        past, done = (empty_past(self.config, ids.shape[0]), 0) if self.with_past else (None, 0)
+        todo = ids
         for _ in range(max_new_tokens):
-            logits = self(ids).logits[:, -1, :].float()
+            if self.with_past:
+                logits, past = step(self.session, todo.numpy(), past, done)
+                done += todo.shape[1]
+                logits = torch.from_numpy(logits[:, -1, :])
+            else:
+                logits = self(ids).logits[:, -1, :]
+            logits = logits.float()
             if do_sample:
                 logits = logits / max(temperature, 1e-6)
                 if top_k:
@@ -343,7 +431,7 @@ class OnnxCausalLM(nn.Module):
                 nxt = torch.multinomial(torch.softmax(logits, -1), 1)
             else:
                 nxt = logits.argmax(-1, keepdim=True)
-            ids = torch.cat([ids, nxt], dim=1)
+            ids, todo = torch.cat([ids, nxt], dim=1), nxt
             if streamer is not None:
                 streamer.put(nxt)
         if streamer is not None:
@@ -351,9 +439,23 @@ class OnnxCausalLM(nn.Module):
         return ids
 
 
-def write_artifact(folder: Path, model: nn.Module, tokenizer, int8: bool, fused: bool) -> dict[str, Any]:
-    """Export `model` into `folder` (fp32, or ONNX Runtime int8 with `int8`; ORT's fusions first with `fused`),
-    with its config and tokenizer; returns the description written to `onnx.json`."""
+def quantize_standard(src: Path, dst: Path) -> dict[str, Any]:
+    """ONNX Runtime's `quantize_dynamic` as a user who exported the graph would run it (QInt8 weights, per tensor),
+    limited to MatMul and Gemm (left to every op type it knows it turns ONNX `Attention` into an invalid
+    `QAttention`); no effkit edits: the peer row effkit's own int8 is judged against."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    with _quiet_exporter():
+        quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"])
+    return {"quantizer": "onnxruntime.quantization.quantize_dynamic(weight_type=QInt8, op_types_to_quantize=[MatMul, "
+                         "Gemm]), its defaults otherwise (per tensor)", "int8": int8_counts(dst)}
+
+
+def write_artifact(folder: Path, model: nn.Module, tokenizer, int8: bool, fused: bool,
+                   standard_int8: bool = False) -> dict[str, Any]:
+    """Export `model` into `folder` (fp32, or ONNX Runtime int8 with `int8`: effkit's per-channel int8 with the
+    embedding tied to the int8 head, or ONNX Runtime's defaults with `standard_int8`; ORT's fusions first with
+    `fused`), with its config and tokenizer; returns the description written to `onnx.json`."""
     model.config.use_cache = True  # how a Hugging Face folder is usually saved
     model.config.save_pretrained(folder)
     model.config.use_cache = False
@@ -364,7 +466,7 @@ def write_artifact(folder: Path, model: nn.Module, tokenizer, int8: bool, fused:
     if fused:
         desc["fused_operators"] = fuse(fp32, model.config)
     if int8:
-        desc.update(quantize_int8(fp32, folder / ONNX_FILE))
+        desc.update((quantize_standard if standard_int8 else quantize_int8)(fp32, folder / ONNX_FILE))
         fp32.unlink()
         for extra in fp32.parent.glob(fp32.name + "*"):  # external-data side files, if any
             extra.unlink()
@@ -372,6 +474,6 @@ def write_artifact(folder: Path, model: nn.Module, tokenizer, int8: bool, fused:
             raise EffkitError("ONNX Runtime's quantizer left no int8 operator in the graph; nothing was quantized")
     desc["runtime"] = ("onnxruntime.InferenceSession, CPUExecutionProvider, intra-op threads = torch threads, no "
                        "spin-waiting")
-    desc["generation"] = GENERATION_NOTE
+    desc["generation"] = "greedy or sampled decoding with the KV cache (the graph's past/present key/values)"
     (folder / ONNX_DESC).write_text(json.dumps(desc, indent=2))
     return desc

@@ -21,15 +21,26 @@ from typing import Any
 
 from rich.console import Console
 
-from effkit import artifacts, onnx_export, stats
+from effkit import artifacts
 from effkit.artifacts import RunLayout, prune_tag
+from effkit.artifacts.loader import load_command
 from effkit.bench import run_bench
 from effkit.checkpoint import Checkpointer
-from effkit.config import BenchConfig, PruneConfig, QuantizeConfig, RunConfig, TrainConfig, build_config, load_recipe
+from effkit.config import (
+    WORKLOADS,
+    BenchConfig,
+    PruneConfig,
+    QuantizeConfig,
+    RunConfig,
+    TrainConfig,
+    build_config,
+    load_recipe,
+)
 from effkit.errors import EffkitError
+from effkit.measure import stats
 from effkit.parallel.launch import launch_command, nproc_per_node
 from effkit.prune.stage import run_prune
-from effkit.quantize import QUANT_FILE, is_quantized, run_quantize
+from effkit.quantize.stage import run_quantize
 from effkit.report import render_run_report
 from effkit.train import train_any
 
@@ -69,6 +80,8 @@ def make_plan(recipe: str) -> Plan:
         raise EffkitError(f"recipe {recipe}: [run] lists the prune stage but prune_modes is empty")
     quantize = build_config(QuantizeConfig, recipe, {"source": dense, **dirs})
     bench = build_config(BenchConfig, recipe, {"run": run.run_name, **dirs})
+    if bench.peers is None:  # `effkit run` measures the engines a user would pick instead, unless told not to
+        bench = bench.replace(peers=True)
     valid_tags = {"train"} | {prune_tag(c.label, r) for c in prune.values() for r in range(1, c.rounds + 1)}
     for wanted in run.quantize_from if "quantize" in run.stages else []:
         if wanted not in valid_tags | ({BEST_PRUNED} if prune and "prune" in run.stages else set()):
@@ -125,44 +138,37 @@ def best_pruned(plan: Plan) -> tuple[Path | None, dict[str, Any]]:
                "point estimate of the paired delta); among them the smallest folder, then the lowest latency b12"}
 
 
-def load_command(path: Path) -> str:
-    """How a user loads an artifact outside effkit (or with it, where nothing else can)."""
-    if is_quantized(path):
-        fmt = json.loads((path / QUANT_FILE).read_text()).get("format", "effkit")
-        if fmt == "transformers-bitsandbytes":
-            return f"AutoModelForCausalLM.from_pretrained('{path}')  (bitsandbytes installed)"
-        if fmt != "onnx":
-            return f"effkit.quantize.load_quantized('{path}')  (effkit's int8 format)"
-    if onnx_export.is_onnx(path):
-        return f"onnxruntime.InferenceSession('{path / onnx_export.ONNX_FILE}')"
-    return f"AutoModelForCausalLM.from_pretrained('{path}')"
-
-
 def deliverable(plan: Plan, bench: dict[str, Any]) -> dict[str, Any]:
-    """The artifact to ship: among the benched artifacts whose held-out loss is within `max_loss_increase` of their
-    dense control's (a pruned artifact and its int8 or ONNX forms: the dense parent given the same fine-tuning) or
-    of the dense reference's (the rest), the lowest batch-12 latency, then the smallest; with the line that says
-    so."""
-    budget = plan.run.max_loss_increase
-    rows = bench["artifacts"]
+    """The artifact to ship: among the benched artifacts (peers excluded: they are what a user has without effkit)
+    whose held-out loss is within `max_loss_increase` of the dense reference's (the model the user has; paired
+    point estimate), the best at the recipe's workload (`optimize_for`: decode tokens/s at batch 1 or 12, or
+    prefill latency at batch 12), then the smallest; with the line that says so, its standing against the fastest
+    peer at that workload, and, for a pruned artifact, its dense control's attribution."""
+    budget, workload = plan.run.max_loss_increase, plan.run.optimize_for
+    key, higher = WORKLOADS[workload]
+    rows = [r for r in bench["artifacts"] if r["stage"] != "peer"]
     ref = rows[0]
-    judged = lambda r: r.get("eval_loss_delta_vs_control") or r["eval_loss_delta"]  # noqa: E731
-    within = [r for r in rows if r is ref or judged(r)["delta"] <= budget]
-    lat = lambda r: 1.0 if r is ref else r["latency_ratio_b12"]["ratio"]  # noqa: E731
-    best = min(within, key=lambda r: (lat(r), r["size_ratio"]))
+    within = [r for r in rows if r is ref or r["eval_loss_delta"]["delta"] <= budget]
+    speed = lambda r: 1.0 if r is ref else r[key]["ratio"]  # noqa: E731 - vs the reference, paired
+    best = max(within, key=lambda r: (speed(r) if higher else -speed(r), -r["size_ratio"]))
     path = Path(best["artifact"])
     loss = "ref" if best is ref else stats.fmt_delta(best["eval_loss_delta"]) + f" vs {ref['tag']}"
     if best.get("eval_loss_delta_vs_control"):
-        loss += f", {stats.fmt_delta(best['eval_loss_delta_vs_control'])} vs its dense control"
-    line = (f"deliver {best['tag']}: latency b12 "
-            + ("1.00x (it is the reference)" if best is ref else stats.fmt_ratio(best["latency_ratio_b12"]))
-            + f", size {best['size_ratio']:.2f}x, loss {loss}; load it: {load_command(path)}, or effkit generate "
-              f"--from {path}")
-    return {"tag": best["tag"], "artifact": str(path), "line": line, "budget": budget,
-            "how": f"benched artifacts whose held-out loss is at most {budget:.1%} above their dense control's (the "
-                   "dense parent given the same fine-tuning, for pruned artifacts and their int8 or ONNX forms) or "
-                   f"{ref['tag']}'s (the others), paired point estimate; the lowest latency ratio at batch 12, then "
-                   "the smallest size"}
+        loss += (f" (of which the dense control, fine-tuned the same way, accounts for the rest: "
+                 f"{stats.fmt_delta(best['eval_loss_delta_vs_control'])} vs that control)")
+    cols = ", ".join(f"{w} " + ("1.00x (reference)" if best is ref else stats.fmt_ratio(best[k]))
+                     for w, (k, _) in WORKLOADS.items())
+    peers = best.get("vs_peers", {})
+    peer_key = {"decode-b1": "decode_b1", "decode-b12": "decode_b12", "prefill-b12": "prefill_b12"}[workload]
+    vs_peers = "; ".join(f"vs {p}: " + ", ".join(f"{w} {stats.fmt_ratio(r[w])}" for w in r) for p, r in peers.items())
+    line = (f"deliver {best['tag']} (chosen for {workload}): {cols}; size {best['size_ratio']:.2f}x, loss {loss}"
+            + (f"; {vs_peers}" if vs_peers else "") + f"; load it: {load_command(path)}, or effkit generate --from "
+            f"{path}")
+    return {"tag": best["tag"], "artifact": str(path), "line": line, "budget": budget, "optimize_for": workload,
+            "vs_peers": {p: r[peer_key] for p, r in peers.items()},
+            "how": f"benched artifacts (not the peer rows) whose held-out loss is at most {budget:.1%} above "
+                   f"{ref['tag']}'s (paired point estimate); the best paired ratio to {ref['tag']} at {workload}, "
+                   "then the smallest size"}
 
 
 def _bench_done(plan: Plan) -> bool:

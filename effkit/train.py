@@ -20,13 +20,14 @@ from typing import Any
 
 import torch
 
-from effkit import artifacts, metrics, precision, stats
+from effkit import artifacts
 from effkit.artifacts import RunLayout
 from effkit.checkpoint import Checkpoint, Checkpointer
 from effkit.config import OptimConfig, TrainConfig
 from effkit.data import BlockSampler, make_loader, prepare
 from effkit.data.blocks import check_batch
 from effkit.errors import EffkitError, Interrupted
+from effkit.measure import metrics, precision, stats
 from effkit.model import (
     activation_checkpointing_enabled,
     build_model,

@@ -12,18 +12,26 @@ import pytest
 import torch
 
 import effkit
-from effkit import metrics
+from effkit.measure import metrics
 from effkit.model import build_model
+from effkit.prune import methods
 from effkit.prune.row import prune_mlp_channels
 from effkit.prune.weight import apply_masks, compute_masks
+from effkit.quantize import backends
 
 PACKAGE = Path(effkit.__file__).parent
 # The layers, bottom up. The CLI sits on top; __main__ is `python -m effkit`, the CLI's other entry point.
-CORE = {"effkit", "effkit.errors", "effkit.config", "effkit.artifacts", "effkit.metrics", "effkit.report",
-        "effkit.checkpoint", "effkit.quiet", "effkit.isolated", "effkit.stats", "effkit.precision",
-        "effkit.onnx_export"}
-CORE_PACKAGES = ("effkit.data", "effkit.model", "effkit.parallel")
+CORE = {"effkit", "effkit.errors", "effkit.config", "effkit.report", "effkit.checkpoint", "effkit.quiet",
+        "effkit.isolated", "effkit.onnx_export", "effkit.quantize", "effkit.prune"}
+CORE_PACKAGES = ("effkit.data", "effkit.model", "effkit.parallel", "effkit.artifacts", "effkit.measure",
+                 "effkit.quantize.backends", "effkit.prune")
 ENTRY = {"effkit.cli", "effkit.__main__"}
+# the stages, and the one stage each may call: prune fine-tunes with train's loop; `effkit run` (pipeline) runs
+# every stage; studies and the training worker run training
+STAGES = {"effkit.train", "effkit.prune.stage", "effkit.quantize.stage", "effkit.export", "effkit.bench",
+          "effkit.pipeline", "effkit.studies", "effkit.worker"}
+MAY_CALL = {"effkit.prune.stage": {"effkit.train"}, "effkit.studies": {"effkit.train"},
+            "effkit.worker": {"effkit.train"}, "effkit.pipeline": STAGES - {"effkit.pipeline"}}
 
 
 def module_name(path: Path) -> str:
@@ -81,7 +89,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def is_core(name: str) -> bool:
-    return name in CORE or name.startswith(CORE_PACKAGES)
+    return name not in STAGES and (name in CORE or name.startswith(CORE_PACKAGES))
 
 
 def test_the_graph_sees_function_level_imports():
@@ -110,6 +118,28 @@ def test_core_modules_import_no_stage():
     assert upward == [], upward
 
 
+def test_every_module_is_core_a_stage_or_an_entry_point():
+    unplaced = [m for m in import_graph() if not is_core(m) and m not in STAGES | ENTRY]
+    assert unplaced == []
+
+
+def test_no_stage_imports_another_stage():
+    graph = import_graph()
+    sideways = [f"{m} -> {e}" for m in STAGES for e in graph[m] & STAGES if e not in MAY_CALL.get(m, set())]
+    assert sideways == []
+
+
+def test_backends_and_pruning_methods_come_only_from_their_registries():
+    """Only a registry imports its plug-ins' modules: nothing else can switch on their names."""
+    graph = import_graph()
+    plugins = {m: backends for m in backends.BUILTIN.values()} | {m: methods for m in methods.BUILTIN.values()}
+    helpers = {"effkit.quantize.backends.rowwise"}  # shared by backends, imported by backends only
+    leaks = [f"{m} -> {e}" for m, edges in graph.items() for e in edges
+             if (e in plugins or e in helpers) and m not in plugins]
+    assert leaks == []
+    assert set(plugins) <= set(graph)  # the registries name real modules
+
+
 def test_help_does_not_import_torch():
     commands = ["", "train", "prune", "quantize", "bench", "generate", "report", "run", "doctor", "study"]
     code = ("import sys\nfrom effkit.cli import main\nfor cmd in sys.argv[1:]:\n"
@@ -119,6 +149,19 @@ def test_help_does_not_import_torch():
     out = subprocess.run([sys.executable, "-c", code, *commands], capture_output=True, text=True, timeout=120)
     assert out.stderr.strip().splitlines()[-1] == "NO-TORCH", out.stderr[-2000:]
     assert "Usage: effkit train" in out.stdout
+
+
+def test_a_registered_backend_and_pruner_appear_in_help():
+    """A plug-in defined outside effkit's files, registered before the CLI is imported, is offered by --help."""
+    code = ("import sys\nfrom effkit.prune import methods\nfrom effkit.quantize import backends\n"
+            "class B: name = 'fakeq'\nclass P: name = 'fakep'\n"
+            "backends.register(B()); methods.register(P())\nfrom effkit.cli import main\n"
+            "sys.argv = ['effkit', sys.argv[1], '--help']\ntry:\n    main()\nexcept SystemExit:\n    pass\n")
+    env = {**os.environ, "COLUMNS": "250"}
+    for command, name in (("quantize", "fakeq"), ("prune", "fakep")):
+        out = subprocess.run([sys.executable, "-c", code, command], capture_output=True, text=True, timeout=60,
+                             env=env)
+        assert name in out.stdout, out.stdout + out.stderr
 
 
 def test_help_shows_the_recipe_table_names():

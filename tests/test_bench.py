@@ -10,7 +10,7 @@ from effkit import cli
 from effkit.bench import LEADERBOARD_UNITS, run_bench
 from effkit.config import BenchConfig, PruneConfig, QuantizeConfig, TrainConfig
 from effkit.prune.stage import run_prune
-from effkit.quantize import run_quantize
+from effkit.quantize.stage import run_quantize
 from effkit.report import render_run_report
 from effkit.train import train
 

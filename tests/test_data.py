@@ -121,10 +121,10 @@ def test_bits_per_byte_of_a_known_text_is_the_hand_computation(corpus_dir):
     import math
     from types import SimpleNamespace
 
-    from effkit import metrics
     from effkit.config import DataConfig
     from effkit.data import prepare
     from effkit.data.tokenizer import token_byte_lengths
+    from effkit.measure import metrics
 
     tok = prepare(DataConfig(source=str(corpus_dir), vocab_size=512, block_size=32)).tokenizer
     text = "Fellow citizens of the naïve façade, 1789: ¿qué? 日本 and the Union, the Union, the Union."

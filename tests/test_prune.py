@@ -8,6 +8,8 @@ from transformers import AutoModelForCausalLM
 
 from effkit import cli
 from effkit.config import PruneConfig
+from effkit.prune import methods
+from effkit.prune.row import RowPruner
 from effkit.prune.stage import run_prune
 
 
@@ -160,3 +162,25 @@ def test_no_control_says_the_delta_is_confounded(trained):
     report = run_prune(prune_cfg(tmp, artifact, mode="row", target=0.25, rounds=1, control=False), progress=False)
     assert report["curve"][1]["eval_loss_delta_vs_control"] is None
     assert any("confounded" in v for v in report["verdicts"])
+
+
+class EveryOtherChannel(RowPruner):
+    """A pruning method defined outside effkit: registered, the stage runs it like a built-in one."""
+
+    name = "fake-rows"
+
+    def ranks_by(self, cfg) -> str:
+        return "every other channel"
+
+
+def test_a_registered_pruning_method_runs_through_the_stage(trained):
+    tmp, artifact = trained
+    methods.register(EveryOtherChannel())
+    try:
+        report = run_prune(prune_cfg(tmp, artifact, mode="fake-rows", target=0.5, rounds=1, finetune_steps=0,
+                                     control=False), progress=False)
+    finally:
+        methods.unregister("fake-rows")
+    assert report["tag"] == "prune-fake-rows" and report["curve"][-1]["artifact"].endswith("prune-fake-rows-r1")
+    assert report["protocol"]["importance"] == "every other channel"
+    assert AutoModelForCausalLM.from_pretrained(report["curve"][-1]["artifact"]).config.n_inner == 128

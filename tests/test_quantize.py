@@ -1,13 +1,19 @@
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
-from effkit import cli, metrics
+from effkit import cli
+from effkit.artifacts.loader import load_any, load_quantized, quantized_layers
 from effkit.config import PruneConfig, QuantizeConfig, TrainConfig
 from effkit.data import prepare
+from effkit.measure import metrics
 from effkit.prune.stage import run_prune
-from effkit.quantize import AUTO_LOSS_BUDGET, backend_available, int8_layer_count, load_quantized, run_quantize
+from effkit.quantize import backends
+from effkit.quantize.backends import unavailable as backend_available
+from effkit.quantize.backends.dynamic import Dynamic
+from effkit.quantize.stage import AUTO_LOSS_BUDGET, run_quantize
 from effkit.train import train
 
 
@@ -26,10 +32,10 @@ def qcfg(tmp, source, **kw):
                              "runs_dir": str(tmp / "runs"), "reports_dir": str(tmp / "reports"), **kw})
 
 
-@pytest.mark.parametrize("backend", ["dynamic", "torchao", "bnb", "onnxruntime"])
+@pytest.mark.parametrize("backend", ["dynamic", "torchao", "bnb", "onnxruntime", "ctranslate2"])
 def test_backend_quantizes_reloads_and_stays_close(backend, trained):
-    if reason := backend_available(backend):
-        pytest.skip(f"not run: {reason}")
+    # every backend here is installed by the dev extra: one that does not import fails, it is not skipped
+    assert backend_available(backend) is None, backend_available(backend)
     tmp, artifact, eval_blocks = trained
     report = run_quantize(qcfg(tmp, artifact, backend=backend, include_head=backend == "dynamic",
                                compile=backend == "dynamic"))
@@ -43,25 +49,51 @@ def test_backend_quantizes_reloads_and_stays_close(backend, trained):
     assert m["size_bytes"] < m["parent_fp32"]["size_bytes"]
     assert m["generation"]["new_tokens"] == 4 and m["parent_fp32"]["generation"]["text"]
     reloaded = load_quantized(report["artifact"])  # from the folder alone
-    assert int8_layer_count(reloaded) == m["int8_layers_reloaded"] >= 2 * 4  # every Linear of both blocks
+    # every Linear of both blocks
+    assert quantized_layers(report["artifact"], reloaded) == m["int8_layers_reloaded"] >= 2 * 4
     again = metrics.evaluate(reloaded, eval_blocks, 4)
     assert again["eval_loss"] == pytest.approx(m["eval_loss"], rel=1e-4)
     saved = json.loads((tmp / "runs" / "q" / report["tag"] / "effkit.json").read_text())
     assert saved["stage"] == "quantize" and saved["parent"] == artifact
 
 
-def test_auto_measures_and_names_its_choice(trained):
+class FakeInt8(Dynamic):
+    """A backend defined outside effkit: registered, it is one of auto's candidates and the loader loads it."""
+
+    name = "fake8"
+    summary = "a test's backend"
+
+    def tag(self, cfg) -> str:
+        return "quantize-fake8"
+
+
+@pytest.fixture
+def fake_backend():
+    yield backends.register(FakeInt8())
+    backends.unregister("fake8")
+
+
+def test_auto_measures_and_names_its_choice(trained, fake_backend):
     tmp, artifact, _ = trained
     report = run_quantize(qcfg(tmp, artifact, backend="auto"))
     auto = report["metrics"]["auto"]
+    assert auto["table"]["fake8"]["status"] == "candidate"  # registered in this test, tried by auto like the rest
     assert auto["picked"] == report["what_ran"]["backend"]
     timed = {b: t["latency_b12_s"] for b, t in auto["table"].items() if "latency_b12_s" in t}
     assert auto["picked"] == min(timed, key=timed.get)
     assert all(auto["table"][b]["loss_delta"]["delta"] <= AUTO_LOSS_BUDGET for b in timed)
     assert not list((tmp / "runs" / "q").glob(".tmp-auto-*"))  # the candidates' scratch folder is gone
-    runnable = [b for b in ("dynamic", "torchao", "bnb", "onnxruntime") if backend_available(b) is None]
-    assert set(auto["table"]) == {"dynamic", "torchao", "bnb", "onnxruntime"} and set(runnable) <= set(
-        b for b, t in auto["table"].items() if "eval_loss" in t)  # every backend that runs here was tried
+    assert set(auto["table"]) == {"dynamic", "torchao", "bnb", "onnxruntime", "ctranslate2", "fake8"}
+    assert all("eval_loss" in t for t in auto["table"].values())  # every backend runs here (the dev extra)
+
+
+def test_a_registered_backend_writes_and_the_loader_loads_it(trained, fake_backend):
+    tmp, artifact, eval_blocks = trained
+    report = run_quantize(qcfg(tmp, artifact, backend="fake8", latency_rounds=2, latency_repeats=1))
+    assert report["tag"] == "quantize-fake8" and report["metrics"]["int8_layers_reloaded"] > 0
+    assert json.loads((Path(report["artifact"]) / "quantization.json").read_text())["backend"] == "fake8"
+    model = load_any(report["artifact"])  # the one loader, through the registry
+    assert quantized_layers(report["artifact"], model) == report["metrics"]["int8_layers_reloaded"]
 
 
 def test_a_row_pruned_artifact_quantizes(trained):

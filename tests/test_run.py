@@ -60,7 +60,13 @@ def test_tiny_recipe_end_to_end_then_skips(tmp_path, corpus_dir):
                              "bench",
                              "report"]
     tags = [r["tag"] for r in first["bench"]["artifacts"]]
-    assert tags == ["train", "prune-row-distill-r1", "quantize-dynamic", "prune-row-distill-r1+quantize-dynamic"]
+    assert tags == ["train", "prune-row-distill-r1", "quantize-dynamic", "prune-row-distill-r1+quantize-dynamic",
+                    "peer-ctranslate2-int8", "peer-onnxruntime-int8"]  # effkit run benches the peers too
+    peers = [r for r in first["bench"]["artifacts"] if r["stage"] == "peer"]
+    assert all(r["decode_tokens_per_s_b1"] > 0 and r["decode_tokens_per_s_b12"] > 0 for r in peers)
+    assert set(first["bench"]["artifacts"][0]["vs_peers"]) == {"peer-ctranslate2-int8", "peer-onnxruntime-int8"}
+    assert not list((tmp_path / "runs" / "tiny").glob(".tmp-peers-*"))  # the peers' folders are gone
+    tags = tags[:4]
     composed = json.loads((tmp_path / "runs" / "tiny" / tags[-1] / "effkit.json").read_text())
     assert composed["parent"].endswith("prune-row-distill-r1") and composed["metrics"]["int8_layers_reloaded"] > 0
     rows = {r["tag"]: r for r in first["bench"]["artifacts"]}
@@ -70,7 +76,7 @@ def test_tiny_recipe_end_to_end_then_skips(tmp_path, corpus_dir):
                                                                                               "same")
     assert "control_artifact" not in rows["quantize-dynamic"]
     ship = first["deliverable"]
-    assert ship["tag"] in tags and ship["line"].startswith(f"deliver {ship['tag']}: latency b12 ")
+    assert ship["tag"] in tags and ship["line"].startswith(f"deliver {ship['tag']} (chosen for decode-b1): ")
     assert ship["best_pruned"]["picked"] == "prune-row-distill-r1"
     summary = (tmp_path / "reports" / "tiny" / "summary.md").read_text()
     assert ship["line"] in summary and "prune-row-distill-r1+quantize-dynamic" in summary
@@ -88,26 +94,31 @@ def test_tiny_recipe_end_to_end_then_skips(tmp_path, corpus_dir):
     assert not (tmp_path / "runs" / "tiny" / "prune-row-distill-r1").exists()  # --force starts the run afresh
 
 
-def _row(tag, latency, loss, vs_control=None):
+def _row(tag, prefill, decode_b1, loss, vs_control=None, stage="quantize"):
     delta = lambda d: {"delta": d, "ci95": [d, d], "verdict": "worse"}  # noqa: E731
-    ratio = {"ratio": latency, "ci95": [latency, latency], "verdict": "faster"}
-    r = {"tag": tag, "artifact": f"/runs/x/{tag}", "latency_ratio_b12": ratio, "size_ratio": latency,
+    ratio = lambda x: {"ratio": x, "ci95": [x, x], "verdict": "faster"}  # noqa: E731
+    r = {"tag": tag, "stage": stage, "artifact": f"/runs/x/{tag}", "latency_ratio_b12": ratio(prefill),
+         "decode_ratio_b1": ratio(decode_b1), "decode_ratio_b12": ratio(decode_b1), "size_ratio": prefill,
          "eval_loss_delta": delta(loss)}
     if vs_control is not None:
         r["eval_loss_delta_vs_control"] = delta(vs_control)
     return r
 
 
-def test_the_deliverable_judges_pruned_artifacts_by_their_dense_control(tmp_path, corpus_dir):
+def test_the_deliverable_is_chosen_for_the_workload_within_the_budget_against_the_dense_model(tmp_path, corpus_dir):
     plan = make_plan(str(write_recipe(tmp_path, corpus_dir, extra_run="max_loss_increase = 0.02")))
-    dense = {"tag": "train", "artifact": "/runs/x/train", "size_ratio": 1.0, "eval_loss_delta": None}
-    bench = {"artifacts": [dense, _row("quantize-onnxruntime", 0.5, 0.001),
-                           _row("prune-row-r2+quantize-onnxruntime", 0.4, 0.025, vs_control=0.007)]}
-    ship = deliverable(plan, bench)  # 2.5% above the dense model, 0.7% above the dense model fine-tuned alike
-    assert ship["tag"] == "prune-row-r2+quantize-onnxruntime" and "vs its dense control" in ship["line"]
-    bench["artifacts"][2] = _row("prune-row-r2+quantize-onnxruntime", 0.4, 0.025, vs_control=0.021)
-    assert deliverable(plan, bench)["tag"] == "quantize-onnxruntime"  # over budget against its control
-    bench["artifacts"][1] = _row("quantize-onnxruntime", 0.5, 0.03)  # no control: judged against the dense model
+    dense = {"tag": "train", "stage": "train", "artifact": "/runs/x/train", "size_ratio": 1.0, "eval_loss_delta": None}
+    bench = {"artifacts": [dense, _row("quantize-onnxruntime", 0.5, 4.0, 0.001),
+                           _row("prune-row-r2+quantize-onnxruntime", 0.4, 3.0, 0.015, vs_control=0.002),
+                           _row("peer-ctranslate2-int8", 0.3, 9.0, 0.0, stage="peer")]}
+    ship = deliverable(plan, bench)  # decode-b1 by default: the faster decoder wins; a peer is never delivered
+    assert ship["tag"] == "quantize-onnxruntime" and ship["optimize_for"] == "decode-b1"
+    plan.run = plan.run.replace(optimize_for="prefill-b12")
+    ship = deliverable(plan, bench)
+    assert ship["tag"] == "prune-row-r2+quantize-onnxruntime" and "dense control" in ship["line"]
+    bench["artifacts"][2] = _row("prune-row-r2+quantize-onnxruntime", 0.4, 3.0, 0.025, vs_control=0.001)
+    assert deliverable(plan, bench)["tag"] == "quantize-onnxruntime"  # 2.5% over the dense model: out of budget
+    bench["artifacts"][1] = _row("quantize-onnxruntime", 0.5, 4.0, 0.03)
     assert deliverable(plan, bench)["tag"] == "train"
 
 

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from effkit import metrics, stats
+from effkit.measure import metrics, stats
 
 
 def rounds(rng, scale, n_rounds=8, repeats=3, drift=0.25, noise=0.05):

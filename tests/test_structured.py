@@ -7,9 +7,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from effkit import metrics
 from effkit.config import PruneConfig, TrainConfig
 from effkit.errors import EffkitError
+from effkit.measure import metrics
 from effkit.model import build_model, load_model, save_model
 from effkit.prune.depth import block_importance, prune_blocks
 from effkit.prune.distill import Distiller, kl_to_teacher

@@ -89,7 +89,7 @@ def _fake_timer(seconds: float):
                                                              (0.5, 1.0, "fp32", "slower"),
                                                              (1.0, 1.0, "fp32", "same")])
 def test_amp_auto_picks_the_faster_precision_and_records_why(fp32_s, bf16_s, picked, verdict):
-    from effkit import precision
+    from effkit.measure import precision
 
     out = precision.choose({"fp32": _fake_timer(fp32_s), "bf16": _fake_timer(bf16_s)}, rounds=5)
     assert out["picked"] == picked and out["bf16_vs_fp32_time"]["verdict"] == verdict
@@ -98,7 +98,7 @@ def test_amp_auto_picks_the_faster_precision_and_records_why(fp32_s, bf16_s, pic
 
 
 def test_amp_probe_is_cached_per_machine_and_model_shape(monkeypatch, tmp_path):
-    from effkit import precision
+    from effkit.measure import precision
     from effkit.model import build_model
 
     monkeypatch.setenv("EFFKIT_CACHE", str(tmp_path / "cache"))

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from effkit.metrics import autocast_ctx, lm_loss
+from effkit.measure.metrics import autocast_ctx, lm_loss
 from effkit.parallel.dims import ParallelDims
 
 SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}

@@ -1,6 +1,2 @@
-"""Pruning: unstructured magnitude / Wanda masks (`weight`) and structured MLP-channel removal (`row`)."""
-
-from effkit.prune.row import prune_mlp_channels
-from effkit.prune.weight import apply_masks, compute_masks, prunable_linears, sparsity
-
-__all__ = ["apply_masks", "compute_masks", "prunable_linears", "prune_mlp_channels", "sparsity"]
+"""Pruning: the registry of methods (`effkit.prune.methods`: weight, row, width, depth, one module each), what
+they share (`structure`), distillation, and the `effkit prune` stage (`effkit.prune.stage`)."""

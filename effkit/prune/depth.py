@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from effkit import metrics
+from effkit.errors import EffkitError
+from effkit.measure import metrics
 from effkit.prune.structure import rebuild
 
 
@@ -60,3 +61,42 @@ def prune_blocks(model: nn.Module, n_remove: int, calib: list[torch.Tensor]) -> 
             k = f"transformer.h.{keep.index(int(i))}.{rest}"
         new_sd[k] = v
     return rebuild(model, new_sd, n_layer=len(keep)), {"block_loss_increase": importance, "removed": removed}
+
+
+class DepthPruner:
+    """Whole blocks removed, the ones whose skipping costs the least calibration loss first."""
+
+    name = "depth"
+    structured = True
+    importances = ("magnitude",)
+    counts_block_params = True
+
+    def ranks_by(self, cfg) -> str:
+        return "calibration-loss increase when the block is skipped"
+
+    def needs_calibration(self, cfg) -> bool:
+        return True
+
+    def plan(self, cfg, model) -> dict:
+        c = model.config
+        remove = round(c.n_layer * cfg.target)
+        if remove >= c.n_layer:
+            raise EffkitError(f"--target {cfg.target} would remove all {c.n_layer} blocks; use a target below "
+                              f"{(c.n_layer - 0.5) / c.n_layer:.2f}")
+        if remove == 0:
+            raise EffkitError(f"--target {cfg.target} removes no block of {c.n_layer} (rounded); use at least "
+                              f"{0.5 / c.n_layer:.2f}")
+        return {"n_layer": f"{c.n_layer} -> {c.n_layer - remove}"}
+
+    def start(self, cfg, model):
+        n_layer0 = model.config.n_layer
+
+        def cut(model, fraction, calib):
+            # the blocks still to remove to reach this round's fraction of the original depth
+            model, done = prune_blocks(model, round(n_layer0 * fraction) - (n_layer0 - model.config.n_layer), calib)
+            return model, done, None
+
+        return cut
+
+
+PRUNER = DepthPruner()

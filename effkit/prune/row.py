@@ -28,3 +28,33 @@ def prune_mlp_channels(model: nn.Module, keep: int) -> None:
         new_proj.bias.copy_(proj.bias)
         block.mlp.c_fc, block.mlp.c_proj = new_fc, new_proj
     model.config.n_inner = keep
+
+
+class RowPruner:
+    """The same number of MLP channels removed from every layer, ranked by the L2 norm of their c_fc row."""
+
+    name = "row"
+    structured = True
+    importances = ("magnitude",)
+    counts_block_params = False
+
+    def ranks_by(self, cfg) -> str:
+        return "L2 norm of each channel's c_fc row"
+
+    def needs_calibration(self, cfg) -> bool:
+        return False
+
+    def plan(self, cfg, model) -> dict:
+        return {}
+
+    def start(self, cfg, model):
+        n_inner0 = model.config.n_inner or 4 * model.config.n_embd
+
+        def cut(model, fraction, calib):
+            prune_mlp_channels(model, max(1, round(n_inner0 * (1 - fraction))))
+            return model, {}, None
+
+        return cut
+
+
+PRUNER = RowPruner()

@@ -16,18 +16,17 @@ from typing import Any
 
 import torch
 
-from effkit import artifacts, metrics, stats
+from effkit import artifacts
 from effkit.artifacts import RunLayout, prune_tag
 from effkit.config import DataConfig, ModelConfig, ParallelConfig, PruneConfig, TrainConfig
 from effkit.data import prepare
 from effkit.errors import EffkitError
+from effkit.measure import metrics, stats
 from effkit.model import count_params, load_model
 from effkit.parallel import Runtime, init_runtime
-from effkit.prune.depth import prune_blocks
+from effkit.prune import methods
 from effkit.prune.distill import Distiller
-from effkit.prune.row import prune_mlp_channels
-from effkit.prune.weight import apply_masks, compute_masks, prunable_linears, sparsity
-from effkit.prune.width import prune_width, valid_width
+from effkit.prune.structure import prunable_linears, sparsity
 from effkit.report import atomic_write_text, plot_prune_curves, write_rows_csv
 from effkit.train import finetune
 
@@ -52,7 +51,8 @@ def block_params(model) -> int:
     return sum(p.numel() for p in model.transformer.h.parameters())
 
 
-def stage_metrics(model, block: int, dense: dict[str, Any] | None, mode: str = "row") -> dict[str, Any]:
+def stage_metrics(model, block: int, dense: dict[str, Any] | None,
+                  counts_block_params: bool = False) -> dict[str, Any]:
     """Size, sparsity and FLOPs of `model`; the FLOPs speed-up against `dense` when given.
     `achieved_sparsity`: the fraction of prunable weights removed. Weight mode counts zeros among the block
     Linear weights; row mode counts the MLP weights physically removed (the row-prunable ones); width and depth
@@ -61,7 +61,7 @@ def stage_metrics(model, block: int, dense: dict[str, Any] | None, mode: str = "
     removed = dense["mlp_weights"] - mlp_weights(model) if dense else 0
     achieved = removed / dense["mlp_weights"] if removed else zeros / total
     blocks = block_params(model)
-    if dense and mode in ("width", "depth"):
+    if dense and counts_block_params:
         achieved = 1 - blocks / dense["block_params"]
     m: dict[str, Any] = {
         "prunable_weights": total, "zero_weights": zeros, "mlp_weights": mlp_weights(model),
@@ -151,37 +151,6 @@ def finetune_config(cfg: PruneConfig, source: Path, meta: dict[str, Any], data: 
     )
 
 
-def importance_of(cfg: PruneConfig) -> str:
-    """How this mode ranks what it removes, in words."""
-    return {"weight": cfg.importance, "row": "L2 norm of each channel's c_fc row",
-            "width": f"Torch-Pruning group {cfg.importance} importance (residual group; per head for q/k and v)",
-            "depth": "calibration-loss increase when the block is skipped"}[cfg.mode]
-
-
-def check_structure(cfg: PruneConfig, model) -> dict[str, Any]:
-    """The shape the last round leaves, refused (one line, before anything is written) when it removes all or
-    nothing; widths are rounded to a multiple of the head count, and the report says so."""
-    c = model.config
-    if cfg.mode == "width":
-        width = valid_width(c.n_embd, c.n_head, cfg.target)
-        if width == c.n_embd:
-            raise EffkitError(f"--target {cfg.target} removes no residual channel of {c.n_embd} once rounded to a "
-                              f"multiple of the {c.n_head} heads; use a larger --target")
-        return {"n_embd": f"{c.n_embd} -> {width} (a multiple of n_head={c.n_head}: GPT2Config needs equal heads; "
-                          f"{1 - width / c.n_embd:.1%} removed for --target {cfg.target})",
-                "head_dim": f"{c.n_embd // c.n_head} -> {width // c.n_head}"}
-    if cfg.mode == "depth":
-        remove = round(c.n_layer * cfg.target)
-        if remove >= c.n_layer:
-            raise EffkitError(f"--target {cfg.target} would remove all {c.n_layer} blocks; use a target below "
-                              f"{(c.n_layer - 0.5) / c.n_layer:.2f}")
-        if remove == 0:
-            raise EffkitError(f"--target {cfg.target} removes no block of {c.n_layer} (rounded); use at least "
-                              f"{0.5 / c.n_layer:.2f}")
-        return {"n_layer": f"{c.n_layer} -> {c.n_layer - remove}"}
-    return {}
-
-
 def run_prune(cfg: PruneConfig, progress: bool = True) -> dict[str, Any]:
     cfg = cfg.validate()
     rt = init_runtime(cfg.device)
@@ -200,7 +169,8 @@ def _prune(cfg: PruneConfig, rt: Runtime, source: Path, meta: dict[str, Any], da
 
     dense_model = load_model(str(source)).to(rt.device).eval()
     model = copy.deepcopy(dense_model).train()
-    structure = check_structure(cfg, model)  # before anything is written: a target that removes all or nothing
+    pruner = methods.get(cfg.mode)
+    structure = pruner.plan(cfg, model)  # before anything is written: a target that removes all or nothing
     blocks = prepare(data_cfg, tokenizer_from=str(source)).blocks
     dense = stage_metrics(model, block, None)
     dense_eval = metrics.evaluate(dense_model, blocks.eval, cfg.batch_size, eval_bytes=blocks.eval_bytes)
@@ -208,10 +178,9 @@ def _prune(cfg: PruneConfig, rt: Runtime, source: Path, meta: dict[str, Any], da
     # without fine-tuning there is no extra training to control for: the dense parent is the control
     control = ControlArm(cfg, source, meta, data_cfg, layout, rt, progress) if cfg.control and cfg.finetune_steps \
         else None
-    n_inner0, n_embd0, n_layer0 = dense["n_inner"], dense["n_embd"], dense["n_layer"]
-    masks: dict[str, torch.Tensor] | None = None
+    cut = pruner.start(cfg, model)
     calib = None
-    if cfg.importance in ("wanda", "taylor") or cfg.mode == "depth":
+    if pruner.needs_calibration(cfg):
         g = torch.Generator().manual_seed(cfg.seed)
         idx = torch.randperm(len(blocks.train), generator=g)[: cfg.calib_batches * cfg.batch_size]
         calib = list(blocks.train[idx].split(cfg.batch_size))
@@ -228,28 +197,16 @@ def _prune(cfg: PruneConfig, rt: Runtime, source: Path, meta: dict[str, Any], da
         fraction = cfg.target * r / cfg.rounds
         control_eval = (metrics.evaluate(control.after(r), blocks.eval, cfg.batch_size) if control
                         else dense_eval if cfg.control else None)
-        after_step = None
-        done: dict[str, Any] = {}
-        if cfg.mode == "weight":
-            masks = compute_masks(model, fraction, cfg.importance, cfg.scope, calib, previous=masks)
-            apply_masks(model, masks)
-            after_step = (lambda mdl, m=masks: apply_masks(mdl, m))
-        elif cfg.mode == "row":
-            keep = max(1, round(n_inner0 * (1 - fraction)))
-            prune_mlp_channels(model, keep)
-        elif cfg.mode == "width":
-            model, done = prune_width(model, valid_width(n_embd0, model.config.n_head, fraction), cfg.importance,
-                                      calib)
-        else:  # depth: the blocks still to remove to reach this round's fraction of the original depth
-            model, done = prune_blocks(model, round(n_layer0 * fraction) - (n_layer0 - model.config.n_layer), calib)
+        model, done, after_step = cut(model, fraction, calib)
         model.train()
 
         def extra(mdl, f=fraction, r=r, control_eval=control_eval, done=done):
             m = {"prune": {"mode": cfg.mode, "round": r, "target": f, "final_target": cfg.target,
-                           "importance": importance_of(cfg), "scope": cfg.scope if cfg.mode == "weight" else None,
+                           "importance": pruner.ranks_by(cfg), "scope": None if pruner.structured else cfg.scope,
                            "structure": structure, "this_round": done,
                            "distill": distiller.describe() if distiller else None},
-                 **stage_metrics(mdl, block, dense, cfg.mode), **paired_latency(dense_model, mdl, block, cfg)}
+                 **stage_metrics(mdl, block, dense, pruner.counts_block_params),
+                 **paired_latency(dense_model, mdl, block, cfg)}
             own = metrics.evaluate(mdl, blocks.eval, cfg.batch_size)
             m["eval_loss_delta_vs_dense"] = stats.paired_delta(dense_eval["block_losses"], own["block_losses"])
             if control_eval is not None:
@@ -271,8 +228,8 @@ def _prune(cfg: PruneConfig, rt: Runtime, source: Path, meta: dict[str, Any], da
                      "control_eval_loss": m.get("control_eval_loss"),
                      "eval_loss_delta_vs_control": m.get("eval_loss_delta_vs_control"),
                      "eval_loss_delta_vs_dense": m["eval_loss_delta_vs_dense"], "params": m["params"],
-                     "flops_per_token": m["flops_per_token_nonzero" if cfg.mode == "weight" else
-                                          "flops_per_token_dense"],
+                     "flops_per_token": m["flops_per_token_dense" if pruner.structured else
+                                          "flops_per_token_nonzero"],
                      "latency_b1_s": m["latency_b1"]["p50_s"], "latency_b12_s": m["latency_b12"]["p50_s"],
                      "latency_ratio_b1": m["latency_ratio_b1"], "latency_ratio_b12": m["latency_ratio_b12"],
                      "speedup_projected": m["speedup_projected_from_flops"], "artifact": report["artifact"]})
@@ -298,7 +255,7 @@ def write_prune_report(cfg: PruneConfig, layout: RunLayout, rows: list[dict[str,
     out = layout.report_dir
     verdicts = [round_verdict(cfg, row, dense) for row in rows[1:]]
     last = rows[-1]
-    if cfg.mode == "weight" and last["latency_ratio_b12"]["verdict"] != "faster":
+    if not methods.get(cfg.mode).structured and last["latency_ratio_b12"]["verdict"] != "faster":
         verdicts.append("unstructured zeros reduced FLOPs (counting non-zeros) but not latency: dense kernels "
                         "still multiply the zeros; the gain is in compressibility, not speed")
     if not cfg.control:
@@ -316,7 +273,7 @@ def write_prune_report(cfg: PruneConfig, layout: RunLayout, rows: list[dict[str,
                                 + metrics.INTERLEAVED_PROTOCOL.format(warmup=2, rounds=cfg.latency_rounds,
                                                                       repeats=cfg.latency_repeats)
                                 + f"; {stats.RATIO_METHOD}; device {metrics.describe_device(rt.device)}",
-                     "importance": importance_of(cfg),
+                     "importance": methods.get(cfg.mode).ranks_by(cfg),
                      "distillation": (f"fine-tuning loss (1 - {cfg.distill_alpha}) x cross-entropy + "
                                       f"{cfg.distill_alpha} x T^2 x KL(teacher_T || student_T), T = "
                                       f"{cfg.distill_temperature}, teacher = the frozen dense parent "

@@ -8,9 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-
-def prunable_linears(model: nn.Module) -> dict[str, nn.Linear]:
-    return {name: m for name, m in model.transformer.h.named_modules() if isinstance(m, nn.Linear)}
+from effkit.prune.structure import prunable_linears
 
 
 @torch.no_grad()
@@ -80,10 +78,33 @@ def apply_masks(model: nn.Module, masks: dict[str, torch.Tensor]) -> None:
         layers[n].weight.mul_(m.to(layers[n].weight.dtype))
 
 
-def sparsity(model: nn.Module) -> tuple[int, int]:
-    """(zeros, total) counted over the prunable weights."""
-    zeros = total = 0
-    for lin in prunable_linears(model).values():
-        zeros += int((lin.weight == 0).sum())
-        total += lin.weight.numel()
-    return zeros, total
+class WeightPruner:
+    """Unstructured masks; the masks are re-applied after every fine-tuning step."""
+
+    name = "weight"
+    structured = False
+    importances = ("magnitude", "wanda")
+    counts_block_params = False
+
+    def ranks_by(self, cfg) -> str:
+        return cfg.importance
+
+    def needs_calibration(self, cfg) -> bool:
+        return cfg.importance == "wanda"
+
+    def plan(self, cfg, model) -> dict:
+        return {}
+
+    def start(self, cfg, model):
+        masks = None
+
+        def cut(model, fraction, calib):
+            nonlocal masks
+            masks = compute_masks(model, fraction, cfg.importance, cfg.scope, calib, previous=masks)
+            apply_masks(model, masks)
+            return model, {}, (lambda mdl, m=masks: apply_masks(mdl, m))
+
+        return cut
+
+
+PRUNER = WeightPruner()

@@ -28,8 +28,8 @@ import math
 import torch
 from torch import nn
 
-from effkit import metrics
 from effkit.errors import EffkitError
+from effkit.measure import metrics
 from effkit.prune.structure import rebuild
 
 
@@ -137,3 +137,41 @@ def prune_width(model: nn.Module, width: int, importance: str = "magnitude",
                  "importance": f"residual: torch_pruning {type(imp).__name__} over its dependency group ("
                                f"{len(group)} dependencies); attention: per head, "
                                + ("|weight x gradient|" if taylor else "squared L2 norm")}
+
+
+class WidthPruner:
+    """The residual-channel group cut uniformly (Torch-Pruning's dependency graph; q/k/v chosen per head)."""
+
+    name = "width"
+    structured = True
+    importances = ("magnitude", "taylor")
+    counts_block_params = True
+
+    def ranks_by(self, cfg) -> str:
+        return f"Torch-Pruning group {cfg.importance} importance (residual group; per head for q/k and v)"
+
+    def needs_calibration(self, cfg) -> bool:
+        return cfg.importance == "taylor"
+
+    def plan(self, cfg, model) -> dict:
+        c = model.config
+        width = valid_width(c.n_embd, c.n_head, cfg.target)
+        if width == c.n_embd:
+            raise EffkitError(f"--target {cfg.target} removes no residual channel of {c.n_embd} once rounded to a "
+                              f"multiple of the {c.n_head} heads; use a larger --target")
+        return {"n_embd": f"{c.n_embd} -> {width} (a multiple of n_head={c.n_head}: GPT2Config needs equal heads; "
+                          f"{1 - width / c.n_embd:.1%} removed for --target {cfg.target})",
+                "head_dim": f"{c.n_embd // c.n_head} -> {width // c.n_head}"}
+
+    def start(self, cfg, model):
+        n_embd0 = model.config.n_embd
+
+        def cut(model, fraction, calib):
+            model, done = prune_width(model, valid_width(n_embd0, model.config.n_head, fraction), cfg.importance,
+                                      calib)
+            return model, done, None
+
+        return cut
+
+
+PRUNER = WidthPruner()

@@ -14,9 +14,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from effkit import stats
 from effkit.data.tokenizer import cache_dir
 from effkit.errors import EffkitError
+from effkit.measure import stats
 
 EVAL_PROTOCOL = ("token-level mean cross-entropy over the fixed held-out blocks (documents held out by a hash "
                  "of their id, non-overlapping blocks of block_size, the first eval_blocks of them); "
@@ -341,27 +341,22 @@ def compiled_generation(model) -> tuple[dict[str, Any] | None, str]:
 
 @torch.inference_mode()
 def greedy_generate(model, tokenizer, new_tokens: int, prompt: str = GENERATION_PROMPT,
-                    generate_kwargs: dict[str, Any] | None = None) -> tuple[torch.Tensor, float]:
-    """Greedy decoding of exactly `new_tokens` with the KV cache: (new token ids, seconds). `generate_kwargs`:
-    e.g. `compiled_generation`'s."""
+                    generate_kwargs: dict[str, Any] | None = None, batch: int = 1) -> tuple[torch.Tensor, float]:
+    """Greedy decoding of exactly `new_tokens` with the KV cache, from `batch` copies of the prompt: (the first
+    row's new token ids, seconds). `generate_kwargs`: e.g. `compiled_generation`'s."""
     device = model_device(model)
-    ids = tokenizer(prompt, return_tensors="pt").input_ids.to(device)
-    model.config.use_cache = True
+    ids = tokenizer(prompt, return_tensors="pt").input_ids.to(device).expand(batch, -1).contiguous()
     kwargs = generate_kwargs or {}
     # Inductor's freezing (set for compiled forwards, see compile_for_inference) would fold the static cache that
     # decoding mutates into constants: compiled decoding runs with it off
     frozen = nullcontext() if "compile_config" not in kwargs else _inductor_config().patch(freezing=False)
-    try:
-        synchronize(device)
-        t = time.perf_counter()
-        with frozen:
-            out = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                                 pad_token_id=tokenizer.eos_token_id, **kwargs)
-        synchronize(device)
-        seconds = time.perf_counter() - t
-    finally:
-        model.config.use_cache = False
-    return out[0, ids.shape[1]:], seconds
+    synchronize(device)
+    t = time.perf_counter()
+    with frozen:
+        out = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                             use_cache=True, pad_token_id=tokenizer.eos_token_id, **kwargs)
+    synchronize(device)
+    return out[0, ids.shape[1]:], time.perf_counter() - t
 
 
 SAMPLING = {"top_k": 40, "temperature": 0.8, "seed": 0}
@@ -373,14 +368,11 @@ def sampled_generate(model, tokenizer, new_tokens: int, prompt: str = GENERATION
     """Seeded top-k / temperature sampling of exactly `new_tokens` (the global RNG is left as it was)."""
     device = model_device(model)
     ids = tokenizer(prompt, return_tensors="pt").input_ids.to(device)
-    model.config.use_cache = True
-    try:
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            torch.manual_seed(seed)
-            out = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=True,
-                                 top_k=top_k, temperature=temperature, pad_token_id=tokenizer.eos_token_id)
-    finally:
-        model.config.use_cache = False
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        out = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=True,
+                             top_k=top_k, temperature=temperature, use_cache=True,
+                             pad_token_id=tokenizer.eos_token_id)
     return out[0, ids.shape[1]:]
 
 
@@ -390,14 +382,14 @@ def repeated_fraction(ids: list[int], n: int = 8) -> float:
     return 1 - len(set(windows)) / len(windows) if windows else 0.0
 
 
-def generation_timer(model, tokenizer, new_tokens: int,
-                     generate_kwargs: dict[str, Any] | None = None) -> Callable[[], float]:
-    """A function returning the new tokens per second of one greedy decoding of `new_tokens` (the caller caps
-    `new_tokens` with `generation_budget`)."""
+def generation_timer(model, tokenizer, new_tokens: int, generate_kwargs: dict[str, Any] | None = None,
+                     batch: int = 1) -> Callable[[], float]:
+    """A function returning the new tokens per second (all rows) of one greedy decoding of `new_tokens` from a
+    batch of `batch` prompts (the caller caps `new_tokens` with `generation_budget`)."""
 
     def once() -> float:
-        new, seconds = greedy_generate(model, tokenizer, new_tokens, generate_kwargs=generate_kwargs)
-        return len(new) / seconds
+        new, seconds = greedy_generate(model, tokenizer, new_tokens, generate_kwargs=generate_kwargs, batch=batch)
+        return batch * len(new) / seconds
 
     return once
 

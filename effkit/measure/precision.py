@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from effkit import metrics, stats
 from effkit.data import cache_dir
+from effkit.measure import metrics, stats
 
 PROBE_ROUNDS = 7  # at most; it stops after 2 once the interval excludes 1
 MIN_ROUNDS = 2

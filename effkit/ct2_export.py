@@ -1,0 +1,199 @@
+"""CTranslate2 artifacts: written by CTranslate2's own `TransformersConverter` from an effkit (Hugging Face) GPT-2
+folder, and `Ct2CausalLM`, which runs one through `ctranslate2.Generator` behind the few methods effkit's
+measurement code calls on a model (`model(ids).logits`, `generate` with CTranslate2's KV cache and batching,
+`config`, `eval`).
+
+A CTranslate2 artifact folder is a plain CTranslate2 model folder (`model.bin`, `vocabulary.json`, CTranslate2's
+own `config.json`: `ctranslate2.Generator(path)` loads it), plus the tokenizer files, `hf_config.json` (the
+source's `GPT2Config`: context, vocabulary), `ctranslate2.json` (how it was written and what it computes in) and
+`effkit.json`. Logits (held-out loss, prefill) come from `Generator.forward_batch`; generation from
+`generate_batch`, which takes token strings (`tokenizer.convert_ids_to_tokens`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from effkit.errors import EffkitError
+
+CT2_DESC = "ctranslate2.json"
+HF_CONFIG = "hf_config.json"
+PORTABILITY = "portable: plain CTranslate2 loads the folder (ctranslate2.Generator(path))"
+WEIGHT_TYPES = {"int8": "int8", "int8_float32": "int8", "int8_float16": "int8", "int8_bfloat16": "int8",
+                "int16": "int16", "float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
+
+
+def ct2_unavailable(device: torch.device | None = None, compute_type: str | None = None) -> str | None:
+    """None if CTranslate2 runs here (on `device`, with `compute_type` if given), else the reason."""
+    try:
+        import ctranslate2
+    except Exception as e:  # noqa: BLE001 - any import failure means: not available
+        return f"ctranslate2 does not import ({type(e).__name__}: {str(e)[:100]}); pip install ctranslate2"
+    kind = "cuda" if device is not None and device.type == "cuda" else "cpu"
+    try:
+        supported = ctranslate2.get_supported_compute_types(kind)
+    except Exception as e:  # noqa: BLE001 - a CPU-only build asked about CUDA
+        return f"this CTranslate2 build cannot run on {kind} ({type(e).__name__}: {str(e)[:80]})"
+    if compute_type is not None and compute_type not in supported:
+        return (f"compute type {compute_type} is not supported on this {kind} (supported here: "
+                f"{', '.join(sorted(supported))})")
+    return None
+
+
+def is_ct2(path: str | Path) -> bool:
+    return (Path(path) / CT2_DESC).is_file()
+
+
+def write_artifact(folder: Path, source: Path, config, tokenizer, compute_type: str) -> dict[str, Any]:
+    """Convert the Hugging Face GPT-2 folder `source` with CTranslate2's converter into `folder` (weights stored
+    as `compute_type` needs them), with the tokenizer and the source's config; returns the description written
+    to ctranslate2.json."""
+    import ctranslate2
+
+    if compute_type not in WEIGHT_TYPES:
+        raise EffkitError(f"unknown CTranslate2 compute type {compute_type!r}; choose one of "
+                          f"{', '.join(WEIGHT_TYPES)}")
+    t0 = time.perf_counter()
+    try:
+        # force: `folder` exists (effkit's atomic temporary folder); the converter writes into it
+        ctranslate2.converters.TransformersConverter(str(source)).convert(
+            str(folder), quantization=WEIGHT_TYPES[compute_type], force=True)
+    except Exception as e:  # noqa: BLE001 - the converter raises many kinds; the user needs one line
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise EffkitError(f"CTranslate2's converter cannot convert {source}: {type(e).__name__}: {first[:160]}") \
+            from None
+    tokenizer.save_pretrained(folder)
+    (folder / HF_CONFIG).write_text(config.to_json_string())
+    desc = {"format": "ctranslate2", "compute_type": compute_type, "weights": WEIGHT_TYPES[compute_type],
+            "converter": f"ctranslate2.converters.TransformersConverter(source).convert(out, quantization="
+                         f"{WEIGHT_TYPES[compute_type]!r}), ctranslate2 {ctranslate2.__version__}",
+            "convert_seconds": time.perf_counter() - t0,
+            "runtime": "ctranslate2.Generator(path, compute_type, intra_threads = torch threads); logits from "
+                       "forward_batch, generation from generate_batch (KV cache, batched)"}
+    write_description(folder, desc)
+    return desc
+
+
+def write_description(folder: Path, desc: dict[str, Any]) -> None:
+    (folder / CT2_DESC).write_text(json.dumps(desc, indent=2))
+
+
+class Ct2CausalLM(nn.Module):
+    """A CTranslate2 artifact behind effkit's model interface. It holds no PyTorch parameters: `n_params` is
+    the source's parameter count."""
+
+    compilable = False  # CTranslate2 runs its own kernels
+    generation_note = None
+
+    def __init__(self, path: str | Path, device: torch.device | None = None):
+        super().__init__()
+        import ctranslate2
+        from transformers import AutoTokenizer, GPT2Config
+
+        path = Path(path)
+        if reason := ct2_unavailable(device):
+            raise EffkitError(f"{path} is a CTranslate2 artifact, which cannot run here: {reason}")
+        try:
+            self.description = json.loads((path / CT2_DESC).read_text())
+            self.config = GPT2Config.from_dict(json.loads((path / HF_CONFIG).read_text()))
+        except (json.JSONDecodeError, UnicodeDecodeError, OSError) as e:
+            raise EffkitError(f"{path} is not a complete CTranslate2 artifact ({type(e).__name__}); write it again") \
+                from None
+        compute_type = self.description["compute_type"]
+        if reason := ct2_unavailable(device, compute_type):
+            raise EffkitError(f"{path} computes in {compute_type}: {reason}")
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.device_type = "cuda" if device is not None and device.type == "cuda" else "cpu"
+        try:
+            self.generator = ctranslate2.Generator(str(path), device=self.device_type, compute_type=compute_type,
+                                                   intra_threads=torch.get_num_threads())
+        except Exception as e:  # noqa: BLE001 - a truncated or foreign folder
+            raise EffkitError(f"CTranslate2 cannot open {path}: {type(e).__name__}: {str(e)[:160]}; write it again") \
+                from None
+        self.n_params = int(self.description.get("params", 0))
+        self.path = path
+
+    def _check_length(self, n: int) -> None:
+        if n > self.config.n_positions:
+            raise EffkitError(f"{n} tokens exceed the model's context ({self.config.n_positions})")
+
+    def forward(self, input_ids: torch.Tensor, **_: Any) -> SimpleNamespace:
+        import ctranslate2
+
+        self._check_length(input_ids.shape[-1])
+        ids = np.ascontiguousarray(input_ids.detach().cpu().numpy().astype(np.int32))
+        lengths = np.full(ids.shape[0], ids.shape[1], np.int32)
+        out = self.generator.forward_batch(ctranslate2.StorageView.from_array(ids),
+                                           ctranslate2.StorageView.from_array(lengths))
+        if self.device_type == "cuda":
+            return SimpleNamespace(logits=torch.as_tensor(out, device="cuda").float())
+        return SimpleNamespace(logits=torch.from_numpy(np.array(out)).float())
+
+    @torch.inference_mode()
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, do_sample: bool = False, top_k: int | None = None,
+                 temperature: float = 1.0, streamer=None, **_: Any) -> torch.Tensor:
+        """Exactly `max_new_tokens` new tokens (no end token stops it, like effkit's `min_new_tokens` calls);
+        sampling is seeded from torch's global generator."""
+        ids = input_ids.cpu().long()
+        self._check_length(ids.shape[1] + max_new_tokens - 1)
+        starts = [self.tokenizer.convert_ids_to_tokens(row) for row in ids.tolist()]
+        kwargs: dict[str, Any] = {"sampling_topk": 1}
+        if do_sample:
+            import ctranslate2
+
+            ctranslate2.set_random_seed(int(torch.randint(0, 2**31 - 1, (1,))))
+            kwargs = {"sampling_topk": top_k or 0, "sampling_temperature": max(temperature, 1e-6)}
+        results = self.generator.generate_batch(starts, max_length=max_new_tokens, min_length=max_new_tokens,
+                                                include_prompt_in_result=False, end_token=[], **kwargs)
+        new = torch.tensor([r.sequences_ids[0] for r in results], dtype=torch.long)
+        out = torch.cat([ids, new], dim=1)
+        if streamer is not None:  # CTranslate2 generates the batch at once: the text is streamed after
+            streamer.put(ids)
+            for k in range(new.shape[1]):
+                streamer.put(new[:, k:k + 1])
+            streamer.end()
+        return out
+
+
+CT2_DTYPES = ("float32", "int8", "int16", "int32", "float16", "bfloat16")  # CTranslate2's DataType enum order
+
+
+def weight_dtypes(path: Path) -> dict[str, int]:
+    """The matrices (rank-2 variables) of a CTranslate2 `model.bin`, counted by stored dtype, read from the file's
+    variable headers (the layout `ctranslate2.specs.ModelSpec._serialize` writes); the data is skipped."""
+    import struct
+
+    counts: dict[str, int] = {}
+    with open(Path(path) / "model.bin", "rb") as f:
+        def string() -> str:
+            (n,) = struct.unpack("H", f.read(2))
+            return f.read(n)[:-1].decode("utf-8", "replace")
+
+        f.read(4)  # binary version
+        string()  # spec name
+        f.read(4)  # revision
+        (n_vars,) = struct.unpack("I", f.read(4))
+        for _ in range(n_vars):
+            string()
+            (rank,) = struct.unpack("B", f.read(1))
+            f.read(4 * rank)
+            (dtype,) = struct.unpack("B", f.read(1))
+            (n_bytes,) = struct.unpack("I", f.read(4))
+            f.seek(n_bytes, 1)
+            if rank == 2:
+                name = CT2_DTYPES[dtype] if dtype < len(CT2_DTYPES) else f"type {dtype}"
+                counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+def quantized_layers(model: Ct2CausalLM) -> int:
+    """The int8 weight matrices of the reloaded artifact's model.bin (every Linear of the blocks, the LM head)."""
+    return weight_dtypes(model.path).get("int8", 0)

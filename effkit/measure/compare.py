@@ -1,0 +1,111 @@
+"""Paired comparisons a stage makes between a model and its PyTorch parent, and the generation sample every
+artifact report carries. Quantize and export call these; neither imports the other."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from effkit import onnx_export
+from effkit.measure import metrics, stats
+
+PROMPT = metrics.GENERATION_PROMPT
+
+
+def generate_sample(model: nn.Module, tokenizer, max_new_tokens: int) -> dict[str, Any]:
+    """Greedy generation with the KV cache from a fixed prompt (capped at the model's context), and a seeded
+    top-k / temperature sample beside it: the texts, and how much of the greedy text repeats itself. Speed is
+    measured apart, interleaved with the model it is compared with (`metrics.generation_timer`)."""
+    new, note = metrics.generation_budget(model, tokenizer, max_new_tokens)
+    ids, _ = metrics.greedy_generate(model, tokenizer, new)
+    sampled = metrics.sampled_generate(model, tokenizer, new)
+    s = metrics.SAMPLING
+    return {"prompt": PROMPT, "text": tokenizer.decode(ids), "new_tokens": len(ids),
+            "greedy_repeated_fraction": metrics.repeated_fraction(ids.tolist()),
+            "sampled_text": tokenizer.decode(sampled),
+            "sampling": f"top-k {s['top_k']}, temperature {s['temperature']}, seed {s['seed']}",
+            **({"note": "; ".join(notes)} if (notes := [n for n in (note, getattr(model, "generation_note", None))
+                                                         if n]) else {})}
+
+
+def side_by_side(contenders: dict[str, tuple[nn.Module, torch.dtype | None]], block: int, rounds: int,
+                 repeats: int) -> dict[str, dict[str, list[list[float]]]]:
+    """Forward latency of every contender (a model and its autocast dtype) at batch 1 and 12, interleaved."""
+    return {f"b{b}": metrics.interleaved({name: metrics.forward_timer(m, b, block, dtype)
+                                          for name, (m, dtype) in contenders.items()}, rounds, repeats, warmup=2)
+            for b in (1, 12)}
+
+
+def compare_with_parent(cfg, device: torch.device, parent: nn.Module, model: nn.Module, tokenizer, block: int,
+                        parent_fp32: dict, parent_bf16: dict, q: dict, label: str) -> tuple[dict, list[str], dict]:
+    """A quantized or exported model (`label`) against its PyTorch parent (fp32 and under bf16 autocast), paired
+    and interleaved: latency at batch 1 and 12, generation tokens/s, held-out loss per block (the `evaluate`
+    results `parent_fp32`, `parent_bf16`, `q`, which are completed in place). `cfg` gives latency_rounds and
+    latency_repeats. Returns metrics, verdicts and the protocol. (The contender is named "int8" in the metrics.)"""
+    contenders = {"fp32": (parent, None), "bf16": (parent, torch.bfloat16), "int8": (model, None)}
+    compiled_status = {}
+    if getattr(cfg, "compile", False):  # the compiled twins join the same rounds
+        for name, m in (("fp32", parent), ("int8", model)):
+            twin, compiled_status[name] = metrics.compile_for_inference(m, (1, 12), block)
+            if twin is not None:
+                contenders[f"{name} compiled"] = (twin, None)
+    timed = side_by_side(contenders, block, cfg.latency_rounds, cfg.latency_repeats)
+    new_tokens = q["generation"]["new_tokens"]
+    gen = metrics.interleaved({"fp32": metrics.generation_timer(parent, tokenizer, new_tokens),
+                               "int8": metrics.generation_timer(model, tokenizer, new_tokens)},
+                              cfg.latency_rounds, 1, warmup=1)
+    for name, r in (("fp32", parent_fp32), ("bf16", parent_bf16), ("int8", q)):
+        for b in (1, 12):
+            r[f"latency_b{b}"] = metrics.latency_stats(timed[f"b{b}"][name])
+    for name, r in (("fp32", parent_fp32), ("int8", q)):
+        r["generation"]["tokens_per_s"] = stats.median_of_rounds(gen[name])
+    comparisons = {
+        **{f"latency_ratio_b{b}": stats.paired_ratio(timed[f"b{b}"]["fp32"], timed[f"b{b}"]["int8"]) for b in (1, 12)},
+        **{f"latency_ratio_b{b}_vs_bf16": stats.paired_ratio(timed[f"b{b}"]["bf16"], timed[f"b{b}"]["int8"])
+           for b in (1, 12)},
+        **{f"bf16_latency_ratio_b{b}": stats.paired_ratio(timed[f"b{b}"]["fp32"], timed[f"b{b}"]["bf16"])
+           for b in (1, 12)},
+        "generation_ratio": stats.paired_ratio(gen["fp32"], gen["int8"], higher_is_better=True),
+    }
+    if compiled_status:
+        comparisons["compiled"] = {"status": compiled_status, **{
+            f"{name}_compiled_vs_{ref}_b{b}": stats.paired_ratio(timed[f"b{b}"][ref],
+                                                                 timed[f"b{b}"][f"{name} compiled"])
+            for name, ref in (("fp32", "fp32"), ("int8", "int8"), ("int8", "fp32")) for b in (1, 12)
+            if f"{name} compiled" in timed[f"b{b}"]}}
+    fp32_blocks = parent_fp32.pop("block_losses")
+    comparisons["eval_loss_delta"] = stats.paired_delta(fp32_blocks, q.pop("block_losses"))
+    comparisons["bf16_eval_loss_delta"] = stats.paired_delta(fp32_blocks, parent_bf16.pop("block_losses"))
+    verdicts = [stats.summary_of(comparisons["latency_ratio_b12"], f"{label} latency b12 vs fp32"),
+                stats.summary_of(comparisons["eval_loss_delta"], f"{label} loss vs fp32")]
+    if comparisons["eval_loss_delta"]["ci95"][0] > 0.01:
+        verdicts.append(f"{label} loss is worse than the parent's by more than 1% (the whole 95% interval is above)")
+    for key, what in (("int8_compiled_vs_fp32_b12", f"{label} compiled latency b12 vs fp32 eager"),
+                      ("int8_compiled_vs_int8_b12", f"{label} compiled vs eager, b12")):
+        if key in comparisons.get("compiled", {}):
+            verdicts.append(stats.summary_of(comparisons["compiled"][key], what))
+    bf16 = comparisons["bf16_latency_ratio_b12"]
+    verdicts.append(stats.summary_of(bf16, "bf16 autocast latency b12 vs fp32")
+                    + ("; this CPU has no native bf16 (AVX512-BF16/AMX)" if device.type == "cpu"
+                       and not metrics.cpu_has_native_bf16() else ""))
+    m = {**q, **comparisons, "parent_fp32": parent_fp32, "parent_bf16": parent_bf16,
+         "eval_loss_delta_vs_parent": comparisons["eval_loss_delta"]["delta"],
+         "size_ratio_vs_parent": q["size_bytes"] / parent_fp32["size_bytes"]}
+    generation = (f"greedy decoding of {new_tokens} new tokens from {PROMPT!r}, fp32 parent and {label} "
+                  f"interleaved ({cfg.latency_rounds} rounds); new tokens / wall time; the PyTorch models use the "
+                  "KV cache" + ("; " + onnx_export.GENERATION_NOTE
+                                if isinstance(model, onnx_export.OnnxCausalLM) else ""))
+    protocol = {"eval_loss": metrics.EVAL_PROTOCOL + "; " + stats.LOSS_METHOD,
+                "latency": f"forward of (batch, {block}) random tokens: fp32 parent, parent under bf16 autocast and "
+                           f"{label} (reloaded from its folder) "
+                           + metrics.INTERLEAVED_PROTOCOL.format(warmup=2, rounds=cfg.latency_rounds,
+                                                                 repeats=cfg.latency_repeats)
+                           + f"; {stats.RATIO_METHOD}"
+                           + ("; with --compile, torch.compile twins (Inductor, freezing, static shapes) of the fp32 "
+                              "parent and of the int8 model in the same rounds" if compiled_status else ""),
+                "generation": generation, "size": "bytes of all files in the artifact folder",
+                "int8_layers": "counted in the model reloaded from the artifact folder (int8 modules, or int8 "
+                               "operators of the ONNX graph)"}
+    return m, verdicts, protocol

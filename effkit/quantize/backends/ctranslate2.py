@@ -1,0 +1,57 @@
+"""`ctranslate2`: the model converted by CTranslate2's own `TransformersConverter` and run by
+`ctranslate2.Generator` (its int8 kernels, KV cache and batched decoding), `--compute-type` int8 by default
+(`int8_float32`, `int16`, `float32`, and `int8_bfloat16` / `float16` where the device has them). The folder is a
+plain CTranslate2 model (`effkit.ct2_export`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from effkit import ct2_export
+
+
+class CTranslate2:
+    name = "ctranslate2"
+    summary = "CTranslate2 (its converter, int8 by default)"
+    format = "ctranslate2"
+    devices = ("cpu", "cuda")
+    portability = ct2_export.PORTABILITY
+
+    def available(self, device: torch.device | None = None) -> str | None:
+        return ct2_export.ct2_unavailable(device)
+
+    def refuses(self, cfg) -> str | None:
+        if cfg.compute_type not in ct2_export.WEIGHT_TYPES:
+            return (f"unknown --compute-type {cfg.compute_type!r}; choose one of "
+                    f"{', '.join(ct2_export.WEIGHT_TYPES)}")
+        if cfg.include_head:
+            return "--include-head with ctranslate2: its converter always quantizes the tied head with the blocks"
+        return ct2_export.ct2_unavailable(None, cfg.compute_type)
+
+    def tag(self, cfg) -> str:
+        return "quantize-ctranslate2" + ("" if cfg.compute_type == "int8" else f"-{cfg.compute_type}")
+
+    def write(self, folder: Path, parent: nn.Module, source: Path, tokenizer, cfg, device) -> dict[str, Any]:
+        desc = ct2_export.write_artifact(folder, source, parent.config, tokenizer, cfg.compute_type)
+        desc["params"] = sum(p.numel() for p in parent.parameters())
+        ct2_export.write_description(folder, desc)
+        return {**desc, "include_head": True, "layers": [f"{k} matrices: {v}" for k, v in
+                                                         ct2_export.weight_dtypes(folder).items()],
+                "storage": f"CTranslate2 model.bin, weights in {desc['weights']} (the tied embedding / LM head "
+                           "included), computed as " + cfg.compute_type}
+
+    def load(self, folder: Path, desc: dict[str, Any], device: torch.device) -> nn.Module:
+        return ct2_export.Ct2CausalLM(folder, device)
+
+    def quantized_layers(self, model: nn.Module) -> int:
+        return ct2_export.quantized_layers(model)
+
+    def load_command(self, folder: Path) -> str:
+        return f"ctranslate2.Generator('{folder}')"
+
+
+BACKEND = CTranslate2()

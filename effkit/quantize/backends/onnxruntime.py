@@ -1,0 +1,50 @@
+"""`onnxruntime`: the model exported to ONNX and quantized by ONNX Runtime (`effkit.onnx_export`): `model.onnx`
+with int8 operators, loadable by any ONNX Runtime."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from effkit import onnx_export
+
+
+class OnnxRuntime:
+    name = "onnxruntime"
+    summary = "ONNX Runtime int8 of the ONNX export"
+    format = "onnx"
+    devices = ("cpu",)
+    portability = onnx_export.PORTABILITY
+
+    def available(self, device: torch.device | None = None) -> str | None:
+        if device is not None and device.type != "cpu":
+            return "effkit runs ONNX artifacts on the CPU only (CPUExecutionProvider); use --device cpu"
+        return onnx_export.onnx_unavailable()
+
+    def refuses(self, cfg) -> str | None:
+        return None
+
+    def tag(self, cfg) -> str:
+        return "quantize-onnxruntime"  # the head is always quantized: no -head suffix
+
+    def write(self, folder: Path, parent: nn.Module, source: Path, tokenizer, cfg, device) -> dict[str, Any]:
+        onnx = onnx_export.write_artifact(folder, copy.deepcopy(parent).cpu(), tokenizer, int8=True, fused=cfg.fuse)
+        return {"format": self.format, "include_head": True, "layers": sorted(onnx["int8"]), "onnx": onnx,
+                "storage": "ONNX graph with int8 operators (model.onnx); ONNX Runtime quantizes every MatMul (per "
+                           "channel) and the embedding lookups (per tensor), the LM head included"}
+
+    def load(self, folder: Path, desc: dict[str, Any], device: torch.device) -> nn.Module:
+        return onnx_export.OnnxCausalLM(folder)
+
+    def quantized_layers(self, model: nn.Module) -> int:
+        return onnx_export.int8_layers(onnx_export.int8_counts(model.path / onnx_export.ONNX_FILE))
+
+    def load_command(self, folder: Path) -> str:
+        return f"onnxruntime.InferenceSession('{folder / onnx_export.ONNX_FILE}')"
+
+
+BACKEND = OnnxRuntime()

@@ -1,0 +1,191 @@
+"""`effkit quantize`: int8 through one of the registered backends (`effkit.quantize.backends`), behind one
+interface. `auto` builds every backend that runs here, keeps those within 1% of the parent's held-out loss, and
+picks the fastest at batch 12.
+
+Every artifact is written first and then reloaded from its folder alone (`effkit.artifacts.loader`); the reloaded
+model is the one measured, and the report counts the int8 layers it really holds. Each backend's module says
+which format it writes and who can load it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from effkit import artifacts
+from effkit.artifacts.loader import is_quantized, kind, load_quantized, newest_artifact, quantized_layers
+from effkit.config import DataConfig, QuantizeConfig
+from effkit.data import prepare
+from effkit.errors import EffkitError
+from effkit.measure import metrics, stats
+from effkit.measure.compare import compare_with_parent, generate_sample, side_by_side
+from effkit.model import load_model
+from effkit.parallel import init_runtime
+from effkit.quantize import backends
+from effkit.quantize.backends import QUANT_FILE
+from effkit.report import write_stage_report
+
+AUTO_LOSS_BUDGET = 0.01  # `auto` considers backends whose held-out loss is within 1% of the parent's
+
+
+def write_quantized(folder: Path, backend: str, parent: nn.Module, source: Path, tokenizer, cfg: QuantizeConfig,
+                    device: torch.device) -> dict[str, Any]:
+    """Write the `backend` int8 artifact of `parent` (loaded from the artifact `source`) into `folder`; returns
+    its description, also written to `quantization.json`."""
+    b = backends.get(backend)
+    desc: dict[str, Any] = {"backend": backend, "include_head": cfg.include_head, "threshold": cfg.threshold,
+                            "torchao_scheme": cfg.torchao_scheme, "portability": b.portability}
+    written = b.write(folder, parent, source, tokenizer, cfg, device)
+    layers = written.pop("layers")
+    desc.update(written)
+    desc["layers"] = layers
+    (folder / QUANT_FILE).write_text(json.dumps(desc, indent=2))
+    return desc
+
+
+def run_quantize(cfg: QuantizeConfig) -> dict[str, Any]:
+    cfg = cfg.validate()
+    device = init_runtime(cfg.device).device
+    source = Path(cfg.source) if cfg.source else newest_artifact(cfg.runs_dir)
+    if not source.exists():
+        raise EffkitError(f"artifact {source} does not exist; pass --from PATH to an effkit artifact folder")
+    meta = artifacts.read_meta(source)
+    if meta["stage"] == "quantize" or is_quantized(source):
+        raise EffkitError(f"{source} is already quantized; quantize its parent ({meta.get('parent')}) instead")
+    if kind(source) == "onnx":
+        raise EffkitError(f"{source} is an ONNX artifact; quantize its parent ({meta.get('parent')}), with "
+                          "--backend onnxruntime for ONNX int8")
+    if cfg.backend != "auto":
+        if reason := backends.unavailable(cfg.backend, device):
+            raise EffkitError(f"--backend {cfg.backend} cannot run here: {reason}")
+        if refused := backends.get(cfg.backend).refuses(cfg):
+            raise EffkitError(refused)
+    run_dir = Path(cfg.runs_dir) / artifacts.run_of(source)  # inside the runs folder, wherever --from points
+    with artifacts.run_lock(run_dir):
+        return _quantize(cfg, device, source, run_dir)
+
+
+def quantize_tag(backend: str, cfg: QuantizeConfig, source: Path) -> str:
+    """`quantize-dynamic` for the dense model; `prune-row-r2+quantize-dynamic` for a pruned one (a run can hold
+    both)."""
+    tag = backends.get(backend).tag(cfg)
+    return f"{source.name}+{tag}" if artifacts.read_meta(source)["stage"] == "prune" else tag
+
+
+def pick_backend(cfg: QuantizeConfig, device: torch.device, parent: nn.Module, source: Path, tokenizer,
+                 eval_blocks: torch.Tensor, block: int, parent_blocks: list[float],
+                 scratch: Path) -> tuple[str, dict]:
+    """`--backend auto`: write every backend that runs here into `scratch/<backend>` and reload it, keep those
+    within AUTO_LOSS_BUDGET of the parent's held-out loss (`parent_blocks`: its per-block losses, for a paired
+    delta), time them with the parent interleaved at batch 12, and pick the lowest median. The winner's folder is
+    left in `scratch` for the caller to move into place."""
+    table: dict[str, dict[str, Any]] = {}
+    candidates: dict[str, nn.Module] = {}
+    for b in backends.names():
+        if reason := backends.unavailable(b, device) or backends.get(b).refuses(cfg):
+            table[b] = {"status": f"not run: {reason}"}
+            continue
+        (scratch / b).mkdir()
+        try:
+            write_quantized(scratch / b, b, parent, source, tokenizer, cfg, device)
+            model = load_quantized(scratch / b, device)
+        except EffkitError as e:
+            table[b] = {"status": f"not run: {e}"}
+            continue
+        result = metrics.evaluate(model, eval_blocks, cfg.batch_size)
+        delta = stats.paired_delta(parent_blocks, result["block_losses"])
+        ok = delta["delta"] <= AUTO_LOSS_BUDGET
+        table[b] = {"status": "candidate" if ok else f"left out: loss {delta['delta']:+.2%} > {AUTO_LOSS_BUDGET:.0%}",
+                    "eval_loss": result["eval_loss"], "loss_increase": delta["delta"], "loss_delta": delta,
+                    "size_bytes": artifacts.dir_size(scratch / b)}
+        if ok:
+            candidates[b] = model
+    if not candidates:
+        raise EffkitError(f"no int8 backend stays within {AUTO_LOSS_BUDGET:.0%} of the parent's held-out loss "
+                          f"here ({', '.join(b + ': ' + t['status'] for b, t in table.items())}); choose one "
+                          "with --backend")
+    trial = side_by_side({"parent": (parent, None), **{b: (m, None) for b, m in candidates.items()}}, block,
+                         cfg.latency_rounds, 1)["b12"]
+    for b in candidates:
+        table[b]["latency_b12_s"] = stats.median_of_rounds(trial[b])
+        table[b]["ratio_to_parent_b12"] = stats.paired_ratio(trial["parent"], trial[b])
+    picked = min(candidates, key=lambda b: table[b]["latency_b12_s"])
+    return picked, {"picked": picked, "table": table,
+                    "how": f"every backend that runs here written and reloaded; those within {AUTO_LOSS_BUDGET:.0%} "
+                           f"of the parent's held-out loss timed at batch 12 with the fp32 parent interleaved "
+                           f"({cfg.latency_rounds} rounds x 1 repeat); the lowest median wins"}
+
+
+def _quantize(cfg: QuantizeConfig, device: torch.device, source: Path, run_dir: Path) -> dict[str, Any]:
+    data_section = artifacts.data_section(source)
+    data_cfg = DataConfig.from_dict(data_section)
+    prepared = prepare(data_cfg, tokenizer_from=str(source))
+    tokenizer, eval_blocks, n_bytes = prepared.tokenizer, prepared.blocks.eval, prepared.blocks.eval_bytes
+    parent = load_model(str(source)).to(device).eval()
+    parent_fp32 = metrics.evaluate(parent, eval_blocks, cfg.batch_size, eval_bytes=n_bytes)
+    parent_bf16 = metrics.evaluate(parent, eval_blocks, cfg.batch_size, torch.bfloat16, eval_bytes=n_bytes)
+    parent_fp32["generation"] = generate_sample(parent, tokenizer, cfg.gen_tokens)
+    parent_fp32["size_bytes"] = artifacts.dir_size(source)
+
+    # auto writes every backend here; removed below, or by the next run lock if the process is killed
+    scratch = Path(tempfile.mkdtemp(dir=run_dir, prefix=".tmp-auto-"))
+    try:
+        return _write_and_measure(cfg, device, source, run_dir, scratch, data_section, prepared, parent,
+                                  parent_fp32, parent_bf16)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _write_and_measure(cfg: QuantizeConfig, device: torch.device, source: Path, run_dir: Path, scratch: Path,
+                       data_section: dict, prepared, parent: nn.Module, parent_fp32: dict,
+                       parent_bf16: dict) -> dict[str, Any]:
+    """Choose the backend (auto), write the artifact, reload it, measure it against the parent, report."""
+    tokenizer, eval_blocks, n_bytes = prepared.tokenizer, prepared.blocks.eval, prepared.blocks.eval_bytes
+    block = DataConfig.from_dict(data_section).block_size
+    backend, auto_note = cfg.backend, None
+    if backend == "auto":
+        backend, auto_note = pick_backend(cfg, device, parent, source, tokenizer, eval_blocks, block,
+                                          parent_fp32["block_losses"], scratch)
+    tag = quantize_tag(backend, cfg, source)
+    artifact = run_dir / tag
+    with artifacts.atomic_dir(artifact) as tmp:
+        if auto_note:  # the winner was written while choosing: moved into place, not written again
+            shutil.copytree(scratch / backend, tmp, dirs_exist_ok=True)
+            description = json.loads((tmp / QUANT_FILE).read_text())
+        else:
+            description = write_quantized(tmp, backend, parent, source, tokenizer, cfg, device)
+        model = load_quantized(tmp, device)  # what is measured: the artifact as its folder alone reloads it
+        int8_layers = quantized_layers(tmp, model)
+        if not int8_layers:
+            raise EffkitError(f"{backend} left no int8 layer in the reloaded model: nothing was quantized")
+        q = metrics.evaluate(model, eval_blocks, cfg.batch_size, eval_bytes=n_bytes)
+        q["generation"] = generate_sample(model, tokenizer, cfg.gen_tokens)
+        q["size_bytes"] = artifacts.dir_size(tmp)
+        m, verdicts, protocol = compare_with_parent(cfg, device, parent, model, tokenizer, block, parent_fp32,
+                                                    parent_bf16, q, f"int8 ({backend})")
+        m.update(params=sum(p.numel() for p in parent.parameters()), quantized_layers=len(description["layers"]),
+                 int8_layers_reloaded=int8_layers, portability=backends.get(backend).portability)
+        if auto_note:
+            m["auto"] = auto_note
+        meta_out = artifacts.write_meta(tmp, "quantize", cfg.to_dict(), m, data=data_section, parent=str(source),
+                                        extra={"quantization": {k: v for k, v in description.items()
+                                                                if k != "layers"}})
+    report = {
+        "stage": "quantize", "tag": tag, "parent": str(source), "run": run_dir.name, "artifact": str(artifact),
+        "time": meta_out["time"], "config": cfg.to_dict(), "metrics": m, "verdicts": verdicts,
+        "what_ran": {"device": metrics.describe_device(device), "backend": backend,
+                     "world_size": 1, "parallel": "none", "amp_dtype": "fp32 activations, int8 weights",
+                     "quantized_layers": len(description["layers"]), "int8_layers_reloaded": int8_layers,
+                     "include_head": description["include_head"], "format": description["format"],
+                     "cpu_flags": " ".join(metrics.cpu_flags()) if device.type == "cpu" else ""},
+        "versions": meta_out["versions"], "git_commit": meta_out["git_commit"], "protocol": protocol,
+    }
+    write_stage_report(Path(cfg.reports_dir) / run_dir.name, report)
+    return report
+
+
