@@ -262,6 +262,8 @@ def quantize(
     threshold: float = typer.Option(_Q.threshold, help="bnb LLM.int8 outlier threshold"),
     torchao_scheme: str = typer.Option(_Q.torchao_scheme, help="torchao: da8w8 (int8 act + weight) or w8"),
     fuse: bool = typer.Option(_Q.fuse, "--fuse/--no-fuse", help="onnxruntime: ONNX Runtime's transformer fusions"),
+    optimize_for: str = typer.Option(_Q.optimize_for, help="what auto picks the fastest backend for: decode-b1, "
+                                                            "decode-b12 (greedy tokens/s) or prefill-b12 (latency)"),
     compute_type: str = typer.Option(_Q.compute_type, help="ctranslate2: int8, int8_float32, int16, float32 (or "
                                                             "int8_bfloat16 / float16 where the device has them)"),
     compile: bool = typer.Option(_Q.compile, "--compile/--no-compile",
@@ -299,12 +301,12 @@ def quantize(
     _console().print(t)
     if m.get("auto"):
         a = Table(title=f"--backend auto picked {m['auto']['picked']}: {m['auto']['how']}")
-        for col in ("backend", "status", "eval loss", "loss vs parent", "latency b12 vs parent"):
+        for col in ("backend", "status", "eval loss", "loss vs parent", f"{m['auto']['optimize_for']} vs parent"):
             a.add_column(col)
         for b, row in m["auto"]["table"].items():
             a.add_row(b, row["status"], f"{row['eval_loss']:.4f}" if "eval_loss" in row else "",
                       fmt_delta(row["loss_delta"]) if "loss_delta" in row else "",
-                      fmt_ratio(row["ratio_to_parent_b12"]) if "ratio_to_parent_b12" in row else "")
+                      fmt_ratio(row["ratio_to_parent"]) if "ratio_to_parent" in row else "")
         _console().print(a)
     print(f"parent: {m['parent_fp32']['generation']['text'][:120]!r}")
     print(f"int8:   {m['generation']['text'][:120]!r}")

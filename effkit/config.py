@@ -365,6 +365,11 @@ class PruneConfig(_Section):
         return self
 
 
+# workload -> (the bench row key of its paired ratio to the reference, whether a higher ratio is better)
+WORKLOADS = {"decode-b1": ("decode_ratio_b1", True), "decode-b12": ("decode_ratio_b12", True),
+             "prefill-b12": ("latency_ratio_b12", False)}
+
+
 @dataclass(frozen=True)
 class QuantizeConfig(_Section):
     source: str = ""  # --from: an effkit artifact (default: the newest artifact of the latest run)
@@ -374,6 +379,7 @@ class QuantizeConfig(_Section):
     torchao_scheme: str = "da8w8"  # da8w8 (dynamic activation + weight) or w8 (weight-only)
     fuse: bool = False  # onnxruntime: apply ONNX Runtime's transformer fusions before quantizing
     compute_type: str = "int8"  # ctranslate2: what CTranslate2 computes in (int8, int8_float32, float32, ...)
+    optimize_for: str = "decode-b1"  # what auto picks the fastest backend for: decode-b1, decode-b12, prefill-b12
     compile: bool = False  # also time the parent and the int8 model under torch.compile (Inductor, freezing)
     batch_size: int = 8  # evaluation batch
     latency_rounds: int = 5  # interleaved rounds: parent fp32, parent bf16 and int8 timed in each
@@ -384,6 +390,8 @@ class QuantizeConfig(_Section):
     reports_dir: str = "reports"
 
     def validate(self) -> QuantizeConfig:
+        if self.optimize_for not in WORKLOADS:
+            raise EffkitError(f"unknown --optimize-for {self.optimize_for!r}; choose one of {', '.join(WORKLOADS)}")
         if self.backend not in (choices := ("auto", *backends.names())):
             raise EffkitError(f"unknown --backend {self.backend!r}; choose one of {', '.join(choices)}")
         if self.torchao_scheme not in ("da8w8", "w8"):
@@ -461,11 +469,6 @@ class BenchConfig(_Section):
 
 
 PIPELINE = ("train", "prune", "quantize", "bench", "report")
-
-
-# workload -> (the bench row key of its paired ratio to the reference, whether a higher ratio is better)
-WORKLOADS = {"decode-b1": ("decode_ratio_b1", True), "decode-b12": ("decode_ratio_b12", True),
-             "prefill-b12": ("latency_ratio_b12", False)}
 
 
 @dataclass(frozen=True)

@@ -78,7 +78,8 @@ def make_plan(recipe: str) -> Plan:
     prune = {m: build_config(PruneConfig, recipe, {"mode": m, "source": dense, **dirs}) for m in run.prune_modes}
     if "prune" in run.stages and not prune:
         raise EffkitError(f"recipe {recipe}: [run] lists the prune stage but prune_modes is empty")
-    quantize = build_config(QuantizeConfig, recipe, {"source": dense, **dirs})
+    # auto picks its backend for the workload the deliverable is chosen for
+    quantize = build_config(QuantizeConfig, recipe, {"source": dense, "optimize_for": run.optimize_for, **dirs})
     bench = build_config(BenchConfig, recipe, {"run": run.run_name, **dirs})
     if bench.peers is None:  # `effkit run` measures the engines a user would pick instead, unless told not to
         bench = bench.replace(peers=True)

@@ -109,16 +109,26 @@ def pick_backend(cfg: QuantizeConfig, device: torch.device, parent: nn.Module, s
         raise EffkitError(f"no int8 backend stays within {AUTO_LOSS_BUDGET:.0%} of the parent's held-out loss "
                           f"here ({', '.join(b + ': ' + t['status'] for b, t in table.items())}); choose one "
                           "with --backend")
-    trial = side_by_side({"parent": (parent, None), **{b: (m, None) for b, m in candidates.items()}}, block,
-                         cfg.latency_rounds, 1)["b12"]
+    models = {"parent": parent, **candidates}
+    workload, batch = cfg.optimize_for, int(cfg.optimize_for.rpartition("-b")[2])
+    if workload.startswith("decode"):
+        new = min(metrics.generation_budget(m, tokenizer, cfg.gen_tokens)[0] for m in models.values())
+        trial = metrics.interleaved({n: metrics.generation_timer(m, tokenizer, new, batch=batch)
+                                     for n, m in models.items()}, cfg.latency_rounds, 1, warmup=1)
+        how = f"greedy decoding of {new} new tokens from {batch} prompt(s), new tokens/s"
+    else:
+        trial = side_by_side({n: (m, None) for n, m in models.items()}, block, cfg.latency_rounds, 1)["b12"]
+        how = f"forward of (12, {block}) tokens, seconds"
+    higher = workload.startswith("decode")
     for b in candidates:
-        table[b]["latency_b12_s"] = stats.median_of_rounds(trial[b])
-        table[b]["ratio_to_parent_b12"] = stats.paired_ratio(trial["parent"], trial[b])
-    picked = min(candidates, key=lambda b: table[b]["latency_b12_s"])
-    return picked, {"picked": picked, "table": table,
+        table[b]["median"] = stats.median_of_rounds(trial[b])  # tokens/s (decode) or seconds (prefill)
+        table[b]["ratio_to_parent"] = stats.paired_ratio(trial["parent"], trial[b], higher_is_better=higher)
+    best = max if higher else min
+    picked = best(candidates, key=lambda b: table[b]["median"])
+    return picked, {"picked": picked, "table": table, "optimize_for": workload,
                     "how": f"every backend that runs here written and reloaded; those within {AUTO_LOSS_BUDGET:.0%} "
-                           f"of the parent's held-out loss timed at batch 12 with the fp32 parent interleaved "
-                           f"({cfg.latency_rounds} rounds x 1 repeat); the lowest median wins"}
+                           f"of the parent's held-out loss timed at {workload} ({how}) with the fp32 parent "
+                           f"interleaved ({cfg.latency_rounds} rounds x 1 repeat); the best median wins"}
 
 
 def _quantize(cfg: QuantizeConfig, device: torch.device, source: Path, run_dir: Path) -> dict[str, Any]:
