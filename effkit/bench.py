@@ -53,7 +53,7 @@ def find_artifacts(cfg: BenchConfig) -> tuple[str, list[Path]]:
              for d in sorted(run_dir.iterdir()) if (d / artifacts.META).is_file()]  # times to the second, then ns
     if not found:
         raise EffkitError(f"no artifacts found in {run_dir}; run `effkit train` first")
-    order = {"train": 0, "prune": 1, "quantize": 2, "export": 3, "peer": 4}
+    order = {"import": 0, "train": 0, "prune": 1, "quantize": 2, "export": 3, "peer": 4}
     found.sort(key=lambda td: (order.get(artifacts.read_meta(td[1])["stage"], 3), td[0]))
     return run_dir.name, [d for _, d in found]
 
@@ -358,7 +358,7 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
 
 def _bench(cfg: BenchConfig, device: torch.device, run_name: str, paths: list[Path],
            progress: bool, not_run: dict[str, str] | None = None) -> dict[str, Any]:
-    data = artifacts.data_section(paths[0])  # every artifact is evaluated on the first one's held-out blocks
+    data = artifacts.data_section(paths[0], cfg.data)  # every artifact is evaluated on the first one's held-out blocks
     data_cfg = DataConfig.from_dict(data)
     prepared = prepare(data_cfg, tokenizer_from=str(paths[0]))  # builds the caches once
     block = data_cfg.block_size

@@ -64,11 +64,22 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     except (SafetensorError, json.JSONDecodeError, OSError, ValueError) as e:
         raise EffkitError(f"checkpoint {path} is unreadable or truncated ({type(e).__name__}: "
                           f"{str(e).splitlines()[0][:120]}); start again without --resume") from None
+    missing = [k for k in STATE_KEYS if not isinstance(state, dict) or k not in state]
+    if missing:
+        raise EffkitError(f"checkpoint {path} is incomplete (state.json has no {', '.join(missing)}); start again "
+                          "without --resume, or remove the checkpoint folder")
     rng = {k: tensors.pop(k) for k in [k for k in tensors if k.startswith("__rng_")]}
-    state["optimizer"] = _unflatten_optimizer(tensors, state["optimizer"])
+    try:
+        state["optimizer"] = _unflatten_optimizer(tensors, state["optimizer"])
+    except (KeyError, TypeError, AttributeError) as e:
+        raise EffkitError(f"checkpoint {path} has an unreadable optimizer state ({type(e).__name__}: {e}); start "
+                          "again without --resume") from None
     state["model"] = model_state
     state["rng"] = rng
     return state
+
+
+STATE_KEYS = ("step", "optimizer", "scheduler", "config")  # what state.json must hold to resume
 
 
 @dataclass(frozen=True)
@@ -104,10 +115,6 @@ class Checkpointer:
         if not self.folder.is_dir():
             raise EffkitError(f"nothing to resume: {self.folder} does not exist; start without --resume")
         state = load_checkpoint(self.folder)
-        missing = [k for k in ("step", "scheduler", "config") if k not in state]
-        if missing:
-            raise EffkitError(f"checkpoint {self.folder} is incomplete (state.json has no {', '.join(missing)}); "
-                              "start again without --resume")
         return Checkpoint(step=state["step"], model=state["model"], optimizer=state["optimizer"],
                           scheduler=state["scheduler"], rng=state["rng"], config=state["config"],
                           rows=state.get("rows", []))

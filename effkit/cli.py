@@ -37,6 +37,10 @@ def _root() -> None:
     """effkit: train, prune, quantize and benchmark GPT-2-class models, with honest numbers."""
 
 
+DATA_HELP = ("corpus for calibration, fine-tuning and evaluation: builtin, or a folder / file of text (default: "
+             "the artifact's own; builtin for a plain Hugging Face folder)")
+
+
 def _console():
     """A rich console that stays readable when the output is a file or pipe (rich falls back to 80 columns)."""
     from rich.console import Console
@@ -190,7 +194,9 @@ _P = PruneConfig()
 def prune(
     ctx: typer.Context,
     recipe: Optional[Path] = typer.Option(None, help="TOML recipe; its \\[prune] table sets defaults"),
-    source: str = typer.Option(_P.source, "--from", help="artifact folder to prune (default: runs/latest/train)"),
+    source: str = typer.Option(_P.source, "--from", help="artifact or Hugging Face GPT-2 folder to prune (default: "
+                                                         "runs/latest/train)"),
+    data: str = typer.Option(_P.data, help=DATA_HELP),
     mode: str = typer.Option(_P.mode, help="a pruning method: " + ", ".join(methods.names()) + " (row: MLP "
                                            "channels, width: residual channels, depth: whole blocks, weight: "
                                            "unstructured)"),
@@ -254,7 +260,9 @@ _Q = QuantizeConfig()
 def quantize(
     ctx: typer.Context,
     recipe: Optional[Path] = typer.Option(None, help="TOML recipe; its \\[quantize] table sets defaults"),
-    source: str = typer.Option(_Q.source, "--from", help="artifact to quantize (default: newest of the latest run)"),
+    source: str = typer.Option(_Q.source, "--from", help="artifact or Hugging Face GPT-2 folder (default: newest of "
+                                                         "the latest run)"),
+    data: str = typer.Option(_Q.data, help=DATA_HELP),
     backend: str = typer.Option(_Q.backend, help="auto (the fastest within 1% of the parent's loss) or a backend: "
                                 + ", ".join(backends.names())),
     include_head: bool = typer.Option(_Q.include_head, "--include-head/--no-include-head",
@@ -311,6 +319,8 @@ def quantize(
     print(f"parent: {m['parent_fp32']['generation']['text'][:120]!r}")
     print(f"int8:   {m['generation']['text'][:120]!r}")
     print(f"int8, sampled ({m['generation']['sampling']}): {m['generation']['sampled_text'][:120]!r}")
+    if "note" in m["generation"]:  # e.g. --gen-tokens capped by the model's context
+        print(f"note: {m['generation']['note']}")
     for v in report["verdicts"]:
         print(f"note: {v}")
     print(f"int8 layers in the reloaded artifact: {m['int8_layers_reloaded']}; {m['portability']}")
@@ -325,6 +335,7 @@ def export(
     ctx: typer.Context,
     recipe: Optional[Path] = typer.Option(None, help="TOML recipe; its \\[export] table sets defaults"),
     source: str = typer.Option(_E.source, "--from", help="dense or pruned artifact (default: the latest run's train)"),
+    data: str = typer.Option(_E.data, help=DATA_HELP),
     format: str = typer.Option(_E.format, help="onnx (with past key/values, for ONNX Runtime) or ctranslate2"),
     int8: bool = typer.Option(_E.int8, "--int8/--no-int8", help="int8 weights: ONNX Runtime dynamic int8 after "
                                                                  "export, or CTranslate2's int8"),
@@ -364,6 +375,7 @@ def bench(
     paths: Optional[list[str]] = typer.Argument(None, help="artifact folders (default: every artifact of the run)"),
     recipe: Optional[Path] = typer.Option(None, help="TOML recipe; its \\[bench] table sets defaults"),
     run: str = typer.Option(_B.run, help="run name under --runs-dir (default: the latest run)"),
+    data: str = typer.Option(_B.data, help=DATA_HELP),
     quick: bool = typer.Option(_B.quick, "--quick", help="3 rounds, fewer repeats and tokens: a fast, wider look"),
     rounds: int = typer.Option(_B.rounds, help="interleaved rounds (every artifact timed in each, order rotated)"),
     repeats: int = typer.Option(_B.repeats, help="timed forward passes per artifact per round"),

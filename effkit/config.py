@@ -291,6 +291,7 @@ class TrainConfig(_Section):
 @dataclass(frozen=True)
 class PruneConfig(_Section):
     source: str = ""  # --from: an effkit artifact folder (default: runs/latest/train)
+    data: str = ""  # --data: calibration / fine-tuning / evaluation corpus (default: the artifact's own; builtin)
     mode: str = "row"  # weight | row (MLP channels) | width (residual channels) | depth (whole blocks)
     target: float = 0.5  # fraction removed at the last round: of weights, MLP channels, residual channels, blocks
     rounds: int = 3
@@ -373,6 +374,7 @@ WORKLOADS = {"decode-b1": ("decode_ratio_b1", True), "decode-b12": ("decode_rati
 @dataclass(frozen=True)
 class QuantizeConfig(_Section):
     source: str = ""  # --from: an effkit artifact (default: the newest artifact of the latest run)
+    data: str = ""  # --data: calibration / fine-tuning / evaluation corpus (default: the artifact's own; builtin)
     backend: str = "auto"
     include_head: bool = False  # also the (tied) LM head and token embeddings
     threshold: float = 6.0  # bnb outlier threshold
@@ -411,6 +413,7 @@ EXPORT_FORMATS = ("onnx", "ctranslate2")
 @dataclass(frozen=True)
 class ExportConfig(_Section):
     source: str = ""  # --from: a dense or pruned effkit artifact (default: the latest run's train artifact)
+    data: str = ""  # --data: calibration / fine-tuning / evaluation corpus (default: the artifact's own; builtin)
     format: str = "onnx"
     int8: bool = False  # ONNX Runtime dynamic int8 after export
     fuse: bool = False  # ONNX Runtime's transformer fusions before quantizing
@@ -435,6 +438,7 @@ class ExportConfig(_Section):
 @dataclass(frozen=True)
 class BenchConfig(_Section):
     paths: tuple[str, ...] = ()  # artifacts to measure (default: every artifact of the run)
+    data: str = ""  # --data: calibration / fine-tuning / evaluation corpus (default: the artifact's own; builtin)
     run: str = ""  # run name under runs_dir (default: the latest run)
     quick: bool = False  # fewer rounds, repeats and tokens, for a fast look
     rounds: int = 8  # interleaved rounds: every artifact is timed in each, the order rotated
@@ -553,21 +557,31 @@ def load_recipe(path: str | Path) -> dict[str, dict[str, Any]]:
 def build_config(cls: type, recipe: str | None, overrides: dict[str, Any]) -> Any:
     """Defaults <- recipe[stage] <- explicit CLI overrides (flat keys); then validate."""
     stage = next(name for name, c in STAGES.items() if c is cls)
-    values: dict[str, Any] = {}
-    if recipe:
-        values.update({k.replace("-", "_"): v for k, v in load_recipe(recipe).get(stage, {}).items()})
-    values.update(overrides)
     where = f"recipe {recipe}: [{stage}]" if recipe else f"[{stage}]"
+    values: dict[str, Any] = {}
+    if recipe:  # the recipe is checked whole, before flags override any of its keys
+        values.update(_typed(cls, {k.replace("-", "_"): v for k, v in load_recipe(recipe).get(stage, {}).items()},
+                             where))
+    values.update(_typed(cls, dict(overrides), where))
+    cfg = TrainConfig.from_flat(**values) if cls is TrainConfig else cls(**values)
+    try:
+        return cfg.validate()
+    except EffkitError as e:
+        raise EffkitError(f"{where}: {e}" if recipe and not str(e).startswith(where) else str(e)) from None
+
+
+def _typed(cls: type, values: dict[str, Any], where: str) -> dict[str, Any]:
+    """`values` (flat keys of `cls`) checked against the defaults' types, ints promoted to floats."""
     defaults = flat_defaults(cls)
     for key, value in values.items():
         default = defaults[key]
         if key == "quantize_from" and isinstance(value, str):  # one tag, or a list of them
             values[key] = [value]
             continue
-        if key in ("amp", "distill"):  # true, false, or "auto" (None)
+        if key in ("amp", "distill", "peers"):  # true, false, or "auto" (None)
             if value not in (True, False, None, "auto"):
                 raise EffkitError(f"{where}: {key} must be true, false or \"auto\" (got {value!r})")
-            if key == "distill" and value == "auto":
+            if key in ("distill", "peers") and value == "auto":
                 values[key] = None
             continue
         if value is not None:
@@ -576,11 +590,7 @@ def build_config(cls: type, recipe: str | None, overrides: dict[str, Any]) -> An
                 values[key] = float(value)
             elif not isinstance(value, want) or (want is int and isinstance(value, bool)):
                 raise EffkitError(f"{where}: {key} must be {want.__name__} (got {value!r})")
-    cfg = TrainConfig.from_flat(**values) if cls is TrainConfig else cls(**values)
-    try:
-        return cfg.validate()
-    except EffkitError as e:
-        raise EffkitError(f"{where}: {e}" if recipe and not str(e).startswith(where) else str(e)) from None
+    return values
 
 
 __all__ = ["BenchConfig", "DataConfig", "ExportConfig", "ModelConfig", "OptimConfig", "ParallelConfig", "PruneConfig",

@@ -72,7 +72,7 @@ def run_export(cfg: ExportConfig) -> dict[str, Any]:
 
 def _export(cfg: ExportConfig, source: Path, run_dir: Path) -> dict[str, Any]:
     device = torch.device("cpu")  # the engines' CPU paths; the parent is timed on the same device
-    data_section = artifacts.data_section(source)
+    data_section = artifacts.data_section(source, cfg.data)
     data_cfg = DataConfig.from_dict(data_section)
     prepared = prepare(data_cfg, tokenizer_from=str(source))
     tokenizer, eval_blocks, block, n_bytes = (prepared.tokenizer, prepared.blocks.eval, data_cfg.block_size,
@@ -105,6 +105,8 @@ def _export(cfg: ExportConfig, source: Path, run_dir: Path) -> dict[str, Any]:
         "stage": "export", "tag": tag, "parent": str(source), "run": run_dir.name, "artifact": str(artifact),
         "time": meta_out["time"], "config": cfg.to_dict(), "metrics": m, "verdicts": verdicts,
         "what_ran": {"device": metrics.describe_device(device), "format": cfg.format, **ran, "world_size": 1,
+                     "source_model": str(source), "data": data_section["source"],
+                     "tokenizer": prepared.tokenizer_source,
                      "parallel": "none", "amp_dtype": "fp32 activations" + (", int8 weights" if cfg.int8 else ""),
                      "cpu_flags": " ".join(metrics.cpu_flags())},
         "versions": meta_out["versions"], "git_commit": meta_out["git_commit"],

@@ -53,6 +53,8 @@ OPSET = 23
 PARITY_TOKENS = 32  # greedy tokens compared between the with-past graph, PyTorch with its cache and without
 PORTABILITY = "portable: any ONNX Runtime loads model.onnx (onnxruntime.InferenceSession)"
 INT8_OPS = ("MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QGemm", "QAttention")
+INT4_OPS = ("MatMulNBits", "GatherBlockQuantized")  # ONNX Runtime's block-quantized weight-only operators
+INT4_BLOCK = 32
 GENERATION_NOTE = ("ONNX artifact of an older effkit, exported without past key/values: generation recomputes the "
                    "whole prefix for every new token (measured as it is); export the parent again for the KV cache")
 
@@ -332,15 +334,18 @@ def int8_counts(path: Path) -> dict[str, int]:
 
     graph = onnx.load(str(path)).graph
     int8_inits = {i.name for i in graph.initializer if i.data_type == onnx.TensorProto.INT8}
-    counts = Counter(n.op_type for n in graph.node if n.op_type in INT8_OPS)
+    counts = Counter(n.op_type for n in graph.node if n.op_type in INT8_OPS + INT4_OPS)
     counts["Gather (int8 table)"] = sum(1 for n in graph.node if n.op_type == "Gather" and n.input[0] in int8_inits)
     counts["int8 initializers"] = len(int8_inits)
+    counts["fp32 matrices"] = sum(1 for i in graph.initializer if i.data_type == onnx.TensorProto.FLOAT
+                                  and len(i.dims) == 2 and min(i.dims) > 1)
     return {k: v for k, v in counts.items() if v}
 
 
 def int8_layers(counts: dict[str, int]) -> int:
-    """Weight-bearing int8 operators (integer matmuls and int8 lookups) in `int8_counts`."""
-    return sum(v for k, v in counts.items() if k in INT8_OPS or k.startswith("Gather"))
+    """Weight-bearing quantized operators (integer matmuls, int8 lookups, 4-bit matmuls and lookups) in
+    `int8_counts`."""
+    return sum(v for k, v in counts.items() if k in INT8_OPS + INT4_OPS or k.startswith("Gather"))
 
 
 def session(path: Path):
@@ -451,8 +456,55 @@ def quantize_standard(src: Path, dst: Path) -> dict[str, Any]:
                          "Gemm]), its defaults otherwise (per tensor)", "int8": int8_counts(dst)}
 
 
+def quantize_int4(src: Path, dst: Path, block_size: int = INT4_BLOCK) -> dict[str, Any]:
+    """Weight-only 4-bit: ONNX Runtime's `MatMulNBitsQuantizer` (round-to-nearest, symmetric, blocks of
+    `block_size` along the input dimension) on every MatMul with a constant weight, the LM head included; then the
+    token-embedding lookup reads that 4-bit head through `GatherBlockQuantized` (the head's (vocab, blocks, bytes)
+    layout is one packed row per token) and the fp32 embedding table is dropped, so the tied weight is stored
+    once, in 4 bits. Refused if the file is not smaller than the fp32 graph."""
+    import onnx
+    from onnx import helper, numpy_helper
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    with _quiet_exporter():
+        logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.ERROR)
+        quantizer = MatMulNBitsQuantizer(onnx.load(str(src)), block_size=block_size, is_symmetric=True)
+        quantizer.process()
+        quantizer.model.save_model_to_file(str(dst), use_external_data_format=False)
+    model = onnx.load(str(dst))
+    graph = model.graph
+    inits = {i.name: i for i in graph.initializer}
+    tied = "own fp32 table (the LM head was not quantized to 4 bits)"
+    if "head_Q4" in inits and "head_scales" in inits:
+        packed, scales = numpy_helper.to_array(inits["head_Q4"]), numpy_helper.to_array(inits["head_scales"])
+        vocab = packed.shape[0]
+        lookup = next((n for n in graph.node if n.op_type == "Gather" and n.input[0] in inits
+                       and list(inits[n.input[0]].dims)[0] == vocab and numpy_helper.to_array(
+                           inits[n.input[0]]).dtype == np.float32), None)
+        if lookup is not None:
+            table = lookup.input[0]
+            graph.initializer.append(numpy_helper.from_array(packed.reshape(vocab, -1), "effkit_tied_q4"))
+            graph.initializer.append(numpy_helper.from_array(scales.reshape(vocab, -1), "effkit_tied_scales"))
+            node = helper.make_node("GatherBlockQuantized", ["effkit_tied_q4", lookup.input[1], "effkit_tied_scales"],
+                                    [lookup.output[0]], domain="com.microsoft", bits=4, block_size=block_size,
+                                    gather_axis=0, quantize_axis=1, name="effkit_tied_embedding")
+            nodes = [node if n is lookup else n for n in graph.node]
+            del graph.node[:]
+            graph.node.extend(nodes)
+            if not any(table in n.input for n in graph.node):
+                graph.initializer.remove(inits[table])
+            tied = "read from the 4-bit LM head (GatherBlockQuantized), stored once, as the PyTorch model ties them"
+            onnx.save(model, str(dst))
+    if dst.stat().st_size >= src.stat().st_size:
+        raise EffkitError(f"the 4-bit graph ({dst.stat().st_size / 2**20:.1f} MiB) is not smaller than the fp32 one "
+                          f"({src.stat().st_size / 2**20:.1f} MiB): something stayed in fp32; use int8")
+    return {"quantizer": f"onnxruntime.quantization.matmul_nbits_quantizer.MatMulNBitsQuantizer(block_size="
+                         f"{block_size}, is_symmetric=True) (round-to-nearest, weight-only 4-bit)",
+            "token_embedding": tied, "int8": int8_counts(dst)}
+
+
 def write_artifact(folder: Path, model: nn.Module, tokenizer, int8: bool, fused: bool,
-                   standard_int8: bool = False) -> dict[str, Any]:
+                   standard_int8: bool = False, int4: bool = False) -> dict[str, Any]:
     """Export `model` into `folder` (fp32, or ONNX Runtime int8 with `int8`: effkit's per-channel int8 with the
     embedding tied to the int8 head, or ONNX Runtime's defaults with `standard_int8`; ORT's fusions first with
     `fused`), with its config and tokenizer; returns the description written to `onnx.json`."""
@@ -460,13 +512,15 @@ def write_artifact(folder: Path, model: nn.Module, tokenizer, int8: bool, fused:
     model.config.save_pretrained(folder)
     model.config.use_cache = False
     tokenizer.save_pretrained(folder)
-    fp32 = folder / ("fp32.onnx" if int8 else ONNX_FILE)
-    desc: dict[str, Any] = {"format": "onnx", "precision": "int8 (dynamic)" if int8 else "fp32",
+    fp32 = folder / ("fp32.onnx" if int8 or int4 else ONNX_FILE)
+    precision = "int4 (weight-only, blocks of 32)" if int4 else "int8 (dynamic)" if int8 else "fp32"
+    desc: dict[str, Any] = {"format": "onnx", "precision": precision,
                             "params": sum(p.numel() for p in model.parameters()), **export_fp32(model, fp32)}
     if fused:
         desc["fused_operators"] = fuse(fp32, model.config)
-    if int8:
-        desc.update((quantize_standard if standard_int8 else quantize_int8)(fp32, folder / ONNX_FILE))
+    if int8 or int4:
+        quantize = quantize_int4 if int4 else quantize_standard if standard_int8 else quantize_int8
+        desc.update(quantize(fp32, folder / ONNX_FILE))
         fp32.unlink()
         for extra in fp32.parent.glob(fp32.name + "*"):  # external-data side files, if any
             extra.unlink()

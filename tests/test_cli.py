@@ -87,10 +87,25 @@ def test_truncated_checkpoint_on_resume(tmp_path, corpus_dir, capsys, monkeypatc
     code, _ = run_cli(tiny(tmp_path, corpus_dir, "--checkpoint-interval", "1", "--run-name", "ck"),
                       capsys, monkeypatch)
     assert code in (0, None)
-    weights = tmp_path / "runs" / "ck" / "checkpoints" / "last" / "model.safetensors"
+    last = tmp_path / "runs" / "ck" / "checkpoints" / "last"
+    state = (last / "state.json").read_text()
+    (last / "state.json").write_text("{}")  # readable, but holds nothing to resume from
+    code, err = run_cli(tiny(tmp_path, corpus_dir, "--resume", "--run-name", "ck"), capsys, monkeypatch)
+    assert code == 2 and len(err.splitlines()) == 1 and "state.json has no step, optimizer" in err, err
+    (last / "state.json").write_text(state)
+    weights = last / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])
     code, err = run_cli(tiny(tmp_path, corpus_dir, "--resume", "--run-name", "ck"), capsys, monkeypatch)
     assert code == 2 and len(err.splitlines()) == 1 and "unreadable or truncated" in err, err
+
+
+def test_a_wrong_type_in_the_recipe_is_refused_even_when_a_flag_overrides_it(tmp_path, corpus_dir, capsys,
+                                                                              monkeypatch):
+    recipe = tmp_path / "r.toml"
+    recipe.write_text("[train]\nmodel = 'gpt2-nano'\nmax_steps = 'five'\n")
+    code, err = run_cli(tiny(tmp_path, corpus_dir, "--recipe", str(recipe), "--max-steps", "2"), capsys,
+                        monkeypatch)
+    assert_clean_failure(code, err, tmp_path, "max_steps must be int (got 'five')")
 
 
 def test_entry_point_exit_code_and_no_traceback(tmp_path):

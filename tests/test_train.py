@@ -85,8 +85,8 @@ def _fake_timer(seconds: float):
     return lambda: seconds * (1 + next(jitter))
 
 
-@pytest.mark.parametrize("fp32_s, bf16_s, picked, verdict", [(1.0, 0.5, "bf16", "faster"),
-                                                             (0.5, 1.0, "fp32", "slower"),
+@pytest.mark.parametrize("fp32_s, bf16_s, picked, verdict", [(1.0, 0.6, "bf16", "faster"),
+                                                             (0.6, 1.0, "fp32", "slower"),
                                                              (1.0, 1.0, "fp32", "same")])
 def test_amp_auto_picks_the_faster_precision_and_records_why(fp32_s, bf16_s, picked, verdict):
     from effkit.measure import precision
@@ -95,6 +95,23 @@ def test_amp_auto_picks_the_faster_precision_and_records_why(fp32_s, bf16_s, pic
     assert out["picked"] == picked and out["bf16_vs_fp32_time"]["verdict"] == verdict
     assert out["bf16_vs_fp32_time"]["ratio"] == pytest.approx(bf16_s / fp32_s, rel=0.05)
     assert out["fp32_step_s"] == pytest.approx(fp32_s, rel=0.05) and "interleaved" in out["how"]
+
+
+def test_amp_probe_stops_after_one_round_when_one_side_is_20x_slower():
+    from effkit.measure import precision
+
+    calls = {"fp32": 0, "bf16": 0}
+
+    def timer(name, seconds):
+        def once():
+            calls[name] += 1
+            return seconds
+        return once
+
+    out = precision.choose({"fp32": timer("fp32", 0.1), "bf16": timer("bf16", 2.0)}, rounds=7)
+    assert out["picked"] == "fp32" and out["decided_by_first_round"] and out["bf16_vs_fp32_time"]["rounds"] == 1
+    assert calls == {"fp32": 2, "bf16": 2}  # one warm-up and one timed step each, not 7 rounds
+    assert out["probe_seconds"] == pytest.approx(2.1)
 
 
 def test_amp_probe_is_cached_per_machine_and_model_shape(monkeypatch, tmp_path):

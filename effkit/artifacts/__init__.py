@@ -236,18 +236,51 @@ def write_meta(folder: Path, stage: str, config: dict[str, Any], metrics: dict[s
     return meta
 
 
+TOKENIZER_FILES = ("tokenizer.json", "vocab.json")  # a fast tokenizer, or GPT-2's byte-level BPE files
+IMPORT_BLOCK_SIZE = 128  # held-out and fine-tuning blocks of an imported model (capped by its context)
+
+
+def hf_gpt2_config(folder: Path) -> dict[str, Any]:
+    """The config of a plain Hugging Face GPT-2 folder (one effkit did not write), checked: a GPT-2 with its
+    tokenizer beside it. A one-line error says what is missing otherwise."""
+    folder = Path(folder)
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        raise EffkitError(f"{folder} is neither an effkit artifact (no {META}) nor a Hugging Face model folder (no "
+                          "readable config.json); give a folder written by effkit or by save_pretrained") from None
+    if config.get("model_type") != "gpt2":
+        raise EffkitError(f"{folder} holds a {config.get('model_type') or 'model of no model_type'}; effkit compresses "
+                          "GPT-2 models (model_type gpt2)")
+    if not any((folder / f).is_file() for f in TOKENIZER_FILES):
+        raise EffkitError(f"{folder} has no tokenizer (tokenizer.json, or vocab.json and merges.txt); save it beside "
+                          "the model: tokenizer.save_pretrained(folder)")
+    return config
+
+
 def read_meta(folder: Path) -> dict[str, Any]:
+    """`effkit.json` of an artifact; for a plain Hugging Face GPT-2 folder, what effkit knows of it (stage
+    `import`: no parent, no config, evaluated on the built-in corpus unless a stage is given --data)."""
     path = Path(folder) / META
     if not path.is_file():
-        raise EffkitError(f"{folder} is not an effkit artifact (no {META}); give a folder written by effkit")
+        config = hf_gpt2_config(folder)
+        block = min(IMPORT_BLOCK_SIZE, int(config.get("n_positions", IMPORT_BLOCK_SIZE)))
+        return {"stage": "import", "parent": None, "config": {}, "metrics": {}, "source_model": str(folder),
+                "data": {"source": "builtin", "block_size": block, "vocab_size": int(config.get("vocab_size", 0))}}
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise EffkitError(f"{path} is corrupt ({e}); re-run the stage that wrote it") from None
 
 
-def data_section(path: Path) -> dict[str, Any]:
-    """The data section of an artifact (for artifacts of older effkit versions: its train ancestor's config)."""
+def data_section(path: Path, data: str = "") -> dict[str, Any]:
+    """The data section of an artifact (for artifacts of older effkit versions: its train ancestor's config), with
+    its corpus replaced by `data` when given (a stage's --data)."""
+    section = _data_section(path)
+    return {**section, "source": data} if data else section
+
+
+def _data_section(path: Path) -> dict[str, Any]:
     for _ in range(50):
         meta = read_meta(path)
         if "data" in meta:
@@ -264,10 +297,31 @@ def dir_size(folder: Path) -> int:
     return sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())
 
 
+def looks_like_hub_id(source: str) -> bool:
+    return bool(re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", source)) and not source.startswith((".", "/", "~"))
+
+
+def fetch_hub_model(repo_id: str) -> Path:
+    """A hub model's folder (config, safetensors weights, tokenizer) in the Hugging Face cache: online users only;
+    effkit's defaults and tests never need it."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "*.txt"]))
+    except Exception as e:  # noqa: BLE001 - offline, unknown repo, gated: one line
+        raise EffkitError(f"{repo_id} is not a local folder and could not be fetched from the Hugging Face hub "
+                          f"({type(e).__name__}); give a local GPT-2 folder") from None
+
+
 def resolve_artifact(source: str, runs_dir: str | Path, default_tag: str = "train") -> Path:
-    """`--from PATH`, or the `default_tag` artifact of the latest run; must be an effkit artifact."""
+    """`--from PATH` (an effkit artifact, a plain Hugging Face GPT-2 folder, or a hub id online), or the
+    `default_tag` artifact of the latest run."""
     path = Path(source) if source else latest_run(Path(runs_dir)) / default_tag
     if not path.exists():
-        raise EffkitError(f"artifact {path} does not exist; pass --from PATH to an effkit artifact folder")
+        if source and looks_like_hub_id(source):
+            path = fetch_hub_model(source)
+        else:
+            raise EffkitError(f"artifact {path} does not exist; pass --from PATH to an effkit artifact or a Hugging "
+                              "Face GPT-2 folder")
     read_meta(path)
     return path

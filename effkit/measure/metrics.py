@@ -303,6 +303,23 @@ def latency_stats(rounds: list[list[float]]) -> dict[str, float]:
             "samples": len(times)}
 
 
+def memory_bandwidth(mbytes: int = 128, repeats: int = 7) -> tuple[float, str]:
+    """Bytes per second this machine streams through a fp32 matrix-vector product whose matrix (`mbytes` MB) is far
+    larger than the caches: the ceiling of batch-1 decoding, which reads every weight once per token. The median of
+    `repeats` timed products after one warm-up; (bytes/s, how)."""
+    cols = 4096
+    w = torch.randn(mbytes * 2**20 // (4 * cols), cols)
+    x = torch.randn(cols)
+    times = []
+    for _ in range(repeats + 1):
+        t = time.perf_counter()
+        torch.mv(w, x)
+        times.append(time.perf_counter() - t)
+    seconds = sorted(times[1:])[repeats // 2]
+    return w.numel() * 4 / seconds, (f"median of {repeats} fp32 matrix-vector products over a {mbytes} MB matrix "
+                                     f"(torch.mv, {torch.get_num_threads()} threads), after a warm-up")
+
+
 GENERATION_PROMPT = "The state of the Union"
 
 

@@ -20,6 +20,10 @@ from effkit.measure import metrics, stats
 
 PROBE_ROUNDS = 7  # at most; it stops after 2 once the interval excludes 1
 MIN_ROUNDS = 2
+DECISIVE = 2.0  # a first paired round in which one side is this many times slower decides alone
+
+
+
 def probe_key(config, batch: int, block: int) -> str:
     """Machine (CPU model, features, threads, torch) and shape (layers, width, heads, vocabulary, batch, block)."""
     inner = config.n_inner or 4 * config.n_embd
@@ -33,21 +37,30 @@ def choose(timers: dict[str, Callable[[], float]], rounds: int = PROBE_ROUNDS) -
     """Time `fp32` and `bf16` (functions returning seconds per step) interleaved, round by round, stopping once
     (after at least 2 rounds) the interval of their ratio excludes 1; bf16 only if measurably faster."""
     samples: dict[str, list[list[float]]] = {"fp32": [], "bf16": []}
+    decisive = False
     for r in range(rounds):
         one = metrics.interleaved(timers, 1, 1, warmup=1 if r == 0 else 0)
         for name in samples:  # alternate which goes first, as interleaved() rotates
             samples[name] += one[name]
         timers = dict(reversed(list(timers.items())))
+        first = samples["bf16"][0][0] / samples["fp32"][0][0]
+        if r == 0 and not 1 / DECISIVE < first < DECISIVE:  # e.g. bf16 emulated 22x slower: more rounds buy nothing
+            decisive = True
+            break
         if r + 1 >= MIN_ROUNDS and stats.paired_ratio(samples["fp32"], samples["bf16"])["verdict"] != "same":
             break
     cmp = stats.paired_ratio(samples["fp32"], samples["bf16"])
     rounds = cmp["rounds"]
-    return {"picked": "bf16" if cmp["verdict"] == "faster" else "fp32",
+    faster = first < 1 if decisive else cmp["verdict"] == "faster"
+    return {"picked": "bf16" if faster else "fp32", "decided_by_first_round": decisive,
+            "probe_seconds": sum(t for v in samples.values() for rnd in v for t in rnd),
             "bf16_vs_fp32_time": cmp, "fp32_step_s": stats.median_of_rounds(samples["fp32"]),
             "bf16_step_s": stats.median_of_rounds(samples["bf16"]),
             "how": f"forward + backward + AdamW of the model's shape on fixed random tokens, fp32 and bf16 autocast "
-                   f"interleaved ({rounds} rounds after a warm-up step each, stopping after {MIN_ROUNDS} or more "
-                   f"once the 95% interval excludes 1); bf16 is taken only when that interval lies below 1"}
+                   f"interleaved ({rounds} rounds after a warm-up step each, stopping after the first if one side "
+                   f"is more than {DECISIVE:g}x slower, else after {MIN_ROUNDS} or more once the 95% interval "
+                   f"excludes 1); bf16 is taken only when that interval lies below 1 (or the first round has it "
+                   f"{DECISIVE:g}x faster); probe_seconds: the timed steps, warm-up excluded"}
 
 
 def step_seconds(model: torch.nn.Module, batch: int, block: int, dtype: torch.dtype | None) -> Callable[[], float]:

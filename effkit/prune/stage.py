@@ -136,8 +136,9 @@ def finetune_config(cfg: PruneConfig, source: Path, meta: dict[str, Any], data: 
     single process, no evaluations or checkpoints in between."""
     parent = TrainConfig.from_dict(meta["config"])
     trained_in = meta.get("what_ran", {}).get("amp_dtype")  # fine-tune in the precision the parent trained in
+    # a model effkit did not train (no record of its precision) fine-tunes in fp32
     amp = {"fp32": (False, parent.optim.amp_dtype), "bfloat16": (True, "bf16"), "float16": (True, "fp16")}.get(
-        trained_in, (parent.optim.amp, parent.optim.amp_dtype))
+        trained_in, (parent.optim.amp if meta.get("config") else False, parent.optim.amp_dtype))
     return TrainConfig(
         data=data, model=ModelConfig(name=str(source)),
         optim=parent.optim.replace(amp=amp[0], amp_dtype=amp[1],
@@ -156,7 +157,7 @@ def run_prune(cfg: PruneConfig, progress: bool = True) -> dict[str, Any]:
     rt = init_runtime(cfg.device)
     source = artifacts.resolve_artifact(cfg.source, cfg.runs_dir)
     meta = _check_source(source)
-    data_cfg = DataConfig.from_dict(artifacts.data_section(source))
+    data_cfg = DataConfig.from_dict(artifacts.data_section(source, cfg.data))
     layout = RunLayout.of(cfg.runs_dir, cfg.reports_dir, artifacts.run_of(source))
     with artifacts.run_lock(layout.run_dir):
         return _prune(cfg, rt, source, meta, data_cfg, layout, progress)
@@ -171,7 +172,8 @@ def _prune(cfg: PruneConfig, rt: Runtime, source: Path, meta: dict[str, Any], da
     model = copy.deepcopy(dense_model).train()
     pruner = methods.get(cfg.mode)
     structure = pruner.plan(cfg, model)  # before anything is written: a target that removes all or nothing
-    blocks = prepare(data_cfg, tokenizer_from=str(source)).blocks
+    prepared = prepare(data_cfg, tokenizer_from=str(source))
+    blocks = prepared.blocks
     dense = stage_metrics(model, block, None)
     dense_eval = metrics.evaluate(dense_model, blocks.eval, cfg.batch_size, eval_bytes=blocks.eval_bytes)
     dense.update(metrics.eval_summary(dense_eval))
@@ -235,7 +237,8 @@ def _prune(cfg: PruneConfig, rt: Runtime, source: Path, meta: dict[str, Any], da
                      "speedup_projected": m["speedup_projected_from_flops"], "artifact": report["artifact"]})
         parent = report["artifact"]
 
-    return write_prune_report(cfg, layout, rows, dense, rt, block)
+    source_info = {"model": str(source), "data": data_cfg.source, "tokenizer": prepared.tokenizer_source}
+    return write_prune_report(cfg, layout, rows, dense, rt, block, source_info)
 
 
 def round_verdict(cfg: PruneConfig, row: dict[str, Any], dense: dict[str, Any]) -> str:
@@ -251,7 +254,7 @@ def round_verdict(cfg: PruneConfig, row: dict[str, Any], dense: dict[str, Any]) 
 
 
 def write_prune_report(cfg: PruneConfig, layout: RunLayout, rows: list[dict[str, Any]], dense: dict[str, Any],
-                       rt: Runtime, block: int) -> dict[str, Any]:
+                       rt: Runtime, block: int, source: dict[str, str]) -> dict[str, Any]:
     out = layout.report_dir
     verdicts = [round_verdict(cfg, row, dense) for row in rows[1:]]
     last = rows[-1]
@@ -264,7 +267,7 @@ def write_prune_report(cfg: PruneConfig, layout: RunLayout, rows: list[dict[str,
     report = {
         "stage": "prune", "tag": f"prune-{cfg.label}", "mode": cfg.mode, "label": cfg.label, "run": layout.name,
         "artifact": last["artifact"],
-        "config": cfg.to_dict(), "curve": rows, "dense": dense, "verdicts": verdicts,
+        "config": cfg.to_dict(), "source": source, "curve": rows, "dense": dense, "verdicts": verdicts,
         "protocol": {"eval_loss": metrics.EVAL_PROTOCOL + "; " + stats.LOSS_METHOD,
                      "control": ("the dense parent fine-tuned with the same steps, data order and learning rate "
                                  "as each round (cumulative, like the pruned model), one chain per fine-tuning "

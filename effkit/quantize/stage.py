@@ -51,9 +51,7 @@ def write_quantized(folder: Path, backend: str, parent: nn.Module, source: Path,
 def run_quantize(cfg: QuantizeConfig) -> dict[str, Any]:
     cfg = cfg.validate()
     device = init_runtime(cfg.device).device
-    source = Path(cfg.source) if cfg.source else newest_artifact(cfg.runs_dir)
-    if not source.exists():
-        raise EffkitError(f"artifact {source} does not exist; pass --from PATH to an effkit artifact folder")
+    source = artifacts.resolve_artifact(cfg.source, cfg.runs_dir) if cfg.source else newest_artifact(cfg.runs_dir)
     meta = artifacts.read_meta(source)
     if meta["stage"] == "quantize" or is_quantized(source):
         raise EffkitError(f"{source} is already quantized; quantize its parent ({meta.get('parent')}) instead")
@@ -132,7 +130,7 @@ def pick_backend(cfg: QuantizeConfig, device: torch.device, parent: nn.Module, s
 
 
 def _quantize(cfg: QuantizeConfig, device: torch.device, source: Path, run_dir: Path) -> dict[str, Any]:
-    data_section = artifacts.data_section(source)
+    data_section = artifacts.data_section(source, cfg.data)
     data_cfg = DataConfig.from_dict(data_section)
     prepared = prepare(data_cfg, tokenizer_from=str(source))
     tokenizer, eval_blocks, n_bytes = prepared.tokenizer, prepared.blocks.eval, prepared.blocks.eval_bytes
@@ -188,7 +186,8 @@ def _write_and_measure(cfg: QuantizeConfig, device: torch.device, source: Path, 
     report = {
         "stage": "quantize", "tag": tag, "parent": str(source), "run": run_dir.name, "artifact": str(artifact),
         "time": meta_out["time"], "config": cfg.to_dict(), "metrics": m, "verdicts": verdicts,
-        "what_ran": {"device": metrics.describe_device(device), "backend": backend,
+        "what_ran": {"device": metrics.describe_device(device), "backend": backend, "source_model": str(source),
+                     "data": data_section["source"], "tokenizer": prepared.tokenizer_source,
                      "world_size": 1, "parallel": "none", "amp_dtype": "fp32 activations, int8 weights",
                      "quantized_layers": len(description["layers"]), "int8_layers_reloaded": int8_layers,
                      "include_head": description["include_head"], "format": description["format"],

@@ -32,6 +32,7 @@ BUILTIN: dict[str, str] = {
     "bnb": "effkit.quantize.backends.bnb",
     "onnxruntime": "effkit.quantize.backends.onnxruntime",
     "ctranslate2": "effkit.quantize.backends.ctranslate2",
+    "onnxruntime-int4": "effkit.quantize.backends.onnxruntime_int4",
 }
 _REGISTERED: dict[str, Backend] = {}
 

@@ -1,0 +1,98 @@
+"""Decoding on the `gpt2` shape: effkit's exports against the standard converters and the bandwidth bound.
+
+    python benchmarks/decode_gpt2.py [--tokens 256] [--rounds 4] [--out reports/decode-gpt2]
+
+A GPT-2 of the `gpt2` preset shape (12 x 768, context 1024) with random weights and the quickstart's tokenizer
+(vocabulary 8192: 92M parameters) is saved as a plain Hugging Face folder; effkit exports it with past key/values
+to ONNX Runtime int8 (`effkit export --format onnx --int8`) and to CTranslate2 int8 (`--format ctranslate2
+--int8`); `effkit bench --peers` then times all of them with the dense PyTorch model and the peer rows (the same
+weights through CTranslate2's converter and through ONNX Runtime's quantize_dynamic) in the same interleaved
+rounds: prefill at batch 1 and 12, greedy decoding of `--tokens` new tokens at batch 1 and 12. The machine's
+memory bandwidth is measured (a 128 MB fp32 matrix-vector product), and each artifact's batch-1 decode is put
+against the bound bandwidth / weight bytes read per token. Writes `decode.md` and `decode.json` under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+from effkit.artifacts.loader import load_any
+from effkit.bench import run_bench
+from effkit.config import BenchConfig, DataConfig, ExportConfig
+from effkit.data import prepare
+from effkit.export import run_export
+from effkit.measure import metrics, stats
+from effkit.model import build_model
+
+
+def weight_bytes_per_token(path: Path, model) -> tuple[int, str]:
+    """Bytes of weights one decoding step reads: every block matrix and the LM head (the embedding lookup reads
+    one row), at the precision the artifact stores them."""
+    c = model.config
+    inner = c.n_inner or 4 * c.n_embd
+    per_layer = c.n_embd * 3 * c.n_embd + c.n_embd * c.n_embd + 2 * c.n_embd * inner
+    n = c.n_layer * per_layer + c.vocab_size * c.n_embd
+    if "int8" in path.name:
+        return n, "1 byte per block matrix and LM-head weight (int8)"
+    return 4 * n, "4 bytes per block matrix and LM-head weight (fp32)"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--out", default="reports/decode-gpt2")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="effkit-decode-gpt2-"))
+    t0 = time.perf_counter()
+    tokenizer = prepare(DataConfig(vocab_size=8192)).tokenizer  # the quickstart's tokenizer
+    folder = work / "runs" / "gpt2-shape" / "gpt2-random"
+    model = build_model("gpt2", vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    dirs = {"runs_dir": str(work / "runs"), "reports_dir": str(work / "reports")}
+    exported = [run_export(ExportConfig(source=str(folder), format=f, int8=True, latency_rounds=2, latency_repeats=1,
+                                        gen_tokens=8, **dirs))["artifact"] for f in ("onnx", "ctranslate2")]
+    bw, bw_how = metrics.memory_bandwidth()
+    report = run_bench(BenchConfig(paths=(str(folder), *exported), peers=True, rounds=args.rounds, repeats=2,
+                                   gen_tokens=args.tokens, train_steps=1, **dirs), progress=False)
+    lines = [f"# Decoding on the gpt2 shape ({model.config.n_layer} x {model.config.n_embd}, context "
+             f"{model.config.n_positions}, vocabulary {len(tokenizer)}, "
+             f"{sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters, random weights)", "",
+             f"Device: {report['device']}; memory bandwidth {bw / 1e9:.1f} GB/s ({bw_how}).", "",
+             "| artifact | decode b1 tok/s | vs dense | decode b12 tok/s | vs dense | prefill b12 ms | weight bytes "
+             "/ token | b1 bound tok/s | b1 share of bound |", "|---|---|---|---|---|---|---|---|---|"]
+    rows = []
+    for r in report["artifacts"]:
+        path = Path(r["artifact"])
+        m = load_any(path) if path.exists() else model
+        nbytes, how = weight_bytes_per_token(path if path.exists() else Path(r["tag"]), m)
+        bound = bw / nbytes
+        rows.append({**{k: r[k] for k in ("tag", "stage", "decode_tokens_per_s_b1", "decode_tokens_per_s_b12")},
+                     "decode_ratio_b1": r["decode_ratio_b1"], "decode_ratio_b12": r["decode_ratio_b12"],
+                     "prefill_b12_s": r["latency_b12"]["p50_s"], "weight_bytes_per_token": nbytes,
+                     "weight_bytes_how": how, "bound_tokens_per_s_b1": bound,
+                     "share_of_bound_b1": r["decode_tokens_per_s_b1"] / bound, "vs_peers": r.get("vs_peers")})
+        lines.append(f"| {r['tag']} | {r['decode_tokens_per_s_b1']:.1f} | {stats.fmt_ratio(r['decode_ratio_b1'])} | "
+                     f"{r['decode_tokens_per_s_b12']:.1f} | {stats.fmt_ratio(r['decode_ratio_b12'])} | "
+                     f"{r['latency_b12']['p50_s'] * 1e3:.0f} | {nbytes / 1e6:.0f} MB | {bound:.0f} | "
+                     f"{r['decode_tokens_per_s_b1'] / bound:.0%} |")
+    peer_md = (Path(dirs["reports_dir"]) / "gpt2-shape" / "bench.md").read_text()
+    lines += ["", "From effkit bench --peers (same rounds):", "", *peer_md.split("Against the engines", 1)[-1]
+              .split("\n\n", 2)[1].splitlines(), "",
+              f"How measured: {report['protocol']['generation']}; {report['protocol']['latency']}.",
+              f"Wall time {time.perf_counter() - t0:.0f} s."]
+    (out / "decode.md").write_text("\n".join(lines) + "\n")
+    (out / "decode.json").write_text(json.dumps({"bandwidth_bytes_per_s": bw, "bandwidth_how": bw_how, "rows": rows,
+                                                 "bench": report}, indent=2, default=str))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
