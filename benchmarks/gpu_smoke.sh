@@ -69,10 +69,13 @@ for backend in bnb torchao; do
 done
 step "quantize dynamic (CPU: PyTorch's dynamic int8 has no CUDA kernels)"
 effkit quantize --from "$DENSE" --backend dynamic --device cpu --latency-repeats 5 --gen-tokens 16 "${DIRS[@]}"
-step "export onnx int8 (CPU: effkit runs ONNX Runtime's CPU provider; bench on the GPU leaves it out, saying why)"
+step "quantize ctranslate2 (GPU: CTranslate2's PyPI wheel has CUDA kernels; int8_float16 on the GPU)"
+effkit quantize --from "$DENSE" --backend ctranslate2 --compute-type int8_float16 --device cuda --latency-repeats 5 \
+  --gen-tokens 16 "${DIRS[@]}"
+step "export onnx int8 with past key/values (CPU: effkit runs ONNX Runtime's CPU provider; bench on the GPU leaves it out, saying why)"
 effkit export --from "$DENSE" --int8 --latency-repeats 2 --gen-tokens 16 "${DIRS[@]}"
-step "bench every artifact of the run (GPU)"
-effkit bench --run "$RUN" --quick --device cuda "${DIRS[@]}"
+step "bench every artifact of the run with the peer engines (GPU): prefill and decode at batch 1 and 12"
+effkit bench --run "$RUN" --quick --peers --device cuda "${DIRS[@]}"
 step "generate (GPU)"
 effkit generate --from "$DENSE" --max-new-tokens 16 --device cuda
 step "report"

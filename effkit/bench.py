@@ -351,6 +351,8 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
         scratch = Path(tempfile.mkdtemp(dir=run_dir, prefix=".tmp-peers-"))
         try:
             peers, peers_not_run = make_peers(paths[0], scratch)
+            peers_not_run |= {p.name: f"not run: {reason}" for p in peers if (reason := cannot_run_on(p, device))}
+            peers = [p for p in peers if p.name not in peers_not_run]
             return _bench(cfg, device, run_name, paths + peers, progress, {**not_run, **peers_not_run})
         finally:
             shutil.rmtree(scratch, ignore_errors=True)

@@ -76,7 +76,8 @@ def write_artifact(folder: Path, source: Path, config, tokenizer, compute_type: 
             "converter": f"ctranslate2.converters.TransformersConverter(source).convert(out, quantization="
                          f"{WEIGHT_TYPES[compute_type]!r}), ctranslate2 {ctranslate2.__version__}",
             "convert_seconds": time.perf_counter() - t0,
-            "runtime": "ctranslate2.Generator(path, compute_type, intra_threads = torch threads); logits from "
+            "runtime": "ctranslate2.Generator(path, compute_type, intra_threads measured per machine: 1 or torch's "
+                       "thread count, the faster; see ct2_export.intra_threads); logits from "
                        "forward_batch, generation from generate_batch (KV cache, batched)"}
     write_description(folder, desc)
     return desc
@@ -84,6 +85,50 @@ def write_artifact(folder: Path, source: Path, config, tokenizer, compute_type: 
 
 def write_description(folder: Path, desc: dict[str, Any]) -> None:
     (folder / CT2_DESC).write_text(json.dumps(desc, indent=2))
+
+
+def intra_threads(path: Path, compute_type: str, device_type: str, start: list[str]) -> tuple[int, str]:
+    """CTranslate2's OpenMP threads for this machine, measured, not assumed: on the project's 2-core machine two
+    threads decoded 10x slower than one (and their waiting threads slowed every model timed beside them 2x), so
+    effkit times a short greedy decode of this artifact from the token strings `start` with 1 thread and with
+    torch's thread count, keeps the faster, and caches the choice per CPU, thread count, CTranslate2 version and
+    compute type (`~/.cache/effkit/ct2_threads.json`)."""
+    import statistics
+
+    import ctranslate2
+
+    from effkit.data import cache_dir
+    from effkit.measure import metrics
+
+    most = torch.get_num_threads()
+    if device_type != "cpu" or most <= 1:
+        return max(most, 1), "torch's thread count (nothing to choose)"
+    key = f"{metrics.describe_device(torch.device('cpu'))}|{'+'.join(metrics.cpu_flags())}|threads {most}|" \
+          f"ctranslate2 {ctranslate2.__version__}|{compute_type}"
+    cache = cache_dir() / "ct2_threads.json"
+    try:
+        known = json.loads(cache.read_text()) if cache.is_file() else {}
+    except (json.JSONDecodeError, OSError):
+        known = {}  # a corrupt cache is measured again and rewritten
+    if key not in known:
+        rates = {}
+        for n in (1, most):
+            g = ctranslate2.Generator(str(path), device="cpu", compute_type=compute_type, intra_threads=n)
+            times = []
+            for _ in range(4):  # the first is a warm-up
+                t = time.perf_counter()
+                g.generate_batch([start], max_length=32, min_length=32, include_prompt_in_result=False, end_token=[])
+                times.append(time.perf_counter() - t)
+            rates[n] = 32 / statistics.median(times[1:])
+            del g
+        known[key] = {"threads": max(rates, key=rates.get), "tokens_per_s": {str(k): v for k, v in rates.items()}}
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(".tmp")
+        tmp.write_text(json.dumps(known, indent=1))
+        tmp.replace(cache)
+    chosen = known[key]
+    rates = ", ".join(f"{k} thread(s) {v:,.0f} tok/s" for k, v in chosen["tokens_per_s"].items())
+    return int(chosen["threads"]), f"measured on 32 greedy tokens at batch 1 ({rates}), cached per machine"
 
 
 class Ct2CausalLM(nn.Module):
@@ -112,9 +157,12 @@ class Ct2CausalLM(nn.Module):
             raise EffkitError(f"{path} computes in {compute_type}: {reason}")
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.device_type = "cuda" if device is not None and device.type == "cuda" else "cpu"
+        start = self.tokenizer.convert_ids_to_tokens(self.tokenizer("The state of the Union").input_ids)
         try:
+            self.threads, how = intra_threads(path, compute_type, self.device_type, start)
+            self.generation_note = f"CTranslate2 intra_threads {self.threads}: {how}"
             self.generator = ctranslate2.Generator(str(path), device=self.device_type, compute_type=compute_type,
-                                                   intra_threads=torch.get_num_threads())
+                                                   intra_threads=self.threads)
         except Exception as e:  # noqa: BLE001 - a truncated or foreign folder
             raise EffkitError(f"CTranslate2 cannot open {path}: {type(e).__name__}: {str(e)[:160]}; write it again") \
                 from None

@@ -476,19 +476,21 @@ def quantize_int4(src: Path, dst: Path, block_size: int = INT4_BLOCK) -> dict[st
     inits = {i.name: i for i in graph.initializer}
     tied = "own fp32 table (the LM head was not quantized to 4 bits)"
     if "head_Q4" in inits and "head_scales" in inits:
-        packed, scales = numpy_helper.to_array(inits["head_Q4"]), numpy_helper.to_array(inits["head_scales"])
-        vocab = packed.shape[0]
+        vocab = int(inits["head_Q4"].dims[0])
         lookup = next((n for n in graph.node if n.op_type == "Gather" and n.input[0] in inits
                        and list(inits[n.input[0]].dims)[0] == vocab and numpy_helper.to_array(
                            inits[n.input[0]]).dtype == np.float32), None)
-        if lookup is not None:
-            table = lookup.input[0]
-            graph.initializer.append(numpy_helper.from_array(packed.reshape(vocab, -1), "effkit_tied_q4"))
-            graph.initializer.append(numpy_helper.from_array(scales.reshape(vocab, -1), "effkit_tied_scales"))
-            node = helper.make_node("GatherBlockQuantized", ["effkit_tied_q4", lookup.input[1], "effkit_tied_scales"],
+        if lookup is not None:  # the head's own initializers, viewed as (vocab, bytes) and (vocab, blocks)
+            table, p = lookup.input[0], "effkit_tied"
+            graph.initializer.append(numpy_helper.from_array(np.array([vocab, -1], dtype=np.int64), f"{p}_shape"))
+            new = [helper.make_node("Reshape", ["head_Q4", f"{p}_shape"], [f"{p}_q4"]),
+                   helper.make_node("Reshape", ["head_scales", f"{p}_shape"], [f"{p}_scales"]),
+                   helper.make_node("GatherBlockQuantized", [f"{p}_q4", lookup.input[1], f"{p}_scales"],
                                     [lookup.output[0]], domain="com.microsoft", bits=4, block_size=block_size,
-                                    gather_axis=0, quantize_axis=1, name="effkit_tied_embedding")
-            nodes = [node if n is lookup else n for n in graph.node]
+                                    gather_axis=0, quantize_axis=1, name=f"{p}_embedding")]
+            nodes = []
+            for n in graph.node:
+                nodes.extend(new if n is lookup else [n])
             del graph.node[:]
             graph.node.extend(nodes)
             if not any(table in n.input for n in graph.node):

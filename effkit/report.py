@@ -188,16 +188,21 @@ def plot_loss_curves(out: Path) -> Path | None:
 
 
 def plot_comparison(out: Path) -> Path | None:
-    """Held-out loss (95% CI), batch-12 latency relative to the reference (95% CI, paired) and size of every
-    benchmarked artifact, side by side."""
+    """Held-out loss (95% CI), prefill latency at batch 12 and decode tokens/s at batch 1 and 12, each relative to
+    the reference (paired, 95% CI), and size of every benchmarked artifact and peer row, side by side."""
     bench = out / "bench.json"
     if not bench.is_file():
         return None
     rows = json.loads(bench.read_text())["artifacts"]
+    panels = [(key, title) for key, title in (("latency_ratio_b12", "prefill b12 time"),
+                                              ("decode_ratio_b1", "decode b1 tokens/s"),
+                                              ("decode_ratio_b12", "decode b12 tokens/s")) if key in rows[0]]
     plt = pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(13, max(3.0, 0.4 * len(rows) + 1.4)), sharey=True)
+    fig, axes = plt.subplots(1, 2 + len(panels), figsize=(4.2 * (2 + len(panels)), max(3.0, 0.4 * len(rows) + 1.4)),
+                             sharey=True)
     tags = [r["tag"] for r in rows]
-    colors = ["#4c72b0" if r["stage"] == "train" else "#dd8452" if r["stage"] == "prune" else "#55a868" for r in rows]
+    palette = {"train": "#4c72b0", "import": "#4c72b0", "prune": "#dd8452", "peer": "#8c8c8c"}
+    colors = [palette.get(r["stage"], "#55a868") for r in rows]
 
     def err(values, cis):  # matplotlib's xerr: distances below and above each value
         pairs = list(zip(values, cis, strict=True))
@@ -207,14 +212,15 @@ def plot_comparison(out: Path) -> Path | None:
     axes[0].barh(tags, deltas, color=colors, capsize=3,
                  xerr=err(deltas, [[c * 100 for c in r["eval_loss_delta"]["ci95"]] for r in rows]))
     axes[0].axvline(0.0, color="k", lw=0.8)
-    axes[0].set_title(f"Δ held-out loss vs {rows[0]['tag']} (%, paired 95% CI)")
-    ratios = [r["latency_ratio_b12"]["ratio"] for r in rows]
-    axes[1].barh(tags, ratios, color=colors, xerr=err(ratios, [r["latency_ratio_b12"]["ci95"] for r in rows]),
-                 capsize=3)
-    axes[1].axvline(1.0, color="k", lw=0.8)
-    axes[1].set_title(f"latency b12 / {rows[0]['tag']} (paired, 95% CI)")
-    axes[2].barh(tags, [r["size_bytes"] / 2**20 for r in rows], color=colors)
-    axes[2].set_title("size on disk (MiB)")
+    axes[0].set_title(f"Δ held-out loss vs {rows[0]['tag']} (%, paired 95% CI)", fontsize=9)
+    for ax, (key, title) in zip(axes[1:], panels, strict=False):
+        ratios = [r[key]["ratio"] for r in rows]
+        ax.barh(tags, ratios, color=colors, xerr=err(ratios, [r[key]["ci95"] for r in rows]), capsize=3)
+        ax.axvline(1.0, color="k", lw=0.8)
+        better = "lower" if key.startswith("latency") else "higher"
+        ax.set_title(f"{title} / {rows[0]['tag']} ({better} is better)", fontsize=9)
+    axes[-1].barh(tags, [r["size_bytes"] / 2**20 for r in rows], color=colors)
+    axes[-1].set_title("size on disk (MiB); grey: peer engines", fontsize=9)
     for ax in axes:
         ax.grid(axis="x", alpha=0.3)
     axes[0].invert_yaxis()

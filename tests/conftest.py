@@ -53,3 +53,16 @@ def _train_tiny(tmp: Path, corpus_dir: Path, run_name: str) -> str:
                                 batch_size=4, max_steps=4, warmup_steps=1, eval_interval=0, checkpoint_interval=0,
                                 runs_dir=str(tmp / "runs"), reports_dir=str(tmp / "reports"), run_name=run_name)
     return train(cfg, progress=False)["artifact"]
+
+
+def verdict_matches_interval(r: dict, higher_is_better: bool = False) -> bool:
+    """A paired ratio's verdict is the one its 95% interval implies (same: the interval holds 1)."""
+    lo, hi = r["ci95"]
+    expect = "same" if lo <= 1 <= hi else "faster" if (hi < 1) != higher_is_better else "slower"
+    return r["verdict"] == expect
+
+
+def loss_verdict_matches_interval(d: dict) -> bool:
+    """A paired loss delta's verdict is the one its 95% interval implies (same: the interval holds 0)."""
+    lo, hi = d["ci95"]
+    return d["verdict"] == ("same" if lo <= 0 <= hi else "better" if hi < 0 else "worse")

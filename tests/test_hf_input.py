@@ -6,18 +6,21 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from effkit import cli
 from effkit.config import BenchConfig, DataConfig, ExportConfig, PruneConfig, QuantizeConfig
 from effkit.data import prepare
-from effkit.model import build_model
 
 
 @pytest.fixture(scope="module")
 def hf_folder(tmp_path_factory, corpus_dir):
     folder = tmp_path_factory.mktemp("hf") / "my-gpt2"
+    from transformers import GPT2Config, GPT2LMHeadModel
+
     tokenizer = prepare(DataConfig(source=str(corpus_dir), vocab_size=512)).tokenizer
-    model = build_model("gpt2-nano", vocab_size=len(tokenizer))
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_positions=64, n_embd=64, n_layer=2, n_head=2))
     model.save_pretrained(folder)  # plain transformers: Conv1D weights, no effkit.json
     tokenizer.save_pretrained(folder)
     assert not (folder / "effkit.json").exists()

@@ -3,6 +3,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import verdict_matches_interval
 
 from effkit import cli
 from effkit.artifacts.loader import load_any, load_quantized, quantized_layers
@@ -42,7 +43,7 @@ def test_backend_quantizes_reloads_and_stays_close(backend, trained):
     m = report["metrics"]
     if backend == "dynamic":  # --compile: the compiled twins were timed in the same rounds, or say why not
         assert set(m["compiled"]["status"]) == {"fp32", "int8"}
-        assert m["compiled"]["fp32_compiled_vs_fp32_b12"]["verdict"] in ("faster", "slower", "same")
+        assert verdict_matches_interval(m["compiled"]["fp32_compiled_vs_fp32_b12"])
         assert "int8_compiled_vs_int8_b12" in m["compiled"] or m["compiled"]["status"]["int8"].startswith("not run")
     assert report["what_ran"]["backend"] == backend
     assert abs(m["eval_loss_delta_vs_parent"]) < (0.05 if backend.endswith("int4") else 0.02)
@@ -105,11 +106,12 @@ def test_int4_holds_4bit_layers_and_no_fp32_copy_of_the_tied_head(trained):
     graph = onnx.load(str(Path(report["artifact"]) / "model.onnx")).graph
     ops = [n.op_type for n in graph.node]
     assert ops.count("MatMulNBits") == 2 * 4 + 1 and ops.count("GatherBlockQuantized") == 1  # blocks, head, lookup
-    vocab = json.loads((Path(report["artifact"]) / "config.json").read_text())["vocab_size"]
-    fp32_tables = [i.name for i in graph.initializer if i.data_type == onnx.TensorProto.FLOAT and i.dims
-                   and i.dims[0] == vocab]
+    config = json.loads((Path(report["artifact"]) / "config.json").read_text())
+    fp32_tables = [i.name for i in graph.initializer if i.data_type == onnx.TensorProto.FLOAT
+                   and list(i.dims) == [config["vocab_size"], config["n_embd"]]]
     assert fp32_tables == []  # the token embedding is read from the 4-bit head, not kept in fp32 beside it
-    assert report["metrics"]["size_bytes"] < report["metrics"]["parent_fp32"]["size_bytes"] / 3
+    params = json.loads((Path(report["artifact"]) / "onnx.json").read_text())["params"]
+    assert (Path(report["artifact"]) / "model.onnx").stat().st_size < 4 * params / 2  # well under fp32's bytes
 
 
 def test_a_row_pruned_artifact_quantizes(trained, capsys, monkeypatch):

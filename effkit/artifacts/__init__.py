@@ -247,11 +247,12 @@ def hf_gpt2_config(folder: Path) -> dict[str, Any]:
     try:
         config = json.loads((folder / "config.json").read_text())
     except (OSError, json.JSONDecodeError, UnicodeDecodeError):
-        raise EffkitError(f"{folder} is neither an effkit artifact (no {META}) nor a Hugging Face model folder (no "
+        raise EffkitError(f"{folder} is not an effkit artifact (no {META}) and not a Hugging Face model folder (no "
                           "readable config.json); give a folder written by effkit or by save_pretrained") from None
     if config.get("model_type") != "gpt2":
-        raise EffkitError(f"{folder} holds a {config.get('model_type') or 'model of no model_type'}; effkit compresses "
-                          "GPT-2 models (model_type gpt2)")
+        raise EffkitError(f"{folder} is not an effkit artifact (no {META}) and holds a "
+                          f"{config.get('model_type') or 'model of no model_type'}; effkit compresses GPT-2 models "
+                          "(model_type gpt2)")
     if not any((folder / f).is_file() for f in TOKENIZER_FILES):
         raise EffkitError(f"{folder} has no tokenizer (tokenizer.json, or vocab.json and merges.txt); save it beside "
                           "the model: tokenizer.save_pretrained(folder)")

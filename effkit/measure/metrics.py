@@ -370,8 +370,9 @@ def greedy_generate(model, tokenizer, new_tokens: int, prompt: str = GENERATION_
     synchronize(device)
     t = time.perf_counter()
     with frozen:
-        out = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                             use_cache=True, pad_token_id=tokenizer.eos_token_id, **kwargs)
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                             min_new_tokens=new_tokens, do_sample=False, use_cache=True,
+                             pad_token_id=tokenizer.eos_token_id, **kwargs)
     synchronize(device)
     return out[0, ids.shape[1]:], time.perf_counter() - t
 
@@ -387,7 +388,8 @@ def sampled_generate(model, tokenizer, new_tokens: int, prompt: str = GENERATION
     ids = tokenizer(prompt, return_tensors="pt").input_ids.to(device)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(seed)
-        out = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=True,
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                             min_new_tokens=new_tokens, do_sample=True,
                              top_k=top_k, temperature=temperature, use_cache=True,
                              pad_token_id=tokenizer.eos_token_id)
     return out[0, ids.shape[1]:]

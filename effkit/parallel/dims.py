@@ -16,14 +16,42 @@ from effkit.errors import EffkitError
 
 @dataclass(frozen=True)
 class ParallelDims:
+    """Degrees and how data parallelism is done; what to apply is read from the `*_enabled` flags, torchtitan
+    style (`parallelize_gpt2`: split if pp, apply_tp if tp, then FSDP2 if dp_shard else DDP if dp_replicate).
+    `mode` is the CLI's name for the layout, kept for messages and the report."""
+
     mode: str  # none, ddp, fsdp, tp, fsdp+tp, pp, pp+fsdp
     dp: int = 1  # data-parallel degree (replicas or shards)
     tp: int = 1  # tensor-parallel degree
     pp: int = 1  # pipeline stages
+    dp_shard: bool = False  # data parallelism by FSDP2 sharding (also with one shard per stage or tp group)
+    dp_replicate: bool = False  # data parallelism by replicas (DDP, or a hand-written gradient sync)
 
     @property
     def world_size(self) -> int:
         return self.dp * self.tp * self.pp
+
+    @property
+    def enabled(self) -> bool:
+        return self.tp_enabled or self.pp_enabled or self.dp_shard or self.dp_replicate
+
+    @property
+    def tp_enabled(self) -> bool:
+        return self.tp > 1 or self.mode in ("tp", "fsdp+tp")
+
+    @property
+    def pp_enabled(self) -> bool:
+        return self.pp > 1
+
+    def mesh_dims(self) -> list[tuple[str, int]]:
+        """The device mesh's (name, size) dimensions, outermost first: pp, dp (for FSDP, or the data-parallel
+        groups beside pipeline stages), tp; none for plain replicas (DDP uses the world group)."""
+        dims = [("pp", self.pp)] if self.pp_enabled else []
+        if self.dp_shard or self.pp_enabled:
+            dims.append(("dp", self.dp))
+        if self.tp_enabled:
+            dims.append(("tp", self.tp))
+        return dims
 
     def dp_rank(self, rank: int) -> int:
         """The data-parallel rank of global `rank` (its index along the mesh's dp dimension)."""
@@ -62,7 +90,8 @@ class ParallelDims:
         if n_head is not None and n_head % tp:
             raise EffkitError(f"tensor-parallel size {tp} does not divide the model's {n_head} attention heads; "
                               f"choose a tp size that divides {n_head}")
-        return cls(p.mode, dp=world_size // tp, tp=tp)
+        return cls(p.mode, dp=world_size // tp, tp=tp, dp_shard=p.mode in ("fsdp", "fsdp+tp"),
+                   dp_replicate=p.mode == "ddp")
 
     @classmethod
     def _pipeline(cls, p: ParallelConfig, world_size: int, n_layer: int | None) -> ParallelDims:
@@ -82,4 +111,4 @@ class ParallelDims:
                               f"(--microbatches {p.microbatches}, {pp} stages); raise --microbatches or use gpipe")
         if p.tp_size not in (0, 1):
             raise EffkitError(f"--tp-size {p.tp_size} only applies to --parallel tp or fsdp+tp")
-        return cls(p.mode, dp=world_size // pp, pp=pp)
+        return cls(p.mode, dp=world_size // pp, pp=pp, dp_shard=p.mode == "pp+fsdp")

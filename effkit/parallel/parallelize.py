@@ -284,46 +284,43 @@ def parallelize_gpt2(model: nn.Module, dims: ParallelDims, sync: str, amp_dtype:
                      pp_schedule: str = "1f1b", microbatches: int = 1, loss_scale: int = 1) -> Parallelized:
     """Apply `dims` to `model` (already on `rt.device`), torchtitan style: pipeline split first, then tp, then
     data parallelism. `loss_scale`: the gradient-accumulation divisor the pipeline's loss applies."""
-    if dims.mode == "none":
+    if not dims.enabled:
         return Parallelized(model, model, rt, dims)
     if not rt.distributed and not dist.is_initialized():
         raise EffkitError(f"--parallel {dims.mode} needs launched processes; use `effkit train --parallel "
                           f"{dims.mode}`")
     from torch.distributed.device_mesh import init_device_mesh
 
+    mesh = None
+    if names_sizes := dims.mesh_dims():  # built once, every dimension named
+        names, sizes = zip(*names_sizes, strict=True)
+        mesh = init_device_mesh(rt.device.type, sizes, mesh_dim_names=names)
     fsdp_options = {"reshard_after_forward": reshard_after_forward, "cpu_offload": cpu_offload}
-    if dims.mode == "ddp":
-        if sync == "ddp":
-            wrapped = apply_ddp(model)
-            return Parallelized(wrapped, model, rt, dims, no_sync=wrapped.no_sync, applied={"sync": sync})
-        for p in model.parameters():  # identical replicas to start from
-            dist.broadcast(p.data, src=0)
-        return Parallelized(model, model, rt, dims, grad_sync=MANUAL_SYNC[sync], applied={"sync": sync})
-    if dims.mode == "fsdp":
-        mesh = init_device_mesh(rt.device.type, (dims.dp,), mesh_dim_names=("dp",))
-        apply_fsdp(model, mesh, amp_dtype, reshard_after_forward, cpu_offload)
-        return Parallelized(model, model, rt, dims, no_sync=lambda: fsdp_no_sync(model),
-                            applied={"fsdp": fsdp_options})
-    if dims.mode == "tp":
-        mesh = init_device_mesh(rt.device.type, (dims.tp,), mesh_dim_names=("tp",))
-        apply_tp(model, mesh)
-        return Parallelized(model, model, rt, dims)
-    if dims.mode in ("pp", "pp+fsdp"):
-        mesh = init_device_mesh(rt.device.type, (dims.pp, dims.dp), mesh_dim_names=("pp", "dp"))
+    handle: dict[str, Any] = {"applied": {}}
+    root, skeleton, stage = model, None, None
+    if dims.pp_enabled:  # split first: each rank keeps its stage
         with torch.device("meta"):  # the full model's shape, to save the gathered state with
             skeleton = type(model)(model.config)
-        stage = pp.split_stage(model, dims, rt.rank, amp_dtype)
-        applied = {}
-        if dims.mode == "pp+fsdp":  # shard the stage before the schedule sees its parameters
-            apply_fsdp(model, mesh["dp"], amp_dtype, reshard_after_forward, cpu_offload, root=stage)
-            applied = {"fsdp": fsdp_options}
-        pipe = pp.build_pipeline(stage, dims, mesh["pp"], rt.rank, pp_schedule, microbatches, loss_scale)
-        return Parallelized(stage, model, rt, dims, grad_sync=pipe.sync_tied_gradients, pipeline=pipe,
-                            save_as=skeleton, dp_group=mesh["dp"].get_group(), applied=applied)
-    if dims.mode == "fsdp+tp":
-        mesh = init_device_mesh(rt.device.type, (dims.dp, dims.tp), mesh_dim_names=("dp", "tp"))
+        stage = root = pp.split_stage(model, dims, rt.rank, amp_dtype)
+    if dims.tp_enabled:
         apply_tp(model, mesh["tp"])
-        apply_fsdp(model, mesh["dp"], amp_dtype, reshard_after_forward, cpu_offload)
-        return Parallelized(model, model, rt, dims, no_sync=lambda: fsdp_no_sync(model),
-                            dp_group=mesh["dp"].get_group(), applied={"fsdp": fsdp_options})
-    raise EffkitError(f"unknown --parallel {dims.mode!r}")
+    if dims.dp_shard:  # a pipeline stage is sharded before the schedule sees its parameters
+        apply_fsdp(model, mesh["dp"], amp_dtype, reshard_after_forward, cpu_offload, root=stage)
+        handle["applied"]["fsdp"] = fsdp_options
+        if not dims.pp_enabled:
+            handle["no_sync"] = lambda: fsdp_no_sync(model)
+    elif dims.dp_replicate:
+        handle["applied"]["sync"] = sync
+        if sync == "ddp":
+            root = apply_ddp(model)
+            handle["no_sync"] = root.no_sync
+        else:
+            for p in model.parameters():  # identical replicas to start from
+                dist.broadcast(p.data, src=0)
+            handle["grad_sync"] = MANUAL_SYNC[sync]
+    if mesh is not None and "dp" in mesh.mesh_dim_names and (dims.pp_enabled or dims.tp_enabled):
+        handle["dp_group"] = mesh["dp"].get_group()
+    if dims.pp_enabled:
+        pipe = pp.build_pipeline(stage, dims, mesh["pp"], rt.rank, pp_schedule, microbatches, loss_scale)
+        handle.update(grad_sync=pipe.sync_tied_gradients, pipeline=pipe, save_as=skeleton)
+    return Parallelized(root, model, rt, dims, **handle)
