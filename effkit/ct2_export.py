@@ -158,6 +158,7 @@ class Ct2CausalLM(nn.Module):
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.device_type = "cuda" if device is not None and device.type == "cuda" else "cpu"
         start = self.tokenizer.convert_ids_to_tokens(self.tokenizer("The state of the Union").input_ids)
+        torch_threads = torch.get_num_threads()
         try:
             self.threads, how = intra_threads(path, compute_type, self.device_type, start)
             self.generation_note = f"CTranslate2 intra_threads {self.threads}: {how}"
@@ -166,6 +167,10 @@ class Ct2CausalLM(nn.Module):
         except Exception as e:  # noqa: BLE001 - a truncated or foreign folder
             raise EffkitError(f"CTranslate2 cannot open {path}: {type(e).__name__}: {str(e)[:160]}; write it again") \
                 from None
+        finally:
+            # CTranslate2 sets the OpenMP thread count of the calling thread, which is PyTorch's too: put it back,
+            # or every PyTorch model in the process would run on CTranslate2's thread count
+            torch.set_num_threads(torch_threads)
         self.n_params = int(self.description.get("params", 0))
         self.path = path
 

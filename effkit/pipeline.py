@@ -155,8 +155,8 @@ def deliverable(plan: Plan, bench: dict[str, Any]) -> dict[str, Any]:
     path = Path(best["artifact"])
     loss = "ref" if best is ref else stats.fmt_delta(best["eval_loss_delta"]) + f" vs {ref['tag']}"
     if best.get("eval_loss_delta_vs_control"):
-        loss += (f" (of which the dense control, fine-tuned the same way, accounts for the rest: "
-                 f"{stats.fmt_delta(best['eval_loss_delta_vs_control'])} vs that control)")
+        loss += (f" ({stats.fmt_delta(best['eval_loss_delta_vs_control'])} of it against its dense control, the dense "
+                 "model fine-tuned the same way: the rest is what that fine-tuning did)")
     cols = ", ".join(f"{w} " + ("1.00x (reference)" if best is ref else stats.fmt_ratio(best[k]))
                      for w, (k, _) in WORKLOADS.items())
     peers = best.get("vs_peers", {})

@@ -92,7 +92,9 @@ def test_ctranslate2_export_gives_pytorch_greedy_tokens_and_loss(trained, tmp_pa
     assert report["tag"] == "ctranslate2" and report["what_ran"]["weights"] == {"float32": 2 * 4 + 2}
     moved = tmp_path / "ct2"
     shutil.copytree(report["artifact"], moved)  # the folder alone, elsewhere
+    threads = torch.get_num_threads()
     model, parent = load_any(moved), load_model(artifact).eval()
+    assert torch.get_num_threads() == threads  # CTranslate2 sets OpenMP's thread count; PyTorch's is put back
     prompt = blocks[:2, :8]
     with torch.no_grad():
         ref = parent.generate(prompt, max_new_tokens=16, min_new_tokens=16, do_sample=False, use_cache=True,
