@@ -26,7 +26,7 @@ from effkit.config import BenchConfig, DataConfig, ExportConfig
 from effkit.data import prepare
 from effkit.export import run_export
 from effkit.measure import metrics, stats
-from effkit.model import build_model
+from effkit.model import build_model, save_model
 
 
 def weight_bytes_per_token(path: Path, model) -> tuple[int, str]:
@@ -54,8 +54,7 @@ def main() -> None:
     tokenizer = prepare(DataConfig(vocab_size=8192)).tokenizer  # the quickstart's tokenizer
     folder = work / "runs" / "gpt2-shape" / "gpt2-random"
     model = build_model("gpt2", vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id)
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
+    save_model(model, folder, tokenizer)  # a plain Hugging Face folder (Conv1D layout), no effkit.json
     dirs = {"runs_dir": str(work / "runs"), "reports_dir": str(work / "reports")}
     exported = [run_export(ExportConfig(source=str(folder), format=f, int8=True, latency_rounds=2, latency_repeats=1,
                                         gen_tokens=8, **dirs))["artifact"] for f in ("onnx", "ctranslate2")]

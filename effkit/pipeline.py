@@ -188,7 +188,7 @@ def describe(plan: Plan) -> list[dict[str, Any]]:
         t = plan.train
         what = (f"{t.model.name} on {t.data.source}, {t.optim.max_steps} steps, batch {t.optim.batch_size} x "
                 f"{t.data.block_size}, parallel {t.parallel.mode}, "
-                f"amp {t.optim.amp_dtype if t.optim.amp else 'off'}")
+                f"amp {'auto (measured)' if t.optim.amp is None else t.optim.amp_dtype if t.optim.amp else 'off'}")
         entry = {"stage": "train", "what": what, "leaves": str(plan.layout.artifact("train"))}
         if t.parallel.launched:
             p = t.parallel.replace(nproc=nproc_per_node(t.parallel))  # as resolved on this machine
@@ -211,7 +211,9 @@ def describe(plan: Plan) -> list[dict[str, Any]]:
                          "leaves": str(plan.run_dir / ("quantize-<backend>" if wanted == "train"
                                                        else f"<{wanted}>+quantize-<backend>"))})
     if "bench" in st:
-        rows.append({"stage": "bench", "what": "every artifact of the run, one protocol",
+        rows.append({"stage": "bench", "what": "every artifact of the run, one protocol: prefill and decode at batch "
+                                               f"1 and 12{', with the peer engines' if plan.bench.peers else ''}; "
+                                               f"the artifact to ship chosen for {plan.run.optimize_for}",
                      "leaves": str(plan.report_dir / "bench.json")})
     if "report" in st:
         rows.append({"stage": "report", "what": "summary.md with plots", "leaves": str(plan.report_dir / "summary.md")})

@@ -43,6 +43,10 @@ def test_bench_measures_every_artifact_with_a_complete_schema(run_with_artifacts
             assert key in r, (r["tag"], key)
         for stat in ("p50_s", "p90_s", "p99_s", "min_s", "max_s", "spread"):
             assert r["latency_b12"][stat] > 0 or stat == "spread"
+        for b in (1, 12):  # the two workloads, at both batch sizes: prefill (latency) and decode (tokens/s)
+            assert r[f"decode_tokens_per_s_b{b}"] > 0 and r[f"decode_ratio_b{b}"]["rounds"] == r["latency_ratio_b1"][
+                "rounds"]
+        assert r["generation"]["tokens_per_s"] == r["decode_tokens_per_s_b1"]
     quant_row = report["artifacts"][2]
     assert quant_row["train_tokens_per_s_b4"].startswith("not run:")
     assert isinstance(report["artifacts"][0]["train_tokens_per_s_b12"], float)
@@ -124,10 +128,10 @@ def test_bench_bad_input(run_with_artifacts, tmp_path, capsys, monkeypatch):
         assert code == 2 and len(err.splitlines()) == 1 and needle in err, (args, err)
 
 
-def test_bench_with_default_options_on_a_nano_model(run_with_artifacts):
+def test_bench_with_the_default_generation_length_on_a_nano_model(run_with_artifacts):
     """The default generation length (128) exceeds gpt2-nano's context after the prompt: capped, and said."""
     tmp, dirs, _, (dense, pruned, _) = run_with_artifacts
-    report = run_bench(BenchConfig(paths=(dense, pruned), runs_dir=dirs["runs_dir"],
+    report = run_bench(BenchConfig(paths=(dense, pruned), rounds=3, repeats=1, runs_dir=dirs["runs_dir"],
                                    reports_dir=str(tmp / "reports-default")), progress=False)
     ref, row = report["artifacts"]
     assert ref["eval_loss_delta"] == {"delta": 0.0, "ci95": [0.0, 0.0], "verdict": "same", "blocks": 4}
@@ -136,7 +140,7 @@ def test_bench_with_default_options_on_a_nano_model(run_with_artifacts):
         assert r["generation"]["new_tokens"] < 128
         for b in (1, 12):
             ratio = r[f"latency_ratio_b{b}"]
-            assert set(ratio) >= {"ratio", "ci95", "verdict"} and ratio["rounds"] == 8
+            assert set(ratio) >= {"ratio", "ci95", "verdict"} and ratio["rounds"] == 3
             assert verdict_matches_interval(ratio)
         lo, hi = r["eval_loss_ci95"]
         assert lo <= r["eval_loss"] <= hi
