@@ -10,6 +10,7 @@ interval and a verdict (`effkit.measure.stats`).
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 import tempfile
@@ -95,7 +96,7 @@ def make_peers(reference: Path, scratch: Path) -> tuple[list[Path], dict[str, st
     if kind(reference) != "pytorch":
         return [], {tag: f"not run: the reference {reference.name} is not a PyTorch artifact" for tag in PEERS}
     made, not_run = [], {}
-    tokenizer = AutoTokenizer.from_pretrained(reference)
+    tokenizer, model = AutoTokenizer.from_pretrained(reference), load_model(str(reference)).eval()
     data = artifacts.data_section(reference)
     for tag, (engine, how) in PEERS.items():
         reason = (ct2_export.ct2_unavailable(None, "int8") if engine == "CTranslate2"
@@ -106,13 +107,12 @@ def make_peers(reference: Path, scratch: Path) -> tuple[list[Path], dict[str, st
         folder = scratch / tag
         folder.mkdir()
         try:
-            model = load_model(str(reference)).eval()
             if engine == "CTranslate2":
                 desc = ct2_export.write_artifact(folder, reference, model.config, tokenizer, "int8")
                 desc["params"] = sum(p.numel() for p in model.parameters())
                 ct2_export.write_description(folder, desc)
             else:
-                desc = onnx_export.write_artifact(folder, model, tokenizer, int8=True, fused=False,
+                desc = onnx_export.write_artifact(folder, copy.deepcopy(model), tokenizer, int8=True, fused=False,
                                                   standard_int8=True)
         except EffkitError as e:
             not_run[tag] = f"not run: {e}"

@@ -97,7 +97,6 @@ def intra_threads(path: Path, compute_type: str, device_type: str, start: list[s
 
     import ctranslate2
 
-    from effkit.data import cache_dir
     from effkit.measure import metrics
 
     most = torch.get_num_threads()
@@ -105,12 +104,8 @@ def intra_threads(path: Path, compute_type: str, device_type: str, start: list[s
         return max(most, 1), "torch's thread count (nothing to choose)"
     key = f"{metrics.describe_device(torch.device('cpu'))}|{'+'.join(metrics.cpu_flags())}|threads {most}|" \
           f"ctranslate2 {ctranslate2.__version__}|{compute_type}"
-    cache = cache_dir() / "ct2_threads.json"
-    try:
-        known = json.loads(cache.read_text()) if cache.is_file() else {}
-    except (json.JSONDecodeError, OSError):
-        known = {}  # a corrupt cache is measured again and rewritten
-    if key not in known:
+
+    def measure() -> dict[str, Any]:
         rates = {}
         for n in (1, most):
             g = ctranslate2.Generator(str(path), device="cpu", compute_type=compute_type, intra_threads=n)
@@ -121,12 +116,9 @@ def intra_threads(path: Path, compute_type: str, device_type: str, start: list[s
                 times.append(time.perf_counter() - t)
             rates[n] = 32 / statistics.median(times[1:])
             del g
-        known[key] = {"threads": max(rates, key=rates.get), "tokens_per_s": {str(k): v for k, v in rates.items()}}
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_suffix(".tmp")
-        tmp.write_text(json.dumps(known, indent=1))
-        tmp.replace(cache)
-    chosen = known[key]
+        return {"threads": max(rates, key=rates.get), "tokens_per_s": {str(k): v for k, v in rates.items()}}
+
+    chosen, _ = metrics.machine_cached("ct2_threads", key, measure)
     rates = ", ".join(f"{k} thread(s) {v:,.0f} tok/s" for k, v in chosen["tokens_per_s"].items())
     return int(chosen["threads"]), f"measured on 32 greedy tokens at batch 1 ({rates}), cached per machine"
 

@@ -60,17 +60,28 @@ def cpu_has_native_bf16() -> bool:
     return bool({"avx512_bf16", "amx_bf16"} & set(cpu_flags()))
 
 
+def machine_cached(name: str, key: str, measure: Callable[[], Any]) -> tuple[Any, bool]:
+    """`measure()`'s result, measured once per `key` (machine, versions, shape) and kept in `<cache>/<name>.json`
+    (written atomically; a corrupt file is measured again); (result, whether it came from the cache)."""
+    path = cache_dir() / f"{name}.json"
+    try:
+        cache = json.loads(path.read_text()) if path.is_file() else {}
+    except (json.JSONDecodeError, OSError, UnicodeDecodeError):
+        cache = {}
+    if key in cache:
+        return cache[key], True
+    cache[key] = measure()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(cache, indent=1))
+    tmp.replace(path)
+    return cache[key], False
+
+
 def cpu_peak_flops(dtype: torch.dtype, n: int = 1024, repeats: int = 10) -> tuple[float, str]:
     """Measured square-GEMM FLOP/s on this CPU with the current thread count, cached per machine."""
-    key = f"{describe_device(torch.device('cpu'))}|{dtype}|{n}|torch {torch.__version__}"
-    path = cache_dir() / "cpu_peak.json"
-    cache = {}
-    if path.is_file():
-        try:
-            cache = json.loads(path.read_text())
-        except json.JSONDecodeError:
-            cache = {}
-    if key not in cache:
+
+    def measure() -> float:
         a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
         for _ in range(3):
             a @ b
@@ -79,9 +90,11 @@ def cpu_peak_flops(dtype: torch.dtype, n: int = 1024, repeats: int = 10) -> tupl
             t = time.perf_counter()
             a @ b
             best = min(best, time.perf_counter() - t)
-        cache[key] = 2 * n**3 / best
-        path.write_text(json.dumps(cache, indent=1))
-    return cache[key], f"measured {n}x{n} {str(dtype).removeprefix('torch.')} GEMM peak on this CPU (cached)"
+        return 2 * n**3 / best
+
+    key = f"{describe_device(torch.device('cpu'))}|{dtype}|{n}|torch {torch.__version__}"
+    peak, _ = machine_cached("cpu_peak", key, measure)
+    return peak, f"measured {n}x{n} {str(dtype).removeprefix('torch.')} GEMM peak on this CPU (cached)"
 
 
 def peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[float | None, str]:

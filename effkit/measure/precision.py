@@ -9,13 +9,11 @@ torch version and shape, like the GEMM peak, and every report says what was meas
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from effkit.data import cache_dir
 from effkit.measure import metrics, stats
 
 PROBE_ROUNDS = 7  # at most; it stops after 2 once the interval excludes 1
@@ -74,19 +72,8 @@ def cpu_choice(model: torch.nn.Module, batch: int, block: int,
     """The cached choice for this machine and shape, measured on `model` the first time (`measure` overrides
     the measurement, for tests)."""
     key = probe_key(model.config, batch, block)
-    path = cache_dir() / "amp_probe.json"
-    try:
-        cache = json.loads(path.read_text()) if path.is_file() else {}
-    except (json.JSONDecodeError, OSError):
-        cache = {}  # a corrupt cache is measured again and rewritten
-    if key not in cache:
-        if measure is None:
-            measure = lambda: choose({"fp32": step_seconds(model, batch, block, None),  # noqa: E731
-                                      "bf16": step_seconds(model, batch, block, torch.bfloat16)})
-        cache[key] = {**measure(), "cpu_flags": metrics.cpu_flags()}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(cache, indent=1))
-        tmp.replace(path)
-        return {**cache[key], "key": key, "cached": False}
-    return {**cache[key], "key": key, "cached": True}
+    if measure is None:
+        measure = lambda: choose({"fp32": step_seconds(model, batch, block, None),  # noqa: E731
+                                  "bf16": step_seconds(model, batch, block, torch.bfloat16)})
+    choice, cached = metrics.machine_cached("amp_probe", key, lambda: {**measure(), "cpu_flags": metrics.cpu_flags()})
+    return {**choice, "key": key, "cached": cached}
