@@ -195,8 +195,14 @@ def test_bad_export_input(trained, capsys, monkeypatch):
     onnx8 = tmp / "runs" / "x" / "onnx-int8"
     if not onnx8.is_dir():
         run_export_cfg(ecfg(tmp, artifact, int8=True))
+    ct2 = tmp / "runs" / "x" / "ctranslate2"
+    if not ct2.is_dir():
+        run_export_cfg(ecfg(tmp, artifact, format="ctranslate2"))
+    capsys.readouterr()  # the export's own progress output is not what is checked below
     dirs = ["--runs-dir", str(tmp / "runs"), "--reports-dir", str(tmp / "reports")]
-    for args, says in ((["quantize", "--from", str(onnx8)], "is an ONNX artifact"),
+    for args, says in ((["quantize", "--from", str(ct2)], "is a CTranslate2 artifact"),
+                       (["prune", "--from", str(ct2)], "is a CTranslate2 artifact"),
+                       (["quantize", "--from", str(onnx8)], "is an ONNX artifact"),
                        (["prune", "--from", str(onnx8)], "is an ONNX artifact"),
                        (["train", "--model", str(onnx8), "--max-steps", "1"], "is an ONNX artifact"),
                        (["export", "--from", str(onnx8)], "export a dense or pruned PyTorch artifact"),

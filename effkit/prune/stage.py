@@ -18,6 +18,7 @@ import torch
 
 from effkit import artifacts
 from effkit.artifacts import RunLayout, prune_tag
+from effkit.artifacts.loader import kind
 from effkit.config import DataConfig, ModelConfig, ParallelConfig, PruneConfig, TrainConfig
 from effkit.data import prepare
 from effkit.errors import EffkitError
@@ -124,8 +125,9 @@ class ControlArm:
 
 def _check_source(path: Path) -> dict[str, Any]:
     meta = artifacts.read_meta(path)
-    if meta["stage"] == "quantize":
-        raise EffkitError(f"{path} is a quantized artifact; prune the model it came from "
+    if meta["stage"] == "quantize" or kind(path) != "pytorch":
+        name = {"onnx": "an ONNX", "ctranslate2": "a CTranslate2"}.get(kind(path), "a quantized")
+        raise EffkitError(f"{path} is {name} artifact; prune the model it came from "
                           f"({meta.get('parent') or 'its parent'}) and quantize afterwards")
     return meta
 

@@ -1,6 +1,6 @@
 """`effkit quantize`: int8 through one of the registered backends (`effkit.quantize.backends`), behind one
 interface. `auto` builds every backend that runs here, keeps those within 1% of the parent's held-out loss, and
-picks the fastest at batch 12.
+picks the fastest at `--optimize-for` (greedy decoding at batch 1 by default).
 
 Every artifact is written first and then reloaded from its folder alone (`effkit.artifacts.loader`); the reloaded
 model is the one measured, and the report counts the int8 layers it really holds. Each backend's module says
@@ -55,9 +55,10 @@ def run_quantize(cfg: QuantizeConfig) -> dict[str, Any]:
     meta = artifacts.read_meta(source)
     if meta["stage"] == "quantize" or is_quantized(source):
         raise EffkitError(f"{source} is already quantized; quantize its parent ({meta.get('parent')}) instead")
-    if kind(source) == "onnx":
-        raise EffkitError(f"{source} is an ONNX artifact; quantize its parent ({meta.get('parent')}), with "
-                          "--backend onnxruntime for ONNX int8")
+    if kind(source) in ("onnx", "ctranslate2"):
+        engine = "an ONNX" if kind(source) == "onnx" else "a CTranslate2"
+        raise EffkitError(f"{source} is {engine} artifact; quantize its parent ({meta.get('parent')}), with "
+                          "--backend onnxruntime or ctranslate2")
     if cfg.backend != "auto":
         if reason := backends.unavailable(cfg.backend, device):
             raise EffkitError(f"--backend {cfg.backend} cannot run here: {reason}")
