@@ -108,9 +108,8 @@ def make_peers(reference: Path, scratch: Path) -> tuple[list[Path], dict[str, st
         folder.mkdir()
         try:
             if engine == "CTranslate2":
-                desc = ct2_export.write_artifact(folder, reference, model.config, tokenizer, "int8")
-                desc["params"] = sum(p.numel() for p in model.parameters())
-                ct2_export.write_description(folder, desc)
+                desc = ct2_export.write_artifact(folder, reference, model.config, tokenizer, "int8",
+                                                 sum(p.numel() for p in model.parameters()))
             else:
                 desc = onnx_export.write_artifact(folder, copy.deepcopy(model), tokenizer, int8=True, fused=False,
                                                   standard_int8=True)

@@ -52,7 +52,7 @@ def is_ct2(path: str | Path) -> bool:
     return (Path(path) / CT2_DESC).is_file()
 
 
-def write_artifact(folder: Path, source: Path, config, tokenizer, compute_type: str) -> dict[str, Any]:
+def write_artifact(folder: Path, source: Path, config, tokenizer, compute_type: str, params: int) -> dict[str, Any]:
     """Convert the Hugging Face GPT-2 folder `source` with CTranslate2's converter into `folder` (weights stored
     as `compute_type` needs them), with the tokenizer and the source's config; returns the description written
     to ctranslate2.json."""
@@ -73,18 +73,15 @@ def write_artifact(folder: Path, source: Path, config, tokenizer, compute_type: 
     tokenizer.save_pretrained(folder)
     (folder / HF_CONFIG).write_text(config.to_json_string())
     desc = {"format": "ctranslate2", "compute_type": compute_type, "weights": WEIGHT_TYPES[compute_type],
+            "params": params,
             "converter": f"ctranslate2.converters.TransformersConverter(source).convert(out, quantization="
                          f"{WEIGHT_TYPES[compute_type]!r}), ctranslate2 {ctranslate2.__version__}",
             "convert_seconds": time.perf_counter() - t0,
             "runtime": "ctranslate2.Generator(path, compute_type, intra_threads measured per machine: 1 or torch's "
                        "thread count, the faster; see ct2_export.intra_threads); logits from "
                        "forward_batch, generation from generate_batch (KV cache, batched)"}
-    write_description(folder, desc)
-    return desc
-
-
-def write_description(folder: Path, desc: dict[str, Any]) -> None:
     (folder / CT2_DESC).write_text(json.dumps(desc, indent=2))
+    return desc
 
 
 def intra_threads(path: Path, compute_type: str, device_type: str, start: list[str]) -> tuple[int, str]:

@@ -45,9 +45,8 @@ def write(cfg: ExportConfig, folder: Path, source: Path, parent, tokenizer) -> t
             "fused_operators": desc.get("fused_operators", "not applied (--fuse to apply)"),
             "int8_operators": desc.get("int8", {})}
     compute_type = "int8" if cfg.int8 else "float32"
-    desc = ct2_export.write_artifact(folder, source, parent.config, tokenizer, compute_type)
-    desc["params"] = sum(p.numel() for p in parent.parameters())
-    ct2_export.write_description(folder, desc)
+    desc = ct2_export.write_artifact(folder, source, parent.config, tokenizer, compute_type,
+                                     sum(p.numel() for p in parent.parameters()))
     model = ct2_export.Ct2CausalLM(folder)
     return desc, model, {"precision": compute_type, "runtime": desc["runtime"], "exporter": desc["converter"],
                          "weights": ct2_export.weight_dtypes(folder)}

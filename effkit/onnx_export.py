@@ -134,7 +134,8 @@ def empty_past(config, batch: int) -> dict[str, np.ndarray]:
 @contextlib.contextmanager
 def _quiet_exporter():
     """The exporter and the quantizer print pages of notices (missing torchvision, pre-processing advice)."""
-    names = ("torch.onnx", "torch.export", "torch._dynamo", "torch.fx", "onnxscript", "root", "")
+    names = ("torch.onnx", "torch.export", "torch._dynamo", "torch.fx", "onnxscript", "root", "",
+             "onnxruntime.quantization.matmul_nbits_quantizer")
     levels = {n: logging.getLogger(n).level for n in names}
     for n in names:
         logging.getLogger(n).setLevel(logging.ERROR)
@@ -348,6 +349,11 @@ def int8_layers(counts: dict[str, int]) -> int:
     return sum(v for k, v in counts.items() if k in INT8_OPS + INT4_OPS or k.startswith("Gather"))
 
 
+def quantized_layers(model: OnnxCausalLM) -> int:
+    """The quantized operators of a reloaded ONNX artifact's graph (`int8_layers` of its `int8_counts`)."""
+    return int8_layers(int8_counts(model.path / ONNX_FILE))
+
+
 def session(path: Path):
     """An ONNX Runtime CPU session with as many intra-op threads as torch uses, whose idle threads do not spin (so
     comparisons with the models timed beside it are fair)."""
@@ -467,7 +473,6 @@ def quantize_int4(src: Path, dst: Path, block_size: int = INT4_BLOCK) -> dict[st
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     with _quiet_exporter():
-        logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.ERROR)
         quantizer = MatMulNBitsQuantizer(onnx.load(str(src)), block_size=block_size, is_symmetric=True)
         quantizer.process()
         quantizer.model.save_model_to_file(str(dst), use_external_data_format=False)

@@ -160,7 +160,7 @@ def deliverable(plan: Plan, bench: dict[str, Any]) -> dict[str, Any]:
     cols = ", ".join(f"{w} " + ("1.00x (reference)" if best is ref else stats.fmt_ratio(best[k]))
                      for w, (k, _) in WORKLOADS.items())
     peers = best.get("vs_peers", {})
-    peer_key = {"decode-b1": "decode_b1", "decode-b12": "decode_b12", "prefill-b12": "prefill_b12"}[workload]
+    peer_key = workload.replace("-", "_")  # bench.PEER_WORKLOADS names them decode_b1, decode_b12, prefill_b12
     vs_peers = "; ".join(f"vs {p}: " + ", ".join(f"{w} {stats.fmt_ratio(r[w])}" for w in r) for p, r in peers.items())
     line = (f"deliver {best['tag']} (chosen for {workload}): {cols}; size {best['size_ratio']:.2f}x, loss {loss}"
             + (f"; {vs_peers}" if vs_peers else "") + f"; load it: {load_command(path)}, or effkit generate --from "

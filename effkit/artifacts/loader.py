@@ -79,7 +79,7 @@ def quantized_layers(path: str | Path, model: nn.Module) -> int:
     if is_quantized(path):
         return backends.get(backends.description(path)["backend"]).quantized_layers(model)
     if isinstance(model, onnx_export.OnnxCausalLM):
-        return onnx_export.int8_layers(onnx_export.int8_counts(model.path / onnx_export.ONNX_FILE))
+        return onnx_export.quantized_layers(model)
     if isinstance(model, ct2_export.Ct2CausalLM):
         return ct2_export.quantized_layers(model)
     return 0

@@ -8,7 +8,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from effkit import onnx_export
 from effkit.measure import metrics, stats
 
 PROMPT = metrics.GENERATION_PROMPT
@@ -94,9 +93,8 @@ def compare_with_parent(cfg, device: torch.device, parent: nn.Module, model: nn.
          "eval_loss_delta_vs_parent": comparisons["eval_loss_delta"]["delta"],
          "size_ratio_vs_parent": q["size_bytes"] / parent_fp32["size_bytes"]}
     generation = (f"greedy decoding of {new_tokens} new tokens from {PROMPT!r}, fp32 parent and {label} "
-                  f"interleaved ({cfg.latency_rounds} rounds); new tokens / wall time; the PyTorch models use the "
-                  "KV cache" + ("; " + onnx_export.GENERATION_NOTE
-                                if isinstance(model, onnx_export.OnnxCausalLM) else ""))
+                  f"interleaved ({cfg.latency_rounds} rounds); new tokens / wall time; each model decodes with its own "
+                  "KV cache" + (f"; {note}" if (note := getattr(model, "generation_note", None)) else ""))
     protocol = {"eval_loss": metrics.EVAL_PROTOCOL + "; " + stats.LOSS_METHOD,
                 "latency": f"forward of (batch, {block}) random tokens: fp32 parent, parent under bf16 autocast and "
                            f"{label} (reloaded from its folder) "

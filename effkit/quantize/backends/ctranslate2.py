@@ -36,9 +36,8 @@ class CTranslate2:
         return "quantize-ctranslate2" + ("" if cfg.compute_type == "int8" else f"-{cfg.compute_type}")
 
     def write(self, folder: Path, parent: nn.Module, source: Path, tokenizer, cfg, device) -> dict[str, Any]:
-        desc = ct2_export.write_artifact(folder, source, parent.config, tokenizer, cfg.compute_type)
-        desc["params"] = sum(p.numel() for p in parent.parameters())
-        ct2_export.write_description(folder, desc)
+        desc = ct2_export.write_artifact(folder, source, parent.config, tokenizer, cfg.compute_type,
+                                         sum(p.numel() for p in parent.parameters()))
         return {**desc, "include_head": True, "layers": [f"{k} matrices: {v}" for k, v in
                                                          ct2_export.weight_dtypes(folder).items()],
                 "storage": f"CTranslate2 model.bin, weights in {desc['weights']} (the tied embedding / LM head "

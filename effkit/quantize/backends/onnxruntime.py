@@ -41,7 +41,7 @@ class OnnxRuntime:
         return onnx_export.OnnxCausalLM(folder)
 
     def quantized_layers(self, model: nn.Module) -> int:
-        return onnx_export.int8_layers(onnx_export.int8_counts(model.path / onnx_export.ONNX_FILE))
+        return onnx_export.quantized_layers(model)
 
     def load_command(self, folder: Path) -> str:
         return f"onnxruntime.InferenceSession('{folder / onnx_export.ONNX_FILE}')"
