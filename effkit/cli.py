@@ -209,7 +209,8 @@ def prune(
     scope: str = typer.Option(_P.scope, help="weight mode, magnitude: rank globally or per layer"),
     calib_batches: int = typer.Option(_P.calib_batches, help="wanda, taylor, depth: calibration batches"),
     batch_size: int = typer.Option(_P.batch_size, help="fine-tuning batch size (blocks)"),
-    lr: float = typer.Option(_P.lr, help="fine-tuning peak learning rate"),
+    lr: float = typer.Option(_P.lr, help="fine-tuning peak learning rate (0: the parent's final learning rate, "
+                                         "where its training ended)"),
     warmup_steps: int = typer.Option(_P.warmup_steps, help="fine-tuning warm-up steps"),
     seed: int = typer.Option(_P.seed, help="random seed"),
     control: bool = typer.Option(_P.control, "--control/--no-control",

@@ -300,7 +300,7 @@ class PruneConfig(_Section):
     scope: str = "global"  # weight mode, magnitude: global | layer
     calib_batches: int = 4
     batch_size: int = 8
-    lr: float = 3e-4
+    lr: float = 0.0  # fine-tuning peak learning rate; 0 = where the parent's training ended (its final lr)
     warmup_steps: int = 5
     seed: int = 1337
     control: bool = True  # fine-tune the unpruned parent with the same steps: the fair baseline for the loss
@@ -358,7 +358,7 @@ class PruneConfig(_Section):
             raise EffkitError("--batch-size, --calib-batches and --latency-repeats must be at least 1")
         if self.latency_rounds < 2:
             raise EffkitError(f"--latency-rounds must be at least 2 (got {self.latency_rounds})")
-        _finite("lr", self.lr, 0, low_open=True)
+        _finite("lr", self.lr, 0)
         if self.warmup_steps < 0:
             raise EffkitError(f"--warmup-steps must be >= 0 (got {self.warmup_steps})")
         check_device(self.device)

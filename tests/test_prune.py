@@ -185,3 +185,36 @@ def test_a_registered_pruning_method_runs_through_the_stage(trained):
     assert report["tag"] == "prune-fake-rows" and report["curve"][-1]["artifact"].endswith("prune-fake-rows-r1")
     assert report["protocol"]["importance"] == "every other channel"
     assert AutoModelForCausalLM.from_pretrained(report["curve"][-1]["artifact"]).config.n_inner == 128
+
+
+def test_a_distilling_control_is_distilled_from_the_same_teacher_not_plainly_fine_tuned(trained):
+    from pathlib import Path
+
+    from effkit import artifacts
+    from effkit.artifacts import RunLayout
+    from effkit.config import DataConfig
+    from effkit.model import load_model
+    from effkit.parallel import init_runtime
+    from effkit.prune.distill import Distiller
+    from effkit.prune.stage import finetune_config
+    from effkit.train import finetune
+
+    tmp, artifact = trained
+    cfg = prune_cfg(tmp, artifact, mode="row", target=0.25, rounds=1, distill=True)
+    report = run_prune(cfg, progress=False)
+    control = Path(json.loads((Path(report["artifact"]) / "effkit.json").read_text())["metrics"]["control_artifact"])
+    assert control.name.endswith("-kd0.5-T2-r1")  # its own cached chain, apart from the plain controls
+    steps = [float(r["loss"]) for r in csv.DictReader(
+        (tmp / "reports" / "p" / "controls" / f"{control.name}_steps.csv").open())]
+    meta = artifacts.read_meta(Path(artifact))
+    data = DataConfig.from_dict(meta["data"])
+    by_hand = {}
+    for name, distilled in (("kd", True), ("plain", False)):
+        layout = RunLayout.of(tmp / f"{name}-runs", tmp / f"{name}-reports", name)
+        loss = Distiller(load_model(artifact), 0.5, 2.0) if distilled else None
+        finetune(finetune_config(cfg, Path(artifact), meta, data, 1, layout), load_model(artifact),
+                 init_runtime("cpu"), stage="control", tag=name, parent=artifact, loss=loss, progress=False)
+        by_hand[name] = [float(r["loss"]) for r in csv.DictReader(
+            (tmp / f"{name}-reports" / name / f"{name}_steps.csv").open())]
+    assert steps == by_hand["kd"]  # the same loss, step for step
+    assert steps != by_hand["plain"]  # and not a plain fine-tune

@@ -29,7 +29,7 @@ from effkit.prune import methods
 from effkit.prune.distill import Distiller
 from effkit.prune.structure import prunable_linears, sparsity
 from effkit.report import atomic_write_text, plot_prune_curves, write_rows_csv
-from effkit.train import finetune
+from effkit.train import finetune, lr_lambda
 
 LAT_BATCHES = (1, 12)
 
@@ -99,14 +99,17 @@ def paired_latency(dense_model, model, block: int, cfg: PruneConfig) -> dict[str
 
 class ControlArm:
     """The dense parent fine-tuned round after round with exactly the pruned model's fine-tuning (steps, data
-    order, learning rate), kept as artifacts under `runs/<run>/controls/<budget>-r<k>/` and reused."""
+    order, learning rate, and loss: distilled from the same frozen teacher when the pruned rounds are), kept as
+    artifacts under `runs/<run>/controls/<budget>-r<k>/` and reused."""
 
     def __init__(self, cfg: PruneConfig, source: Path, meta: dict[str, Any], data: DataConfig, layout: RunLayout,
-                 rt: Runtime, progress: bool):
+                 rt: Runtime, progress: bool, loss: Distiller | None = None):
         self.cfg, self.source, self.meta, self.data, self.rt, self.progress = cfg, source, meta, data, rt, progress
+        self.loss = loss
         self.layout = RunLayout.of(layout.run_dir, layout.report_dir, "controls")
+        kd = f"-kd{loss.alpha:g}-T{loss.temperature:g}" if loss else ""
         self.budget = (f"control-ft{cfg.finetune_steps}-lr{cfg.lr:g}-b{cfg.batch_size}-w{cfg.warmup_steps}"
-                       f"-s{cfg.seed}")
+                       f"-s{cfg.seed}{kd}")
 
     def artifact(self, round_: int) -> Path:
         return self.layout.artifact(f"{self.budget}-r{round_}") if round_ else self.source
@@ -119,7 +122,7 @@ class ControlArm:
         model = self.after(round_ - 1)
         finetune(finetune_config(self.cfg, self.source, self.meta, self.data, round_, self.layout), model, self.rt,
                  stage="control", tag=path.name, parent=str(self.artifact(round_ - 1)), progress=self.progress,
-                 mark_latest=False)
+                 mark_latest=False, loss=self.loss)
         return model
 
 
@@ -137,6 +140,7 @@ def finetune_config(cfg: PruneConfig, source: Path, meta: dict[str, Any], data: 
     """The fine-tuning of round `round_`: the parent's optimizer settings with the prune options on top,
     single process, no evaluations or checkpoints in between."""
     parent = TrainConfig.from_dict(meta["config"])
+    lr = finetune_lr(cfg, meta)[0]
     trained_in = meta.get("what_ran", {}).get("amp_dtype")  # fine-tune in the precision the parent trained in
     # a model effkit did not train (no record of its precision) fine-tunes in fp32
     amp = {"fp32": (False, parent.optim.amp_dtype), "bfloat16": (True, "bf16"), "float16": (True, "fp16")}.get(
@@ -144,8 +148,8 @@ def finetune_config(cfg: PruneConfig, source: Path, meta: dict[str, Any], data: 
     return TrainConfig(
         data=data, model=ModelConfig(name=str(source)),
         optim=parent.optim.replace(amp=amp[0], amp_dtype=amp[1],
-                                   max_steps=cfg.finetune_steps, max_tokens=0, time_budget=0.0, lr=cfg.lr,
-                                   min_lr=cfg.lr / 10, warmup_steps=cfg.warmup_steps, batch_size=cfg.batch_size,
+                                   max_steps=cfg.finetune_steps, max_tokens=0, time_budget=0.0, lr=lr,
+                                   min_lr=lr / 10, warmup_steps=cfg.warmup_steps, batch_size=cfg.batch_size,
                                    grad_accum=1, seed=cfg.seed + round_),
         parallel=ParallelConfig(threads=parent.parallel.threads),
         run=parent.run.replace(run_name=layout.name, runs_dir=str(layout.runs_dir),
@@ -154,19 +158,40 @@ def finetune_config(cfg: PruneConfig, source: Path, meta: dict[str, Any], data: 
     )
 
 
+IMPORTED_LR = 1e-4  # fine-tuning a model effkit did not train: its schedule is unknown
+
+
+def finetune_lr(cfg: PruneConfig, meta: dict[str, Any]) -> tuple[float, str]:
+    """The fine-tuning learning rate and where it came from: `--lr`, or where the parent's training ended (its
+    schedule's learning rate at its last step), so that fine-tuning continues the training instead of restarting
+    it at a higher rate (which costs the dense model loss: the control measures it)."""
+    if cfg.lr > 0:
+        return cfg.lr, "set by --lr"
+    if not meta.get("config"):
+        return IMPORTED_LR, f"{IMPORTED_LR:g}: the parent was not trained by effkit (no schedule on record); set --lr"
+    o = TrainConfig.from_dict(meta["config"]).optim
+    steps = int(meta.get("metrics", {}).get("steps") or o.max_steps or 0)
+    horizon = o.max_steps or steps
+    lr = o.lr * lr_lambda(o, horizon)(max(0, steps - 1)) if steps else o.min_lr
+    return lr, (f"{lr:.3g}: the parent's learning rate at its last training step ({steps} of {horizon}; peak "
+                f"{o.lr:g}, cosine to {o.min_lr:g})")
+
+
 def run_prune(cfg: PruneConfig, progress: bool = True) -> dict[str, Any]:
     cfg = cfg.validate()
     rt = init_runtime(cfg.device)
     source = artifacts.resolve_artifact(cfg.source, cfg.runs_dir)
     meta = _check_source(source)
+    lr, lr_how = finetune_lr(cfg, meta)
+    cfg = cfg.replace(lr=lr)
     data_cfg = DataConfig.from_dict(artifacts.data_section(source, cfg.data))
     layout = RunLayout.of(cfg.runs_dir, cfg.reports_dir, artifacts.run_of(source))
     with artifacts.run_lock(layout.run_dir):
-        return _prune(cfg, rt, source, meta, data_cfg, layout, progress)
+        return _prune(cfg, rt, source, meta, data_cfg, layout, progress, lr_how)
 
 
 def _prune(cfg: PruneConfig, rt: Runtime, source: Path, meta: dict[str, Any], data_cfg: DataConfig,
-           layout: RunLayout, progress: bool) -> dict[str, Any]:
+           layout: RunLayout, progress: bool, lr_how: str = "set by --lr") -> dict[str, Any]:
     block = data_cfg.block_size
     torch.manual_seed(cfg.seed)
 
@@ -179,17 +204,17 @@ def _prune(cfg: PruneConfig, rt: Runtime, source: Path, meta: dict[str, Any], da
     dense = stage_metrics(model, block, None)
     dense_eval = metrics.evaluate(dense_model, blocks.eval, cfg.batch_size, eval_bytes=blocks.eval_bytes)
     dense.update(metrics.eval_summary(dense_eval))
+    distiller = (Distiller(dense_model, cfg.distill_alpha, cfg.distill_temperature, teacher_name=str(source))
+                 if cfg.distilling else None)
     # without fine-tuning there is no extra training to control for: the dense parent is the control
-    control = ControlArm(cfg, source, meta, data_cfg, layout, rt, progress) if cfg.control and cfg.finetune_steps \
-        else None
+    control = ControlArm(cfg, source, meta, data_cfg, layout, rt, progress, loss=distiller) \
+        if cfg.control and cfg.finetune_steps else None
     cut = pruner.start(cfg, model)
     calib = None
     if pruner.needs_calibration(cfg):
         g = torch.Generator().manual_seed(cfg.seed)
         idx = torch.randperm(len(blocks.train), generator=g)[: cfg.calib_batches * cfg.batch_size]
         calib = list(blocks.train[idx].split(cfg.batch_size))
-    distiller = (Distiller(dense_model, cfg.distill_alpha, cfg.distill_temperature, teacher_name=str(source))
-                 if cfg.distilling else None)
 
     rows: list[dict[str, Any]] = [{"round": 0, "target": 0.0, "achieved_sparsity": dense["achieved_sparsity"],
                                    "block_params_removed": 0.0,
@@ -219,6 +244,9 @@ def _prune(cfg: PruneConfig, rt: Runtime, source: Path, meta: dict[str, Any], da
                 m["control_artifact"] = str(control.artifact(r) if control else source)
                 m["eval_loss_delta_vs_control"] = stats.paired_delta(control_eval["block_losses"],
                                                                      own["block_losses"])
+                # what the fine-tuning alone did to the dense model (the control against its own parent)
+                m["control_eval_loss_delta_vs_dense"] = stats.paired_delta(dense_eval["block_losses"],
+                                                                           control_eval["block_losses"])
             return m
 
         report = finetune(finetune_config(cfg, source, meta, data_cfg, r, layout), model, rt, stage="prune",
@@ -231,6 +259,7 @@ def _prune(cfg: PruneConfig, rt: Runtime, source: Path, meta: dict[str, Any], da
                      "eval_loss": m["eval_loss"], "eval_loss_ci95": m["eval_loss_ci95"],
                      "control_eval_loss": m.get("control_eval_loss"),
                      "eval_loss_delta_vs_control": m.get("eval_loss_delta_vs_control"),
+                     "control_eval_loss_delta_vs_dense": m.get("control_eval_loss_delta_vs_dense"),
                      "eval_loss_delta_vs_dense": m["eval_loss_delta_vs_dense"], "params": m["params"],
                      "flops_per_token": m["flops_per_token_dense" if pruner.structured else
                                           "flops_per_token_nonzero"],
@@ -239,7 +268,8 @@ def _prune(cfg: PruneConfig, rt: Runtime, source: Path, meta: dict[str, Any], da
                      "speedup_projected": m["speedup_projected_from_flops"], "artifact": report["artifact"]})
         parent = report["artifact"]
 
-    source_info = {"model": str(source), "data": data_cfg.source, "tokenizer": prepared.tokenizer_source}
+    source_info = {"model": str(source), "data": data_cfg.source, "tokenizer": prepared.tokenizer_source,
+                   "finetune_lr": lr_how}
     return write_prune_report(cfg, layout, rows, dense, rt, block, source_info)
 
 
@@ -263,6 +293,10 @@ def write_prune_report(cfg: PruneConfig, layout: RunLayout, rows: list[dict[str,
     if not methods.get(cfg.mode).structured and last["latency_ratio_b12"]["verdict"] != "faster":
         verdicts.append("unstructured zeros reduced FLOPs (counting non-zeros) but not latency: dense kernels "
                         "still multiply the zeros; the gain is in compressibility, not speed")
+    if last.get("control_eval_loss_delta_vs_dense"):
+        verdicts.append(stats.summary_of(last["control_eval_loss_delta_vs_dense"], "the control (the dense parent "
+                                         f"fine-tuned the same way, lr {cfg.lr:.3g}) vs the dense parent") +
+                        ": what the fine-tuning alone did, apart from the pruning")
     if not cfg.control:
         verdicts.append("no control arm (--no-control): the loss deltas against the dense parent are confounded "
                         "with the extra fine-tuning steps")
@@ -271,9 +305,10 @@ def write_prune_report(cfg: PruneConfig, layout: RunLayout, rows: list[dict[str,
         "artifact": last["artifact"],
         "config": cfg.to_dict(), "source": source, "curve": rows, "dense": dense, "verdicts": verdicts,
         "protocol": {"eval_loss": metrics.EVAL_PROTOCOL + "; " + stats.LOSS_METHOD,
-                     "control": ("the dense parent fine-tuned with the same steps, data order and learning rate "
-                                 "as each round (cumulative, like the pruned model), one chain per fine-tuning "
-                                 "budget, cached under runs/<run>/controls/") if cfg.control else "not run",
+                     "control": ("the dense parent fine-tuned with the same steps, data order, learning rate "
+                                 "and loss as each round (distilled from the same frozen teacher when the rounds "
+                                 "are; cumulative, like the pruned model), one chain per fine-tuning budget, cached "
+                                 "under runs/<run>/controls/") if cfg.control else "not run",
                      "latency": f"forward of (batch, {block}) random tokens, pruned model and dense parent "
                                 + metrics.INTERLEAVED_PROTOCOL.format(warmup=2, rounds=cfg.latency_rounds,
                                                                       repeats=cfg.latency_repeats)
@@ -282,8 +317,7 @@ def write_prune_report(cfg: PruneConfig, layout: RunLayout, rows: list[dict[str,
                      "distillation": (f"fine-tuning loss (1 - {cfg.distill_alpha}) x cross-entropy + "
                                       f"{cfg.distill_alpha} x T^2 x KL(teacher_T || student_T), T = "
                                       f"{cfg.distill_temperature}, teacher = the frozen dense parent "
-                                      f"({cfg.source}); the control arm stays a plain fine-tune (a dense model "
-                                      "distilled from itself is a plain fine-tune with a smaller step)")
+                                      f"({cfg.source}); the control arm is distilled the same way")
                                      if cfg.distilling else "off",
                      "sparsity": "counted zeros over the Linear weights of the transformer blocks; width and depth: "
                                  "the fraction of transformer-block parameters removed",
