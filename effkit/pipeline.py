@@ -1,8 +1,11 @@
 """`effkit run`: the whole pipeline from one recipe (train -> prune -> quantize -> bench -> report), resumable.
 
 A stage is complete when its artifact folder exists (folders appear by an atomic rename, so existing means
-complete); complete stages are skipped, an interrupted stage starts again from scratch (training resumes from
-its checkpoint), and `--force` redoes everything.
+complete) and the fingerprint it ran with (its recipe section and its parents' fingerprints, in
+`runs/<run>/pipeline.json`) matches the recipe's now: complete stages are skipped; a stage whose recipe section
+or parent changed runs again, with every stage after it, and says so; an interrupted stage starts again from
+scratch (training resumes from its checkpoint when that was made by the same recipe); `--force` redoes
+everything.
 
 `quantize_from` lists what is quantized: `train`, a pruning round, or `best-pruned` (the most compressed round
 within `max_loss_increase` of its dense control), so a run delivers the composed model, pruned and int8. The run
@@ -12,6 +15,7 @@ ends with one line: the fastest artifact within the loss budget, how it compares
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import shlex
 import shutil
@@ -24,6 +28,7 @@ from rich.console import Console
 from effkit import artifacts
 from effkit.artifacts import RunLayout, prune_tag
 from effkit.artifacts.loader import load_command
+from effkit.bench import PEERS as PEER_TAGS
 from effkit.bench import run_bench
 from effkit.checkpoint import Checkpointer
 from effkit.config import (
@@ -112,6 +117,83 @@ def _quantize_done(plan: Plan, source: Path) -> Path | None:
 
 
 BEST_PRUNED = "best-pruned"
+
+
+# ------------------------------------------------------------------------------------------ what is stale
+RECORD = "pipeline.json"  # in the run folder: each stage's fingerprint and the folders it left
+
+
+def quantize_key(plan: Plan, wanted: str) -> str:
+    """How the run names the quantize stage of `wanted` (plain `quantize` when only the dense model is)."""
+    return f"quantize {wanted}" if plan.run.quantize_from != ["train"] else "quantize"
+
+
+def _hash(*parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def fingerprints(plan: Plan) -> dict[str, str]:
+    """Each stage's fingerprint: its recipe section (as resolved, flags included) and its parents' fingerprints,
+    so that a change reaches every stage downstream. Keyed by the stage names the run prints."""
+    st, fp = plan.run.stages, {}
+    t = plan.train.to_dict()
+    t["run"].pop("resume", None)  # how training is continued, not what it makes
+    fp["train"] = _hash("train", t)
+    for mode, c in plan.prune.items():
+        fp[f"prune {mode}"] = _hash("prune", c.to_dict(), fp["train"])
+    pruned = [fp[f"prune {m}"] for m in plan.prune] if "prune" in st else []
+    q = {k: v for k, v in plan.quantize.to_dict().items() if k != "source"}
+    for wanted in plan.run.quantize_from if "quantize" in st else []:
+        branch = artifacts.prune_branch(wanted)
+        parents = ([fp["train"]] if wanted == "train" else [*pruned, plan.run.max_loss_increase]
+                   if wanted == BEST_PRUNED else [fp[f"prune {m}"] for m, c in plan.prune.items()
+                                                  if branch == f"prune-{c.label}"])
+        fp[quantize_key(plan, wanted)] = _hash("quantize", q, parents)
+    fp["bench"] = _hash("bench", plan.bench.to_dict(), sorted(fp.values()))
+    return fp
+
+
+class StageRecord:
+    """`runs/<run>/pipeline.json`: the fingerprint each stage ran with and the folders it left. A complete stage
+    is reused only when its fingerprint matches the recipe's now; otherwise its folders are removed (they lie
+    inside the run folder, which effkit owns) and it runs again."""
+
+    def __init__(self, plan: Plan, console: Console):
+        self.plan, self.console = plan, console
+        self.path = plan.run_dir / RECORD
+        self.now = fingerprints(plan)
+        try:
+            self.stages: dict[str, Any] = json.loads(self.path.read_text()) if self.path.is_file() else {}
+        except (json.JSONDecodeError, OSError):
+            self.stages = {}
+
+    def fresh(self, name: str) -> bool:
+        return self.stages.get(name, {}).get("fingerprint") == self.now[name]
+
+    def stale(self, name: str, also: tuple[Path, ...] = ()) -> bool:
+        """Whether the stage ran with another recipe (or parent): says so in one line and removes what it left
+        (and `also`: what it left that the record may not name, e.g. from an older effkit)."""
+        if self.fresh(name):
+            return False
+        old = self.stages.pop(name, None)
+        why = ("no fingerprint recorded for it (made by an older effkit, or outside `effkit run`)" if old is None
+               else "its recipe section or a stage before it changed since it ran")
+        self.console.print(f"[yellow]{name}[/yellow]: {why}: running it again")
+        owned = [self.plan.run_dir.resolve(), self.plan.report_dir.resolve()]
+        for folder in [*(old or {}).get("outputs", []), *also]:
+            f = Path(folder).resolve()
+            if any(f.is_relative_to(d) and f != d for d in owned):  # only inside this run's folders
+                shutil.rmtree(f, ignore_errors=True) if f.is_dir() else f.unlink(missing_ok=True)
+        self.save()
+        return True
+
+    def done(self, name: str, outputs: list[Path]) -> None:
+        self.stages[name] = {"fingerprint": self.now[name], "outputs": [str(o) for o in outputs]}
+        self.save()
+
+    def save(self) -> None:
+        if self.plan.run_dir.is_dir():
+            artifacts.atomic_write_text(self.path, json.dumps(self.stages, indent=2))
 
 
 def best_pruned(plan: Plan) -> tuple[Path | None, dict[str, Any]]:
@@ -220,6 +302,137 @@ def describe(plan: Plan) -> list[dict[str, Any]]:
     return rows
 
 
+# ------------------------------------------------------------------------------------------ expected time
+# Every stage's work counted in training steps of the recipe (one forward + backward + AdamW step at its batch x
+# block), times the step time measured on this machine after the first training steps. Counts are exact for
+# training and fine-tuning; the measuring work (evaluations, timed rounds, exports) is counted by the operations it
+# runs, with the per-operation weights below (step equivalents); they were read off one quickstart on a 2-core Xeon
+# and are estimates on any other machine: `effkit run` rescales what is left by how the finished stages compared
+# and records predicted against actual in eta.json and the summary.
+FORWARD = 1 / 3  # a forward pass at the training batch, in training steps
+PRUNE_ROUND = 25.0  # per pruning round: calibration, the paired latency, evaluations, saving (steps)
+QUANTIZE = 150.0  # per quantized artifact: conversion or export, loss, latency, generation (steps)
+BENCH_ARTIFACT_ROUND = 10.0  # per artifact per bench round: prefill b1/b12, decode b1/b12 (steps, 128 tokens)
+BENCH_ARTIFACT = 16.0  # per artifact: loading, its held-out loss, a sample, its memory (steps)
+
+
+def stage_work(plan: Plan) -> dict[str, float]:
+    """Each stage's work in training steps of the recipe (see above), keyed by the names the run prints."""
+    st, work = plan.run.stages, {}
+    t = plan.train
+    evals = (t.optim.max_steps // t.run.eval_interval if t.run.eval_interval else 0) + 1
+    eval_steps = -(-t.data.eval_blocks // t.optim.batch_size) * FORWARD
+    if "train" in st:
+        work["train"] = t.optim.max_steps + evals * eval_steps
+    n_artifacts = 1
+    for mode, c in (plan.prune.items() if "prune" in st else []):
+        per_round = c.finetune_steps * (1 + (FORWARD if c.distilling else 0)) * (2 if c.control else 1)
+        work[f"prune {mode}"] = c.rounds * (per_round + PRUNE_ROUND)
+        n_artifacts += c.rounds
+    for wanted in plan.run.quantize_from if "quantize" in st else []:
+        work[quantize_key(plan, wanted)] = QUANTIZE
+        n_artifacts += 1
+    if "bench" in st:
+        b = plan.bench
+        n = n_artifacts + (len(PEER_TAGS) if b.peers else 0)
+        work["bench"] = n * (b.rounds * BENCH_ARTIFACT_ROUND * b.gen_tokens / 128 * b.repeats / 3 + BENCH_ARTIFACT)
+    return work
+
+
+class Eta:
+    """The expected time of every stage on this machine, printed once the training step time is measured and
+    updated as stages finish; written to `eta.json` (predicted at the first estimate against actual)."""
+
+    def __init__(self, plan: Plan, console: Console):
+        self.plan, self.console = plan, console
+        self.work = stage_work(plan)
+        self.step_s: float | None = None
+        self.first: dict[str, float] = {}  # the first prediction, seconds per stage
+        self.actual: dict[str, float] = {}
+        self.skipped: list[str] = []
+        self.start = time.time()
+        self._steps: list[float] = []
+        self.clock = time.perf_counter
+
+    def on_train_step(self, step: int, _loss: float) -> None:
+        """Time the first training steps (after the warm-up ones): the estimate is printed once 20 are seen."""
+        now = self.clock()
+        self._steps.append(now)
+        skip = self.plan.train.run.warmup_steps_excluded
+        if self.step_s is None and len(self._steps) >= skip + 21:
+            gaps = sorted(b - a for a, b in zip(self._steps[skip:-1], self._steps[skip + 1:], strict=True))
+            self.set_step_time(gaps[len(gaps) // 2], f"the median of training steps {skip + 2}-{step}")
+
+    def set_step_time(self, seconds: float, how: str) -> None:
+        if self.step_s is not None or seconds <= 0:
+            return
+        self.step_s, self.how = seconds, how
+        self.first = {k: w * seconds for k, w in self.work.items() if k not in self.skipped}
+        total = sum(self.first.values())
+        parts = ", ".join(f"{k} {_mins(v)}" for k, v in self.first.items())
+        self.console.print(f"[bold]expected on this machine[/bold] (one training step {seconds:.3f} s, {how}): "
+                           f"{parts}; about {_mins(total)} in all, done around "
+                           f"{time.strftime('%H:%M', time.localtime(self.start + total))}")
+
+    def step_time_from_report(self, report: dict[str, Any]) -> None:
+        """The step time from a finished training's report (a launched or an earlier run)."""
+        tps = report.get("metrics", report).get("train_tokens_per_s")
+        if tps:
+            o = self.plan.train
+            self.set_step_time(o.optim.batch_size * o.optim.grad_accum * o.data.block_size / tps,
+                               "from the training report's steady tokens/s")
+
+    def finished(self, name: str, seconds: float, skipped: bool = False) -> None:
+        if skipped:
+            self.skipped += [] if name in self.skipped else [name]
+            return
+        self.actual[name] = seconds
+        if self.step_s is None or name not in self.first:
+            return
+        left = [k for k in self.first if k not in self.actual and k not in self.skipped]
+        if left:
+            rest = self.remaining(left)
+            end = time.strftime("%H:%M", time.localtime(time.time() + sum(rest.values())))
+            self.console.print(f"{name} took {_mins(seconds)} (expected {_mins(self.first[name])}); left: "
+                               + ", ".join(f"{k} {_mins(v)}" for k, v in rest.items()) + f"; done around {end}")
+        self.write()
+
+    def remaining(self, left: list[str]) -> dict[str, float]:
+        """What is left, rescaled by how the finished measuring stages (all but train) compared to their estimate."""
+        done = [k for k in self.actual if k in self.first and k != "train"]
+        scale = (sum(self.actual[k] for k in done) / sum(self.first[k] for k in done)) if done else 1.0
+        return {k: self.first[k] * (1.0 if k == "train" else scale) for k in left}
+
+    def record(self) -> dict[str, Any]:
+        return {"step_time_s": self.step_s, "step_time_how": getattr(self, "how", None),
+                "work_in_steps": self.work, "predicted_s": self.first, "actual_s": self.actual,
+                "skipped": self.skipped,
+                "how": "each stage's work counted in training steps of the recipe (training and fine-tuning steps "
+                       "exactly; evaluations, timed rounds and exports by per-operation weights read off one "
+                       "quickstart on a 2-core Xeon), times the step time measured here; predicted = the first "
+                       "estimate, printed after the first training steps"}
+
+    def write(self) -> None:
+        """eta.json, once a stage has run (a rerun that skips every stage keeps the file of the run that did);
+        stages skipped now keep what an earlier invocation recorded for them."""
+        path = self.plan.report_dir / "eta.json"
+        if self.step_s is None or not self.actual or not self.plan.report_dir.is_dir():
+            return
+        rec = self.record()
+        try:
+            old = json.loads(path.read_text()) if path.is_file() else {}
+        except (json.JSONDecodeError, OSError):
+            old = {}
+        for k in self.skipped:
+            if k in old.get("actual_s", {}) and k in old.get("predicted_s", {}):
+                rec["predicted_s"][k], rec["actual_s"][k] = old["predicted_s"][k], old["actual_s"][k]
+        artifacts.atomic_write_text(path, json.dumps(rec, indent=2))
+
+
+def _mins(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min"
+
+
 def run_pipeline(recipe: str, force: bool = False, dry_run: bool = False, console: Console | None = None) -> dict:
     console = console or Console()
     plan = make_plan(recipe)
@@ -239,39 +452,65 @@ def _run_stages(plan: Plan, steps: list[dict[str, Any]], console: Console) -> di
     t0 = time.perf_counter()
     done: list[str] = []
     total = len(steps)
+    eta = Eta(plan, console)
+    clock = {"t": time.perf_counter()}
 
     def header(i: int, name: str, skipped: bool = False):
         status = "[dim]skipped: already complete[/dim]" if skipped else ""
         console.rule(f"[bold]stage {i}/{total}: {name}[/bold] {status}")
+        clock["t"] = time.perf_counter()
+
+    def finished(name: str, skipped: bool = False, key: str | None = None):
+        done.append(f"{name} (skipped)" if skipped else name)
+        eta.finished(key or name, time.perf_counter() - clock["t"], skipped=skipped)
 
     i = 0
     st = plan.run.stages
+    record = StageRecord(plan, console)
     if "train" in st:
         i += 1
-        if _complete(plan.run_dir / "train"):
+        outputs = [plan.run_dir / "train", plan.run_dir / "checkpoints", plan.layout.report("train")]
+        started = _complete(plan.run_dir / "train") or Checkpointer(plan.layout.checkpoint_dir).exists()
+        if _complete(plan.run_dir / "train") and record.fresh("train"):
             header(i, "train", skipped=True)
-            done.append("train (skipped)")
+            finished("train", skipped=True)
         else:
             header(i, "train")
+            if started:  # an artifact or checkpoint of another recipe is removed (a matching checkpoint resumes)
+                record.stale("train", also=tuple(outputs))
             resume = Checkpointer(plan.layout.checkpoint_dir).exists()
             if resume:
                 console.print("resuming training from its last checkpoint")
-            train_any(plan.train.replace(run=plan.train.run.replace(resume=resume)))
-            done.append("train")
+            record.done("train", outputs)  # before training: a resumed run continues only a matching checkpoint
+            report = train_any(plan.train.replace(run=plan.train.run.replace(resume=resume)),
+                               on_step=eta.on_train_step)
+            record.save()  # the run folder exists now
+            eta.step_time_from_report(report)  # a launched run, or one too short for the in-run estimate
+            finished("train")
+    if "prune" in st:  # complete stages are left out of the estimate (known before it is printed)
+        eta.skipped += [f"prune {m}" for m in plan.prune if _prune_done(plan, m) and record.fresh(f"prune {m}")]
+    if "bench" in st and _bench_done(plan) and record.fresh("bench"):
+        eta.skipped.append("bench")
+    if eta.step_s is None and plan.layout.report("train").is_file():  # trained earlier: its report has the speed
+        eta.step_time_from_report(json.loads(plan.layout.report("train").read_text()))
     if "prune" in st:
         for mode, cfg in plan.prune.items():
             i += 1
-            if _prune_done(plan, mode):
-                header(i, f"prune {mode}", skipped=True)
-                done.append(f"prune {mode} (skipped)")
+            name = f"prune {mode}"
+            outputs = [*(plan.layout.artifact(prune_tag(cfg.label, r)) for r in range(1, cfg.rounds + 1)),
+                       plan.report_dir / f"prune-{cfg.label}.json", plan.run_dir / "controls"]
+            if _prune_done(plan, mode) and not record.stale(name, also=tuple(outputs)):
+                header(i, name, skipped=True)
+                finished(name, skipped=True)
                 continue
-            header(i, f"prune {mode}")
+            header(i, name)
             run_prune(cfg)
-            done.append(f"prune {mode}")
+            record.done(name, outputs)
+            finished(name)
     choice = None
     for wanted in plan.run.quantize_from if "quantize" in st else []:
         i += 1
-        name = f"quantize {wanted}" if plan.run.quantize_from != ["train"] else "quantize"
+        name = key = quantize_key(plan, wanted)
         source = plan.layout.artifact(wanted)
         if wanted == BEST_PRUNED:
             source, choice = best_pruned(plan)
@@ -280,36 +519,41 @@ def _run_stages(plan: Plan, steps: list[dict[str, Any]], console: Console) -> di
                 console.print(f"no pruning round is within {plan.run.max_loss_increase:.1%} of its control: nothing "
                               "to quantize")
                 done.append(f"{name} (none within the loss budget)")
+                eta.finished(key, 0.0, skipped=True)
                 continue
             name = f"{name} ({source.name})"
-        if _quantize_done(plan, source):
+        made = _quantize_done(plan, source)
+        if made and not record.stale(key, also=(made,)):
             header(i, name, skipped=True)
-            done.append(f"{name} (skipped)")
+            finished(name, skipped=True, key=key)
         else:
             header(i, name)
             run_quantize(plan.quantize.replace(source=str(source)))
-            done.append(name)
+            record.done(key, [p for p in [_quantize_done(plan, source)] if p])
+            finished(name, key=key)
     bench_report = None
     if "bench" in st:
         i += 1
-        if _bench_done(plan):
+        if _bench_done(plan) and not record.stale("bench"):
             header(i, "bench", skipped=True)
             bench_report = json.loads((plan.report_dir / "bench.json").read_text())
-            done.append("bench (skipped)")
+            finished("bench", skipped=True)
         else:
             header(i, "bench")
             bench_report = run_bench(plan.bench)
-            done.append("bench")
+            record.done("bench", [])
+            finished("bench")
     ship = None
     if bench_report:
         ship = deliverable(plan, bench_report)
         if choice:
             ship["best_pruned"] = choice
         artifacts.atomic_write_text(plan.report_dir / "deliverable.json", json.dumps(ship, indent=2))
+    eta.write()
     if "report" in st:
         i += 1
         header(i, "report")
         render_run_report(Path(plan.run.reports_dir), plan.run.run_name)
         done.append("report")
     return {"plan": steps, "done": done, "wall_s": time.perf_counter() - t0, "bench": bench_report,
-            "report": str(plan.report_dir / "summary.md"), "deliverable": ship}
+            "report": str(plan.report_dir / "summary.md"), "deliverable": ship, "eta": eta.record()}

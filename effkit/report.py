@@ -109,8 +109,27 @@ def rebuild_summary(out: Path, reports: list[dict[str, Any]] | None = None) -> P
     if (out / "bench.md").is_file():
         lines += ["## Benchmark", "", *(out / "bench.md").read_text().splitlines()[2:], ""]
     lines += [markdown_section(r) for r in reports]
+    if (out / "eta.json").is_file():  # written by `effkit run`
+        lines += eta_section(json.loads((out / "eta.json").read_text()))
     atomic_write_text(out / "summary.md", "\n".join(lines) + "\n")
     return out / "summary.md"
+
+
+def eta_section(eta: dict[str, Any]) -> list[str]:
+    """The run's expected time per stage (printed after the first training steps) against what each took."""
+    lines = ["## Time on this machine: expected against actual", "",
+             f"One training step: {eta['step_time_s']:.3f} s ({eta['step_time_how']}). {eta['how']}.", "",
+             "| stage | expected | actual | actual / expected |", "|---|---|---|---|"]
+    for k, v in eta["predicted_s"].items():
+        a = eta["actual_s"].get(k)
+        lines.append(f"| {k} | {v / 60:.1f} min | " + (f"{a / 60:.1f} min | {a / v:.2f} |" if a is not None else
+                                                       ("skipped (already complete) | |" if k in eta["skipped"]
+                                                        else "not run | |")))
+    done = [k for k in eta["predicted_s"] if k in eta["actual_s"]]
+    if done:
+        e, a = sum(eta["predicted_s"][k] for k in done), sum(eta["actual_s"][k] for k in done)
+        lines.append(f"| all stages run | {e / 60:.1f} min | {a / 60:.1f} min | {a / e:.2f} |")
+    return [*lines, ""]
 
 
 def write_rows_csv(path: Path, rows: list[dict[str, Any]]) -> None:

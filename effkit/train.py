@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -495,12 +496,13 @@ def train_in_processes(cfg: TrainConfig) -> dict[str, Any]:
     return json.loads(layout.report("train").read_text())
 
 
-def train_any(cfg: TrainConfig) -> dict[str, Any]:
+def train_any(cfg: TrainConfig, on_step: Callable[[int, float], None] | None = None) -> dict[str, Any]:
     """`effkit train`: in this process, or in launched processes when a parallel mode or several are asked;
-    the run is locked against a second effkit process meanwhile."""
+    the run is locked against a second effkit process meanwhile. `on_step(step, loss)` is called after every step
+    of an in-process run (launched processes report only at the end)."""
     if not cfg.run.run_name:
         cfg = cfg.replace(run=cfg.run.replace(run_name=artifacts.new_run_name(cfg.model.name)))
-    run = train_in_processes if cfg.parallel.launched else train
+    run = train_in_processes if cfg.parallel.launched else partial(train, on_step=on_step)
     if cfg.parallel.node_rank != 0:  # other nodes write nothing (global rank 0 saves): no lock to take
         return run(cfg)
     with artifacts.run_lock(RunLayout.for_run(cfg.run).run_dir):

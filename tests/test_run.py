@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 from conftest import loss_verdict_matches_interval
+from rich.console import Console
 
 from effkit import cli
-from effkit.pipeline import best_pruned, deliverable, make_plan, run_pipeline
+from effkit.pipeline import Eta, best_pruned, deliverable, make_plan, run_pipeline, stage_work
 
 
 def key_paths(obj, prefix=""):
@@ -98,6 +99,12 @@ def test_tiny_recipe_end_to_end_then_skips(tmp_path, corpus_dir):
     assert ship["best_pruned"]["picked"] == "prune-row-distill-r1"
     summary = (tmp_path / "reports" / "tiny" / "summary.md").read_text()
     assert ship["line"] in summary and "prune-row-distill-r1+quantize-dynamic" in summary
+    eta = first["eta"]  # 4 steps: too few for the in-run estimate, so the training report's speed gives it
+    assert eta["step_time_s"] > 0 and "training report" in eta["step_time_how"]
+    assert set(eta["actual_s"]) == set(eta["predicted_s"]) == {"train", "prune row", "quantize train",
+                                                               "quantize best-pruned", "bench"}
+    assert json.loads((tmp_path / "reports" / "tiny" / "eta.json").read_text())["actual_s"] == eta["actual_s"]
+    assert "## Time on this machine: expected against actual" in summary
     strict = make_plan(str(recipe))
     strict.run = strict.run.replace(max_loss_increase=-1.0)  # no round can be 100% better than its control
     picked, table = best_pruned(strict)
@@ -105,11 +112,43 @@ def test_tiny_recipe_end_to_end_then_skips(tmp_path, corpus_dir):
     second = run_pipeline(str(recipe))
     assert second["done"] == ["train (skipped)", "prune row (skipped)", "quantize train (skipped)",
                               "quantize best-pruned (prune-row-distill-r1) (skipped)", "bench (skipped)", "report"]
+    stale_before = (tmp_path / "runs" / "tiny" / "quantize-dynamic" / "effkit.json").stat().st_mtime_ns
+    recipe.write_text(recipe.read_text().replace('backend = "dynamic"\nlatency_repeats = 2',
+                                                 'backend = "dynamic"\nlatency_repeats = 3'))
+    changed = run_pipeline(str(recipe))  # the quantize section changed: it and what follows run again
+    assert changed["done"] == ["train (skipped)", "prune row (skipped)", "quantize train",
+                               "quantize best-pruned (prune-row-distill-r1)", "bench", "report"]
+    assert (tmp_path / "runs" / "tiny" / "quantize-dynamic" / "effkit.json").stat().st_mtime_ns != stale_before
+    assert json.loads((tmp_path / "runs" / "tiny" / "quantize-dynamic" / "effkit.json").read_text())[
+        "config"]["latency_repeats"] == 3
     only_train = recipe.read_text().replace('run_name = "tiny"', 'run_name = "tiny"\nstages = ["train"]')
     recipe.write_text(only_train)
     forced = run_pipeline(str(recipe), force=True)
     assert forced["done"] == ["train"]  # redone, although complete
     assert not (tmp_path / "runs" / "tiny" / "prune-row-distill-r1").exists()  # --force starts the run afresh
+
+
+def test_the_expected_time_is_the_measured_step_time_times_each_stages_work_rescaled_as_stages_finish(
+        tmp_path, corpus_dir):
+    plan = make_plan(str(write_recipe(tmp_path, corpus_dir)))
+    printed = Console(file=__import__("io").StringIO(), width=400)
+    eta = Eta(plan, printed)
+    # warm-up steps of 3 s (left out), then steps of 0.5 s with one slow (evaluating) step among them
+    times = iter([0.0] + [3.0 * i for i in range(1, 6)] + [15 + 0.5 * i for i in range(1, 30)])
+    eta.clock = lambda: next(times)
+    for step in range(1, 26):
+        eta.on_train_step(step, 1.0)
+    assert eta.step_s is None  # 20 steady steps are not yet seen
+    eta.on_train_step(26, 1.0)
+    assert eta.step_s == pytest.approx(0.5)
+    work = stage_work(plan)
+    assert eta.first == pytest.approx({k: 0.5 * w for k, w in work.items()})
+    assert "one training step 0.500 s" in printed.file.getvalue()
+    eta.finished("train", 100.0)
+    eta.finished("prune row", 2 * eta.first["prune row"])  # twice as long as expected: what is left doubles
+    assert eta.remaining(["quantize", "bench"]) == pytest.approx({"quantize": 2 * eta.first["quantize"],
+                                                                  "bench": 2 * eta.first["bench"]})
+    assert "prune row took" in printed.file.getvalue()
 
 
 def _row(tag, prefill, decode_b1, loss, vs_control=None, stage="quantize"):
