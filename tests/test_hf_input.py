@@ -42,6 +42,7 @@ def test_a_plain_hugging_face_folder_goes_through_every_stage(hf_folder, corpus_
                                    finetune_steps=1, batch_size=4, latency_repeats=1, latency_rounds=2,
                                    control=False, **dirs(tmp_path)), progress=False)
     assert pruned["source"] == {"model": str(hf_folder), "data": data, "tokenizer": f"pretrained:{hf_folder}"}
+    assert "not trained by effkit" in pruned["protocol"]["finetune_lr"]  # no schedule to continue: says so
     q = run_quantize(QuantizeConfig(source=str(hf_folder), data=data, backend="dynamic", latency_rounds=2,
                                     latency_repeats=1, gen_tokens=4, batch_size=4, **dirs(tmp_path)))
     assert q["tag"] == "quantize-dynamic" and q["what_ran"]["source_model"] == str(hf_folder)

@@ -204,6 +204,7 @@ def test_a_distilling_control_is_distilled_from_the_same_teacher_not_plainly_fin
     report = run_prune(cfg, progress=False)
     control = Path(json.loads((Path(report["artifact"]) / "effkit.json").read_text())["metrics"]["control_artifact"])
     assert control.name.endswith("-kd0.5-T2-r1")  # its own cached chain, apart from the plain controls
+    assert "the parent's learning rate at its last training step" in report["protocol"]["finetune_lr"]
     steps = [float(r["loss"]) for r in csv.DictReader(
         (tmp / "reports" / "p" / "controls" / f"{control.name}_steps.csv").open())]
     meta = artifacts.read_meta(Path(artifact))

@@ -79,3 +79,11 @@ def test_interleaving_rotates_the_order():
     assert calls[3:] == ["a", "a", "b", "b", "c", "c", "b", "b", "c", "c", "a", "a", "c", "c", "a", "a", "b", "b"]
     assert {k: len(v) for k, v in samples.items()} == {"a": 3, "b": 3, "c": 3}
     assert all(len(r) == 2 for v in samples.values() for r in v)
+
+
+@pytest.mark.parametrize("df, exact", [(5, 2.571), (30, 2.042), (31, 2.0395), (40, 2.0211), (59, 2.0010),
+                                       (120, 1.9799), (1000, 1.9623)])
+def test_t_quantiles_are_exact_at_every_degree_of_freedom(df, exact):
+    from effkit.measure.stats import t95
+
+    assert t95(df) == pytest.approx(exact, abs=1e-4)  # beyond 30: not the normal's 1.96

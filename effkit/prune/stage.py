@@ -268,9 +268,8 @@ def _prune(cfg: PruneConfig, rt: Runtime, source: Path, meta: dict[str, Any], da
                      "speedup_projected": m["speedup_projected_from_flops"], "artifact": report["artifact"]})
         parent = report["artifact"]
 
-    source_info = {"model": str(source), "data": data_cfg.source, "tokenizer": prepared.tokenizer_source,
-                   "finetune_lr": lr_how}
-    return write_prune_report(cfg, layout, rows, dense, rt, block, source_info)
+    source_info = {"model": str(source), "data": data_cfg.source, "tokenizer": prepared.tokenizer_source}
+    return write_prune_report(cfg, layout, rows, dense, rt, block, source_info, lr_how)
 
 
 def round_verdict(cfg: PruneConfig, row: dict[str, Any], dense: dict[str, Any]) -> str:
@@ -286,7 +285,7 @@ def round_verdict(cfg: PruneConfig, row: dict[str, Any], dense: dict[str, Any]) 
 
 
 def write_prune_report(cfg: PruneConfig, layout: RunLayout, rows: list[dict[str, Any]], dense: dict[str, Any],
-                       rt: Runtime, block: int, source: dict[str, str]) -> dict[str, Any]:
+                       rt: Runtime, block: int, source: dict[str, str], lr_how: str = "set by --lr") -> dict[str, Any]:
     out = layout.report_dir
     verdicts = [round_verdict(cfg, row, dense) for row in rows[1:]]
     last = rows[-1]
@@ -314,6 +313,7 @@ def write_prune_report(cfg: PruneConfig, layout: RunLayout, rows: list[dict[str,
                                                                       repeats=cfg.latency_repeats)
                                 + f"; {stats.RATIO_METHOD}; device {metrics.describe_device(rt.device)}",
                      "importance": methods.get(cfg.mode).ranks_by(cfg),
+                     "finetune_lr": f"peak {lr_how}; warm-up {cfg.warmup_steps} steps, cosine to a tenth",
                      "distillation": (f"fine-tuning loss (1 - {cfg.distill_alpha}) x cross-entropy + "
                                       f"{cfg.distill_alpha} x T^2 x KL(teacher_T || student_T), T = "
                                       f"{cfg.distill_temperature}, teacher = the frozen dense parent "
