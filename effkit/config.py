@@ -481,7 +481,7 @@ class RunConfig(_Section):
     run_name: str = "quickstart"
     prune_modes: list = field(default_factory=lambda: ["row", "weight"])
     # artifact tags to quantize: train, a round (prune-row-r2), or best-pruned: the most compressed round (smallest
-    # folder) whose held-out loss is within max_loss_increase of its dense control (relative)
+    # folder) whose held-out loss is within max_loss_increase of train, the model it was pruned from (relative)
     quantize_from: list = field(default_factory=lambda: ["train"])
     max_loss_increase: float = 0.02
     # the workload the delivered artifact is chosen for: decode-b1, decode-b12 (greedy tokens/s with the KV cache)

@@ -8,7 +8,7 @@ scratch (training resumes from its checkpoint when that was made by the same rec
 everything.
 
 `quantize_from` lists what is quantized: `train`, a pruning round, or `best-pruned` (the most compressed round
-within `max_loss_increase` of its dense control), so a run delivers the composed model, pruned and int8. The run
+within `max_loss_increase` of `train`), so a run delivers the composed model, pruned and int8. The run
 ends with one line: the fastest artifact within the loss budget, how it compares, and how to load it.
 """
 
@@ -198,8 +198,9 @@ class StageRecord:
 
 def best_pruned(plan: Plan) -> tuple[Path | None, dict[str, Any]]:
     """The most compressed pruning round (smallest artifact folder: parameters really removed; then the lowest
-    batch-12 latency) whose held-out loss is within `max_loss_increase` of its dense control (of the dense parent
-    when the round ran without a control), and the table it was chosen from."""
+    batch-12 latency) whose held-out loss is within `max_loss_increase` of the dense model it was pruned from
+    (`train`: the model the user has), with its dense control's share beside it, and the table it was chosen
+    from."""
     budget = plan.run.max_loss_increase
     rows = []
     for cfg in plan.prune.values():
@@ -208,17 +209,19 @@ def best_pruned(plan: Plan) -> tuple[Path | None, dict[str, Any]]:
             if not _complete(d):
                 continue
             m = artifacts.read_meta(d)["metrics"]
-            vs = "control" if m.get("eval_loss_delta_vs_control") else "dense parent"
-            delta = m.get("eval_loss_delta_vs_control") or m["eval_loss_delta_vs_dense"]
+            delta = m["eval_loss_delta_vs_dense"]
+            control = m.get("eval_loss_delta_vs_control")
             rows.append({"tag": d.name, "size_bytes": artifacts.dir_size(d), "loss_delta": delta["delta"],
-                         "loss_delta_ci95": delta["ci95"], "vs": vs, "latency_b12_s": m["latency_b12"]["p50_s"],
-                         "within_budget": delta["delta"] <= budget})
+                         "loss_delta_ci95": delta["ci95"], "vs": "dense parent",
+                         "loss_delta_vs_control": control["delta"] if control else None,
+                         "latency_b12_s": m["latency_b12"]["p50_s"], "within_budget": delta["delta"] <= budget})
     within = [r for r in rows if r["within_budget"]]
     best = min(within, key=lambda r: (r["size_bytes"], r["latency_b12_s"])) if within else None
     return (plan.layout.artifact(best["tag"]) if best else None), {
         "picked": best["tag"] if best else None, "budget": budget, "rounds": rows,
-        "how": f"pruning rounds whose held-out loss is at most {budget:.1%} above their dense control's (relative, "
-               "point estimate of the paired delta); among them the smallest folder, then the lowest latency b12"}
+        "how": f"pruning rounds whose held-out loss is at most {budget:.1%} above the dense model they were pruned "
+               "from (relative, point estimate of the paired delta; the control's share, what the fine-tuning alone "
+               "did, is beside it); among them the smallest folder, then the lowest latency b12"}
 
 
 def deliverable(plan: Plan, bench: dict[str, Any]) -> dict[str, Any]:
@@ -287,7 +290,7 @@ def describe(plan: Plan) -> list[dict[str, Any]]:
     if "quantize" in st:
         q = plan.quantize
         for wanted in plan.run.quantize_from:
-            what = (f"the most compressed pruning round within {plan.run.max_loss_increase:.1%} of its control"
+            what = (f"the most compressed pruning round within {plan.run.max_loss_increase:.1%} of train"
                     if wanted == BEST_PRUNED else str(plan.layout.artifact(wanted)))
             rows.append({"stage": f"quantize {wanted}", "what": f"{q.backend} int8 of {what}",
                          "leaves": str(plan.run_dir / ("quantize-<backend>" if wanted == "train"
@@ -516,8 +519,8 @@ def _run_stages(plan: Plan, steps: list[dict[str, Any]], console: Console) -> di
             source, choice = best_pruned(plan)
             if source is None:
                 header(i, name)
-                console.print(f"no pruning round is within {plan.run.max_loss_increase:.1%} of its control: nothing "
-                              "to quantize")
+                console.print(f"no pruning round is within {plan.run.max_loss_increase:.1%} of train: nothing to "
+                              "quantize")
                 done.append(f"{name} (none within the loss budget)")
                 eta.finished(key, 0.0, skipped=True)
                 continue

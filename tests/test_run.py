@@ -109,6 +109,10 @@ def test_tiny_recipe_end_to_end_then_skips(tmp_path, corpus_dir):
     strict.run = strict.run.replace(max_loss_increase=-1.0)  # no round can be 100% better than its control
     picked, table = best_pruned(strict)
     assert picked is None and table["rounds"] and not any(r["within_budget"] for r in table["rounds"])
+    pruned = json.loads((tmp_path / "runs" / "tiny" / "prune-row-distill-r1" / "effkit.json").read_text())["metrics"]
+    # judged against the model the user has (train), the control's share beside it
+    assert table["rounds"][0]["loss_delta"] == pruned["eval_loss_delta_vs_dense"]["delta"]
+    assert table["rounds"][0]["loss_delta_vs_control"] == pruned["eval_loss_delta_vs_control"]["delta"]
     second = run_pipeline(str(recipe))
     assert second["done"] == ["train (skipped)", "prune row (skipped)", "quantize train (skipped)",
                               "quantize best-pruned (prune-row-distill-r1) (skipped)", "bench (skipped)", "report"]
