@@ -9,19 +9,22 @@ to ONNX Runtime int8 (`effkit export --format onnx --int8`) and to CTranslate2 i
 weights through CTranslate2's converter and through ONNX Runtime's quantize_dynamic) in the same interleaved
 rounds: prefill at batch 1 and 12, greedy decoding of `--tokens` new tokens at batch 1 and 12. The machine's
 memory bandwidth is measured (a 128 MB fp32 matrix-vector product), and each artifact's batch-1 decode is put
-against the bound bandwidth / weight bytes read per token. Writes `decode.md` and `decode.json` under --out.
+against the bound bandwidth / weight bytes read per token: in the bench, and alone (each artifact by itself, its
+decodings between bandwidth measurements, since the machine's streaming rate drifts). Writes `decode.md` and
+`decode.json` under --out.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import tempfile
 import time
 from pathlib import Path
 
 from effkit.artifacts.loader import load_any
-from effkit.bench import run_bench
+from effkit.bench import make_peers, run_bench
 from effkit.config import BenchConfig, DataConfig, ExportConfig
 from effkit.data import prepare
 from effkit.export import run_export
@@ -39,6 +42,30 @@ def weight_bytes_per_token(path: Path, model) -> tuple[int, str]:
     if "int8" in path.name:
         return n, "1 byte per block matrix and LM-head weight (int8)"
     return 4 * n, "4 bytes per block matrix and LM-head weight (fp32)"
+
+
+def alone(path: Path, tokenizer, tokens: int, rounds: int) -> dict:
+    """One artifact alone in this process: `rounds` greedy decodings of `tokens` at batch 1, each between two
+    bandwidth measurements, so that its share of the bound is taken against the bandwidth of that moment (the
+    machine's streaming rate drifts by tens of percent over minutes). Returns the median rate and the mean share
+    of the bound with its 95% interval over rounds."""
+    model = load_any(path).eval()
+    nbytes, how = weight_bytes_per_token(path, model)
+    timer = metrics.generation_timer(model, tokenizer, tokens, batch=1)
+    timer()  # warm-up
+    rates, shares, bws = [], [], []
+    for _ in range(rounds):
+        before = metrics.memory_bandwidth()[0]
+        rate = timer()
+        bw = (before + metrics.memory_bandwidth()[0]) / 2
+        rates.append(rate)
+        bws.append(bw)
+        shares.append(rate * nbytes / bw)
+    share, lo, hi = stats.mean_ci(shares)
+    del model
+    return {"decode_tokens_per_s_b1": stats.median_of_rounds([[r] for r in rates]), "bandwidth_bytes_per_s": bws,
+            "weight_bytes_per_token": nbytes, "weight_bytes_how": how, "share_of_bound": share,
+            "share_ci95": [lo, hi], "shares": shares, "rounds": rounds}
 
 
 def main() -> None:
@@ -82,6 +109,20 @@ def main() -> None:
                      f"{r['decode_tokens_per_s_b12']:.1f} | {stats.fmt_ratio(r['decode_ratio_b12'])} | "
                      f"{r['latency_b12']['p50_s'] * 1e3:.0f} | {nbytes / 1e6:.0f} MB | {bound:.0f} | "
                      f"{r['decode_tokens_per_s_b1'] / bound:.0%} |")
+    # the bound, measured without contenders: each artifact (the peers remade the same way) alone, rates
+    # between bandwidth measurements; the table above is the paired comparison, this is the share of the bound
+    (work / "peers").mkdir()
+    peers, _ = make_peers(folder, work / "peers")
+    solo = {p.name: alone(p, tokenizer, args.tokens, args.rounds + 2) for p in (folder, *map(Path, exported), *peers)}
+    lines += ["", f"Alone (each artifact by itself in this process, {args.rounds + 2} greedy decodings of "
+              f"{args.tokens} tokens at batch 1, each between two bandwidth measurements; share of the bound = "
+              "tokens/s x weight bytes per token / that bandwidth; mean and 95% t-interval over rounds):", "",
+              "| artifact | decode b1 tok/s alone | bandwidth GB/s (its rounds) | weight bytes / token | share of the "
+              "bound |", "|---|---|---|---|---|"]
+    for tag, a in solo.items():
+        lines.append(f"| {tag} | {a['decode_tokens_per_s_b1']:.1f} | {min(a['bandwidth_bytes_per_s']) / 1e9:.1f}-"
+                     f"{max(a['bandwidth_bytes_per_s']) / 1e9:.1f} | {a['weight_bytes_per_token'] / 1e6:.0f} MB | "
+                     f"{a['share_of_bound']:.0%} ({a['share_ci95'][0]:.0%}-{a['share_ci95'][1]:.0%}) |")
     peer_md = (Path(dirs["reports_dir"]) / "gpt2-shape" / "bench.md").read_text()
     lines += ["", "From effkit bench --peers (same rounds):", "", *peer_md.split("Against the engines", 1)[-1]
               .split("\n\n", 2)[1].splitlines(), "",
@@ -89,7 +130,8 @@ def main() -> None:
               f"Wall time {time.perf_counter() - t0:.0f} s."]
     (out / "decode.md").write_text("\n".join(lines) + "\n")
     (out / "decode.json").write_text(json.dumps({"bandwidth_bytes_per_s": bw, "bandwidth_how": bw_how, "rows": rows,
-                                                 "bench": report}, indent=2, default=str))
+                                                 "alone": solo, "bench": report}, indent=2, default=str))
+    shutil.rmtree(work, ignore_errors=True)  # its own temporary folder (about 1 GB of models)
     print("\n".join(lines))
 
 
