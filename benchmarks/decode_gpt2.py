@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -63,7 +64,7 @@ def alone(path: Path, tokenizer, tokens: int, rounds: int) -> dict:
         shares.append(rate * nbytes / bw)
     share, lo, hi = stats.mean_ci(shares)
     del model
-    return {"decode_tokens_per_s_b1": stats.median_of_rounds([[r] for r in rates]), "bandwidth_bytes_per_s": bws,
+    return {"decode_tokens_per_s_b1": statistics.median(rates), "bandwidth_bytes_per_s": bws,
             "weight_bytes_per_token": nbytes, "weight_bytes_how": how, "share_of_bound": share,
             "share_ci95": [lo, hi], "shares": shares, "rounds": rounds}
 

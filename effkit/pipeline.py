@@ -171,18 +171,20 @@ class StageRecord:
         return self.stages.get(name, {}).get("fingerprint") == self.now[name]
 
     def stale(self, name: str, also: tuple[Path, ...] = ()) -> bool:
-        """Whether the stage ran with another recipe (or parent): says so in one line and removes what it left
-        (and `also`: what it left that the record may not name, e.g. from an older effkit)."""
+        """Whether the stage must run (its fingerprint is not the recipe's now). What it left under another
+        fingerprint (the recorded folders, and `also`: what the record may not name, e.g. from an older effkit or
+        an interrupted run) is removed, in one line that says why; nothing is said when nothing is there."""
         if self.fresh(name):
             return False
         old = self.stages.pop(name, None)
-        why = ("no fingerprint recorded for it (made by an older effkit, or outside `effkit run`)" if old is None
-               else "its recipe section or a stage before it changed since it ran")
-        self.console.print(f"[yellow]{name}[/yellow]: {why}: running it again")
         owned = [self.plan.run_dir.resolve(), self.plan.report_dir.resolve()]
-        for folder in [*(old or {}).get("outputs", []), *also]:
-            f = Path(folder).resolve()
-            if any(f.is_relative_to(d) and f != d for d in owned):  # only inside this run's folders
+        left = {f for f in (Path(x).resolve() for x in [*(old or {}).get("outputs", []), *also])
+                if f.exists() and any(f.is_relative_to(d) and f != d for d in owned)}  # only this run's folders
+        if left:
+            why = ("no fingerprint recorded for what it left (interrupted, made by an older effkit, or outside "
+                   "`effkit run`)" if old is None else "its recipe section or a stage before it changed since it ran")
+            self.console.print(f"[yellow]{name}[/yellow]: {why}: running it again")
+            for f in left:
                 shutil.rmtree(f, ignore_errors=True) if f.is_dir() else f.unlink(missing_ok=True)
         self.save()
         return True
@@ -350,6 +352,7 @@ class Eta:
         self.plan, self.console = plan, console
         self.work = stage_work(plan)
         self.step_s: float | None = None
+        self.how: str | None = None  # how the step time was measured
         self.first: dict[str, float] = {}  # the first prediction, seconds per stage
         self.actual: dict[str, float] = {}
         self.skipped: list[str] = []
@@ -407,7 +410,7 @@ class Eta:
         return {k: self.first[k] * (1.0 if k == "train" else scale) for k in left}
 
     def record(self) -> dict[str, Any]:
-        return {"step_time_s": self.step_s, "step_time_how": getattr(self, "how", None),
+        return {"step_time_s": self.step_s, "step_time_how": self.how,
                 "work_in_steps": self.work, "predicted_s": self.first, "actual_s": self.actual,
                 "skipped": self.skipped,
                 "how": "each stage's work counted in training steps of the recipe (training and fine-tuning steps "
@@ -473,14 +476,12 @@ def _run_stages(plan: Plan, steps: list[dict[str, Any]], console: Console) -> di
     if "train" in st:
         i += 1
         outputs = [plan.run_dir / "train", plan.run_dir / "checkpoints", plan.layout.report("train")]
-        started = _complete(plan.run_dir / "train") or Checkpointer(plan.layout.checkpoint_dir).exists()
         if _complete(plan.run_dir / "train") and record.fresh("train"):
             header(i, "train", skipped=True)
             finished("train", skipped=True)
         else:
             header(i, "train")
-            if started:  # an artifact or checkpoint of another recipe is removed (a matching checkpoint resumes)
-                record.stale("train", also=tuple(outputs))
+            record.stale("train", also=tuple(outputs))  # another recipe's artifact or checkpoint is removed
             resume = Checkpointer(plan.layout.checkpoint_dir).exists()
             if resume:
                 console.print("resuming training from its last checkpoint")
@@ -500,9 +501,10 @@ def _run_stages(plan: Plan, steps: list[dict[str, Any]], console: Console) -> di
         for mode, cfg in plan.prune.items():
             i += 1
             name = f"prune {mode}"
+            # (the control chains under controls/ are a cache keyed by their whole fine-tuning: never stale)
             outputs = [*(plan.layout.artifact(prune_tag(cfg.label, r)) for r in range(1, cfg.rounds + 1)),
-                       plan.report_dir / f"prune-{cfg.label}.json", plan.run_dir / "controls"]
-            if _prune_done(plan, mode) and not record.stale(name, also=tuple(outputs)):
+                       plan.report_dir / f"prune-{cfg.label}.json"]
+            if not record.stale(name, also=tuple(outputs)) and _prune_done(plan, mode):
                 header(i, name, skipped=True)
                 finished(name, skipped=True)
                 continue
@@ -526,7 +528,7 @@ def _run_stages(plan: Plan, steps: list[dict[str, Any]], console: Console) -> di
                 continue
             name = f"{name} ({source.name})"
         made = _quantize_done(plan, source)
-        if made and not record.stale(key, also=(made,)):
+        if not record.stale(key, also=(made,) if made else ()) and made:
             header(i, name, skipped=True)
             finished(name, skipped=True, key=key)
         else:
@@ -537,7 +539,7 @@ def _run_stages(plan: Plan, steps: list[dict[str, Any]], console: Console) -> di
     bench_report = None
     if "bench" in st:
         i += 1
-        if _bench_done(plan) and not record.stale("bench"):
+        if not record.stale("bench", also=(plan.report_dir / "bench.json",)) and _bench_done(plan):
             header(i, "bench", skipped=True)
             bench_report = json.loads((plan.report_dir / "bench.json").read_text())
             finished("bench", skipped=True)
