@@ -18,23 +18,99 @@ from effkit.artifacts import atomic_dir
 from effkit.errors import EffkitError
 
 
+SUBCLASS = "#"  # `<state>#<part>`: a tensor subclass (torchao's 8-bit moments) stored as its plain parts
+NESTED = "/"  # `<outer>/<inner>`: a dict inside one parameter's state (bitsandbytes' quantization state)
+
+
+def _to_json(v: Any) -> Any:
+    """Scalar tensors (a tensor learning rate, a step counter) as {"__tensor__": value}; the rest as is."""
+    if torch.is_tensor(v) and v.numel() == 1:
+        return {"__tensor__": v.item(), "dtype": str(v.dtype).removeprefix("torch.")}
+    if isinstance(v, dict):
+        return {k: _to_json(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_to_json(x) for x in v]
+    return v
+
+
+def _from_json(v: Any) -> Any:
+    if isinstance(v, dict):
+        if "__tensor__" in v:
+            return torch.tensor(v["__tensor__"], dtype=getattr(torch, v.get("dtype", "float32")))
+        return {k: _from_json(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_from_json(x) for x in v]
+    return v
+
+
 def _flatten_optimizer(state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    tensors, scalars = {}, {}
+    """Every tensor of an optimizer state dict under `<param>.<name>` (safetensors), the rest in JSON: nested
+    dicts as `<outer>/<inner>`, tensor subclasses (`__tensor_flatten__`) as `<name>#<part>` with their
+    constructor's other arguments and class in JSON."""
+    tensors: dict[str, torch.Tensor] = {}
+    scalars: dict[str, Any] = {}
+    subclasses: dict[str, Any] = {}
+    seen: set[int] = set()
+
+    def own(t: torch.Tensor) -> torch.Tensor:  # safetensors refuses shared storage (bitsandbytes shares its qmaps)
+        t = t.detach().cpu().contiguous()
+        try:
+            ptr = t.untyped_storage().data_ptr()
+        except RuntimeError:  # a view without its own storage (e.g. gathered from shards): a plain copy
+            return t.clone()
+        if t.numel() and ptr in seen:
+            return t.clone()
+        seen.add(ptr)
+        return t
+
+    def put(key: str, v: Any) -> None:
+        if isinstance(v, dict):
+            for k, x in v.items():
+                put(f"{key}{NESTED}{k}", x)
+        elif torch.is_tensor(v) and type(v) is not torch.Tensor and hasattr(v, "__tensor_flatten__") \
+                and type(v).__name__ != "DTensor":
+            names, ctx = v.__tensor_flatten__()
+            for n in names:
+                tensors[f"{key}{SUBCLASS}{n}"] = own(getattr(v, n))
+            subclasses[key] = {"class": f"{type(v).__module__}:{type(v).__qualname__}", "parts": list(names),
+                               "ctx": [str(c).removeprefix("torch.") if isinstance(c, torch.dtype) else c
+                                       for c in ctx]}
+        elif torch.is_tensor(v):
+            tensors[key] = own(v)
+        else:
+            scalars[key] = v
+
     for idx, pstate in state["state"].items():
         for k, v in pstate.items():
-            if torch.is_tensor(v):
-                tensors[f"{idx}.{k}"] = v.detach().cpu().contiguous()
-            else:
-                scalars[f"{idx}.{k}"] = v
-    return tensors, {"param_groups": state["param_groups"], "scalars": scalars}
+            put(f"{idx}.{k}", v)
+    return tensors, {"param_groups": _to_json(state["param_groups"]), "scalars": scalars, "subclasses": subclasses}
+
+
+def _rebuild_subclass(key: str, spec: dict[str, Any], tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+    import importlib
+
+    module, _, qualname = spec["class"].partition(":")
+    cls = importlib.import_module(module)
+    for part in qualname.split("."):
+        cls = getattr(cls, part)
+    ctx = [getattr(torch, c) if isinstance(c, str) and isinstance(getattr(torch, c, None), torch.dtype) else c
+           for c in spec["ctx"]]
+    return cls.__tensor_unflatten__({n: tensors.pop(f"{key}{SUBCLASS}{n}") for n in spec["parts"]}, ctx, None, None)
 
 
 def _unflatten_optimizer(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> dict[str, Any]:
+    tensors = dict(tensors)
+    items = [(k, _rebuild_subclass(k, spec, tensors)) for k, spec in meta.get("subclasses", {}).items()]
+    items += list(tensors.items()) + list(meta["scalars"].items())
     state: dict[int | str, dict[str, Any]] = {}
-    for key, v in list(tensors.items()) + list(meta["scalars"].items()):
-        idx, name = key.rsplit(".", 1)  # idx: a parameter index, or its name (distributed state dicts)
-        state.setdefault(int(idx) if idx.isdigit() else idx, {})[name] = v
-    return {"state": state, "param_groups": meta["param_groups"]}
+    for key, v in items:
+        head, *inner = key.split(NESTED)
+        idx, name = head.rsplit(".", 1)  # idx: a parameter index, or its name (distributed state dicts)
+        d = state.setdefault(int(idx) if idx.isdigit() else idx, {})
+        for k in [name, *inner][:-1]:
+            d = d.setdefault(k, {})
+        d[[name, *inner][-1]] = v
+    return {"state": state, "param_groups": _from_json(meta["param_groups"])}
 
 
 def save_checkpoint(path: Path, model_state: dict[str, torch.Tensor], optim_state: dict[str, Any],
@@ -46,7 +122,7 @@ def save_checkpoint(path: Path, model_state: dict[str, torch.Tensor], optim_stat
         if torch.cuda.is_available():
             tensors["__rng_cuda"] = torch.cuda.get_rng_state()
         save_file(tensors, tmp / "optimizer.safetensors")
-        state = {"step": step, "optimizer": meta, "scheduler": sched_state, **extra}
+        state = {"step": step, "optimizer": meta, "scheduler": _to_json(sched_state), **extra}
         (tmp / "state.json").write_text(json.dumps(state, default=str))
 
 
@@ -74,6 +150,7 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     except (KeyError, TypeError, AttributeError) as e:
         raise EffkitError(f"checkpoint {path} has an unreadable optimizer state ({type(e).__name__}: {e}); start "
                           "again without --resume") from None
+    state["scheduler"] = _from_json(state["scheduler"])
     state["model"] = model_state
     state["rng"] = rng
     return state
@@ -91,6 +168,7 @@ class Checkpoint:
     rng: dict[str, torch.Tensor]
     config: dict[str, Any]
     rows: list[dict[str, Any]]
+    scaler: dict[str, Any] | None = None  # fp16's GradScaler (its scale and growth tracker); None without it
 
 
 class Checkpointer:
@@ -102,13 +180,17 @@ class Checkpointer:
     def exists(self) -> bool:
         return (self.folder / "state.json").is_file()
 
-    def save(self, step: int, par, optimizer, scheduler, config: dict[str, Any], rows: list[dict[str, Any]]) -> None:
-        """Collective: every rank takes part in gathering the full state; rank 0 writes it."""
+    def save(self, step: int, par, optimizer, scheduler, config: dict[str, Any], rows: list[dict[str, Any]],
+             scaler=None) -> None:
+        """Collective: every rank takes part in gathering the full state; rank 0 writes it. An enabled
+        `scaler` (fp16) is saved too: its scale decides which steps are skipped after a resume."""
         state = par.full_state_dict()
         optim_state = par.optimizer_state(optimizer)
+        extra: dict[str, Any] = {"config": config, "rows": rows}
+        if scaler is not None and scaler.is_enabled():
+            extra["scaler"] = _to_json(scaler.state_dict())
         if par.rt.is_main:
-            save_checkpoint(self.folder, state, optim_state, scheduler.state_dict(), step,
-                            {"config": config, "rows": rows})
+            save_checkpoint(self.folder, state, optim_state, scheduler.state_dict(), step, extra)
         par.rt.barrier()
 
     def load(self) -> Checkpoint:
@@ -117,7 +199,7 @@ class Checkpointer:
         state = load_checkpoint(self.folder)
         return Checkpoint(step=state["step"], model=state["model"], optimizer=state["optimizer"],
                           scheduler=state["scheduler"], rng=state["rng"], config=state["config"],
-                          rows=state.get("rows", []))
+                          rows=state.get("rows", []), scaler=_from_json(state.get("scaler")))
 
     @staticmethod
     def restore_rng(ckpt: Checkpoint, device: torch.device) -> None:

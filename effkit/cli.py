@@ -119,6 +119,10 @@ def train(
                                             "bf16 on CUDA, on a CPU whichever of fp32 and bf16 measures faster "
                                             "for the model's shape (measured once per machine and shape)"),
     amp_dtype: str = typer.Option(_D.amp_dtype, help="bf16, or fp16 (CUDA only, with GradScaler)"),
+    optim: str = typer.Option(_D.optim, help="optimizer: adamw (PyTorch, fused where it runs), adamw-fused, "
+                              "adamw8bit (8-bit moments: bitsandbytes; torchao for fsdp/tp)"),
+    tf32: bool = typer.Option(_D.tf32, "--tf32/--no-tf32", help="CUDA (Ampere+): fp32 matmuls on TF32 tensor "
+                              "cores"),
     activation_checkpointing: bool = typer.Option(_D.activation_checkpointing,
                                                   "--activation-checkpointing/--no-activation-checkpointing",
                                                   help="recompute each block in backward to save memory"),
@@ -570,13 +574,18 @@ def doctor():
     for b in backends.names():
         reason = backends.unavailable(b)
         t.add_row(f"int8 backend {b}", "available" if reason is None else f"not available: {reason}")
-    for dtype in (torch.float32, torch.bfloat16):
-        if cuda:
-            peak, src = metrics.peak_flops(torch.device("cuda", 0), dtype)
-        else:
+    if cuda:
+        dev = torch.device("cuda", 0)
+        t.add_row("TF32 for fp32 matmuls", "yes (on by default; --no-tf32 turns it off)"
+                  if metrics.tf32_supported(dev) else "no (needs compute capability 8.0+)")
+        for precision in ("fp32", "tf32", "bf16"):
+            peak, src = metrics.gpu_peak_flops(torch.cuda.get_device_name(dev), precision)
+            t.add_row(f"peak {precision} (for MFU)", f"{peak / 1e12:,.1f} TFLOP/s ({src})" if peak else src)
+    else:
+        for dtype in (torch.float32, torch.bfloat16):
             peak, src = metrics.cpu_peak_flops(dtype)
-        t.add_row(f"peak {str(dtype).removeprefix('torch.')} (for MFU)",
-                  f"{peak / 1e9:,.0f} GFLOP/s ({src})" if peak else src)
+            t.add_row(f"peak {str(dtype).removeprefix('torch.')} (for MFU)",
+                      f"{peak / 1e9:,.0f} GFLOP/s ({src})" if peak else src)
     for k, v in versions().items():
         t.add_row(k, v)
     _console().print(t)

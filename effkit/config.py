@@ -82,6 +82,8 @@ class OptimConfig(_Section):
     seed: int = 1337
     amp: bool | None = None  # None = auto: bf16 on CUDA; on a CPU whichever measures faster (measure.precision)
     amp_dtype: str = "bf16"  # bf16 | fp16 (fp16 only on CUDA)
+    optim: str = "adamw"  # adamw | adamw-fused | adamw8bit (effkit.optim)
+    tf32: bool = True  # CUDA (Ampere and newer): fp32 matmuls on TF32 tensor cores
 
 
 @dataclass(frozen=True)
@@ -241,6 +243,9 @@ class TrainConfig(_Section):
             raise EffkitError(f"amp must be true, false or \"auto\" (got {o.amp!r})")
         if o.amp_dtype not in ("bf16", "fp16"):
             raise EffkitError(f"--amp-dtype must be bf16 or fp16 (got {o.amp_dtype!r})")
+        from effkit import optim
+
+        optim.get(o.optim)  # one line naming the choices
         if p.mode not in PARALLEL_MODES:
             raise EffkitError(f"unknown --parallel {p.mode!r}; choose one of {', '.join(PARALLEL_MODES)}")
         if p.sync not in SYNC_MODES:

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from effkit import artifacts
+from effkit import artifacts, optim
 from effkit.artifacts import RunLayout
 from effkit.checkpoint import Checkpoint, Checkpointer
 from effkit.config import OptimConfig, TrainConfig
@@ -80,16 +80,16 @@ def resolve_amp(o: OptimConfig, device: torch.device, model: torch.nn.Module | N
     return torch.bfloat16, "bf16 autocast", None
 
 
-def make_optimizer(model: torch.nn.Module, o: OptimConfig) -> torch.optim.Optimizer:
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    is_dtensor = any(type(p).__name__ == "DTensor" for p in decay)
-    fused = not is_dtensor  # fused AdamW exists for CPU and CUDA tensors, not for DTensors everywhere
-    try:
-        return torch.optim.AdamW(groups, lr=o.lr, betas=(0.9, 0.95), fused=fused)
-    except (RuntimeError, TypeError):
-        return torch.optim.AdamW(groups, lr=o.lr, betas=(0.9, 0.95))
+def make_scaler(device: torch.device, enabled: bool, distributed: bool):
+    """fp16's loss scaler. Across processes it is FSDP's `ShardedGradScaler`, which all-reduces the found-inf
+    flag over the world before stepping, so every rank skips the same steps (a plain GradScaler decides per rank,
+    and ranks whose shards overflowed would skip a step the others take). CPU-offloaded gradients are checked on
+    the CPU and their flag reduced on the device."""
+    if distributed and enabled:
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        return ShardedGradScaler(device.type, enabled=True)
+    return torch.amp.GradScaler(device.type, enabled=enabled)
 
 
 def lr_lambda(o: OptimConfig, total_steps: int) -> Callable[[int], float]:
@@ -172,6 +172,7 @@ class Trainer:
         self.layout = RunLayout.for_run(cfg.run)
         self.checkpointer = Checkpointer(self.layout.checkpoint_dir)
         self._set_threads()
+        self.tf32 = metrics.set_tf32(rt.device, o.tf32)
         if o.amp is not None:  # forced: fail fast on a bad combination (auto is decided on the built model)
             resolve_amp(o, rt.device)
         pretrained = is_pretrained_source(cfg.model.name)
@@ -203,16 +204,18 @@ class Trainer:
                                     rt, pp_schedule=p.pp_schedule, microbatches=p.microbatches,
                                     loss_scale=o.grad_accum)
         self._set_threads()  # launchers and Accelerate may have changed it
-        self.optimizer = make_optimizer(self.par.model, o)
+        self.optimizer, self.optim_library = optim.build_optimizer(self.par.model, o.optim, o.lr, o.weight_decay)
         self.tokens_per_step = o.batch_size * o.grad_accum * self.dims.dp * d.block_size
         self.horizon = total_steps(o, self.tokens_per_step)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(o, self.horizon))
-        self.scaler = torch.amp.GradScaler(rt.device.type, enabled=self.amp_dtype == torch.float16)
+        self.scaler = make_scaler(rt.device, self.amp_dtype == torch.float16, rt.distributed)
         self.step, self.rows = 0, []
         self.resumed_from = resumed.step if resumed is not None else None
         if resumed is not None:
             self.par.load_optimizer_state(self.optimizer, resumed.optimizer)
             self.scheduler.load_state_dict(resumed.scheduler)
+            if resumed.scaler and self.scaler.is_enabled():
+                self.scaler.load_state_dict(resumed.scaler)
             self.step, self.rows = resumed.step, list(resumed.rows)
             Checkpointer.restore_rng(resumed, rt.device)
         sampler = BlockSampler(len(self.data.blocks.train), o.batch_size, o.grad_accum, self.dims.dp,
@@ -261,7 +264,7 @@ class Trainer:
         if self.hooks.after_optimizer_step is not None:
             self.hooks.after_optimizer_step(par.base_model)
         clock.lap("optimizer")
-        lr = self.scheduler.get_last_lr()[0]
+        lr = float(self.scheduler.get_last_lr()[0])  # a tensor for torchao's optimizers
         self.scheduler.step()
         return {"loss": par.mean_over_dp(loss_sum).item(), "lr": lr, "grad_norm": float(grad_norm)}
 
@@ -272,7 +275,8 @@ class Trainer:
                                 eval_bytes=self.data.blocks.eval_bytes)
 
     def checkpoint(self) -> None:
-        self.checkpointer.save(self.step, self.par, self.optimizer, self.scheduler, self.cfg.to_dict(), self.rows)
+        self.checkpointer.save(self.step, self.par, self.optimizer, self.scheduler, self.cfg.to_dict(), self.rows,
+                               scaler=self.scaler)
 
     def tokens_per_s(self) -> float | None:
         steady = self.steady_step_times
@@ -339,11 +343,12 @@ class Trainer:
         if self.rows:
             self.rows[-1]["eval_loss"] = final["eval_loss"]
         peak_mem = self.par.gather_ints(self.memory.peak_bytes)
+        peak_abs = self.par.gather_ints(self.memory.absolute_bytes)
         state = self.par.full_state_dict()
         stage_metrics = extra_metrics(self.model) if extra_metrics is not None else {}
         report = None
         if self.rt.is_main:
-            report = build_report(self, stage, parent, final, peak_mem, stage_metrics)
+            report = build_report(self, stage, parent, final, peak_mem, stage_metrics, peak_abs)
             artifact = self.layout.artifact(self.tag)
             with artifacts.atomic_dir(artifact) as tmp:
                 save_model(self.par.save_as or self.model, tmp, self.data.tokenizer, state_dict=state)
@@ -367,14 +372,14 @@ class Trainer:
 
 
 def build_report(tr: Trainer, stage: str, parent: str | None, final: dict[str, float], peak_mem: list[int],
-                 stage_metrics: dict[str, Any]) -> dict[str, Any]:
+                 stage_metrics: dict[str, Any], peak_abs: list[int] | None = None) -> dict[str, Any]:
     """The stage report of a finished run: what ran (read back from the model), metrics and how each was
     measured."""
     cfg, rt = tr.cfg, tr.rt
     steady = tr.steady_step_times
     excluded = len(tr.step_times) - len(steady)
     tokens_per_s = tr.tokens_per_s()
-    peak, peak_source = metrics.peak_flops(rt.device, tr.amp_dtype or torch.float32)
+    peak, peak_source = metrics.peak_flops(rt.device, tr.amp_dtype or torch.float32, tf32=tr.tf32)
     fpt = flops_per_token(tr.model.config, cfg.data.block_size, tr.n_params)
     mfu = (fpt * tokens_per_s / (peak * rt.world_size)) if (peak and tokens_per_s) else None
     applied = tr.par.describe()
@@ -383,6 +388,10 @@ def build_report(tr: Trainer, stage: str, parent: str | None, final: dict[str, f
         "device": metrics.describe_device(rt.device), "world_size": rt.world_size,
         "parallel": applied["mode"], "parallel_detail": applied.get("detail"),
         "amp_dtype": amp_name, "amp_note": tr.amp_note, "amp_probe": tr.amp_probe,
+        "fp32_matmuls": ("TF32 tensor cores" if tr.tf32 else "fp32" if rt.device.type == "cuda" else "fp32 (CPU)"),
+        "optimizer": f"{cfg.optim.optim}: {tr.optim_library}",
+        "loss_scaler": (type(tr.scaler).__name__ + (" (found-inf all-reduced over the world)" if rt.distributed
+                                                    else "")) if tr.scaler.is_enabled() else None,
         "activation_checkpointing": activation_checkpointing_enabled(tr.model),
         "model": cfg.model.name, "data": tr.data.corpus.name, "tokenizer": tr.data.tokenizer_source,
         "resumed_from_step": tr.resumed_from, "stopped_by": tr.stop_reason,
@@ -392,7 +401,7 @@ def build_report(tr: Trainer, stage: str, parent: str | None, final: dict[str, f
         "final_train_loss": tr.rows[-1]["loss"] if tr.rows else None, "steps": tr.step,
         "train_tokens": tr.step * tr.tokens_per_step, "train_tokens_per_s": tokens_per_s,
         "train_wall_s": tr.train_wall, "flops_per_token": fpt, "mfu": mfu, "peak_flops": peak,
-        "peak_memory_bytes_per_rank": peak_mem, "params": tr.n_params, "time_breakdown_s": tr.clock.phases,
+        "peak_memory_bytes_per_rank": peak_mem, "peak_memory_absolute_bytes_per_rank": peak_abs, "params": tr.n_params, "time_breakdown_s": tr.clock.phases,
         "train_split_tokens": tr.data.blocks.train_tokens, "heldout_split_tokens": tr.data.blocks.heldout_tokens,
         **stage_metrics,
     }
@@ -411,7 +420,8 @@ def build_report(tr: Trainer, stage: str, parent: str | None, final: dict[str, f
             "mfu": f"(6N + 12*L*d*T) FLOPs/token x tokens/s / (peak x {rt.world_size} processes); peak: "
                    f"{peak_source}",
             "peak_memory": tr.memory.method + ", per rank, over the training steps (the model is built, "
-                           "sharded and placed before; optimizer state, gradients and activations count)",
+                           "sharded and placed before; optimizer state, gradients and activations count); "
+                           "peak_memory_absolute_bytes_per_rank: the high-water mark itself",
             "time_breakdown_s": "wall time per phase of every step on rank 0 (time.perf_counter"
                                 + (", CUDA synchronised" if cfg.run.profile else "") + "); other = training wall "
                                 "time minus the phases (logging, progress, checkpoints)",

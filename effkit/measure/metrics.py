@@ -23,9 +23,69 @@ EVAL_PROTOCOL = ("token-level mean cross-entropy over the fixed held-out blocks 
                  "perplexity = exp(loss); bits per byte = loss x predicted tokens / ln 2 / UTF-8 bytes of the "
                  "predicted text")
 
-# Dense bf16/fp16 tensor-core peak FLOP/s per GPU (vendor data sheets, without sparsity)
-GPU_PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12,
-                 "L4": 121e12, "V100": 125e12, "T4": 65e12, "4090": 165e12, "3090": 71e12}
+# Peak FLOP/s per GPU and precision, from NVIDIA's data sheets, dense (without sparsity): "bf16" (fp16 where the
+# GPU has no bf16) and "tf32" are tensor-core figures, "fp32" the plain FMA units. Matched by the exact name
+# `torch.cuda.get_device_name` returns (an H100 PCIe is not an H100 SXM; "NVIDIA L40" is not "NVIDIA L4"); a GPU
+# not listed gets no MFU, and the report says so.
+GPU_PEAKS: dict[str, dict[str, float]] = {
+    "NVIDIA H200": {"bf16": 989e12, "tf32": 495e12, "fp32": 67e12},
+    "NVIDIA H200 NVL": {"bf16": 836e12, "tf32": 418e12, "fp32": 60e12},
+    "NVIDIA H100 80GB HBM3": {"bf16": 989e12, "tf32": 495e12, "fp32": 67e12},  # SXM5
+    "NVIDIA H100 PCIe": {"bf16": 756e12, "tf32": 378e12, "fp32": 51e12},
+    "NVIDIA H100 NVL": {"bf16": 836e12, "tf32": 418e12, "fp32": 60e12},
+    "NVIDIA A100-SXM4-80GB": {"bf16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
+    "NVIDIA A100-SXM4-40GB": {"bf16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
+    "NVIDIA A100-PCIE-40GB": {"bf16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
+    "NVIDIA A100 80GB PCIe": {"bf16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
+    "NVIDIA L40S": {"bf16": 362e12, "tf32": 183e12, "fp32": 91.6e12},
+    "NVIDIA L40": {"bf16": 181e12, "tf32": 90.5e12, "fp32": 90.5e12},
+    "NVIDIA L4": {"bf16": 121e12, "tf32": 60e12, "fp32": 30.3e12},
+    "NVIDIA A10": {"bf16": 125e12, "tf32": 62.5e12, "fp32": 31.2e12},
+    "NVIDIA GeForce RTX 4090": {"bf16": 165e12, "tf32": 82.6e12, "fp32": 82.6e12},
+    "NVIDIA GeForce RTX 3090": {"bf16": 71e12, "tf32": 35.6e12, "fp32": 35.6e12},
+    "Tesla V100-SXM2-16GB": {"bf16": 125e12, "fp32": 15.7e12},  # fp16 tensor cores; no bf16, no TF32
+    "Tesla V100-SXM2-32GB": {"bf16": 125e12, "fp32": 15.7e12},
+    "Tesla V100-PCIE-16GB": {"bf16": 112e12, "fp32": 14e12},
+    "Tesla T4": {"bf16": 65e12, "fp32": 8.1e12},
+}
+
+
+def matmul_precision(device: torch.device, amp_dtype: torch.dtype | None, tf32: bool) -> str:
+    """The precision the training matmuls run in: "bf16" (or fp16) under autocast, "tf32" for fp32 matmuls with
+    TF32 on, else "fp32"."""
+    if amp_dtype is not None:
+        return "bf16"
+    return "tf32" if tf32 else "fp32"
+
+
+def gpu_peak_flops(name: str, precision: str) -> tuple[float | None, str]:
+    """The data-sheet peak of GPU `name` (exact match) in `precision`, and where the figure comes from."""
+    peaks = GPU_PEAKS.get(name)
+    if peaks is None:
+        return None, f"unknown GPU {name!r}: MFU not computed (its peaks are not in effkit's table)"
+    if precision not in peaks:
+        return None, f"{name} has no {precision} tensor cores: MFU not computed"
+    label = {"bf16": "bf16/fp16 tensor-core", "tf32": "TF32 tensor-core", "fp32": "fp32 (no tensor cores)"}[precision]
+    return peaks[precision], f"NVIDIA data sheet, {name}, dense {label} peak"
+
+
+def tf32_supported(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8
+
+
+def set_tf32(device: torch.device, enabled: bool) -> bool:
+    """Let fp32 matmuls and convolutions use TF32 tensor cores (Ampere and newer) or not; returns whether TF32 is
+    in use. No-op on CPUs and older GPUs."""
+    on = bool(enabled and tf32_supported(device))
+    if device.type == "cuda":
+        mode = "tf32" if on else "ieee"
+        if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+            torch.backends.cuda.matmul.fp32_precision = mode
+            torch.backends.cudnn.conv.fp32_precision = mode
+        else:  # older PyTorch
+            torch.backends.cuda.matmul.allow_tf32 = on
+            torch.backends.cudnn.allow_tf32 = on
+    return on
 
 
 def describe_device(device: torch.device) -> str:
@@ -97,25 +157,27 @@ def cpu_peak_flops(dtype: torch.dtype, n: int = 1024, repeats: int = 10) -> tupl
     return peak, f"measured {n}x{n} {str(dtype).removeprefix('torch.')} GEMM peak on this CPU (cached)"
 
 
-def peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[float | None, str]:
+def peak_flops(device: torch.device, dtype: torch.dtype, tf32: bool = False) -> tuple[float | None, str]:
+    """Peak FLOP/s for MFU in the precision the matmuls actually run in (`dtype`; fp32 with `tf32` on counts
+    TF32's tensor-core peak)."""
     if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        for k, v in GPU_PEAK_BF16.items():
-            if k in name:
-                return (v if dtype != torch.float32 else v / 2), f"data-sheet dense peak of {k}"
-        return None, f"unknown GPU {name}: MFU not computed"
+        amp = None if dtype == torch.float32 else dtype
+        return gpu_peak_flops(torch.cuda.get_device_name(device), matmul_precision(device, amp, tf32))
     return cpu_peak_flops(dtype)
 
 
 class PeakMemory:
-    """Peak memory over a stage. CUDA: torch.cuda.max_memory_allocated. CPU: the process' resident set
-    sampled every 5 ms by a thread (psutil), peak minus the value at the start of the stage."""
+    """Peak memory over a stage, measured alike on both devices: the high-water mark minus the value at the start
+    of the stage (`peak_bytes`), with the absolute high-water mark beside it (`absolute_bytes`). CUDA:
+    torch.cuda.max_memory_allocated. CPU: the process' resident set sampled every 5 ms by a thread (psutil)."""
 
     def __init__(self, device: torch.device):
         self.device = device
-        self.method = ("cuda max_memory_allocated" if device.type == "cuda"
+        self.method = ("cuda max_memory_allocated over the stage minus memory allocated at its start"
+                       if device.type == "cuda"
                        else "cpu RSS high-water mark over the stage minus RSS at its start (sampled every 5 ms)")
         self.peak_bytes = 0
+        self.absolute_bytes = 0
 
     def __enter__(self):
         if self.device.type == "cuda":
@@ -136,9 +198,12 @@ class PeakMemory:
             self._peak = max(self._peak, self._proc.memory_info().rss)
 
     def read(self) -> int:
+        """The increase over the stage so far (and `absolute_bytes`: the high-water mark itself)."""
         if self.device.type == "cuda":
-            return torch.cuda.max_memory_allocated(self.device)
+            self.absolute_bytes = torch.cuda.max_memory_allocated(self.device)
+            return self.absolute_bytes - self._base
         self._peak = max(self._peak, self._proc.memory_info().rss)
+        self.absolute_bytes = self._peak
         return self._peak - self._base
 
     def __exit__(self, *exc):

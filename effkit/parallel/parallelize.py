@@ -127,6 +127,55 @@ MANUAL_SYNC: dict[str, Callable[[nn.Module], None]] = {"all-reduce": all_reduce_
                                                        "gather-scatter": gather_scatter_gradients}
 
 
+def _dequantized(state: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """The full optimizer state with 8-bit moments (torchao's tensor subclass, which PyTorch's state-dict
+    utilities can neither broadcast nor chunk) as plain fp32 tensors, and whether there were any."""
+    found = False
+    out: dict[str, Any] = {"param_groups": state["param_groups"], "state": {}}
+    for key, pstate in state["state"].items():
+        out["state"][key] = {}
+        for name, v in pstate.items():
+            if torch.is_tensor(v) and hasattr(v, "dequantize") and type(v).__name__ == "OptimState8bit":
+                v, found = v.dequantize(), True
+            out["state"][key][name] = v
+    return out, found
+
+
+def _requantize(optimizer, model: nn.Module, saved: dict[str, Any]) -> None:
+    """Back to 8-bit moments after loading them as fp32 shards: a fresh 8-bit buffer of the optimizer's own kind
+    for each parameter shard, given this shard's rows of the saved codes and scales (exactly what was saved);
+    where the shard is not a block-aligned run of rows (tensor-parallel columns), re-quantized from the loaded
+    values instead (each block's scale is its largest value, so the codes come back up to rounding)."""
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    for fqn, p in model.named_parameters():
+        st = optimizer.state.get(p)
+        if not st:
+            continue
+        for name, signed in (("exp_avg", True), ("exp_avg_sq", False), ("max_exp_avg_sq", False)):
+            v = st.get(name)
+            if v is None:
+                continue
+            buf = optimizer._new_buffer(p, signed)
+            full = saved["state"].get(fqn, {}).get(name)
+            local = buf.to_local() if _is_dtensor(buf) else buf
+            piece = None
+            if full is not None and type(local).__name__ == type(full).__name__ == "OptimState8bit":
+                shape, offset = (compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
+                                 if _is_dtensor(p) else (tuple(p.shape), (0,) * p.dim()))
+                if tuple(shape[1:]) == tuple(p.shape[1:]):  # a run of whole rows
+                    try:
+                        piece = full[offset[0]:offset[0] + shape[0]]
+                    except ValueError:  # rows not aligned with the quantization blocks
+                        piece = None
+            if piece is not None and piece.codes.shape == local.codes.shape:
+                local.codes.copy_(piece.codes)
+                local.scale.copy_(piece.scale)
+            else:
+                buf.copy_(v)
+            st[name] = buf
+
+
 # ---------------------------------------------------------------------------------------------- the handle
 
 @dataclass
@@ -154,21 +203,23 @@ class Parallelized:
             self.grad_sync(self.base_model)
 
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
-        """Global L2 norm of all gradients (sharded DTensors summed over their shard dims), then scale."""
+        """Global L2 norm of all gradients (sharded DTensors summed over their shard dims), then scale. Every
+        collective runs on tensors on the run's device (NCCL takes no CPU tensors, and with --cpu-offload the
+        gradient shards live on the CPU)."""
         grads = [p.grad for p in self.base_model.parameters() if p.grad is not None]
         total = torch.zeros((), device=self.rt.device, dtype=torch.float32)
         pipe = self.pipeline
         counted = [p.grad for p in self.base_model.parameters() if p.grad is not None
                    and not (pipe is not None and pipe.last and not pipe.first and p is pipe.tied)]  # tied: once
-        for g in counted:
+        for g in counted:  # CPU-offloaded shards are summed where they live, then reduced on the run's device
             if _is_dtensor(g):
-                local = g.to_local().float().pow(2).sum()
+                local = g.to_local().float().pow(2).sum().to(total.device)
                 for dim, placement in enumerate(g.placements):
                     if placement.is_shard():
                         dist.all_reduce(local, group=g.device_mesh.get_group(dim))
-                total += local.to(total.device)
+                total += local
             else:
-                total += g.float().pow(2).sum()
+                total += g.float().pow(2).sum().to(total.device)
         if pipe is not None:  # every stage holds different parameters
             dist.all_reduce(total, group=pipe.group)
         norm = total.sqrt()
@@ -231,8 +282,11 @@ class Parallelized:
             return
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-        set_optimizer_state_dict(self.base_model, optimizer, state,
+        plain, quantized = _dequantized(state)
+        set_optimizer_state_dict(self.base_model, optimizer, plain,
                                  options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+        if quantized:
+            _requantize(optimizer, self.base_model, state)
 
     # what was applied, read back from the model -----------------------------------------------------
     def describe(self) -> dict[str, Any]:
