@@ -17,7 +17,6 @@ from safetensors.torch import load_file, save_file
 from effkit.artifacts import atomic_dir
 from effkit.errors import EffkitError
 
-
 SUBCLASS = "#"  # `<state>#<part>`: a tensor subclass (torchao's 8-bit moments) stored as its plain parts
 NESTED = "/"  # `<outer>/<inner>`: a dict inside one parameter's state (bitsandbytes' quantization state)
 

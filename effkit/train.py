@@ -401,7 +401,8 @@ def build_report(tr: Trainer, stage: str, parent: str | None, final: dict[str, f
         "final_train_loss": tr.rows[-1]["loss"] if tr.rows else None, "steps": tr.step,
         "train_tokens": tr.step * tr.tokens_per_step, "train_tokens_per_s": tokens_per_s,
         "train_wall_s": tr.train_wall, "flops_per_token": fpt, "mfu": mfu, "peak_flops": peak,
-        "peak_memory_bytes_per_rank": peak_mem, "peak_memory_absolute_bytes_per_rank": peak_abs, "params": tr.n_params, "time_breakdown_s": tr.clock.phases,
+        "peak_memory_bytes_per_rank": peak_mem, "peak_memory_absolute_bytes_per_rank": peak_abs,
+        "params": tr.n_params, "time_breakdown_s": tr.clock.phases,
         "train_split_tokens": tr.data.blocks.train_tokens, "heldout_split_tokens": tr.data.blocks.heldout_tokens,
         **stage_metrics,
     }
