@@ -4,8 +4,12 @@
 # Tiny model and few steps: a check that each path runs on the GPU, not a benchmark. About 5 minutes on one GPU.
 #
 # What it runs:
-#   train: single process in fp32, bf16 and fp16 (GradScaler), activation checkpointing;
-#          with 2+ GPUs also ddp, fsdp (bf16), tp and fsdp+tp (2-D mesh needs 4 GPUs; 2 GPUs give a (1, 2) mesh)
+#   train: the memory plan (--plan --fit); single process in fp32 with TF32 on and off (the report says which
+#          ran, MFU against that precision's peak), bf16 with activation checkpointing, fp16 (GradScaler) and
+#          its resume (the scaler's scale is checkpointed), 8-bit AdamW (bitsandbytes) and its resume;
+#          with 2+ GPUs also ddp, fsdp (bf16), tp and fsdp+tp (2-D mesh needs 4 GPUs; 2 GPUs give a (1, 2) mesh),
+#          fp16 with fsdp and with tp including a resume (the overflow decision all-reduced), fsdp with
+#          --cpu-offload (gradient clipping over offloaded shards), fsdp with 8-bit AdamW (torchao)
 #   prune: row, width (taylor), depth with distillation, and weight (wanda), on the GPU
 #   quantize: bnb and torchao on the GPU; dynamic on the CPU (PyTorch's dynamic int8 is CPU-only)
 #   export: ONNX int8 on the CPU (ONNX Runtime's CPU provider)
@@ -27,8 +31,15 @@ print(f"{torch.cuda.device_count()} GPU(s): {torch.cuda.get_device_name(0)}; tor
 EOF
 NGPU=$(python -c "import torch; print(torch.cuda.device_count())")
 
-step "train fp32"
+step "memory plan: predicted per-rank peak, and the cheapest tricks that fit"
+effkit train "${TINY[@]}" --plan --fit
+step "train fp32 (TF32 matmuls, the default on Ampere and newer)"
 effkit train "${TINY[@]}" --run-name "$RUN" --no-amp "${DIRS[@]}"
+step "train fp32 with --no-tf32"
+effkit train "${TINY[@]}" --run-name "$RUN-notf32" --no-amp --no-tf32 "${DIRS[@]}"
+step "train with 8-bit AdamW (bitsandbytes), then resume it"
+effkit train "${TINY[@]}" --run-name "$RUN-8bit" --optim adamw8bit --amp "${DIRS[@]}"
+effkit train "${TINY[@]}" --run-name "$RUN-8bit" --resume "${DIRS[@]}"
 step "train bf16 with activation checkpointing"
 effkit train "${TINY[@]}" --run-name "$RUN-bf16" --amp --amp-dtype bf16 --activation-checkpointing "${DIRS[@]}"
 step "train fp16 with GradScaler"
@@ -41,6 +52,17 @@ if [ "$NGPU" -ge 2 ]; then
     step "train --parallel $mode on 2 GPUs (bf16)"
     effkit train "${TINY[@]}" --run-name "$RUN-$mode" --parallel "$mode" --nproc 2 --amp "${DIRS[@]}"
   done
+  for mode in fsdp tp; do
+    step "train --parallel $mode on 2 GPUs in fp16 (ShardedGradScaler), then resume it"
+    effkit train "${TINY[@]}" --run-name "$RUN-$mode-fp16" --parallel "$mode" --nproc 2 --amp --amp-dtype fp16 \
+      "${DIRS[@]}"
+    effkit train "${TINY[@]}" --run-name "$RUN-$mode-fp16" --resume "${DIRS[@]}"
+  done
+  step "train --parallel fsdp --cpu-offload on 2 GPUs (clipping over CPU-resident gradient shards)"
+  effkit train "${TINY[@]}" --run-name "$RUN-offload" --parallel fsdp --nproc 2 --cpu-offload --amp "${DIRS[@]}"
+  step "train --parallel fsdp with 8-bit AdamW (torchao, on the shards) on 2 GPUs"
+  effkit train "${TINY[@]}" --run-name "$RUN-fsdp-8bit" --parallel fsdp --nproc 2 --optim adamw8bit --amp \
+    "${DIRS[@]}"
   step "train --parallel pp with GPipe and --amp auto on 2 GPUs"
   effkit train "${TINY[@]}" --run-name "$RUN-gpipe" --parallel pp --pp-schedule gpipe --nproc 2 "${DIRS[@]}"
   if [ "$NGPU" -ge 4 ]; then
@@ -96,5 +118,10 @@ for p in sorted(Path(sys.argv[1]).glob("gpu-smoke*/*.json")):
         bad.append(p.name)
 if bad:
     sys.exit(f"these stages ran on the CPU: {', '.join(bad)}")
+tf32 = {p.parent.name: json.loads(p.read_text())["what_ran"].get("fp32_matmuls")
+        for p in Path(sys.argv[1]).glob("gpu-smoke*/train.json") if p.parent.name in ("gpu-smoke", "gpu-smoke-notf32")}
+print(f"fp32 matmuls: {tf32}")
+if tf32.get("gpu-smoke-notf32") != "fp32":
+    sys.exit("--no-tf32 did not turn TF32 off")
 print("gpu smoke: every stage ran on CUDA")
 EOF

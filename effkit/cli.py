@@ -95,7 +95,7 @@ def train(
     ctx: typer.Context,
     recipe: Optional[Path] = typer.Option(None, help="TOML recipe; its \\[train] table sets defaults, flags override"),
     model: str = typer.Option(_D.model, help="preset (gpt2-nano, gpt2-micro, gpt2-mini, gpt2, gpt2-medium, "
-                              "gpt2-large), a Hugging Face model folder, or a hub id (online)"),
+                              "gpt2-large, gpt2-xl), a Hugging Face model folder, or a hub id (online)"),
     data: str = typer.Option(_D.data, help="builtin (State of the Union speeches), wikitext-103, wikitext-2, "
                              "or a .txt / folder / .jsonl path"),
     vocab_size: int = typer.Option(_D.vocab_size, help="BPE vocabulary size (ignored for pretrained models)"),
@@ -152,22 +152,67 @@ def train(
     reports_dir: str = typer.Option(_D.reports_dir, help="where reports/<run>/ go"),
     resume: bool = typer.Option(_D.resume, "--resume", help="continue the run (--run-name, default: latest) "
                                 "from its last checkpoint"),
+    plan: bool = typer.Option(False, "--plan", help="print the predicted per-rank peak memory and whether it fits, "
+                              "allocate nothing, and stop"),
+    fit: bool = typer.Option(False, "--fit", help="with --plan: propose the cheapest memory tricks that fit"),
 ):
     """Train a GPT-2 model (default: the CPU quickstart on the embedded corpus)."""
     quiet_libraries()
     cfg = build_config(TrainConfig, str(recipe) if recipe else None, _flags(ctx, TrainConfig))
+    if fit and not plan:
+        raise EffkitError("--fit goes with --plan: effkit train --plan --fit [options]")
+    if plan:
+        _print_plan(cfg, fit)
+        return
     if cfg.run.resume and not cfg.run.run_name:
         from effkit.artifacts import latest_run
 
         cfg = cfg.with_flat(run_name=latest_run(Path(cfg.run.runs_dir)).name)
+    from effkit.memplan import predict_quietly
     from effkit.train import train_any
 
-    report = train_any(cfg)
+    report = train_any(cfg, plan=predict_quietly(cfg))
     if "node_rank" in report:
         print(f"node {report['node_rank']}: training finished; node 0 saved the artifact "
               f"({report['artifact_on_node0']}) and wrote the report ({report['report_on_node0']}) on its machine")
         return
     _print_train_summary(report)
+
+
+def _print_plan(cfg, fit: bool) -> None:
+    from rich.table import Table
+
+    from effkit import memplan
+
+    changes: list[str] = []
+    if fit:
+        p, _, changes = memplan.fit(cfg)
+    else:
+        p = memplan.predict(cfg)
+    c = p.config
+    t = Table(title=f"memory plan: {c['model']}, {c['parallel']} x{c['world']}, batch {c['batch_size']} x "
+                    f"{c['block_size']} tokens, {c['optim']}, {c['amp']}, activation checkpointing "
+                    f"{'on' if c['activation_checkpointing'] else 'off'}")
+    t.add_column("per rank, at the peak")
+    t.add_column("MiB", justify="right")
+    for k, v in p.per_rank.items():
+        t.add_row(k, f"{v / 2**20:,.0f}")
+    t.add_row("[bold]total", f"[bold]{p.total_bytes / 2**20:,.0f}")
+    t.add_row(p.device, f"{p.device_bytes / 2**20:,.0f}" if p.device_bytes else "unknown")
+    console = _console()
+    console.print(t)
+    for n in p.notes:
+        console.print(f"  {n}")
+    verdict = ("fits" if p.fits else "does NOT fit") if p.fits is not None else "fit unknown (device memory unknown)"
+    console.print(f"plan: {verdict}; predicted by {memplan.METHOD}")
+    if fit:
+        if not changes and p.fits:
+            console.print("--fit: fits as asked; nothing to change")
+        elif p.fits:
+            console.print("--fit: add " + " ".join(changes))
+        else:
+            console.print("--fit: nothing effkit can change on one rank fits; use more processes with "
+                          "--parallel fsdp (or a GPU with more memory), or a smaller model")
 
 
 def _print_train_summary(report: dict) -> None:
@@ -594,7 +639,7 @@ def doctor():
 @app.command()
 def study(
     name: str = typer.Argument(..., help="sync, scaling, batch-size, amp, checkpointing, dataloader, profile, "
-                              "pipeline, pp-memory"),
+                              "pipeline, pp-memory, memory"),
     model: str = typer.Option("gpt2-mini", help="model preset"),
     data: str = typer.Option("builtin", help="corpus (as for effkit train)"),
     vocab_size: int = typer.Option(8192, help="BPE vocabulary size"),

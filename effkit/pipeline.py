@@ -43,6 +43,7 @@ from effkit.config import (
 )
 from effkit.errors import EffkitError
 from effkit.measure import stats
+from effkit.memplan import predict_quietly
 from effkit.parallel.launch import launch_command, nproc_per_node
 from effkit.prune.stage import run_prune
 from effkit.quantize.stage import run_quantize
@@ -487,7 +488,7 @@ def _run_stages(plan: Plan, steps: list[dict[str, Any]], console: Console) -> di
                 console.print("resuming training from its last checkpoint")
             record.done("train", outputs)  # before training: a resumed run continues only a matching checkpoint
             report = train_any(plan.train.replace(run=plan.train.run.replace(resume=resume)),
-                               on_step=eta.on_train_step)
+                               on_step=eta.on_train_step, plan=predict_quietly(plan.train))
             record.save()  # the run folder exists now
             eta.step_time_from_report(report)  # a launched run, or one too short for the in-run estimate
             finished("train")

@@ -45,6 +45,7 @@ class StudyConfig:
     block_sizes: tuple[int, ...] = (64, 128, 256)  # checkpointing study
     max_workers: int = -1  # dataloader study: 0..max_workers (-1: the number of CPU cores)
     microbatches: tuple[int, ...] = (1, 2, 4, 8)  # pipeline study
+    memory_models: tuple[str, ...] = ("gpt2-medium",)  # memory study: after --model
 
 
 def _train_cfg(s: StudyConfig, name: str, **kw) -> TrainConfig:
@@ -264,10 +265,78 @@ def study_pp_memory(s: StudyConfig) -> dict[str, Any]:
                            "built whole on every rank, then split, before the measurement starts)")]}
 
 
+# glibc keeps freed blocks up to its dynamic mmap threshold (up to 32 MiB) in the heap, so the resident set
+# stays high after the tensors are gone; with a fixed threshold every block over 128 KiB is returned when freed
+# and the resident set follows what the tensors hold (training runs slower this way: only for measuring)
+TENSOR_RSS_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072"}
+
+
+def study_memory(s: StudyConfig) -> dict[str, Any]:
+    """The memory plan against measurement: predicted (effkit.memplan) and measured per-rank peak over the
+    training steps, over models x optimizer x activation checkpointing, and for the first model ddp and fsdp on
+    `s.nproc` processes."""
+    from effkit import memplan
+
+    models = list(dict.fromkeys([s.model, *s.memory_models]))
+    grid = [(m, "none", o, ac, True) for m in models for o in ("adamw", "adamw8bit") for ac in (False, True)]
+    grid.append((models[0], "none", "adamw", False, False))  # the default allocator, as users run
+    if s.nproc >= 2:
+        grid += [(models[0], mode, "adamw", False, True) for mode in ("ddp", "fsdp")]
+    rows = []
+    for model, mode, opt, ac, tensor_rss in grid:
+        name = f"memory-{model}-{mode}-{opt}-{'ac' if ac else 'noac'}{'' if tensor_rss else '-default-malloc'}"
+        kw = dict(model=model, optim=opt, activation_checkpointing=ac, amp=False, max_steps=min(s.steps, 3),
+                  warmup_steps=1, eval_blocks=2)
+        if mode != "none":
+            kw.update(parallel=mode, nproc=s.nproc, threads=1)
+        cfg = _train_cfg(s, name, **kw)
+        plan = memplan.predict(cfg)
+        env = TENSOR_RSS_ENV if tensor_rss else {}
+        if mode == "none":
+            r = run_isolated("effkit.train:train_from_dict", {"config": cfg.to_dict()}, what=f"study run {name}",
+                             env=env)
+        else:
+            saved = {k: os.environ.get(k) for k in env}
+            os.environ.update(env)
+            try:
+                r = train_in_processes(cfg)
+            finally:
+                for k, v in saved.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
+        measured = max(r["metrics"]["peak_memory_bytes_per_rank"])
+        params = r["metrics"]["params"]
+        states = sum(plan.per_rank[k] for k in ("parameters", "gradients", "optimizer"))
+        rows.append({"model": model, "parallel": f"{mode} x{s.nproc}" if mode != "none" else "none", "optim": opt,
+                     "checkpointing": ac, "allocator": "tensor-tracking" if tensor_rss else "default",
+                     "predicted_mib": _mib(plan.steps_bytes), "measured_mib": _mib(measured),
+                     "error_pct": 100 * (plan.steps_bytes - measured) / measured,
+                     "model_state_bytes_per_param": states / params if mode == "none" else None,
+                     "measured_bytes_per_param": (measured + plan.per_rank["parameters"]) / params
+                     if mode == "none" else None})
+    tracked = [r for r in rows if r["allocator"] == "tensor-tracking"]
+    within = sum(abs(r["error_pct"]) <= 15 for r in tracked)
+    notes = [f"plan within 15% of the measured peak in {within} of {len(tracked)} configurations (tensor-tracking "
+             f"allocator); mean |error| {statistics.fmean(abs(r['error_pct']) for r in tracked):.1f}%",
+             "predicted: " + memplan.METHOD,
+             "measured: peak RSS over the training steps minus RSS at their start (the model built before), "
+             f"largest rank, one run each ({min(s.steps, 3)} steps, fp32, batch {s.batch_size} x {s.block_size} "
+             "tokens); tensor-tracking allocator: glibc's mmap threshold fixed at 128 KiB "
+             "(MALLOC_MMAP_THRESHOLD_=131072) so freed tensors leave the resident set; default: as users run, "
+             "where glibc keeps freed blocks",
+             "model_state_bytes_per_param: the plan's parameters + gradients + optimizer state at the peak / "
+             "parameters; measured_bytes_per_param: (measured increase + parameters) / parameters, activations "
+             "included",
+             "error_pct = (predicted - measured) / measured"]
+    return {"rows": rows, "notes": notes}
+
+
 STUDIES: dict[str, Callable[[StudyConfig], dict[str, Any]]] = {
     "sync": study_sync, "scaling": study_scaling, "batch-size": study_batch_size, "amp": study_amp,
     "checkpointing": study_checkpointing, "dataloader": study_dataloader, "profile": study_profile,
-    "pipeline": study_pipeline, "pp-memory": study_pp_memory,
+    "pipeline": study_pipeline, "pp-memory": study_pp_memory, "memory": study_memory,
 }
 
 
@@ -295,6 +364,24 @@ def _plot(name: str, result: dict[str, Any], path: Path) -> None:
         axes[2].set_ylabel("tokens/s")
         axes[2].set_title("fsdp vs tp")
         axes[2].legend()
+    elif name == "memory":
+        fig, ax = plt.subplots(figsize=(6.4, 4.4))
+        top = max(max(r["predicted_mib"], r["measured_mib"]) for r in rows) * 1.1
+        ax.fill_between([0, top], [0, top * 0.85], [0, top * 1.15], color="0.9", label="within 15%")
+        ax.plot([0, top], [0, top], "k-", lw=0.8)
+        for i, model in enumerate(dict.fromkeys(r["model"] for r in rows)):
+            for ac, marker in ((False, "o"), (True, "s")):
+                sub = [r for r in rows if r["model"] == model and r["checkpointing"] == ac
+                       and r["allocator"] == "tensor-tracking"]
+                if sub:
+                    ax.scatter([r["measured_mib"] for r in sub], [r["predicted_mib"] for r in sub], color=f"C{i}",
+                               marker=marker, label=f"{model}{', checkpointing' if ac else ''}")
+        ax.set_xlabel("measured peak over the steps (MiB)")
+        ax.set_ylabel("predicted (MiB)")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_title("memory plan vs measurement, per rank")
+        ax.legend(fontsize=8)
     else:
         fig, ax = plt.subplots(figsize=(6.4, 4))
         if name == "sync":

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -507,7 +508,23 @@ def train_in_processes(cfg: TrainConfig) -> dict[str, Any]:
     return json.loads(layout.report("train").read_text())
 
 
-def train_any(cfg: TrainConfig, on_step: Callable[[int, float], None] | None = None) -> dict[str, Any]:
+def attach_plan(report: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
+    """The memory plan made before the run, beside the measured peak, in the train report (rewritten)."""
+    measured = max(report["metrics"]["peak_memory_bytes_per_rank"])
+    report["memory_plan"] = {
+        "predicted_steps_bytes": plan["steps_bytes"], "predicted_total_bytes": plan["total_bytes"],
+        "predicted_per_rank_bytes": plan["per_rank_bytes"], "measured_steps_bytes": measured,
+        "measured_over_predicted": measured / plan["steps_bytes"] if plan["steps_bytes"] else None,
+        "method": plan["method"], "notes": plan["notes"],
+    }
+    report["protocol"]["memory_plan"] = ("predicted before the run (" + plan["method"] + "); compared with the "
+                                         "measured increase over the training steps of the largest rank")
+    write_stage_report(Path(report["config"]["run"]["reports_dir"]) / report["run"], report)
+    return report
+
+
+def train_any(cfg: TrainConfig, on_step: Callable[[int, float], None] | None = None,
+              plan: dict[str, Any] | None = None) -> dict[str, Any]:
     """`effkit train`: in this process, or in launched processes when a parallel mode or several are asked;
     the run is locked against a second effkit process meanwhile. `on_step(step, loss)` is called after every step
     of an in-process run (launched processes report only at the end)."""
@@ -517,4 +534,5 @@ def train_any(cfg: TrainConfig, on_step: Callable[[int, float], None] | None = N
     if cfg.parallel.node_rank != 0:  # other nodes write nothing (global rank 0 saves): no lock to take
         return run(cfg)
     with artifacts.run_lock(RunLayout.for_run(cfg.run).run_dir):
-        return run(cfg)
+        report = run(cfg)
+    return attach_plan(report, plan) if plan is not None and "metrics" in report else report

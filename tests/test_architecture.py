@@ -22,7 +22,8 @@ from effkit.quantize import backends
 PACKAGE = Path(effkit.__file__).parent
 # The layers, bottom up. The CLI sits on top; __main__ is `python -m effkit`, the CLI's other entry point.
 CORE = {"effkit", "effkit.errors", "effkit.config", "effkit.report", "effkit.checkpoint", "effkit.quiet",
-        "effkit.isolated", "effkit.onnx_export", "effkit.ct2_export", "effkit.quantize", "effkit.prune"}
+        "effkit.isolated", "effkit.onnx_export", "effkit.ct2_export", "effkit.quantize", "effkit.prune",
+        "effkit.optim", "effkit.memplan"}
 CORE_PACKAGES = ("effkit.data", "effkit.model", "effkit.parallel", "effkit.artifacts", "effkit.measure",
                  "effkit.quantize.backends", "effkit.prune")
 ENTRY = {"effkit.cli", "effkit.__main__"}

@@ -23,6 +23,7 @@ PRESETS: dict[str, dict[str, int]] = {
     "gpt2": dict(n_layer=12, n_embd=768, n_head=12, n_positions=1024),  # 124M
     "gpt2-medium": dict(n_layer=24, n_embd=1024, n_head=16, n_positions=1024),  # 355M
     "gpt2-large": dict(n_layer=36, n_embd=1280, n_head=20, n_positions=1024),  # 774M
+    "gpt2-xl": dict(n_layer=48, n_embd=1600, n_head=25, n_positions=1024),  # 1.5B
 }
 
 

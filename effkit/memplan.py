@@ -1,0 +1,254 @@
+"""`effkit train --plan`: the per-rank peak memory of a training configuration, predicted before anything is
+allocated, and `--plan --fit`: the cheapest combination of memory tricks that fits.
+
+How: the model is built under PyTorch's `FakeTensorMode` (tensors with shapes and no storage) and two training
+steps of one rank's share (its micro-batch, its pipeline stage's blocks, its tensor-parallel slice of each block)
+run under `torch.distributed._tools.mem_tracker.MemTracker`, which records every storage the forward, backward
+and optimizer step create, by kind (parameters, gradients, optimizer state, activations, temporaries). Nothing is
+allocated, so a plan for a model larger than the machine costs seconds.
+
+What is simulated and what is computed:
+- single process, ddp and pp are simulated as they run (pp: the stage's blocks; the first stage holds the
+  embeddings, the last the LM head and the loss; the schedule keeps up to `microbatches` micro-batches of
+  activations in flight on the first stage);
+- FSDP shards parameters, gradients and optimizer state by the data-parallel degree and, with
+  `reshard_after_forward`, gathers one block at a time (one block's full parameters and gradients on top);
+  tensor parallelism splits the four block matrices and the activations between them by the tp degree; both are
+  applied to the simulated single-rank figures by those factors;
+- 8-bit AdamW keeps 2 B per element of each tensor of at least 4,096 elements (bitsandbytes) plus one fp32 scale
+  per block of 256, and fp32 moments for smaller tensors;
+- a process's own runtime (the allocator's pools, thread pools, libraries' scratch space) is not a tensor and
+  is not predicted; on a CPU it is part of the measured resident set.
+
+The measured peak of a training run (`PeakMemory`) is the increase over the training steps, with the model
+already built and placed; the plan gives both that figure (`steps_bytes`) and the absolute one (`total_bytes`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from effkit.errors import EffkitError
+
+BNB_MIN_8BIT = 4096  # bitsandbytes keeps fp32 moments for smaller tensors
+BLOCK = 256  # 8-bit block size: one fp32 scale per block and moment
+
+
+@dataclass
+class Plan:
+    config: dict[str, Any]
+    per_rank: dict[str, int]  # bytes by kind at the predicted peak, one rank (the largest)
+    total_bytes: int  # the absolute per-rank peak
+    steps_bytes: int  # the increase over the training steps (the model built and placed before)
+    device: str
+    device_bytes: int | None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool | None:
+        return None if self.device_bytes is None else self.total_bytes <= self.device_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"config": self.config, "per_rank_bytes": self.per_rank, "total_bytes": self.total_bytes,
+                "steps_bytes": self.steps_bytes, "device": self.device, "device_bytes": self.device_bytes,
+                "fits": self.fits, "notes": self.notes, "method": METHOD}
+
+
+METHOD = ("two training steps of one rank's share simulated under FakeTensorMode with PyTorch's MemTracker "
+          "(no storage allocated); FSDP and TP shards applied by their degrees; 8-bit moments counted at 2 B per "
+          "element plus a 4 B scale per 256; the process runtime itself is not predicted")
+
+
+def device_memory(device: torch.device) -> tuple[str, int | None]:
+    """The device and how much memory it has: a GPU's total, or the machine's available RAM."""
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        return torch.cuda.get_device_name(device), total
+    try:
+        import psutil
+
+        return "CPU RAM (available now)", psutil.virtual_memory().available
+    except ImportError:
+        return "CPU RAM", None
+
+
+def _model_config(cfg) -> Any:
+    from transformers import AutoConfig, GPT2Config
+
+    from effkit.model import PRESETS, is_pretrained_source
+
+    name = cfg.model.name
+    if is_pretrained_source(name):
+        return AutoConfig.from_pretrained(name)
+    if name not in PRESETS:
+        raise EffkitError(f"--plan: unknown model {name!r}; use a preset ({', '.join(PRESETS)}) or a model folder")
+    return GPT2Config(vocab_size=cfg.data.vocab_size, **PRESETS[name])
+
+
+def _opt_state_8bit(params: list[torch.Tensor]) -> int:
+    total = 0
+    for p in params:
+        n = p.numel()
+        total += 2 * n + 2 * 4 * math.ceil(n / BLOCK) if n >= BNB_MIN_8BIT else 8 * n
+    return total
+
+
+def simulate(model_config, batch: int, block: int, *, checkpointing: bool, optim: str = "adamw",
+             amp_dtype: torch.dtype | None = None, layers: int | None = None) -> dict[str, int]:
+    """Bytes by kind at the peak of the second of two simulated training steps of `batch` blocks of `block`
+    tokens on a model with `layers` blocks (default: all)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
+    from transformers import GPT2LMHeadModel
+
+    from effkit.measure.metrics import autocast_ctx, lm_loss
+    from effkit.model import enable_activation_checkpointing
+    from effkit.model.gpt2 import _finish
+
+    mc = model_config.__class__.from_dict(model_config.to_dict())
+    mc.n_layer = layers if layers is not None else mc.n_layer
+    mc._attn_implementation = "sdpa"
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        model = _finish(GPT2LMHeadModel(mc))  # effkit's Linear layout, no KV cache, as training builds it
+        if checkpointing:
+            enable_activation_checkpointing(model)
+        model.train()
+        params = [p for p in model.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(params, lr=1e-3, foreach=False)
+        x = torch.randint(0, mc.vocab_size, (batch, block))
+        mt = MemTracker()
+        mt.track_external(model, opt)
+        with mt:
+            for step in range(2):
+                with autocast_ctx(torch.device("cpu"), amp_dtype):
+                    loss = lm_loss(model(x).logits, x)
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                if step == 0:
+                    mt.reset_mod_stats()
+        peak = next(iter(mt.get_tracker_snapshot("peak").values()))
+    kinds = {"parameters": _MemRefType.PARAM, "gradients": _MemRefType.GRAD, "optimizer": _MemRefType.OPT,
+             "activations": _MemRefType.ACT, "temporaries": _MemRefType.TEMP, "buffers": _MemRefType.BUFFER}
+    out = {k: int(peak.get(v, 0)) for k, v in kinds.items()}
+    if optim == "adamw8bit":
+        out["optimizer"] = _opt_state_8bit(params)
+    out["params_count"] = sum(p.numel() for p in params)
+    return out
+
+
+def simulate_layers(model_config, batch: int, block: int, layers: int, **kw) -> dict[str, int]:
+    """`simulate` for a model of `layers` blocks, from two small simulations (1 and 2 blocks): every kind of
+    memory at the peak grows by the same amount per block (each block adds its parameters, their gradients and
+    moments, and its saved activations), so the two fix the line. Minutes of fake execution for a 48-block model
+    become seconds."""
+    if layers <= 2:
+        return simulate(model_config, batch, block, layers=layers, **kw)
+    one = simulate(model_config, batch, block, layers=1, **kw)
+    two = simulate(model_config, batch, block, layers=2, **kw)
+    return {k: max(0, one[k] + (layers - 1) * (two[k] - one[k])) for k in one}
+
+
+def predict(cfg, device: torch.device | None = None) -> Plan:
+    """The plan of `cfg` (a TrainConfig) for one rank of the layout it asks for."""
+    from effkit.parallel import ParallelDims
+
+    o, p, d = cfg.optim, cfg.parallel, cfg.data
+    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    mc = _model_config(cfg)
+    from effkit.parallel.launch import nproc_per_node
+
+    nproc = nproc_per_node(p) if p.launched else 1
+    world = nproc * p.nnodes
+    dims = ParallelDims.build(p.replace(nproc=nproc), world, mc.n_head, mc.n_layer)
+    amp = {"bf16": torch.bfloat16, "fp16": torch.float16}[o.amp_dtype] if o.amp else None
+    notes = []
+    micro = o.batch_size
+    layers = mc.n_layer
+    in_flight = 1
+    if dims.pp_enabled:  # the first stage: the embeddings, its blocks, up to `microbatches` in flight
+        layers = math.ceil(mc.n_layer / dims.pp)
+        micro = o.batch_size // max(1, p.microbatches)
+        in_flight = min(p.microbatches, dims.pp) if p.pp_schedule == "1f1b" else p.microbatches
+        notes.append(f"pp: stage of {layers} blocks, {in_flight} micro-batch(es) of {micro} in flight")
+    sim = simulate_layers(mc, micro, d.block_size, layers, checkpointing=cfg.model.activation_checkpointing,
+                          optim=o.optim, amp_dtype=amp)
+    states = {k: sim[k] for k in ("parameters", "gradients", "optimizer")}
+    embed_bytes = (mc.vocab_size + mc.n_positions) * mc.n_embd * 4
+    block_share = (sim["parameters"] - embed_bytes) / layers  # one block's parameter bytes
+    if dims.tp > 1:  # the four block matrices (all but ~2% of a block) split by tp; activations kept whole
+        matrices = 12 * mc.n_embd * mc.n_embd * 4 / block_share
+        for k in states:
+            states[k] = int(states[k] - layers * block_share * matrices * (1 - 1 / dims.tp) * states[k]
+                            / max(1, sim["parameters"]))
+        block_share *= 1 - matrices * (1 - 1 / dims.tp)
+        notes.append(f"tp: block matrices / {dims.tp}; activations counted whole (an upper bound)")
+    if dims.dp_shard and dims.dp > 1:
+        for k in states:
+            states[k] = states[k] // dims.dp
+        gathered = int(block_share) * (1 if p.reshard_after_forward else layers)
+        states["parameters"] += gathered  # the unsharded block being computed
+        states["gradients"] += int(block_share)  # its full gradient before the reduce-scatter
+        notes.append(f"fsdp: model states / {dims.dp}, plus {'one block' if p.reshard_after_forward else 'all blocks'}"
+                     " gathered")
+    if p.cpu_offload and device.type == "cuda":
+        notes.append("cpu offload: sharded parameters, gradients and optimizer state live in CPU memory")
+        for k in states:
+            states[k] = 0
+    acts = sim["activations"] * in_flight
+    per_rank = {**states, "activations": acts, "temporaries": sim["temporaries"], "buffers": sim["buffers"]}
+    total = sum(per_rank.values())
+    name, avail = device_memory(device)
+    conf = {"model": cfg.model.name, "params": sim["params_count"] if dims.tp == 1 and not dims.pp_enabled else None,
+            "parallel": p.mode, "world": world, "batch_size": o.batch_size, "block_size": d.block_size,
+            "activation_checkpointing": cfg.model.activation_checkpointing, "optim": o.optim,
+            "amp": o.amp_dtype if o.amp else ("auto" if o.amp is None else "fp32")}
+    if o.amp is None:
+        notes.append("--amp auto: planned in fp32 (the larger); bf16 autocast adds bf16 weight copies, halves "
+                     "most activations")
+    return Plan(conf, per_rank, total, total - per_rank["parameters"] - per_rank["buffers"], name, avail, notes)
+
+
+def fit(cfg, device: torch.device | None = None, budget_bytes: int | None = None) -> tuple[Plan, Any, list[str]]:
+    """The cheapest change of `cfg` whose plan fits: as asked; 8-bit AdamW (moments 8 -> 2 B/param, no extra
+    compute); activation checkpointing (one more forward); both; then halving the micro-batch with twice the
+    accumulation (same global batch, more steps' overhead). Returns (plan, config, the changes made); the last
+    candidate's plan when none fits."""
+    o, m = cfg.optim, cfg.model
+    candidates: list[tuple[list[str], Any]] = [([], cfg)]
+    if o.optim != "adamw8bit":
+        candidates.append((["--optim adamw8bit"], cfg.replace(optim=o.replace(optim="adamw8bit"))))
+    if not m.activation_checkpointing:
+        candidates.append((["--activation-checkpointing"],
+                           cfg.replace(model=m.replace(activation_checkpointing=True))))
+        if o.optim != "adamw8bit":
+            candidates.append((["--optim adamw8bit", "--activation-checkpointing"],
+                               cfg.replace(optim=o.replace(optim="adamw8bit"),
+                                           model=m.replace(activation_checkpointing=True))))
+    last_changes, last_cfg = candidates[-1]
+    b, acc = last_cfg.optim.batch_size, last_cfg.optim.grad_accum
+    while b > 1:
+        b, acc = b // 2, acc * 2
+        candidates.append((last_changes + [f"--batch-size {b} --grad-accum {acc}"],
+                           last_cfg.replace(optim=last_cfg.optim.replace(batch_size=b, grad_accum=acc))))
+    plan = None
+    for changes, c in candidates:
+        plan = predict(c, device)
+        limit = budget_bytes if budget_bytes is not None else plan.device_bytes
+        if limit is None or plan.total_bytes <= limit:
+            return plan, c, changes
+    return plan, candidates[-1][1], candidates[-1][0]
+
+
+def predict_quietly(cfg) -> dict[str, Any] | None:
+    """The plan to put beside the measured peak in a training report; a run never fails for want of one (a bad
+    configuration fails later, in its own words)."""
+    try:
+        return predict(cfg).to_dict()
+    except Exception as e:  # noqa: BLE001 - the plan is a prediction; training goes on without it
+        print(f"memory plan not made ({type(e).__name__}: {str(e).splitlines()[0][:100]})")
+        return None

@@ -1,0 +1,101 @@
+"""The memory plan: simulated on fake tensors (nothing allocated), its two-point extrapolation equal to the full
+simulation, the same accounting as real tensors, the tricks moving it the way they must, and every training
+report putting it beside the measured peak."""
+
+import contextlib
+import json
+import subprocess
+import sys
+
+import pytest
+from transformers import GPT2Config
+
+from effkit import memplan
+from effkit.config import TrainConfig
+
+MC = GPT2Config(vocab_size=512, n_layer=3, n_embd=64, n_head=2, n_positions=64)
+
+
+def total(d):
+    return sum(v for k, v in d.items() if k != "params_count")
+
+
+def test_extrapolation_from_two_blocks_equals_the_full_simulation():
+    full = memplan.simulate(MC, 4, 32, checkpointing=False)
+    ext = memplan.simulate_layers(MC, 4, 32, 3, checkpointing=False)
+    assert total(ext) == pytest.approx(total(full), rel=0.03)
+    assert ext["optimizer"] == full["optimizer"] == pytest.approx(2 * full["parameters"], rel=1e-3)  # two fp32 moments
+
+
+def test_fake_simulation_counts_what_real_tensors_hold(monkeypatch):
+    """The same two training steps on real tensors, tracked the same way, peak at the same bytes."""
+    fake = memplan.simulate(MC, 4, 32, checkpointing=True)
+    from torch._subclasses import fake_tensor
+
+    monkeypatch.setattr(fake_tensor, "FakeTensorMode", lambda **k: contextlib.nullcontext())
+    real = memplan.simulate(MC, 4, 32, checkpointing=True)
+    assert total(real) == pytest.approx(total(fake), rel=0.02)
+
+
+def test_tricks_move_the_plan_the_way_they_must(tiny_cfg):
+    base = memplan.predict(tiny_cfg(batch_size=8))
+    eight = memplan.predict(tiny_cfg(batch_size=8, optim="adamw8bit"))
+    ac = memplan.predict(tiny_cfg(batch_size=8, activation_checkpointing=True))
+    small = memplan.predict(tiny_cfg(batch_size=2))
+    assert eight.per_rank["optimizer"] < base.per_rank["optimizer"] / 2  # 2 B instead of 8 on the matrices
+    assert eight.per_rank["activations"] == base.per_rank["activations"]
+    assert ac.per_rank["activations"] < base.per_rank["activations"]
+    assert small.per_rank["activations"] < base.per_rank["activations"]
+    fsdp = memplan.predict(tiny_cfg(batch_size=8, parallel="fsdp", nproc=2))
+    assert fsdp.per_rank["optimizer"] == base.per_rank["optimizer"] // 2
+    assert fsdp.per_rank["parameters"] < base.per_rank["parameters"]
+    assert base.steps_bytes == base.total_bytes - base.per_rank["parameters"] - base.per_rank["buffers"]
+
+
+def test_fit_proposes_the_cheapest_trick_that_fits(tiny_cfg):
+    cfg = tiny_cfg(batch_size=8)
+    asked = memplan.predict(cfg)
+    plan, _, changes = memplan.fit(cfg, budget_bytes=asked.total_bytes + 1)
+    assert changes == []
+    plan, chosen, changes = memplan.fit(cfg, budget_bytes=asked.total_bytes - 1)
+    assert changes == ["--optim adamw8bit"] and chosen.optim.optim == "adamw8bit"
+    assert plan.total_bytes < asked.total_bytes
+
+
+def test_plan_of_a_1_5b_model_allocates_nothing(tmp_path):
+    """`--plan` for gpt2-xl (5.8 GiB of fp32 weights) runs on fake tensors: the process stays far below the
+    model, and its plan for plain AdamW is over 22 GiB."""
+    code = ("import resource, sys; from effkit.cli import main; sys.argv = ['effkit', 'train', '--plan', "
+            "'--model', 'gpt2-xl', '--block-size', '1024', '--batch-size', '1']\n"
+            "try:\n    main()\nexcept SystemExit as e:\n    assert e.code in (0, None), e.code\n"
+            "print('maxrss_kib', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rss_gib = int(out.stdout.split("maxrss_kib")[-1]) / 2**20
+    import re
+
+    total_mib = float(re.search(r"total\S*\s*│\s*\S*?([\d,]+)", out.stdout).group(1).replace(",", ""))
+    assert total_mib > 22_000  # fp32 weights, gradients and AdamW moments alone: 23 GiB
+    assert "fits" in out.stdout or "does NOT fit" in out.stdout  # against this machine's memory
+    assert rss_gib < 2.0, rss_gib  # the weights alone would be 5.8 GiB
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "reports").exists()
+
+
+def test_train_report_puts_the_plan_beside_the_measured_peak(tiny_cfg):
+    from effkit.train import train_any
+
+    cfg = tiny_cfg(run_name="planned")
+    plan = memplan.predict(cfg)
+    report = train_any(cfg, plan=plan.to_dict())
+    mp = report["memory_plan"]
+    assert mp["predicted_steps_bytes"] == plan.steps_bytes
+    assert mp["measured_steps_bytes"] == max(report["metrics"]["peak_memory_bytes_per_rank"])
+    saved = json.loads((tmp_path_of(cfg) / "train.json").read_text())
+    assert saved["memory_plan"]["predicted_total_bytes"] == plan.total_bytes
+    assert "MemTracker" in saved["protocol"]["memory_plan"]
+
+
+def tmp_path_of(cfg: TrainConfig):
+    from pathlib import Path
+
+    return Path(cfg.run.reports_dir) / cfg.run.run_name
