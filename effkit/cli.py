@@ -199,6 +199,8 @@ def _print_plan(cfg, fit: bool) -> None:
         t.add_row(k, f"{v / 2**20:,.0f}")
     t.add_row("[bold]total", f"[bold]{p.total_bytes / 2**20:,.0f}")
     t.add_row(p.device, f"{p.device_bytes / 2**20:,.0f}" if p.device_bytes else "unknown")
+    if p.usable_bytes:
+        t.add_row(f"usable (less {memplan.HEADROOM:.0%} for the runtime)", f"{p.usable_bytes / 2**20:,.0f}")
     console = _console()
     console.print(t)
     for n in p.notes:

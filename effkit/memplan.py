@@ -8,13 +8,14 @@ and optimizer step create, by kind (parameters, gradients, optimizer state, acti
 allocated, so a plan for a model larger than the machine costs seconds.
 
 What is simulated and what is computed:
-- single process, ddp and pp are simulated as they run (pp: the stage's blocks; the first stage holds the
-  embeddings, the last the LM head and the loss; the schedule keeps up to `microbatches` micro-batches of
-  activations in flight on the first stage);
+- single process, ddp and pp are simulated as they run: ddp adds its gradient buckets (one more copy of the
+  gradients); pp simulates the first stage's blocks (with the embeddings, LM head and loss: an upper bound),
+  with up to `microbatches` micro-batches of activations in flight;
+- the model's blocks are simulated at 2 and 4 and extrapolated per block (`simulate_layers`);
 - FSDP shards parameters, gradients and optimizer state by the data-parallel degree and, with
   `reshard_after_forward`, gathers one block at a time (one block's full parameters and gradients on top);
-  tensor parallelism splits the four block matrices and the activations between them by the tp degree; both are
-  applied to the simulated single-rank figures by those factors;
+  tensor parallelism splits the four block matrices by the tp degree (activations are counted whole, an upper
+  bound); both are applied to the simulated single-rank figures by those factors;
 - 8-bit AdamW keeps 2 B per element of each tensor of at least 4,096 elements (bitsandbytes) plus one fp32 scale
   per block of 256, and fp32 moments for smaller tensors;
 - a process's own runtime (the allocator's pools, thread pools, libraries' scratch space) is not a tensor and
@@ -36,6 +37,7 @@ from effkit.errors import EffkitError
 
 BNB_MIN_8BIT = 4096  # bitsandbytes keeps fp32 moments for smaller tensors
 BLOCK = 256  # 8-bit block size: one fp32 scale per block and moment
+HEADROOM = 0.10  # of the device's memory kept for what the plan does not predict (the runtime, the allocator)
 
 
 @dataclass
@@ -49,18 +51,25 @@ class Plan:
     notes: list[str] = field(default_factory=list)
 
     @property
+    def usable_bytes(self) -> int | None:
+        return None if self.device_bytes is None else int(self.device_bytes * (1 - HEADROOM))
+
+    @property
     def fits(self) -> bool | None:
-        return None if self.device_bytes is None else self.total_bytes <= self.device_bytes
+        """Whether the predicted peak fits in the device's memory less the headroom for the runtime."""
+        return None if self.device_bytes is None else self.total_bytes <= self.usable_bytes
 
     def to_dict(self) -> dict[str, Any]:
         return {"config": self.config, "per_rank_bytes": self.per_rank, "total_bytes": self.total_bytes,
                 "steps_bytes": self.steps_bytes, "device": self.device, "device_bytes": self.device_bytes,
+                "usable_bytes": self.usable_bytes,
                 "fits": self.fits, "notes": self.notes, "method": METHOD}
 
 
 METHOD = ("two training steps of one rank's share simulated under FakeTensorMode with PyTorch's MemTracker "
-          "(no storage allocated); FSDP and TP shards applied by their degrees; 8-bit moments counted at 2 B per "
-          "element plus a 4 B scale per 256; the process runtime itself is not predicted")
+          "(no storage allocated; 2- and 4-block models, extrapolated per block); FSDP and TP shards applied by "
+          "their degrees; 8-bit moments counted at 2 B per element plus a 4 B scale per 256; the process runtime "
+          "itself is not predicted")
 
 
 def device_memory(device: torch.device) -> tuple[str, int | None]:
@@ -79,14 +88,12 @@ def device_memory(device: torch.device) -> tuple[str, int | None]:
 def _model_config(cfg) -> Any:
     from transformers import AutoConfig, GPT2Config
 
-    from effkit.model import PRESETS, is_pretrained_source
+    from effkit.model import check_preset, is_pretrained_source
 
     name = cfg.model.name
     if is_pretrained_source(name):
         return AutoConfig.from_pretrained(name)
-    if name not in PRESETS:
-        raise EffkitError(f"--plan: unknown model {name!r}; use a preset ({', '.join(PRESETS)}) or a model folder")
-    return GPT2Config(vocab_size=cfg.data.vocab_size, **PRESETS[name])
+    return GPT2Config(vocab_size=cfg.data.vocab_size, **check_preset(name))
 
 
 def _opt_state_8bit(params: list[torch.Tensor]) -> int:
@@ -142,15 +149,18 @@ def simulate(model_config, batch: int, block: int, *, checkpointing: bool, optim
 
 
 def simulate_layers(model_config, batch: int, block: int, layers: int, **kw) -> dict[str, int]:
-    """`simulate` for a model of `layers` blocks, from two small simulations (1 and 2 blocks): every kind of
-    memory at the peak grows by the same amount per block (each block adds its parameters, their gradients and
-    moments, and its saved activations), so the two fix the line. Minutes of fake execution for a 48-block model
-    become seconds."""
-    if layers <= 2:
+    """`simulate` for a model of `layers` blocks, from two small simulations (2 and 4 blocks): each block adds
+    its parameters, their moments and its saved activations, so every kind at the peak grows on a line the two
+    fix (a 1-block model peaks in another phase and is not used). The peak can move from the end of the forward
+    pass (activations) to the optimizer step (parameters, full gradients, moments) as the model grows: the
+    larger of the two is the plan. Minutes of fake execution for a 48-block model become seconds."""
+    if layers <= 4:
         return simulate(model_config, batch, block, layers=layers, **kw)
-    one = simulate(model_config, batch, block, layers=1, **kw)
-    two = simulate(model_config, batch, block, layers=2, **kw)
-    return {k: max(0, one[k] + (layers - 1) * (two[k] - one[k])) for k in one}
+    a = simulate(model_config, batch, block, layers=2, **kw)
+    b = simulate(model_config, batch, block, layers=4, **kw)
+    line = {k: max(0, a[k] + (layers - 2) * (b[k] - a[k]) // 2) for k in a}
+    at_step = {**line, "gradients": line["parameters"], "activations": 0}
+    return max(line, at_step, key=lambda d: sum(v for k, v in d.items() if k != "params_count"))
 
 
 def predict(cfg, device: torch.device | None = None) -> Plan:
@@ -195,6 +205,9 @@ def predict(cfg, device: torch.device | None = None) -> Plan:
         states["gradients"] += int(block_share)  # its full gradient before the reduce-scatter
         notes.append(f"fsdp: model states / {dims.dp}, plus {'one block' if p.reshard_after_forward else 'all blocks'}"
                      " gathered")
+    if dims.dp_replicate and dims.dp > 1 and p.sync == "ddp" and not dims.pp_enabled:
+        states["gradients"] += sim["parameters"]  # DDP's gradient buckets: one more copy of the gradients
+        notes.append("ddp: gradient buckets (one more copy of the gradients)")
     if p.cpu_offload and device.type == "cuda":
         notes.append("cpu offload: sharded parameters, gradients and optimizer state live in CPU memory")
         for k in states:
@@ -238,7 +251,7 @@ def fit(cfg, device: torch.device | None = None, budget_bytes: int | None = None
     plan = None
     for changes, c in candidates:
         plan = predict(c, device)
-        limit = budget_bytes if budget_bytes is not None else plan.device_bytes
+        limit = budget_bytes if budget_bytes is not None else plan.usable_bytes
         if limit is None or plan.total_bytes <= limit:
             return plan, c, changes
     return plan, candidates[-1][1], candidates[-1][0]
@@ -246,9 +259,11 @@ def fit(cfg, device: torch.device | None = None, budget_bytes: int | None = None
 
 def predict_quietly(cfg) -> dict[str, Any] | None:
     """The plan to put beside the measured peak in a training report; a run never fails for want of one (a bad
-    configuration fails later, in its own words)."""
+    configuration fails here, in one line, as it would when training starts)."""
     try:
         return predict(cfg).to_dict()
+    except EffkitError:  # a bad configuration: the same one line training would give, before anything is written
+        raise
     except Exception as e:  # noqa: BLE001 - the plan is a prediction; training goes on without it
         print(f"memory plan not made ({type(e).__name__}: {str(e).splitlines()[0][:100]})")
         return None

@@ -277,6 +277,11 @@ def describe(plan: Plan) -> list[dict[str, Any]]:
         what = (f"{t.model.name} on {t.data.source}, {t.optim.max_steps} steps, batch {t.optim.batch_size} x "
                 f"{t.data.block_size}, parallel {t.parallel.mode}, "
                 f"amp {'auto (measured)' if t.optim.amp is None else t.optim.amp_dtype if t.optim.amp else 'off'}")
+        mem = predict_quietly(t)
+        if mem is not None:
+            fits = {True: "fits", False: "does NOT fit", None: "fit unknown"}[mem["fits"]]
+            what += (f"; memory plan: {mem['total_bytes'] / 2**20:,.0f} MiB per rank at the peak, {fits} in "
+                     f"{mem['device']}" + (f" ({mem['device_bytes'] / 2**20:,.0f} MiB)" if mem["device_bytes"] else ""))
         entry = {"stage": "train", "what": what, "leaves": str(plan.layout.artifact("train"))}
         if t.parallel.launched:
             p = t.parallel.replace(nproc=nproc_per_node(t.parallel))  # as resolved on this machine

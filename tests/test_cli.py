@@ -114,7 +114,7 @@ def test_entry_point_exit_code_and_no_traceback(tmp_path):
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [
         "effkit: error: unknown model preset 'nope'; choose one of gpt2-nano, gpt2-micro, gpt2-mini, gpt2, "
-        "gpt2-medium, gpt2-large, or give a Hugging Face model folder"]
+        "gpt2-medium, gpt2-large, gpt2-xl, or give a Hugging Face model folder"]
 
 
 def test_help_lists_every_command():
