@@ -259,11 +259,11 @@ def fit(cfg, device: torch.device | None = None, budget_bytes: int | None = None
 
 def predict_quietly(cfg) -> dict[str, Any] | None:
     """The plan to put beside the measured peak in a training report; a run never fails for want of one (a bad
-    configuration fails here, in one line, as it would when training starts)."""
+    configuration is refused by training next, in one line, before anything is written)."""
     try:
         return predict(cfg).to_dict()
-    except EffkitError:  # a bad configuration: the same one line training would give, before anything is written
-        raise
+    except EffkitError:  # a bad configuration: training refuses it next, in its own words
+        return None
     except Exception as e:  # noqa: BLE001 - the plan is a prediction; training goes on without it
         print(f"memory plan not made ({type(e).__name__}: {str(e).splitlines()[0][:100]})")
         return None

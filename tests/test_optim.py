@@ -185,11 +185,11 @@ def test_tf32_is_set_only_where_the_gpu_has_it(monkeypatch):
     assert metrics.tf32_supported(torch.device("cuda", 0)) is False
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 0))
     assert metrics.tf32_supported(torch.device("cuda", 0)) is True
-    before = torch.backends.cuda.matmul.fp32_precision
+    before = torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision
     try:
         assert metrics.set_tf32(torch.device("cuda", 0), True) is True
         assert torch.backends.cuda.matmul.fp32_precision == "tf32"
         assert metrics.set_tf32(torch.device("cuda", 0), False) is False
         assert torch.backends.cuda.matmul.fp32_precision == "ieee"
-    finally:
-        torch.backends.cuda.matmul.fp32_precision = before
+    finally:  # process-wide switches: later tests (torch.export) must see them as they were
+        torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision = before
