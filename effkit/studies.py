@@ -46,6 +46,9 @@ class StudyConfig:
     max_workers: int = -1  # dataloader study: 0..max_workers (-1: the number of CPU cores)
     microbatches: tuple[int, ...] = (1, 2, 4, 8)  # pipeline study
     memory_models: tuple[str, ...] = ("gpt2-medium",)  # memory study: after --model
+    memory_optims: tuple[str, ...] = ("adamw", "adamw8bit")  # memory study
+    memory_checkpointing: tuple[bool, ...] = (False, True)  # memory study
+    memory_default_allocator: bool = True  # memory study: the first configuration again, with glibc's defaults
 
 
 def _train_cfg(s: StudyConfig, name: str, **kw) -> TrainConfig:
@@ -278,10 +281,12 @@ def study_memory(s: StudyConfig) -> dict[str, Any]:
     from effkit import memplan
 
     models = list(dict.fromkeys([s.model, *s.memory_models]))
-    grid = [(m, "none", o, ac, True) for m in models for o in ("adamw", "adamw8bit") for ac in (False, True)]
-    grid.append((models[0], "none", "adamw", False, False))  # the default allocator, as users run
+    grid = [(m, "none", o, ac, True) for m in models for o in s.memory_optims for ac in s.memory_checkpointing]
+    first = grid[0]
+    if s.memory_default_allocator:
+        grid.append((*first[:4], False))  # the default allocator, as users run
     if s.nproc >= 2:
-        grid += [(models[0], mode, "adamw", False, True) for mode in ("ddp", "fsdp")]
+        grid += [(first[0], mode, first[2], first[3], True) for mode in ("ddp", "fsdp")]
     rows = []
     for model, mode, opt, ac, tensor_rss in grid:
         name = f"memory-{model}-{mode}-{opt}-{'ac' if ac else 'noac'}{'' if tensor_rss else '-default-malloc'}"

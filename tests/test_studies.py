@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import sys
 
@@ -18,6 +19,9 @@ def tiny_study(tmp_path, corpus_dir):
 
 @pytest.mark.parametrize("name", list(STUDIES))
 def test_study_writes_consistent_json_markdown_and_png(name, tiny_study, tmp_path):
+    if name == "memory":  # one model, one configuration
+        tiny_study = dataclasses.replace(tiny_study, nproc=1, memory_models=(), memory_optims=("adamw8bit",),
+                                         memory_checkpointing=(True,), memory_default_allocator=False)
     result = run_study(name, tiny_study)
     out = tmp_path / "studies" / name
     data = json.loads((out / f"{name}.json").read_text())
@@ -27,7 +31,7 @@ def test_study_writes_consistent_json_markdown_and_png(name, tiny_study, tmp_pat
     assert md.count("\n|") - 2 == len(data["rows"])  # header, separator, one line per row
     assert data["config"]["model"] == "gpt2-nano"
     expected_rows = {"sync": 3, "scaling": 2, "batch-size": 2, "amp": 2, "checkpointing": 2, "dataloader": 2,
-                     "pipeline": 4, "pp-memory": 2}
+                     "pipeline": 4, "pp-memory": 2, "memory": 1}
     if name in expected_rows:
         assert len(data["rows"]) == expected_rows[name]
     if name == "sync":
@@ -43,6 +47,10 @@ def test_study_writes_consistent_json_markdown_and_png(name, tiny_study, tmp_pat
         for r in (by[("gpipe", 1)], by[("gpipe", 2)], by[("1f1b", 2)]):
             lo, hi = r["bubble_ci95"]
             assert r["time_per_iter_s"] > 0 and lo <= r["bubble_measured"] <= hi
+    if name == "memory":
+        assert [(r["optim"], r["checkpointing"], r["allocator"]) for r in data["rows"]] == [
+            ("adamw8bit", True, "tensor-tracking")]
+        assert all(r["predicted_mib"] > 0 and r["measured_mib"] > 0 for r in data["rows"])
     if name == "pp-memory":
         assert [r["mode"] for r in data["rows"]] == ["ddp", "pp"]
         assert data["rows"][1]["param_mib_rank0"] < data["rows"][0]["param_mib_rank0"]  # a stage holds part
