@@ -171,7 +171,8 @@ def train(
     from effkit.memplan import predict_quietly
     from effkit.train import train_any
 
-    report = train_any(cfg, plan=predict_quietly(cfg))
+    # a resumed run continues the configuration saved in its checkpoint, not these flags: no plan for it
+    report = train_any(cfg, plan=None if cfg.run.resume else predict_quietly(cfg))
     if "node_rank" in report:
         print(f"node {report['node_rank']}: training finished; node 0 saved the artifact "
               f"({report['artifact_on_node0']}) and wrote the report ({report['report_on_node0']}) on its machine")

@@ -166,12 +166,11 @@ def simulate_layers(model_config, batch: int, block: int, layers: int, **kw) -> 
 def predict(cfg, device: torch.device | None = None) -> Plan:
     """The plan of `cfg` (a TrainConfig) for one rank of the layout it asks for."""
     from effkit.parallel import ParallelDims
+    from effkit.parallel.launch import nproc_per_node
 
     o, p, d = cfg.optim, cfg.parallel, cfg.data
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     mc = _model_config(cfg)
-    from effkit.parallel.launch import nproc_per_node
-
     nproc = nproc_per_node(p) if p.launched else 1
     world = nproc * p.nnodes
     dims = ParallelDims.build(p.replace(nproc=nproc), world, mc.n_head, mc.n_layer)

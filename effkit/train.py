@@ -527,7 +527,8 @@ def train_any(cfg: TrainConfig, on_step: Callable[[int, float], None] | None = N
               plan: dict[str, Any] | None = None) -> dict[str, Any]:
     """`effkit train`: in this process, or in launched processes when a parallel mode or several are asked;
     the run is locked against a second effkit process meanwhile. `on_step(step, loss)` is called after every step
-    of an in-process run (launched processes report only at the end)."""
+    of an in-process run (launched processes report only at the end). `plan` (effkit.memplan's, made before)
+    goes into the report beside the measured peak."""
     if not cfg.run.run_name:
         cfg = cfg.replace(run=cfg.run.replace(run_name=artifacts.new_run_name(cfg.model.name)))
     run = train_in_processes if cfg.parallel.launched else partial(train, on_step=on_step)
