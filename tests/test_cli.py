@@ -42,6 +42,8 @@ def assert_clean_failure(code, err, tmp_path, needle):
     (["--amp", "--amp-dtype", "fp16"], "fp16 autocast does nothing on CPU"),
     (["--checkpoint-interval", "-1"], "must be >= 0 (0 = never"),
     (["--microbatches", "0"], "--microbatches must be at least 1"),
+    (["--optim", "sgd"], "--optim must be one of adamw, adamw-fused, adamw8bit (got 'sgd')"),
+    (["--fit"], "--fit goes with --plan"),
 ])
 def test_bad_options(extra, needle, tmp_path, corpus_dir, capsys, monkeypatch):
     code, err = run_cli(tiny(tmp_path, corpus_dir, *extra), capsys, monkeypatch)
