@@ -12,6 +12,7 @@ from typing import Optional
 
 import typer
 
+from effkit import optim as optim_registry  # (`optim` is also a flag of `train`)
 from effkit.config import (
     BenchConfig,
     ExportConfig,
@@ -119,8 +120,7 @@ def train(
                                             "bf16 on CUDA, on a CPU whichever of fp32 and bf16 measures faster "
                                             "for the model's shape (measured once per machine and shape)"),
     amp_dtype: str = typer.Option(_D.amp_dtype, help="bf16, or fp16 (CUDA only, with GradScaler)"),
-    optim: str = typer.Option(_D.optim, help="optimizer: adamw (PyTorch, fused where it runs), adamw-fused, "
-                              "adamw8bit (8-bit moments: bitsandbytes; torchao for fsdp/tp)"),
+    optim: str = typer.Option(_D.optim, help="optimizer: " + optim_registry.describe()),
     tf32: bool = typer.Option(_D.tf32, "--tf32/--no-tf32", help="CUDA (Ampere+): fp32 matmuls on TF32 tensor "
                               "cores"),
     activation_checkpointing: bool = typer.Option(_D.activation_checkpointing,

@@ -9,9 +9,9 @@ training loop and the memory plan read.
                 step once per parameter shape (about half a minute on a small CPU, once per process).
 
 Every optimizer gets the same parameter groups (weight decay on matrices only), betas (0.9, 0.95) and learning
-rate schedule. `OptimChoice.library` is what the report names. Small tensors keep fp32 moments in both 8-bit
-libraries (bitsandbytes below 4,096 elements, torchao below its block size); `state_bytes_per_param` is what the
-memory plan counts for the large ones.
+rate schedule; `build_optimizer` returns the library that runs it, which the report names. Small tensors keep
+fp32 moments in both 8-bit libraries (bitsandbytes below 4,096 elements, torchao below its block size), as the
+memory plan counts them. `--optim`'s help is read from here.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ BETAS = (0.9, 0.95)
 class OptimSpec:
     name: str
     help: str
-    state_bytes_per_param: int  # optimizer state per (large) parameter, for the memory plan
     build: Callable[[list[dict[str, Any]], float, bool], tuple[Any, str]]  # (groups, lr, sharded) -> (opt, library)
 
 
@@ -79,14 +78,15 @@ def _adamw8bit(groups: list[dict[str, Any]], lr: float, sharded: bool) -> tuple[
 
 
 OPTIMIZERS: dict[str, OptimSpec] = {s.name: s for s in (
-    OptimSpec("adamw", "PyTorch AdamW (fused kernel where it runs)", 8, _adamw),
-    OptimSpec("adamw-fused", "PyTorch's fused AdamW kernel", 8, _adamw_fused),
-    OptimSpec("adamw8bit", "8-bit AdamW moments (bitsandbytes; torchao for fsdp/tp)", 2, _adamw8bit),
+    OptimSpec("adamw", "PyTorch's, fused where it runs", _adamw),
+    OptimSpec("adamw-fused", "PyTorch's fused kernel", _adamw_fused),
+    OptimSpec("adamw8bit", "8-bit moments: bitsandbytes; torchao for fsdp/tp", _adamw8bit),
 )}
 
 
-def names() -> tuple[str, ...]:
-    return tuple(OPTIMIZERS)
+def describe() -> str:
+    """`name (help)` of every optimizer, for `--help`."""
+    return ", ".join(f"{o.name} ({o.help})" for o in OPTIMIZERS.values())
 
 
 def get(name: str) -> OptimSpec:

@@ -27,30 +27,30 @@ EVAL_PROTOCOL = ("token-level mean cross-entropy over the fixed held-out blocks 
 # GPU has no bf16) and "tf32" are tensor-core figures, "fp32" the plain FMA units. Matched by the exact name
 # `torch.cuda.get_device_name` returns (an H100 PCIe is not an H100 SXM; "NVIDIA L40" is not "NVIDIA L4"); a GPU
 # not listed gets no MFU, and the report says so.
+_H100_SXM = {"bf16": 989e12, "tf32": 495e12, "fp32": 67e12}
+_H100_NVL = {"bf16": 836e12, "tf32": 418e12, "fp32": 60e12}
+_A100 = {"bf16": 312e12, "tf32": 156e12, "fp32": 19.5e12}
+_V100_SXM2 = {"bf16": 125e12, "fp32": 15.7e12}  # fp16 tensor cores; no bf16, no TF32
 GPU_PEAKS: dict[str, dict[str, float]] = {
-    "NVIDIA H200": {"bf16": 989e12, "tf32": 495e12, "fp32": 67e12},
-    "NVIDIA H200 NVL": {"bf16": 836e12, "tf32": 418e12, "fp32": 60e12},
-    "NVIDIA H100 80GB HBM3": {"bf16": 989e12, "tf32": 495e12, "fp32": 67e12},  # SXM5
+    "NVIDIA H200": _H100_SXM, "NVIDIA H200 NVL": _H100_NVL,
+    "NVIDIA H100 80GB HBM3": _H100_SXM,  # SXM5
     "NVIDIA H100 PCIe": {"bf16": 756e12, "tf32": 378e12, "fp32": 51e12},
-    "NVIDIA H100 NVL": {"bf16": 836e12, "tf32": 418e12, "fp32": 60e12},
-    "NVIDIA A100-SXM4-80GB": {"bf16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
-    "NVIDIA A100-SXM4-40GB": {"bf16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
-    "NVIDIA A100-PCIE-40GB": {"bf16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
-    "NVIDIA A100 80GB PCIe": {"bf16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
+    "NVIDIA H100 NVL": _H100_NVL,
+    "NVIDIA A100-SXM4-80GB": _A100, "NVIDIA A100-SXM4-40GB": _A100, "NVIDIA A100-PCIE-40GB": _A100,
+    "NVIDIA A100 80GB PCIe": _A100,
     "NVIDIA L40S": {"bf16": 362e12, "tf32": 183e12, "fp32": 91.6e12},
     "NVIDIA L40": {"bf16": 181e12, "tf32": 90.5e12, "fp32": 90.5e12},
     "NVIDIA L4": {"bf16": 121e12, "tf32": 60e12, "fp32": 30.3e12},
     "NVIDIA A10": {"bf16": 125e12, "tf32": 62.5e12, "fp32": 31.2e12},
     "NVIDIA GeForce RTX 4090": {"bf16": 165e12, "tf32": 82.6e12, "fp32": 82.6e12},
     "NVIDIA GeForce RTX 3090": {"bf16": 71e12, "tf32": 35.6e12, "fp32": 35.6e12},
-    "Tesla V100-SXM2-16GB": {"bf16": 125e12, "fp32": 15.7e12},  # fp16 tensor cores; no bf16, no TF32
-    "Tesla V100-SXM2-32GB": {"bf16": 125e12, "fp32": 15.7e12},
+    "Tesla V100-SXM2-16GB": _V100_SXM2, "Tesla V100-SXM2-32GB": _V100_SXM2,
     "Tesla V100-PCIE-16GB": {"bf16": 112e12, "fp32": 14e12},
     "Tesla T4": {"bf16": 65e12, "fp32": 8.1e12},
 }
 
 
-def matmul_precision(device: torch.device, amp_dtype: torch.dtype | None, tf32: bool) -> str:
+def matmul_precision(amp_dtype: torch.dtype | None, tf32: bool) -> str:
     """The precision the training matmuls run in: "bf16" (or fp16) under autocast, "tf32" for fp32 matmuls with
     TF32 on, else "fp32"."""
     if amp_dtype is not None:
@@ -162,7 +162,7 @@ def peak_flops(device: torch.device, dtype: torch.dtype, tf32: bool = False) -> 
     TF32's tensor-core peak)."""
     if device.type == "cuda":
         amp = None if dtype == torch.float32 else dtype
-        return gpu_peak_flops(torch.cuda.get_device_name(device), matmul_precision(device, amp, tf32))
+        return gpu_peak_flops(torch.cuda.get_device_name(device), matmul_precision(amp, tf32))
     return cpu_peak_flops(dtype)
 
 

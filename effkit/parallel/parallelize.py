@@ -135,7 +135,7 @@ def _dequantized(state: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     for key, pstate in state["state"].items():
         out["state"][key] = {}
         for name, v in pstate.items():
-            if torch.is_tensor(v) and hasattr(v, "dequantize") and type(v).__name__ == "OptimState8bit":
+            if type(v).__name__ == "OptimState8bit":
                 v, found = v.dequantize(), True
             out["state"][key][name] = v
     return out, found
