@@ -22,10 +22,10 @@ import torch
 
 from effkit import artifacts
 from effkit.artifacts.loader import cannot_run_on, is_quantized, kind, load_any, trainable
+from effkit.child import run_isolated
 from effkit.config import BenchConfig, DataConfig
 from effkit.data import prepare
 from effkit.errors import EffkitError
-from effkit.isolated import run_isolated
 from effkit.measure import metrics, stats
 from effkit.measure.compare import generate_sample
 from effkit.parallel import resolve_device

@@ -31,6 +31,7 @@ from effkit.artifacts.loader import load_command
 from effkit.bench import PEERS as PEER_TAGS
 from effkit.bench import run_bench
 from effkit.checkpoint import Checkpointer
+from effkit.child import Job
 from effkit.config import (
     WORKLOADS,
     BenchConfig,
@@ -285,7 +286,7 @@ def describe(plan: Plan) -> list[dict[str, Any]]:
         entry = {"stage": "train", "what": what, "leaves": str(plan.layout.artifact("train"))}
         if t.parallel.launched:
             p = t.parallel.replace(nproc=nproc_per_node(t.parallel))  # as resolved on this machine
-            cmd, env = launch_command(p, Path("<tmp>/launch-config.json"), Path("<tmp>/errors"))
+            cmd, env = launch_command(p, Job(Path("<tmp>/job")))
             cpu = " ACCELERATE_USE_CPU=1" if env.get("ACCELERATE_USE_CPU") else ""
             entry["launch"] = f"{cpu.strip()} {shlex.join(cmd)}".strip()
         rows.append(entry)

@@ -20,10 +20,10 @@ from typing import Any
 import torch
 
 from effkit import artifacts
+from effkit.child import run_isolated
 from effkit.config import TrainConfig
 from effkit.data import BlockSampler, make_loader, prepare
 from effkit.errors import EffkitError
-from effkit.isolated import run_isolated
 from effkit.measure import metrics, stats
 from effkit.model import PRESETS
 from effkit.report import atomic_write_text, pyplot

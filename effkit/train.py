@@ -164,7 +164,7 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, rt: Runtime, *, model: torch.nn.Module | None = None,
                  resumed: Checkpoint | None = None, hooks: TrainHooks | None = None, tag: str = "train",
-                 progress: bool = True):
+                 progress: bool = True, dims: ParallelDims | None = None):
         if not cfg.run.run_name:
             cfg = cfg.replace(run=cfg.run.replace(run_name=artifacts.new_run_name(cfg.model.name)))
         self.cfg, self.rt, self.tag, self.progress = cfg, rt, tag, progress
@@ -196,10 +196,13 @@ class Trainer:
         model.to(rt.device)
         model.train()
 
+        # the layout: given by the launcher (built once, before launching) or built here for a run in one process
+        self.dims = (dims.check_world(rt.world_size) if dims is not None
+                     else ParallelDims.build(cfg.parallel, rt.world_size)).check_model(model.config.n_head,
+                                                                                      model.config.n_layer)
         self.amp_dtype, self.amp_note, self.amp_probe = resolve_amp(o, rt.device, model, d.block_size)
-        if cfg.parallel.mode.startswith("pp") and self.amp_dtype == torch.float16:
+        if self.dims.pp_enabled and self.amp_dtype == torch.float16:
             raise EffkitError("--parallel pp does not combine with fp16's GradScaler; use --amp-dtype bf16 or --no-amp")
-        self.dims = ParallelDims.build(cfg.parallel, rt.world_size, model.config.n_head, model.config.n_layer)
         p = cfg.parallel
         self.par = parallelize_gpt2(model, self.dims, p.sync, self.amp_dtype, p.reshard_after_forward, p.cpu_offload,
                                     rt, pp_schedule=p.pp_schedule, microbatches=p.microbatches,
@@ -434,10 +437,10 @@ def build_report(tr: Trainer, stage: str, parent: str | None, final: dict[str, f
 # ---------------------------------------------------------------------------------------------- entry points
 
 def train(cfg: TrainConfig, rt: Runtime | None = None, *, on_step: Callable[[int, float], None] | None = None,
-          progress: bool = True) -> dict[str, Any]:
-    """Train per `cfg` in this process (or as one rank of a launched run); returns the report dict.
-    `on_step(step, loss)` is called after every step. `cfg.run.resume` continues from the last checkpoint
-    with the config saved there."""
+          progress: bool = True, dims: ParallelDims | None = None) -> dict[str, Any]:
+    """Train per `cfg` in this process (or as one rank of a launched run, with the layout `dims` built before
+    launching); returns the report dict. `on_step(step, loss)` is called after every step. `cfg.run.resume`
+    continues from the last checkpoint with the config saved there."""
     cfg = cfg.validate()
     rt = rt or init_runtime()
     resumed = None
@@ -447,7 +450,10 @@ def train(cfg: TrainConfig, rt: Runtime | None = None, *, on_step: Callable[[int
         saved = TrainConfig.from_dict(resumed.config)
         cfg = saved.replace(run=saved.run.replace(resume=True),
                             optim=saved.optim.replace(time_budget=cfg.optim.time_budget))
-    trainer = Trainer(cfg, rt, resumed=resumed, hooks=TrainHooks(on_step=on_step), progress=progress)
+        if dims is not None and dims.mode != cfg.parallel.mode:
+            raise EffkitError(f"run {cfg.run.run_name!r} was trained with --parallel {cfg.parallel.mode}; resume it "
+                              f"with --parallel {cfg.parallel.mode} (got {dims.mode})")
+    trainer = Trainer(cfg, rt, resumed=resumed, hooks=TrainHooks(on_step=on_step), progress=progress, dims=dims)
     trainer.fit()
     return trainer.finish()
 
@@ -483,7 +489,7 @@ def train_in_processes(cfg: TrainConfig) -> dict[str, Any]:
         raise EffkitError("--cpu-offload moves FSDP parameters from GPU to CPU; there is no GPU here, drop it")
     nproc = nproc_per_node(p)
     shape = shape_of(cfg.model.name)
-    ParallelDims.build(p.replace(nproc=nproc), nproc * p.nnodes, shape.get("n_head"), shape.get("n_layer"))
+    dims = ParallelDims.build(p.replace(nproc=nproc), nproc * p.nnodes, shape.get("n_head"), shape.get("n_layer"))
     threads = p.threads or (0 if torch.cuda.is_available() else max(1, (os.cpu_count() or 1) // nproc))
     cfg = cfg.replace(parallel=p.replace(nproc=nproc, threads=threads),
                       run=cfg.run.replace(run_name=cfg.run.run_name or artifacts.new_run_name(cfg.model.name)))
@@ -501,7 +507,7 @@ def train_in_processes(cfg: TrainConfig) -> dict[str, Any]:
             torch.set_num_threads(before)
         del model
     layout = RunLayout.for_run(cfg.run)
-    launch(cfg.to_dict(), cfg.parallel, cfg.run.run_name)
+    launch({"config": cfg.to_dict(), "dims": dims.to_dict()}, cfg.parallel, cfg.run.run_name)
     if p.node_rank != 0:  # only global rank 0 (on node 0) saves the artifact and writes the report
         return {"stage": "train", "run": cfg.run.run_name, "node_rank": p.node_rank,
                 "report_on_node0": str(layout.report("train")), "artifact_on_node0": str(layout.artifact("train"))}

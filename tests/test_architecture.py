@@ -22,7 +22,7 @@ from effkit.quantize import backends
 PACKAGE = Path(effkit.__file__).parent
 # The layers, bottom up. The CLI sits on top; __main__ is `python -m effkit`, the CLI's other entry point.
 CORE = {"effkit", "effkit.errors", "effkit.config", "effkit.report", "effkit.checkpoint", "effkit.quiet",
-        "effkit.isolated", "effkit.onnx_export", "effkit.ct2_export", "effkit.quantize", "effkit.prune",
+        "effkit.child", "effkit.onnx_export", "effkit.ct2_export", "effkit.quantize", "effkit.prune",
         "effkit.optim", "effkit.memplan"}
 CORE_PACKAGES = ("effkit.data", "effkit.model", "effkit.parallel", "effkit.artifacts", "effkit.measure",
                  "effkit.quantize.backends", "effkit.prune")
@@ -95,7 +95,7 @@ def is_core(name: str) -> bool:
 
 def test_the_graph_sees_function_level_imports():
     graph = import_graph()
-    assert "effkit.train" in graph["effkit.worker"]  # imported inside main()
+    assert "effkit.train" in graph["effkit.worker"]  # imported inside train_rank()
     assert "effkit.quiet" in graph["effkit.cli"]  # imported inside a function
 
 

@@ -294,6 +294,7 @@ def test_a_killed_pipeline_run_resumes_to_the_same_losses(tmp_path, corpus_dir):
 
 
 def test_the_rank_killed_from_outside_is_named_not_the_one_the_launcher_stopped(tmp_path):
+    from effkit.child import Job
     from effkit.errors import WorkerFailed
     from effkit.parallel.launch import raise_worker_failure
 
@@ -313,4 +314,4 @@ def test_the_rank_killed_from_outside_is_named_not_the_one_the_launcher_stopped(
   traceback : Signal 9 (SIGKILL) received by PID 1147
 """)
     with pytest.raises(WorkerFailed, match=r"^rank 1 was killed by SIGKILL; .*\(then rank 0\)"):
-        raise_worker_failure(tmp_path / "errors", 1, log)
+        raise_worker_failure(Job(tmp_path), 1, log)

@@ -341,11 +341,10 @@ def compile_for_inference(model, batches: tuple[int, ...], block: int) -> tuple[
         return None, "not run: an ONNX Runtime artifact (its graph is already optimized by ONNX Runtime)"
     import logging
 
-    import torch._inductor.config as inductor
-
     logging.getLogger("torch._dynamo").setLevel(logging.ERROR)  # recompile-limit notices (bitsandbytes' modules)
-    inductor.freezing = True
-    compiled = torch.compile(model, dynamic=False)
+    # freezing for this compilation only (an Inductor option, not the process-wide switch: compiled decoding
+    # mutates its static KV cache, which freezing would fold into constants)
+    compiled = torch.compile(model, dynamic=False, options={"freezing": True})
     try:
         for b in batches:
             forward_timer(compiled, b, block)()
@@ -412,12 +411,6 @@ def generation_budget(model, tokenizer, wanted: int, prompt: str = GENERATION_PR
                  f"{model.config.n_positions} tokens"
 
 
-def _inductor_config():
-    import torch._inductor.config as inductor
-
-    return inductor
-
-
 def compiled_generation(model) -> tuple[dict[str, Any] | None, str]:
     """`generate` keyword arguments that decode with a static KV cache and a `torch.compile`d forward (Inductor,
     static shapes: the cache no longer grows, so one graph serves every step; transformers compiles it on the
@@ -442,15 +435,11 @@ def greedy_generate(model, tokenizer, new_tokens: int, prompt: str = GENERATION_
     device = model_device(model)
     ids = tokenizer(prompt, return_tensors="pt").input_ids.to(device).expand(batch, -1).contiguous()
     kwargs = generate_kwargs or {}
-    # Inductor's freezing (set for compiled forwards, see compile_for_inference) would fold the static cache that
-    # decoding mutates into constants: compiled decoding runs with it off
-    frozen = nullcontext() if "compile_config" not in kwargs else _inductor_config().patch(freezing=False)
     synchronize(device)
     t = time.perf_counter()
-    with frozen:
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
-                             min_new_tokens=new_tokens, do_sample=False, use_cache=True,
-                             pad_token_id=tokenizer.eos_token_id, **kwargs)
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                         min_new_tokens=new_tokens, do_sample=False, use_cache=True,
+                         pad_token_id=tokenizer.eos_token_id, **kwargs)
     synchronize(device)
     return out[0, ids.shape[1]:], time.perf_counter() - t
 

@@ -2,28 +2,27 @@
 to one clear line.
 
 CPU: gloo, `ACCELERATE_USE_CPU=1` (without it `accelerate launch` on a CPU-only machine starts N processes that
-each think they are alone); GPU: nccl, one GPU per process. Each process runs `python -m effkit.worker CONFIG`,
-which joins the process group (`runtime.init_distributed`) and trains.
+each think they are alone); GPU: nccl, one GPU per process. Each process runs one job of the child-process protocol
+(`python -m effkit.child JOB`, see `effkit.child`), which calls `effkit.worker.train_rank`: it joins the process
+group (`runtime.init_distributed`) and trains.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from effkit.child import Job
 from effkit.config import ParallelConfig
 from effkit.errors import EffkitError, WorkerFailed
 
-WORKER_MODULE = "effkit.worker"
+WORKER_TARGET = "effkit.worker:train_rank"
 
 
 def default_nproc() -> int:
@@ -41,14 +40,14 @@ def nproc_per_node(p: ParallelConfig) -> int:
     return nproc
 
 
-def launch_command(p: ParallelConfig, cfg_path: Path, errors: Path) -> tuple[list[str], dict[str, str]]:
+def launch_command(p: ParallelConfig, job: Job) -> tuple[list[str], dict[str, str]]:
     """The `accelerate launch` command line and environment (also shown by `effkit run --dry-run`)."""
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(p.nproc * p.nnodes),
            "--num_machines", str(p.nnodes), "--machine_rank", str(p.node_rank),
            "--main_process_ip", p.master_addr, "--main_process_port", str(p.master_port),
            "--mixed_precision", "no", "--dynamo_backend", "no", "--max_restarts", "0", "--monitor_interval", "1",
-           "--multi_gpu", "-m", WORKER_MODULE, str(cfg_path)]  # multi_gpu = torchrun, CPU too
-    env = dict(os.environ, EFFKIT_ERRORS_DIR=str(errors), TOKENIZERS_PARALLELISM="false")
+           "--multi_gpu", *job.module_args()]  # multi_gpu = torchrun, CPU too
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
     if not torch.cuda.is_available():
         env["ACCELERATE_USE_CPU"] = "1"
         env.setdefault("OMP_NUM_THREADS", str(p.threads or 1))
@@ -80,21 +79,20 @@ def wait_for_master(p: ParallelConfig) -> None:
             time.sleep(0.5)
 
 
-def launch(config: dict[str, Any], p: ParallelConfig, run_name: str) -> None:
-    """Run the worker in `p.nproc` processes per node with `config` (a TrainConfig as a dict); wait; raise a
-    one-line error naming the rank that failed first. The launch files (config, per-rank error records, the
-    launcher's log) live in a temporary folder, removed after a success and named in the error after a failure,
-    so a failed launch leaves nothing in the run's folder."""
+def launch(kwargs: dict[str, Any], p: ParallelConfig, run_name: str) -> None:
+    """Run `train_rank(**kwargs)` in `p.nproc` processes per node; wait; raise a one-line error naming the rank
+    that failed first. The job folder (the call, per-rank error records, the launcher's log) is temporary: removed
+    after a success and named in the error after a failure, so a failed launch leaves nothing in the run's
+    folder."""
     wait_for_master(p)
-    work = Path(tempfile.mkdtemp(prefix=f"effkit-launch-{run_name}-"))
-    cfg_path, errors, log = work / "launch-config.json", work / "errors", work / "launch.log"
-    cfg_path.write_text(json.dumps(config, indent=1))
-    cmd, env = launch_command(p, cfg_path, errors)
+    job = Job.create(WORKER_TARGET, kwargs, prefix=f"effkit-launch-{run_name}-")
+    log = job.folder / "launch.log"
+    cmd, env = launch_command(p, job)
     with log.open("w") as err:  # the launcher's and workers' stderr: warnings, and tracebacks on a crash
         proc = subprocess.run(cmd, env=env, stderr=err)
     if proc.returncode != 0:
-        raise_worker_failure(errors, proc.returncode, log)
-    shutil.rmtree(work, ignore_errors=True)
+        raise_worker_failure(job, proc.returncode, log)
+    job.remove()
 
 
 # torchrun's failure summary: "rank      : 1 (local_rank: 1)" then "exitcode  : -9 (pid: 123)  (SIGKILL)"
@@ -107,11 +105,10 @@ def killed_ranks(log: Path) -> dict[int, str]:
     return {int(rank): sig or f"signal {-int(code)}" for rank, code, sig in _FAILURE.findall(text) if int(code) < 0}
 
 
-def raise_worker_failure(errors: Path, code: int, log: Path) -> None:
+def raise_worker_failure(job: Job, code: int, log: Path) -> None:
     """Name the rank that failed first: one killed by a signal (the others then lose their peer), else the
     earliest error a rank recorded itself."""
-    reports = sorted(errors.glob("rank*.json")) if errors.is_dir() else []
-    failures = sorted((json.loads(p.read_text()) for p in reports), key=lambda r: r["time"])
+    failures = job.failures()
     recorded = {r["rank"] for r in failures}
     killed = {r: sig for r, sig in killed_ranks(log).items() if r not in recorded}
     if killed:
