@@ -26,7 +26,7 @@ from effkit.child import run_isolated
 from effkit.config import BenchConfig, DataConfig
 from effkit.data import prepare
 from effkit.errors import EffkitError
-from effkit.measure import metrics, stats
+from effkit.measure import metrics, results, stats
 from effkit.measure.compare import generate_sample
 from effkit.parallel import resolve_device
 from effkit.report import atomic_write_text, write_rows_csv
@@ -141,11 +141,11 @@ def bench_one(path: Path, cfg: BenchConfig, tokenizer, eval_blocks: torch.Tensor
                 once()
     r["peak_memory_bytes"] = mem.peak_bytes
     if (control := dense_control_of(path)) is not None:  # after the peak: the control is not part of the footprint
-        if "eval_loss_delta_vs_control" in meta["metrics"]:  # measured by the prune stage on the same blocks
-            r["eval_loss_delta_vs_control"] = meta["metrics"]["eval_loss_delta_vs_control"]
+        if results.EVAL_LOSS_DELTA_VS_CONTROL in meta["metrics"]:  # measured by the prune stage on the same blocks
+            r[results.EVAL_LOSS_DELTA_VS_CONTROL] = meta["metrics"][results.EVAL_LOSS_DELTA_VS_CONTROL]
         else:  # a descendant (int8, ONNX) of a pruned round: against the same control, paired on the same blocks
             ctrl = metrics.evaluate(load_any(control, device).eval(), eval_blocks, cfg.batch_size)
-            r["eval_loss_delta_vs_control"] = stats.paired_delta(ctrl["block_losses"], r["block_losses"])
+            r[results.EVAL_LOSS_DELTA_VS_CONTROL] = stats.paired_delta(ctrl["block_losses"], r["block_losses"])
         r["control_artifact"] = str(control)
     return r
 
@@ -226,19 +226,20 @@ def combine(static: list[dict[str, Any]], timed: dict[str, dict[str, Any]]) -> l
     for r in static:
         tag = r["tag"]
         row = {k: v for k, v in r.items() if k != "block_losses"}
-        row["eval_loss_delta"] = stats.paired_delta(ref["block_losses"], r["block_losses"])
-        row["delta"] = {"eval_loss": row["eval_loss_delta"]["delta"], "size": r["size_bytes"] / ref["size_bytes"] - 1}
+        loss = stats.paired_delta(ref["block_losses"], r["block_losses"])
+        row[results.EVAL_LOSS_DELTA] = loss
+        row["delta"] = {"eval_loss": results.LossDelta.of(loss).delta, "size": r["size_bytes"] / ref["size_bytes"] - 1}
         row["size_ratio"] = r["size_bytes"] / ref["size_bytes"]
         for b in LAT_BATCHES:
             samples = timed[f"latency_b{b}"]
             row[f"latency_b{b}"] = metrics.latency_stats(samples[tag])
-            row[f"latency_ratio_b{b}"] = stats.paired_ratio(samples[ref["tag"]], samples[tag])
+            row[results.latency_ratio(b)] = stats.paired_ratio(samples[ref["tag"]], samples[tag])
         for b in DECODE_BATCHES:
             dec = timed[f"decode_b{b}"]
             row[f"decode_tokens_per_s_b{b}"] = stats.median_of_rounds(dec[tag])
-            row[f"decode_ratio_b{b}"] = stats.paired_ratio(dec[ref["tag"]], dec[tag], higher_is_better=True)
+            row[results.decode_ratio(b)] = stats.paired_ratio(dec[ref["tag"]], dec[tag], higher_is_better=True)
         row["generation"]["tokens_per_s"] = row["decode_tokens_per_s_b1"]  # the b1 decode, under its old names
-        row["generation_ratio"] = row["decode_ratio_b1"]
+        row[results.GENERATION_RATIO] = row[results.decode_ratio(1)]
         for b in TRAIN_BATCHES:
             train = timed[f"train_b{b}"]
             if tag in train and ref["tag"] in train:
@@ -292,7 +293,7 @@ def compiled_row(timed: dict[str, Any], tag: str, ref: str) -> dict[str, Any]:
             samples = timed[f"latency_b{b}"]
             out[f"latency_b{b}"] = metrics.latency_stats(samples[tag + COMPILED])
             out[f"ratio_vs_eager_b{b}"] = stats.paired_ratio(samples[tag], samples[tag + COMPILED])
-            out[f"latency_ratio_b{b}"] = stats.paired_ratio(samples[ref], samples[tag + COMPILED])
+            out[results.latency_ratio(b)] = stats.paired_ratio(samples[ref], samples[tag + COMPILED])
     gen = timed["decode_b1"]
     if tag + COMPILED in gen:
         out["generation_tokens_per_s"] = stats.median_of_rounds(gen[tag + COMPILED])
@@ -314,7 +315,7 @@ def compiled_lines(report: dict[str, Any]) -> list[str]:
         c = r["compiled"]
         if "latency_b12" in c:
             fwd = (f"{c['latency_b12']['p50_s'] * 1e3:.1f} | {stats.fmt_ratio(c['ratio_vs_eager_b12'])} | "
-                   f"{stats.fmt_ratio(c['latency_ratio_b12'])} | {stats.fmt_ratio(c['ratio_vs_eager_b1'])}")
+                   f"{stats.fmt_ratio(c[results.LATENCY_RATIO_B12])} | {stats.fmt_ratio(c['ratio_vs_eager_b1'])}")
         else:
             fwd = f"{c['status']} | | |"
         gen = (f"{c['generation_tokens_per_s']:.0f} | {stats.fmt_ratio(c['generation_ratio_vs_eager'])}"
@@ -424,11 +425,11 @@ def verdicts(rows: list[dict[str, Any]]) -> list[str]:
     """One line per artifact, in words, following the statistics."""
     out = []
     for r in rows[1:]:
-        parts = [stats.summary_of(r["latency_ratio_b12"], "latency b12"), f"size {r['size_ratio']:.2f}x",
-                 stats.summary_of(r["eval_loss_delta"], f"loss vs {rows[0]['tag']}")]
-        if r.get("eval_loss_delta_vs_control"):
-            parts.append(stats.summary_of(r["eval_loss_delta_vs_control"], "loss vs its dense control (same "
-                                                                          "fine-tuning)"))
+        parts = [stats.summary_of(r[results.LATENCY_RATIO_B12], "latency b12"), f"size {r['size_ratio']:.2f}x",
+                 stats.summary_of(r[results.EVAL_LOSS_DELTA], f"loss vs {rows[0]['tag']}")]
+        if r.get(results.EVAL_LOSS_DELTA_VS_CONTROL):
+            parts.append(stats.summary_of(r[results.EVAL_LOSS_DELTA_VS_CONTROL],
+                                          "loss vs its dense control (same fine-tuning)"))
         out.append(f"{r['tag']}: " + "; ".join(parts))
     return out
 
@@ -438,20 +439,20 @@ def flat_row(r: dict[str, Any]) -> dict[str, Any]:
         return round(v, 2) if isinstance(v, float) else v
 
     def ratio(key: str) -> dict[str, Any]:
-        c = r.get(key)
-        return {f"{key}": c["ratio"], f"{key}_lo": c["ci95"][0], f"{key}_hi": c["ci95"][1],
-                f"{key}_verdict": c["verdict"]} if c else {f"{key}": "", f"{key}_lo": "", f"{key}_hi": "",
+        c = results.PairedRatio.of(r[key]) if r.get(key) else None
+        return {f"{key}": c.ratio, f"{key}_lo": c.ci95[0], f"{key}_hi": c.ci95[1],
+                f"{key}_verdict": c.verdict} if c else {f"{key}": "", f"{key}_lo": "", f"{key}_hi": "",
                                                           f"{key}_verdict": ""}
 
-    d = r["eval_loss_delta"]
+    d = results.LossDelta.of(r[results.EVAL_LOSS_DELTA])
     return {"tag": r["tag"], "stage": r["stage"], "eval_loss": r["eval_loss"], "eval_loss_lo": r["eval_loss_ci95"][0],
             "eval_loss_hi": r["eval_loss_ci95"][1], "perplexity": r["perplexity"],
-            "eval_loss_delta": d["delta"], "eval_loss_delta_lo": d["ci95"][0], "eval_loss_delta_hi": d["ci95"][1],
-            "eval_loss_delta_verdict": d["verdict"],
-            "latency_b1_p50_ms": r["latency_b1"]["p50_s"] * 1e3, **ratio("latency_ratio_b1"),
-            "latency_b12_p50_ms": r["latency_b12"]["p50_s"] * 1e3, **ratio("latency_ratio_b12"),
-            "generation_tokens_per_s": r["generation"]["tokens_per_s"], **ratio("generation_ratio"),
-            "decode_tokens_per_s_b12": r["decode_tokens_per_s_b12"], **ratio("decode_ratio_b12"),
+            "eval_loss_delta": d.delta, "eval_loss_delta_lo": d.ci95[0], "eval_loss_delta_hi": d.ci95[1],
+            "eval_loss_delta_verdict": d.verdict,
+            "latency_b1_p50_ms": r["latency_b1"]["p50_s"] * 1e3, **ratio(results.LATENCY_RATIO_B1),
+            "latency_b12_p50_ms": r["latency_b12"]["p50_s"] * 1e3, **ratio(results.LATENCY_RATIO_B12),
+            "generation_tokens_per_s": r["generation"]["tokens_per_s"], **ratio(results.GENERATION_RATIO),
+            "decode_tokens_per_s_b12": r["decode_tokens_per_s_b12"], **ratio(results.decode_ratio(12)),
             "train_tokens_per_s_b4": num(r["train_tokens_per_s_b4"]),
             "train_tokens_per_s_b12": num(r["train_tokens_per_s_b12"]), **ratio("train_ratio_b12"),
             "peak_memory_mb": r["peak_memory_bytes"] / 2**20, "params": r["params"],
@@ -476,11 +477,11 @@ def table_rows(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         train = r["train_tokens_per_s_b12"]
         bpb = r.get("bits_per_byte")
         rows.append([r["tag"], f"{r['eval_loss']:.4f} ({lo:.3f}-{hi:.3f})", f"{bpb:.4f}" if bpb else "n/a",
-                     "ref" if is_ref else stats.fmt_delta(r["eval_loss_delta"]),
-                     f"{r['latency_b1']['p50_s'] * 1e3:.1f}", vs("latency_ratio_b1"),
-                     f"{r['latency_b12']['p50_s'] * 1e3:.1f}", vs("latency_ratio_b12"),
-                     f"{r['decode_tokens_per_s_b1']:.0f}", vs("decode_ratio_b1"),
-                     f"{r['decode_tokens_per_s_b12']:.0f}", vs("decode_ratio_b12"),
+                     "ref" if is_ref else stats.fmt_delta(r[results.EVAL_LOSS_DELTA]),
+                     f"{r['latency_b1']['p50_s'] * 1e3:.1f}", vs(results.LATENCY_RATIO_B1),
+                     f"{r['latency_b12']['p50_s'] * 1e3:.1f}", vs(results.LATENCY_RATIO_B12),
+                     f"{r['decode_tokens_per_s_b1']:.0f}", vs(results.decode_ratio(1)),
+                     f"{r['decode_tokens_per_s_b12']:.0f}", vs(results.decode_ratio(12)),
                      f"{train:,.0f}" if isinstance(train, float) else "n/a", vs("train_ratio_b12"),
                      f"{r['size_bytes'] / 2**20:.1f} ({r['size_ratio']:.2f}x)",
                      f"{r['peak_memory_bytes'] / 2**20:.0f}"])

@@ -23,6 +23,7 @@ from effkit.config import (
     flat_defaults,
 )
 from effkit.errors import EffkitError, Interrupted, exit_interrupted
+from effkit.measure import results
 from effkit.prune import methods
 from effkit.quantize import backends
 
@@ -294,11 +295,11 @@ def prune(
         t.add_column(col, justify="right")
     for r in report["curve"]:
         first = r["round"] == 0
-        delta = r.get("eval_loss_delta_vs_control")
+        delta = r.get(results.EVAL_LOSS_DELTA_VS_CONTROL)
         t.add_row(str(r["round"]), f"{r['achieved_sparsity']:.3f}", f"{r['eval_loss']:.4f}",
                   f"{r['control_eval_loss']:.4f}" if r.get("control_eval_loss") is not None else "not run",
                   "ref" if first else (fmt_delta(delta) if delta else "n/a"), f"{r['params']:,}",
-                  "ref" if first else fmt_ratio(r["latency_ratio_b12"]),
+                  "ref" if first else fmt_ratio(r[results.LATENCY_RATIO_B12]),
                   "" if first else f"{r['speedup_projected']:.2f}x")
     _console().print(t)
     for v in report["verdicts"]:
@@ -352,7 +353,7 @@ def quantize(
     for col in ("", "eval loss", "Δ loss vs fp32", "size", "latency b12 (p50)", "b12 vs fp32", "generate tok/s"):
         t.add_column(col, justify="right")
     rows = (("parent fp32", m["parent_fp32"], None, None), ("parent bf16", m["parent_bf16"], m["bf16_eval_loss_delta"],
-            m["bf16_latency_ratio_b12"]), ("int8", m, m["eval_loss_delta"], m["latency_ratio_b12"]))
+            m[results.BF16_LATENCY_RATIO_B12]), ("int8", m, m[results.EVAL_LOSS_DELTA], m[results.LATENCY_RATIO_B12]))
     for label, r, delta, ratio in rows:
         gen = r.get("generation", {}).get("tokens_per_s")
         t.add_row(label, f"{r['eval_loss']:.4f}", fmt_delta(delta) if delta else "ref",
@@ -408,9 +409,9 @@ def export(
     cfg = build_config(ExportConfig, str(recipe) if recipe else None, _flags(ctx, ExportConfig))
     report = run_export(cfg)
     m = report["metrics"]
-    print(f"{report['tag']}: loss {m['eval_loss']:.4f} ({fmt_delta(m['eval_loss_delta'])} vs PyTorch fp32), latency "
-          f"b12 {fmt_ratio(m['latency_ratio_b12'])}, size {m['size_ratio_vs_parent']:.2f}x, int8 operators "
-          f"{m['int8_layers_reloaded']}")
+    print(f"{report['tag']}: loss {m['eval_loss']:.4f} ({fmt_delta(m[results.EVAL_LOSS_DELTA])} vs PyTorch fp32), "
+          f"latency b12 {fmt_ratio(m[results.LATENCY_RATIO_B12])}, size {m['size_ratio_vs_parent']:.2f}x, "
+          f"int8 operators {m['int8_layers_reloaded']}")
     print(f"sample: {m['generation']['text'][:120]!r}")
     for v in report["verdicts"]:
         print(f"note: {v}")

@@ -25,6 +25,7 @@ except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
     import tomli as tomllib
 
 from effkit.errors import EffkitError
+from effkit.measure import results
 from effkit.prune import methods
 from effkit.quantize import backends
 
@@ -372,8 +373,7 @@ class PruneConfig(_Section):
 
 
 # workload -> (the bench row key of its paired ratio to the reference, whether a higher ratio is better)
-WORKLOADS = {"decode-b1": ("decode_ratio_b1", True), "decode-b12": ("decode_ratio_b12", True),
-             "prefill-b12": ("latency_ratio_b12", False)}
+WORKLOADS = results.WORKLOADS
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,8 @@ from effkit.config import (
     load_recipe,
 )
 from effkit.errors import EffkitError
-from effkit.measure import stats
+from effkit.measure import results, stats
+from effkit.measure.results import LossDelta, PairedRatio
 from effkit.memplan import predict_quietly
 from effkit.parallel.launch import launch_command, nproc_per_node
 from effkit.prune.stage import run_prune
@@ -213,12 +214,12 @@ def best_pruned(plan: Plan) -> tuple[Path | None, dict[str, Any]]:
             if not _complete(d):
                 continue
             m = artifacts.read_meta(d)["metrics"]
-            delta = m["eval_loss_delta_vs_dense"]
-            control = m.get("eval_loss_delta_vs_control")
-            rows.append({"tag": d.name, "size_bytes": artifacts.dir_size(d), "loss_delta": delta["delta"],
-                         "loss_delta_ci95": delta["ci95"], "vs": "dense parent",
-                         "loss_delta_vs_control": control["delta"] if control else None,
-                         "latency_b12_s": m["latency_b12"]["p50_s"], "within_budget": delta["delta"] <= budget})
+            delta = LossDelta.of(m[results.EVAL_LOSS_DELTA_VS_DENSE])
+            control = m.get(results.EVAL_LOSS_DELTA_VS_CONTROL)
+            rows.append({"tag": d.name, "size_bytes": artifacts.dir_size(d), "loss_delta": delta.delta,
+                         "loss_delta_ci95": list(delta.ci95), "vs": "dense parent",
+                         "loss_delta_vs_control": LossDelta.of(control).delta if control else None,
+                         "latency_b12_s": m["latency_b12"]["p50_s"], "within_budget": delta.delta <= budget})
     within = [r for r in rows if r["within_budget"]]
     best = min(within, key=lambda r: (r["size_bytes"], r["latency_b12_s"])) if within else None
     return (plan.layout.artifact(best["tag"]) if best else None), {
@@ -238,14 +239,14 @@ def deliverable(plan: Plan, bench: dict[str, Any]) -> dict[str, Any]:
     key, higher = WORKLOADS[workload]
     rows = [r for r in bench["artifacts"] if r["stage"] != "peer"]
     ref = rows[0]
-    within = [r for r in rows if r is ref or r["eval_loss_delta"]["delta"] <= budget]
-    speed = lambda r: 1.0 if r is ref else r[key]["ratio"]  # noqa: E731 - vs the reference, paired
+    within = [r for r in rows if r is ref or LossDelta.of(r[results.EVAL_LOSS_DELTA]).delta <= budget]
+    speed = lambda r: 1.0 if r is ref else PairedRatio.of(r[key]).ratio  # noqa: E731 - vs the reference, paired
     best = max(within, key=lambda r: (speed(r) if higher else -speed(r), -r["size_ratio"]))
     path = Path(best["artifact"])
-    loss = "ref" if best is ref else stats.fmt_delta(best["eval_loss_delta"]) + f" vs {ref['tag']}"
-    if best.get("eval_loss_delta_vs_control"):
-        loss += (f" ({stats.fmt_delta(best['eval_loss_delta_vs_control'])} of it against its dense control, the dense "
-                 "model fine-tuned the same way: the rest is what that fine-tuning did)")
+    loss = "ref" if best is ref else stats.fmt_delta(best[results.EVAL_LOSS_DELTA]) + f" vs {ref['tag']}"
+    if best.get(results.EVAL_LOSS_DELTA_VS_CONTROL):
+        loss += (f" ({stats.fmt_delta(best[results.EVAL_LOSS_DELTA_VS_CONTROL])} of it against its dense control, "
+                 "the dense model fine-tuned the same way: the rest is what that fine-tuning did)")
     cols = ", ".join(f"{w} " + ("1.00x (reference)" if best is ref else stats.fmt_ratio(best[k]))
                      for w, (k, _) in WORKLOADS.items())
     peers = best.get("vs_peers", {})

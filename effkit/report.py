@@ -12,6 +12,8 @@ from typing import Any
 
 from effkit.artifacts import atomic_write_text, prune_branch
 from effkit.errors import EffkitError
+from effkit.measure import results
+from effkit.measure.results import LossDelta, PairedRatio
 
 SUMMARY_FIELDS = ["stage", "tag", "artifact", "eval_loss", "bits_per_byte", "perplexity", "train_tokens_per_s", "mfu",
                   "peak_memory_mb", "params", "size_mb", "parallel", "world_size", "amp_dtype", "time"]
@@ -213,9 +215,9 @@ def plot_comparison(out: Path) -> Path | None:
     if not bench.is_file():
         return None
     rows = json.loads(bench.read_text())["artifacts"]
-    panels = [(key, title) for key, title in (("latency_ratio_b12", "prefill b12 time"),
-                                              ("decode_ratio_b1", "decode b1 tokens/s"),
-                                              ("decode_ratio_b12", "decode b12 tokens/s")) if key in rows[0]]
+    panels = [(key, title) for key, title in ((results.LATENCY_RATIO_B12, "prefill b12 time"),
+                                              (results.decode_ratio(1), "decode b1 tokens/s"),
+                                              (results.decode_ratio(12), "decode b12 tokens/s")) if key in rows[0]]
     plt = pyplot()
     fig, axes = plt.subplots(1, 2 + len(panels), figsize=(4.2 * (2 + len(panels)), max(3.0, 0.4 * len(rows) + 1.4)),
                              sharey=True)
@@ -227,14 +229,15 @@ def plot_comparison(out: Path) -> Path | None:
         pairs = list(zip(values, cis, strict=True))
         return [[v - c[0] for v, c in pairs], [c[1] - v for v, c in pairs]]
 
-    deltas = [r["eval_loss_delta"]["delta"] * 100 for r in rows]
-    axes[0].barh(tags, deltas, color=colors, capsize=3,
-                 xerr=err(deltas, [[c * 100 for c in r["eval_loss_delta"]["ci95"]] for r in rows]))
+    loss = [LossDelta.of(r[results.EVAL_LOSS_DELTA]) for r in rows]
+    deltas = [d.delta * 100 for d in loss]
+    axes[0].barh(tags, deltas, color=colors, capsize=3, xerr=err(deltas, [[c * 100 for c in d.ci95] for d in loss]))
     axes[0].axvline(0.0, color="k", lw=0.8)
     axes[0].set_title(f"Δ held-out loss vs {rows[0]['tag']} (%, paired 95% CI)", fontsize=9)
     for ax, (key, title) in zip(axes[1:], panels, strict=False):
-        ratios = [r[key]["ratio"] for r in rows]
-        ax.barh(tags, ratios, color=colors, xerr=err(ratios, [r[key]["ci95"] for r in rows]), capsize=3)
+        cmp = [PairedRatio.of(r[key]) for r in rows]
+        ratios = [c.ratio for c in cmp]
+        ax.barh(tags, ratios, color=colors, xerr=err(ratios, [c.ci95 for c in cmp]), capsize=3)
         ax.axvline(1.0, color="k", lw=0.8)
         better = "lower" if key.startswith("latency") else "higher"
         ax.set_title(f"{title} / {rows[0]['tag']} ({better} is better)", fontsize=9)
@@ -285,10 +288,11 @@ def plot_prune_curves(out: Path) -> list[Path]:
         return r["block_params_removed"]
 
     def errorbars(ax, xs, cis, color, lab, fmt="o-"):
-        values = [c["ratio"] if "ratio" in c else c["delta"] * 100 for c in cis]
-        scale = 1 if "ratio" in cis[0] else 100
-        below = [v - c["ci95"][0] * scale for v, c in zip(values, cis, strict=True)]
-        above = [c["ci95"][1] * scale - v for v, c in zip(values, cis, strict=True)]
+        cis = [results.comparison(c) for c in cis]
+        values = [c.ratio if isinstance(c, PairedRatio) else c.delta * 100 for c in cis]
+        scale = 1 if isinstance(cis[0], PairedRatio) else 100
+        below = [v - c.ci95[0] * scale for v, c in zip(values, cis, strict=True)]
+        above = [c.ci95[1] * scale - v for v, c in zip(values, cis, strict=True)]
         ax.errorbar(xs, values, yerr=[below, above], capsize=3, fmt=fmt, color=color, label=lab)
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
@@ -298,8 +302,8 @@ def plot_prune_curves(out: Path) -> list[Path]:
         ctrl = [(x, r["control_eval_loss"]) for x, r in zip(xs, rows, strict=True) if r.get("control_eval_loss")]
         if len(ctrl) > 1:
             left.plot(*zip(*ctrl, strict=True), "s--", color=color, alpha=0.6, label=f"{mode}: its dense control")
-        deltas = [(x, r["eval_loss_delta_vs_control"]) for x, r in zip(xs, rows, strict=True)
-                  if r.get("eval_loss_delta_vs_control")]
+        deltas = [(x, r[results.EVAL_LOSS_DELTA_VS_CONTROL]) for x, r in zip(xs, rows, strict=True)
+                  if r.get(results.EVAL_LOSS_DELTA_VS_CONTROL)]
         if deltas:
             errorbars(right, [x for x, _ in deltas], [d for _, d in deltas], color, label.get(mode, mode))
     left.set_ylabel("held-out loss (nats/token)")
@@ -311,7 +315,7 @@ def plot_prune_curves(out: Path) -> list[Path]:
 
     fig, ax = plt.subplots(figsize=(6.4, 4))
     for i, (mode, rows) in enumerate(curves.items()):
-        pts = [(removed(mode, r), r["latency_ratio_b12"]) for r in rows if r.get("latency_ratio_b12")]
+        pts = [(removed(mode, r), r[results.LATENCY_RATIO_B12]) for r in rows if r.get(results.LATENCY_RATIO_B12)]
         pts = [(0.0, {"ratio": 1.0, "ci95": [1.0, 1.0]})] + pts
         errorbars(ax, [x for x, _ in pts], [p for _, p in pts], f"C{i}", label.get(mode, mode))
     ax.axhline(1.0, color="k", lw=0.8)

@@ -25,6 +25,7 @@ from effkit.config import TrainConfig
 from effkit.data import BlockSampler, make_loader, prepare
 from effkit.errors import EffkitError
 from effkit.measure import metrics, stats
+from effkit.measure.results import PairedRatio
 from effkit.model import PRESETS
 from effkit.report import atomic_write_text, pyplot
 from effkit.train import train_in_processes
@@ -109,10 +110,10 @@ def study_sync(s: StudyConfig) -> dict[str, Any]:
     for row in rows:
         row["max_loss_diff_vs_ddp"] = max(abs(a - b) for a, b in zip(losses[row["sync"]], ref, strict=True))
         if row["sync"] != "ddp":
-            cmp = stats.unpaired_ratio(_steady(times["ddp"]), _steady(times[row["sync"]]))
-            row["time_vs_ddp"] = stats.fmt_ratio(cmp)
+            cmp = PairedRatio.of(stats.unpaired_ratio(_steady(times["ddp"]), _steady(times[row["sync"]])))
+            row["time_vs_ddp"] = cmp.fmt()
             notes.append(f"{row['sync']} vs ddp, time per iteration: " + (
-                "indistinguishable, " if cmp["verdict"] == "same" else f"{cmp['verdict']}, ") + stats.fmt_ratio(cmp))
+                "indistinguishable, " if cmp.verdict == "same" else f"{cmp.verdict}, ") + cmp.fmt())
         else:
             row["time_vs_ddp"] = "ref"
     identical = all(r["max_loss_diff_vs_ddp"] < 1e-4 for r in rows)
@@ -136,9 +137,9 @@ def study_scaling(s: StudyConfig) -> dict[str, Any]:
         row["time_pct_of_single"] = 100 * row["time_per_iter_s"] / base["time_per_iter_s"]
         row["scaling_efficiency"] = row["tokens_per_s"] / (row["processes"] * base["tokens_per_s"])
         if row["processes"] > 1:
-            cmp = stats.unpaired_ratio(_steady(times[1]), _steady(times[row["processes"]]))
-            notes.append(f"{row['processes']} processes vs 1, time per iteration: {cmp['verdict']}, "
-                         f"{stats.fmt_ratio(cmp)} (1.00x would be perfect weak scaling)")
+            cmp = PairedRatio.of(stats.unpaired_ratio(_steady(times[1]), _steady(times[row["processes"]])))
+            notes.append(f"{row['processes']} processes vs 1, time per iteration: {cmp.verdict}, "
+                         f"{cmp.fmt()} (1.00x would be perfect weak scaling)")
     notes.append(f"intervals: {stats.UNPAIRED_METHOD}; the first step of each run is left out")
     return {"rows": rows, "notes": notes}
 

@@ -29,7 +29,8 @@ from effkit.config import OptimConfig, TrainConfig
 from effkit.data import BlockSampler, make_loader, prepare
 from effkit.data.blocks import check_batch
 from effkit.errors import EffkitError, Interrupted
-from effkit.measure import metrics, precision, stats
+from effkit.measure import metrics, precision
+from effkit.measure.results import PairedRatio
 from effkit.model import (
     activation_checkpointing_enabled,
     build_model,
@@ -60,12 +61,12 @@ def resolve_amp(o: OptimConfig, device: torch.device, model: torch.nn.Module | N
         if model is None:
             raise EffkitError("--amp auto on a CPU needs the model to measure; pass --amp or --no-amp")
         probe = precision.cpu_choice(model, o.batch_size, block)
-        cmp = probe["bf16_vs_fp32_time"]
+        cmp = PairedRatio.of(probe["bf16_vs_fp32_time"])
         if probe.get("decided_by_first_round"):
-            how = (f"{cmp['ratio']:.2f}x of fp32 in the first paired step, more than {precision.DECISIVE:g}x apart: "
+            how = (f"{cmp.ratio:.2f}x of fp32 in the first paired step, more than {precision.DECISIVE:g}x apart: "
                    "decided without more rounds")
         else:
-            how = f"{stats.fmt_ratio(cmp)} of fp32 on this CPU, {cmp['verdict']}"
+            how = f"{cmp.fmt()} of fp32 on this CPU, {cmp.verdict}"
         note = (f"auto: {probe['picked']} (bf16 autocast step time {how}; "
                 f"{'cached' if probe['cached'] else 'measured now'}, probe {probe.get('probe_seconds', 0):.1f} s)")
         return (torch.bfloat16 if probe["picked"] == "bf16" else None), note, probe

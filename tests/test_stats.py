@@ -87,3 +87,22 @@ def test_t_quantiles_are_exact_at_every_degree_of_freedom(df, exact):
     from effkit.measure.stats import t95
 
     assert t95(df) == pytest.approx(exact, abs=1e-4)  # beyond 30: not the normal's 1.96
+
+
+def test_typed_results_round_trip_the_report_format_and_refuse_a_renamed_key():
+    from effkit.measure.results import LossDelta, PairedRatio, comparison
+
+    rng = random.Random(3)
+    ratio = stats.paired_ratio(rounds(rng, 0.3), rounds(rng, 0.2))
+    delta = stats.paired_delta([1.0, 2.0, 3.0], [1.1, 2.1, 3.0])
+    assert set(ratio) == {"ratio", "ci95", "verdict", "rounds"} and set(delta) == {"delta", "ci95", "verdict", "blocks"}
+    assert PairedRatio.of(ratio).to_dict() == ratio and LossDelta.of(delta).to_dict() == delta  # the JSON, unchanged
+    assert isinstance(comparison(ratio), PairedRatio) and isinstance(comparison(delta), LossDelta)
+    assert stats.fmt_ratio(ratio) == PairedRatio.of(ratio).fmt() and stats.fmt_delta(delta) == LossDelta.of(delta).fmt()
+    unpaired = stats.unpaired_ratio([1.0, 1.1, 0.9], [2.0, 2.1, 1.9])
+    assert PairedRatio.of(unpaired).method == "unpaired" and PairedRatio.of(unpaired).to_dict() == unpaired
+    renamed = {("speedup" if k == "ratio" else k): v for k, v in ratio.items()}
+    with pytest.raises(KeyError, match="not a paired ratio: no ratio"):
+        PairedRatio.of(renamed)
+    with pytest.raises(ValueError, match="verdict"):
+        LossDelta.of({**delta, "verdict": "faster"})

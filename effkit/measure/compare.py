@@ -8,7 +8,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from effkit.measure import metrics, stats
+from effkit.measure import metrics, results, stats
+from effkit.measure.results import LossDelta
 
 PROMPT = metrics.GENERATION_PROMPT
 
@@ -61,12 +62,13 @@ def compare_with_parent(cfg, device: torch.device, parent: nn.Module, model: nn.
     for name, r in (("fp32", parent_fp32), ("int8", q)):
         r["generation"]["tokens_per_s"] = stats.median_of_rounds(gen[name])
     comparisons = {
-        **{f"latency_ratio_b{b}": stats.paired_ratio(timed[f"b{b}"]["fp32"], timed[f"b{b}"]["int8"]) for b in (1, 12)},
+        **{results.latency_ratio(b): stats.paired_ratio(timed[f"b{b}"]["fp32"], timed[f"b{b}"]["int8"])
+           for b in (1, 12)},
         **{f"latency_ratio_b{b}_vs_bf16": stats.paired_ratio(timed[f"b{b}"]["bf16"], timed[f"b{b}"]["int8"])
            for b in (1, 12)},
         **{f"bf16_latency_ratio_b{b}": stats.paired_ratio(timed[f"b{b}"]["fp32"], timed[f"b{b}"]["bf16"])
            for b in (1, 12)},
-        "generation_ratio": stats.paired_ratio(gen["fp32"], gen["int8"], higher_is_better=True),
+        results.GENERATION_RATIO: stats.paired_ratio(gen["fp32"], gen["int8"], higher_is_better=True),
     }
     if compiled_status:
         comparisons["compiled"] = {"status": compiled_status, **{
@@ -75,22 +77,22 @@ def compare_with_parent(cfg, device: torch.device, parent: nn.Module, model: nn.
             for name, ref in (("fp32", "fp32"), ("int8", "int8"), ("int8", "fp32")) for b in (1, 12)
             if f"{name} compiled" in timed[f"b{b}"]}}
     fp32_blocks = parent_fp32.pop("block_losses")
-    comparisons["eval_loss_delta"] = stats.paired_delta(fp32_blocks, q.pop("block_losses"))
+    comparisons[results.EVAL_LOSS_DELTA] = stats.paired_delta(fp32_blocks, q.pop("block_losses"))
     comparisons["bf16_eval_loss_delta"] = stats.paired_delta(fp32_blocks, parent_bf16.pop("block_losses"))
-    verdicts = [stats.summary_of(comparisons["latency_ratio_b12"], f"{label} latency b12 vs fp32"),
-                stats.summary_of(comparisons["eval_loss_delta"], f"{label} loss vs fp32")]
-    if comparisons["eval_loss_delta"]["ci95"][0] > 0.01:
+    verdicts = [stats.summary_of(comparisons[results.LATENCY_RATIO_B12], f"{label} latency b12 vs fp32"),
+                stats.summary_of(comparisons[results.EVAL_LOSS_DELTA], f"{label} loss vs fp32")]
+    if LossDelta.of(comparisons[results.EVAL_LOSS_DELTA]).ci95[0] > 0.01:
         verdicts.append(f"{label} loss is worse than the parent's by more than 1% (the whole 95% interval is above)")
     for key, what in (("int8_compiled_vs_fp32_b12", f"{label} compiled latency b12 vs fp32 eager"),
                       ("int8_compiled_vs_int8_b12", f"{label} compiled vs eager, b12")):
         if key in comparisons.get("compiled", {}):
             verdicts.append(stats.summary_of(comparisons["compiled"][key], what))
-    bf16 = comparisons["bf16_latency_ratio_b12"]
+    bf16 = comparisons[results.BF16_LATENCY_RATIO_B12]
     verdicts.append(stats.summary_of(bf16, "bf16 autocast latency b12 vs fp32")
                     + ("; this CPU has no native bf16 (AVX512-BF16/AMX)" if device.type == "cpu"
                        and not metrics.cpu_has_native_bf16() else ""))
     m = {**q, **comparisons, "parent_fp32": parent_fp32, "parent_bf16": parent_bf16,
-         "eval_loss_delta_vs_parent": comparisons["eval_loss_delta"]["delta"],
+         "eval_loss_delta_vs_parent": LossDelta.of(comparisons[results.EVAL_LOSS_DELTA]).delta,
          "size_ratio_vs_parent": q["size_bytes"] / parent_fp32["size_bytes"]}
     generation = (f"greedy decoding of {new_tokens} new tokens from {PROMPT!r}, fp32 parent and {label} "
                   f"interleaved ({cfg.latency_rounds} rounds); new tokens / wall time; each model decodes with its own "

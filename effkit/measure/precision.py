@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from effkit.measure import metrics, stats
+from effkit.measure.results import PairedRatio
 
 PROBE_ROUNDS = 7  # at most; it stops after 2 once the interval excludes 1
 MIN_ROUNDS = 2
@@ -45,11 +46,13 @@ def choose(timers: dict[str, Callable[[], float]], rounds: int = PROBE_ROUNDS) -
         if r == 0 and not 1 / DECISIVE < first < DECISIVE:  # e.g. bf16 emulated 22x slower: more rounds buy nothing
             decisive = True
             break
-        if r + 1 >= MIN_ROUNDS and stats.paired_ratio(samples["fp32"], samples["bf16"])["verdict"] != "same":
+        if r + 1 >= MIN_ROUNDS and PairedRatio.of(stats.paired_ratio(samples["fp32"],
+                                                                      samples["bf16"])).verdict != "same":
             break
     cmp = stats.paired_ratio(samples["fp32"], samples["bf16"])
-    rounds = cmp["rounds"]
-    faster = first < 1 if decisive else cmp["verdict"] == "faster"
+    typed = PairedRatio.of(cmp)
+    rounds = typed.rounds
+    faster = first < 1 if decisive else typed.verdict == "faster"
     return {"picked": "bf16" if faster else "fp32", "decided_by_first_round": decisive,
             "probe_seconds": sum(t for v in samples.values() for rnd in v for t in rnd),
             "bf16_vs_fp32_time": cmp, "fp32_step_s": stats.median_of_rounds(samples["fp32"]),

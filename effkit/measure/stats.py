@@ -1,4 +1,5 @@
-"""Confidence intervals and verdicts for every comparison effkit prints.
+"""Confidence intervals and verdicts for every comparison effkit prints (stored in reports as the dicts of
+`effkit.measure.results`' `PairedRatio` and `LossDelta`, read back through them).
 
 - Timings and throughputs (`paired_ratio`): the contenders are measured in interleaved rounds (see
   `metrics.interleaved`); each round gives one median per contender, so drift of the machine hits every
@@ -17,6 +18,8 @@ import math
 from collections.abc import Sequence
 from statistics import fmean, median, stdev
 from typing import Any
+
+from effkit.measure.results import LossDelta, PairedRatio, comparison
 
 CONFIDENCE = 0.95
 # two-sided 95% quantiles of Student's t for 1..30 degrees of freedom (tables); beyond, the Cornish-Fisher
@@ -72,7 +75,7 @@ def paired_ratio(reference: Sequence[Sequence[float]], other: Sequence[Sequence[
         verdict = "faster" if higher_is_better else "slower"
     else:
         verdict = "same"
-    return {"ratio": ratio, "ci95": ci, "verdict": verdict, "rounds": len(logs)}
+    return PairedRatio(ratio, (ci[0], ci[1]), verdict, rounds=len(logs)).to_dict()
 
 
 def paired_delta(reference: Sequence[float], other: Sequence[float]) -> dict[str, Any]:
@@ -86,28 +89,22 @@ def paired_delta(reference: Sequence[float], other: Sequence[float]) -> dict[str
     if m == 0 and lo == hi == 0:
         ci = [0.0, 0.0]
     verdict = "worse" if ci[0] > 0 else "better" if ci[1] < 0 else "same"
-    return {"delta": delta, "ci95": ci, "verdict": verdict, "blocks": len(reference)}
+    return LossDelta(delta, (ci[0], ci[1]), verdict, blocks=len(reference)).to_dict()
 
 
-def fmt_ratio(r: dict[str, Any]) -> str:
+def fmt_ratio(r: PairedRatio | dict[str, Any]) -> str:
     """`0.71x (0.66-0.76)`; `≈ 0.98x (0.91-1.05)` when the interval contains 1."""
-    lo, hi = r["ci95"]
-    mark = "≈ " if r["verdict"] == "same" else ""
-    return f"{mark}{r['ratio']:.2f}x ({lo:.2f}-{hi:.2f})"
+    return PairedRatio.of(r).fmt()
 
 
-def fmt_delta(d: dict[str, Any]) -> str:
-    """`+0.4% (+0.1 to +0.7%)`; `≈ +0.1% (-0.2 to +0.4%)` when the interval contains 0; two decimals when
-    every figure is below 0.1%, so that a small delta does not print as 0.0."""
-    lo, hi = d["ci95"]
-    mark = "≈ " if d["verdict"] == "same" else ""
-    places = 2 if max(abs(d["delta"]), abs(lo), abs(hi)) < 0.001 else 1
-    return f"{mark}{d['delta'] * 100:+.{places}f}% ({lo * 100:+.{places}f} to {hi * 100:+.{places}f}%)"
+def fmt_delta(d: LossDelta | dict[str, Any]) -> str:
+    """`+0.4% (+0.1 to +0.7%)`; `≈ +0.1% (-0.2 to +0.4%)` when the interval contains 0."""
+    return LossDelta.of(d).fmt()
 
 
-def summary_of(r: dict[str, Any], what: str) -> str:
+def summary_of(r: PairedRatio | LossDelta | dict[str, Any], what: str) -> str:
     """`latency b12: faster, 0.71x (0.66-0.76)`."""
-    return f"{what}: {r['verdict']}, " + (fmt_ratio(r) if "ratio" in r else fmt_delta(r))
+    return comparison(r).summary(what)
 
 
 def median_of_rounds(samples: Sequence[Sequence[float]]) -> float:
@@ -139,4 +136,4 @@ def unpaired_ratio(reference: Sequence[float], other: Sequence[float],
         verdict = better if higher_is_better else worse
     else:
         verdict = "same"
-    return {"ratio": math.exp(diff), "ci95": ci, "verdict": verdict, "method": "unpaired"}
+    return PairedRatio(math.exp(diff), (ci[0], ci[1]), verdict, method="unpaired").to_dict()

@@ -22,7 +22,7 @@ from effkit.artifacts.loader import kind
 from effkit.config import DataConfig, ModelConfig, ParallelConfig, PruneConfig, TrainConfig
 from effkit.data import prepare
 from effkit.errors import EffkitError
-from effkit.measure import metrics, stats
+from effkit.measure import metrics, results, stats
 from effkit.model import count_params, load_model
 from effkit.parallel import Runtime, init_runtime
 from effkit.prune import methods
@@ -92,7 +92,7 @@ def paired_latency(dense_model, model, block: int, cfg: PruneConfig) -> dict[str
                                       cfg.latency_rounds, cfg.latency_repeats, warmup=2)
         out[f"latency_b{b}"] = metrics.latency_stats(samples["pruned"])
         out[f"dense_latency_b{b}"] = metrics.latency_stats(samples["dense"])
-        out[f"latency_ratio_b{b}"] = stats.paired_ratio(samples["dense"], samples["pruned"])
+        out[results.latency_ratio(b)] = stats.paired_ratio(samples["dense"], samples["pruned"])
     model.train(was_training)
     return out
 
@@ -237,16 +237,16 @@ def _prune(cfg: PruneConfig, rt: Runtime, source: Path, meta: dict[str, Any], da
                  **stage_metrics(mdl, block, dense, pruner.counts_block_params),
                  **paired_latency(dense_model, mdl, block, cfg)}
             own = metrics.evaluate(mdl, blocks.eval, cfg.batch_size)
-            m["eval_loss_delta_vs_dense"] = stats.paired_delta(dense_eval["block_losses"], own["block_losses"])
+            m[results.EVAL_LOSS_DELTA_VS_DENSE] = stats.paired_delta(dense_eval["block_losses"], own["block_losses"])
             if control_eval is not None:
                 m["control_eval_loss"] = control_eval["eval_loss"]
                 m["control_eval_loss_ci95"] = control_eval["eval_loss_ci95"]
                 m["control_artifact"] = str(control.artifact(r) if control else source)
-                m["eval_loss_delta_vs_control"] = stats.paired_delta(control_eval["block_losses"],
-                                                                     own["block_losses"])
+                m[results.EVAL_LOSS_DELTA_VS_CONTROL] = stats.paired_delta(control_eval["block_losses"],
+                                                                           own["block_losses"])
                 # what the fine-tuning alone did to the dense model (the control against its own parent)
-                m["control_eval_loss_delta_vs_dense"] = stats.paired_delta(dense_eval["block_losses"],
-                                                                           control_eval["block_losses"])
+                m[results.CONTROL_DELTA_VS_DENSE] = stats.paired_delta(dense_eval["block_losses"],
+                                                                       control_eval["block_losses"])
             return m
 
         report = finetune(finetune_config(cfg, source, meta, data_cfg, r, layout), model, rt, stage="prune",
@@ -258,13 +258,13 @@ def _prune(cfg: PruneConfig, rt: Runtime, source: Path, meta: dict[str, Any], da
                      "n_layer": m["n_layer"], "n_inner": m["n_inner"],
                      "eval_loss": m["eval_loss"], "eval_loss_ci95": m["eval_loss_ci95"],
                      "control_eval_loss": m.get("control_eval_loss"),
-                     "eval_loss_delta_vs_control": m.get("eval_loss_delta_vs_control"),
-                     "control_eval_loss_delta_vs_dense": m.get("control_eval_loss_delta_vs_dense"),
-                     "eval_loss_delta_vs_dense": m["eval_loss_delta_vs_dense"], "params": m["params"],
+                     results.EVAL_LOSS_DELTA_VS_CONTROL: m.get(results.EVAL_LOSS_DELTA_VS_CONTROL),
+                     results.CONTROL_DELTA_VS_DENSE: m.get(results.CONTROL_DELTA_VS_DENSE),
+                     results.EVAL_LOSS_DELTA_VS_DENSE: m[results.EVAL_LOSS_DELTA_VS_DENSE], "params": m["params"],
                      "flops_per_token": m["flops_per_token_dense" if pruner.structured else
                                           "flops_per_token_nonzero"],
                      "latency_b1_s": m["latency_b1"]["p50_s"], "latency_b12_s": m["latency_b12"]["p50_s"],
-                     "latency_ratio_b1": m["latency_ratio_b1"], "latency_ratio_b12": m["latency_ratio_b12"],
+                     **{k: m[k] for k in (results.LATENCY_RATIO_B1, results.LATENCY_RATIO_B12)},
                      "speedup_projected": m["speedup_projected_from_flops"], "artifact": report["artifact"]})
         parent = report["artifact"]
 
@@ -274,13 +274,13 @@ def _prune(cfg: PruneConfig, rt: Runtime, source: Path, meta: dict[str, Any], da
 
 def round_verdict(cfg: PruneConfig, row: dict[str, Any], dense: dict[str, Any]) -> str:
     """`weight 50%: latency b12: same, ≈ 0.98x (0.91-1.05); params 1.00x; loss vs control: worse, +0.4% (...)`."""
-    parts = [stats.summary_of(row["latency_ratio_b12"], "latency b12"),
+    parts = [stats.summary_of(row[results.LATENCY_RATIO_B12], "latency b12"),
              f"params {row['params'] / dense['params']:.2f}x"]
-    if row.get("eval_loss_delta_vs_control"):
-        parts.append(stats.summary_of(row["eval_loss_delta_vs_control"], "loss vs control"))
+    if row.get(results.EVAL_LOSS_DELTA_VS_CONTROL):
+        parts.append(stats.summary_of(row[results.EVAL_LOSS_DELTA_VS_CONTROL], "loss vs control"))
     else:
-        parts.append(stats.summary_of(row["eval_loss_delta_vs_dense"], "loss vs dense (confounded with the extra "
-                                                                        "training: run with the control)"))
+        parts.append(stats.summary_of(row[results.EVAL_LOSS_DELTA_VS_DENSE],
+                                      "loss vs dense (confounded with the extra training: run with the control)"))
     return f"{cfg.mode} {row['achieved_sparsity']:.0%} (round {row['round']}): " + "; ".join(parts)
 
 
@@ -289,11 +289,12 @@ def write_prune_report(cfg: PruneConfig, layout: RunLayout, rows: list[dict[str,
     out = layout.report_dir
     verdicts = [round_verdict(cfg, row, dense) for row in rows[1:]]
     last = rows[-1]
-    if not methods.get(cfg.mode).structured and last["latency_ratio_b12"]["verdict"] != "faster":
+    last_b12 = results.PairedRatio.of(last[results.LATENCY_RATIO_B12])
+    if not methods.get(cfg.mode).structured and last_b12.verdict != "faster":
         verdicts.append("unstructured zeros reduced FLOPs (counting non-zeros) but not latency: dense kernels "
                         "still multiply the zeros; the gain is in compressibility, not speed")
-    if last.get("control_eval_loss_delta_vs_dense"):
-        verdicts.append(stats.summary_of(last["control_eval_loss_delta_vs_dense"], "the control (the dense parent "
+    if last.get(results.CONTROL_DELTA_VS_DENSE):
+        verdicts.append(stats.summary_of(last[results.CONTROL_DELTA_VS_DENSE], "the control (the dense parent "
                                          f"fine-tuned the same way, lr {cfg.lr:.3g}) vs the dense parent") +
                         ": what the fine-tuning alone did, apart from the pruning")
     if not cfg.control:
@@ -336,8 +337,9 @@ def flat_curve_row(row: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in row.items():
         if isinstance(v, dict):
-            value = v.get("ratio", v.get("delta"))
-            out.update({k: value, f"{k}_lo": v["ci95"][0], f"{k}_hi": v["ci95"][1], f"{k}_verdict": v["verdict"]})
+            c = results.comparison(v)
+            value = c.ratio if isinstance(c, results.PairedRatio) else c.delta
+            out.update({k: value, f"{k}_lo": c.ci95[0], f"{k}_hi": c.ci95[1], f"{k}_verdict": c.verdict})
         elif isinstance(v, list):
             out.update({f"{k}_lo": v[0], f"{k}_hi": v[1]})
         else:

@@ -22,7 +22,7 @@ from effkit.artifacts.loader import is_quantized, kind, load_quantized, newest_a
 from effkit.config import DataConfig, QuantizeConfig
 from effkit.data import prepare
 from effkit.errors import EffkitError
-from effkit.measure import metrics, stats
+from effkit.measure import metrics, results, stats
 from effkit.measure.compare import compare_with_parent, generate_sample, side_by_side
 from effkit.model import load_model
 from effkit.parallel import init_runtime
@@ -97,10 +97,10 @@ def pick_backend(cfg: QuantizeConfig, device: torch.device, parent: nn.Module, s
             table[b] = {"status": f"not run: {e}"}
             continue
         result = metrics.evaluate(model, eval_blocks, cfg.batch_size)
-        delta = stats.paired_delta(parent_blocks, result["block_losses"])
-        ok = delta["delta"] <= AUTO_LOSS_BUDGET
-        table[b] = {"status": "candidate" if ok else f"left out: loss {delta['delta']:+.2%} > {AUTO_LOSS_BUDGET:.0%}",
-                    "eval_loss": result["eval_loss"], "loss_increase": delta["delta"], "loss_delta": delta,
+        delta = results.LossDelta.of(stats.paired_delta(parent_blocks, result["block_losses"]))
+        ok = delta.delta <= AUTO_LOSS_BUDGET
+        table[b] = {"status": "candidate" if ok else f"left out: loss {delta.delta:+.2%} > {AUTO_LOSS_BUDGET:.0%}",
+                    "eval_loss": result["eval_loss"], "loss_increase": delta.delta, "loss_delta": delta.to_dict(),
                     "size_bytes": artifacts.dir_size(scratch / b)}
         if ok:
             candidates[b] = model

@@ -1,0 +1,135 @@
+"""Typed results: the paired comparisons every report carries, and the names of the metrics one stage hands to
+another (prune -> pipeline, bench -> pipeline and plots, quantize/export -> CLI).
+
+Reports stay plain JSON; the format does not change. A comparison is made by `effkit.measure.stats` and stored
+as its `to_dict()` (exactly the keys reports have always had); every reader reads it back through `of(...)`,
+which checks its fields, so a renamed key fails at the reader, naming what is missing, instead of silently. The
+metric names below are spelled once: writers and readers both use them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+RATIO_VERDICTS = ("faster", "slower", "same")
+DELTA_VERDICTS = ("better", "worse", "same")
+
+
+def _fields(d: Any, kind: str, required: tuple[str, ...]) -> Mapping[str, Any]:
+    if not isinstance(d, Mapping):
+        raise TypeError(f"a {kind} is a mapping with {', '.join(required)}; got {type(d).__name__}")
+    missing = [k for k in required if k not in d]
+    if missing:
+        raise KeyError(f"not a {kind}: no {', '.join(missing)} (has {', '.join(sorted(d)) or 'nothing'})")
+    return d
+
+
+@dataclass(frozen=True)
+class PairedRatio:
+    """other / reference of timings or rates, with its 95% interval and a verdict (faster / slower / same)."""
+
+    ratio: float
+    ci95: tuple[float, float]
+    verdict: str
+    rounds: int | None = None  # paired, interleaved rounds
+    method: str | None = None  # "unpaired" for separate runs
+
+    @classmethod
+    def of(cls, d: PairedRatio | Mapping[str, Any]) -> PairedRatio:
+        if isinstance(d, cls):
+            return d
+        d = _fields(d, "paired ratio", ("ratio", "ci95", "verdict"))
+        if d["verdict"] not in RATIO_VERDICTS:
+            raise ValueError(f"a paired ratio's verdict is one of {RATIO_VERDICTS}, not {d['verdict']!r}")
+        lo, hi = d["ci95"]
+        return cls(float(d["ratio"]), (float(lo), float(hi)), d["verdict"], d.get("rounds"), d.get("method"))
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"ratio": self.ratio, "ci95": list(self.ci95), "verdict": self.verdict}
+        if self.rounds is not None:
+            out["rounds"] = self.rounds
+        if self.method is not None:
+            out["method"] = self.method
+        return out
+
+    def fmt(self) -> str:
+        """`0.71x (0.66-0.76)`; `≈ 0.98x (0.91-1.05)` when the interval contains 1."""
+        lo, hi = self.ci95
+        return f"{'≈ ' if self.verdict == 'same' else ''}{self.ratio:.2f}x ({lo:.2f}-{hi:.2f})"
+
+    def summary(self, what: str) -> str:
+        """`latency b12: faster, 0.71x (0.66-0.76)`."""
+        return f"{what}: {self.verdict}, {self.fmt()}"
+
+
+@dataclass(frozen=True)
+class LossDelta:
+    """The relative change of a mean held-out loss against a reference, paired by block, with its 95% interval
+    and a verdict (better / worse / same; lower loss is better)."""
+
+    delta: float
+    ci95: tuple[float, float]
+    verdict: str
+    blocks: int | None = None
+
+    @classmethod
+    def of(cls, d: LossDelta | Mapping[str, Any]) -> LossDelta:
+        if isinstance(d, cls):
+            return d
+        d = _fields(d, "loss delta", ("delta", "ci95", "verdict"))
+        if d["verdict"] not in DELTA_VERDICTS:
+            raise ValueError(f"a loss delta's verdict is one of {DELTA_VERDICTS}, not {d['verdict']!r}")
+        lo, hi = d["ci95"]
+        return cls(float(d["delta"]), (float(lo), float(hi)), d["verdict"], d.get("blocks"))
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"delta": self.delta, "ci95": list(self.ci95), "verdict": self.verdict}
+        if self.blocks is not None:
+            out["blocks"] = self.blocks
+        return out
+
+    def fmt(self) -> str:
+        """`+0.4% (+0.1 to +0.7%)`; `≈ +0.1% (-0.2 to +0.4%)` when the interval contains 0; two decimals when
+        every figure is below 0.1%, so that a small delta does not print as 0.0."""
+        lo, hi = self.ci95
+        places = 2 if max(abs(self.delta), abs(lo), abs(hi)) < 0.001 else 1
+        return (f"{'≈ ' if self.verdict == 'same' else ''}{self.delta * 100:+.{places}f}% "
+                f"({lo * 100:+.{places}f} to {hi * 100:+.{places}f}%)")
+
+    def summary(self, what: str) -> str:
+        return f"{what}: {self.verdict}, {self.fmt()}"
+
+
+def comparison(d: PairedRatio | LossDelta | Mapping[str, Any]) -> PairedRatio | LossDelta:
+    """Either kind, told apart by its fields (a ratio has `ratio`, a delta `delta`)."""
+    if isinstance(d, PairedRatio | LossDelta):
+        return d
+    return PairedRatio.of(d) if isinstance(d, Mapping) and "ratio" in d else LossDelta.of(d)
+
+
+# ------------------------------------------------------------------- metric names stages hand to each other
+
+def latency_ratio(batch: int) -> str:
+    """Prefill (forward) latency at `batch` against the parent or the bench's reference (a PairedRatio)."""
+    return f"latency_ratio_b{batch}"
+
+
+def decode_ratio(batch: int) -> str:
+    """Greedy-decoding tokens/s at `batch` against the bench's reference (a PairedRatio, higher is better)."""
+    return f"decode_ratio_b{batch}"
+
+
+LATENCY_RATIO_B1 = latency_ratio(1)
+LATENCY_RATIO_B12 = latency_ratio(12)
+BF16_LATENCY_RATIO_B12 = "bf16_" + LATENCY_RATIO_B12  # the parent under bf16 autocast vs fp32
+GENERATION_RATIO = "generation_ratio"
+EVAL_LOSS_DELTA = "eval_loss_delta"  # against the parent (quantize, export) or the bench's reference (LossDelta)
+EVAL_LOSS_DELTA_VS_DENSE = "eval_loss_delta_vs_dense"  # a pruning round against the dense model
+EVAL_LOSS_DELTA_VS_CONTROL = "eval_loss_delta_vs_control"  # a pruning round against its dense control
+CONTROL_DELTA_VS_DENSE = "control_eval_loss_delta_vs_dense"  # the control against the dense model
+
+# the workloads an artifact is chosen for: the metric that ranks it and whether higher is better
+WORKLOADS = {"decode-b1": (decode_ratio(1), True), "decode-b12": (decode_ratio(12), True),
+             "prefill-b12": (LATENCY_RATIO_B12, False)}
