@@ -316,7 +316,7 @@ def plot_prune_curves(out: Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(6.4, 4))
     for i, (mode, rows) in enumerate(curves.items()):
         pts = [(removed(mode, r), r[results.LATENCY_RATIO_B12]) for r in rows if r.get(results.LATENCY_RATIO_B12)]
-        pts = [(0.0, {"ratio": 1.0, "ci95": [1.0, 1.0]})] + pts
+        pts = [(0.0, PairedRatio(1.0, (1.0, 1.0), "same"))] + pts  # the dense model itself
         errorbars(ax, [x for x, _ in pts], [p for _, p in pts], f"C{i}", label.get(mode, mode))
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_ylabel("latency b12 / dense (paired, 95% CI)")
