@@ -84,11 +84,12 @@ def main() -> None:
     model = build_model("gpt2", vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id)
     save_model(model, folder, tokenizer)  # a plain Hugging Face folder (Conv1D layout), no effkit.json
     dirs = {"runs_dir": str(work / "runs"), "reports_dir": str(work / "reports")}
-    exported = [run_export(ExportConfig(source=str(folder), format=f, int8=True, latency_rounds=2, latency_repeats=1,
-                                        gen_tokens=8, **dirs))["artifact"] for f in ("onnx", "ctranslate2")]
+    exported = [run_export(ExportConfig.from_flat(source=str(folder), format=f, int8=True, latency_rounds=2,
+                                                  latency_repeats=1, gen_tokens=8, **dirs))["artifact"]
+                for f in ("onnx", "ctranslate2")]
     bw, bw_how = metrics.memory_bandwidth()
-    report = run_bench(BenchConfig(paths=(str(folder), *exported), peers=True, rounds=args.rounds, repeats=2,
-                                   gen_tokens=args.tokens, train_steps=1, **dirs), progress=False)
+    report = run_bench(BenchConfig.from_flat(paths=(str(folder), *exported), peers=True, rounds=args.rounds, repeats=2,
+                                             gen_tokens=args.tokens, train_steps=1, **dirs), progress=False)
     lines = [f"# Decoding on the gpt2 shape ({model.config.n_layer} x {model.config.n_embd}, context "
              f"{model.config.n_positions}, vocabulary {len(tokenizer)}, "
              f"{sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters, random weights)", "",

@@ -47,8 +47,8 @@ def main() -> None:
     reports = {}
     for mode, target in TARGETS.items():
         for distill in (False, True):
-            cfg = PruneConfig(source=str(dense), mode=mode, target=target, rounds=2, finetune_steps=a.steps,
-                              distill=distill, latency_rounds=8, latency_repeats=3, **dirs)
+            cfg = PruneConfig.from_flat(source=str(dense), mode=mode, target=target, rounds=2, finetune_steps=a.steps,
+                                        distill=distill, latency_rounds=8, latency_repeats=3, **dirs)
             reports[(mode, distill)] = run_prune(cfg)
     render_run_report(out / "reports", "structured")
 

@@ -40,16 +40,17 @@ LEADERBOARD_UNITS = {"loss": "nats/token (held-out eval loss)", "inference_laten
 
 
 def find_artifacts(cfg: BenchConfig) -> tuple[str, list[Path]]:
-    if cfg.paths:
-        paths = [Path(p) for p in cfg.paths]
+    if cfg.what.paths:
+        paths = [Path(p) for p in cfg.what.paths]
         for p in paths:
             if not p.exists():
                 raise EffkitError(f"artifact {p} does not exist")
             artifacts.read_meta(p)
         return artifacts.run_of(paths[0]), paths
-    run_dir = Path(cfg.runs_dir) / cfg.run if cfg.run else artifacts.latest_run(Path(cfg.runs_dir))
+    runs = Path(cfg.folders.runs_dir)
+    run_dir = runs / cfg.what.run if cfg.what.run else artifacts.latest_run(runs)
     if not run_dir.is_dir():
-        raise EffkitError(f"unknown run {cfg.run!r}: {run_dir} does not exist; see `ls {cfg.runs_dir}`")
+        raise EffkitError(f"unknown run {cfg.what.run!r}: {run_dir} does not exist; see `ls {cfg.folders.runs_dir}`")
     found = [((artifacts.read_meta(d).get("time", ""), (d / artifacts.META).stat().st_mtime_ns), d)
              for d in sorted(run_dir.iterdir()) if (d / artifacts.META).is_file()]  # times to the second, then ns
     if not found:
@@ -132,8 +133,8 @@ def bench_one(path: Path, cfg: BenchConfig, tokenizer, eval_blocks: torch.Tensor
         r: dict[str, Any] = {"artifact": str(path), "tag": path.name, "stage": meta["stage"],
                              "params": getattr(model, "n_params", None) or sum(p.numel() for p in model.parameters()),
                              "size_bytes": artifacts.dir_size(path), "quantized": is_quantized(path)}
-        r.update(metrics.evaluate(model, eval_blocks, cfg.batch_size, eval_bytes=eval_bytes))
-        r["generation"] = generate_sample(model, tokenizer, cfg.gen_tokens)
+        r.update(metrics.evaluate(model, eval_blocks, cfg.measure.batch_size, eval_bytes=eval_bytes))
+        r["generation"] = generate_sample(model, tokenizer, cfg.measure.gen_tokens)
         for b in LAT_BATCHES:
             metrics.forward_timer(model, b, block)()
         if trainable(path):
@@ -144,7 +145,7 @@ def bench_one(path: Path, cfg: BenchConfig, tokenizer, eval_blocks: torch.Tensor
         if results.EVAL_LOSS_DELTA_VS_CONTROL in meta["metrics"]:  # measured by the prune stage on the same blocks
             r[results.EVAL_LOSS_DELTA_VS_CONTROL] = meta["metrics"][results.EVAL_LOSS_DELTA_VS_CONTROL]
         else:  # a descendant (int8, ONNX) of a pruned round: against the same control, paired on the same blocks
-            ctrl = metrics.evaluate(load_any(control, device).eval(), eval_blocks, cfg.batch_size)
+            ctrl = metrics.evaluate(load_any(control, device).eval(), eval_blocks, cfg.measure.batch_size)
             r[results.EVAL_LOSS_DELTA_VS_CONTROL] = stats.paired_delta(ctrl["block_losses"], r["block_losses"])
         r["control_artifact"] = str(control)
     return r
@@ -163,7 +164,7 @@ def bench_isolated(path: Path, cfg: BenchConfig, data: dict[str, Any], tokenizer
     """`bench_one` in a fresh Python process."""
     return run_isolated("effkit.bench:bench_in_this_process",
                         {"path": str(path), "cfg": cfg.to_dict(), "data": data, "tokenizer_from": str(tokenizer_from),
-                         "device": cfg.device}, what=f"bench of {path}")
+                         "device": cfg.what.device}, what=f"bench of {path}")
 
 
 def tags(paths: list[Path]) -> list[str]:
@@ -184,12 +185,12 @@ def timed_side_by_side(paths: list[Path], cfg: BenchConfig, tokenizer, block: in
     (static KV cache) the decode_b1 rounds; `compile_status` and `generation_compile_status` say, per artifact,
     whether they compiled."""
     models = {tag: load_any(p, device).eval() for tag, p in zip(tags(paths), paths, strict=True)}
-    new_tokens = min(metrics.generation_budget(m, tokenizer, cfg.gen_tokens)[0] for m in models.values())
+    new_tokens = min(metrics.generation_budget(m, tokenizer, cfg.measure.gen_tokens)[0] for m in models.values())
     forward = dict(models)
     status: dict[str, str] = {}
     generators = {t: metrics.generation_timer(m, tokenizer, new_tokens) for t, m in models.items()}
     gen_status: dict[str, str] = {}
-    if cfg.compile:
+    if cfg.measure.compile:
         for tag, m in models.items():
             compiled, status[tag] = metrics.compile_for_inference(m, LAT_BATCHES, block)
             if compiled is not None:
@@ -206,15 +207,17 @@ def timed_side_by_side(paths: list[Path], cfg: BenchConfig, tokenizer, block: in
                     generators[tag + COMPILED] = timer
     plan: dict[str, tuple[dict[str, Any], int]] = {}
     for b in LAT_BATCHES:
-        plan[f"latency_b{b}"] = ({t: metrics.forward_timer(m, b, block) for t, m in forward.items()}, cfg.repeats)
+        plan[f"latency_b{b}"] = ({t: metrics.forward_timer(m, b, block) for t, m in forward.items()},
+                                 cfg.measure.repeats)
     plan["decode_b1"] = (generators, 1)
     plan["decode_b12"] = ({t: metrics.generation_timer(m, tokenizer, new_tokens, batch=12)
                            for t, m in models.items()}, 1)
     steppers = {tag: metrics.train_step_timers(models[tag], TRAIN_BATCHES, block)
                 for tag, p in zip(tags(paths), paths, strict=True) if trainable(p)}
     for b in TRAIN_BATCHES:
-        plan[f"train_b{b}"] = ({t: timers[b] for t, timers in steppers.items()}, cfg.train_steps)
-    timed = {name: metrics.interleaved(fns, cfg.rounds, repeats, warmup=2) for name, (fns, repeats) in plan.items()}
+        plan[f"train_b{b}"] = ({t: timers[b] for t, timers in steppers.items()}, cfg.measure.train_steps)
+    timed = {name: metrics.interleaved(fns, cfg.measure.rounds, repeats, warmup=2)
+             for name, (fns, repeats) in plan.items()}
     return {**timed, "compile_status": status, "generation_compile_status": gen_status, "new_tokens": new_tokens}
 
 
@@ -336,16 +339,16 @@ def leaderboard(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def run_bench(cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
     cfg = cfg.validate()
-    device = resolve_device(cfg.device)
+    device = resolve_device(cfg.what.device)
     run_name, found = find_artifacts(cfg)
     not_run = {p.name: f"not run: {reason}" for p in found if (reason := cannot_run_on(p, device))}
     paths = [p for p in found if p.name not in not_run]
     if not paths:
         raise EffkitError(f"no artifact of run {run_name} can run on {device}: "
                           + "; ".join(f"{t}: {r}" for t, r in not_run.items()))
-    run_dir = Path(cfg.runs_dir) / run_name
+    run_dir = Path(cfg.folders.runs_dir) / run_name
     with artifacts.run_lock(run_dir):
-        if not cfg.peers:
+        if not cfg.what.peers:
             return _bench(cfg, device, run_name, paths, progress, not_run)
         # the peers live as long as this bench; removed below, or by the next run lock if the process is killed
         scratch = Path(tempfile.mkdtemp(dir=run_dir, prefix=".tmp-peers-"))
@@ -360,7 +363,8 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
 
 def _bench(cfg: BenchConfig, device: torch.device, run_name: str, paths: list[Path],
            progress: bool, not_run: dict[str, str] | None = None) -> dict[str, Any]:
-    data = artifacts.data_section(paths[0], cfg.data)  # every artifact is evaluated on the first one's held-out blocks
+    # every artifact is evaluated on the first one's held-out blocks
+    data = artifacts.data_section(paths[0], cfg.what.data)
     data_cfg = DataConfig.from_dict(data)
     prepared = prepare(data_cfg, tokenizer_from=str(paths[0]))  # builds the caches once
     block = data_cfg.block_size
@@ -384,7 +388,7 @@ def _bench(cfg: BenchConfig, device: torch.device, run_name: str, paths: list[Pa
     for row, tag in zip(static, tags(paths), strict=True):
         row["tag"] = tag
     rows = combine(static, timed)
-    interleave = metrics.INTERLEAVED_PROTOCOL.format(warmup=2, rounds=cfg.rounds, repeats="{repeats}")
+    interleave = metrics.INTERLEAVED_PROTOCOL.format(warmup=2, rounds=cfg.measure.rounds, repeats="{repeats}")
     report = {
         "stage": "bench", "run": run_name, "config": cfg.to_dict(), "artifacts": rows, "reference": rows[0]["tag"],
         "device": metrics.describe_device(device), "versions": artifacts.versions(),
@@ -396,24 +400,25 @@ def _bench(cfg: BenchConfig, device: torch.device, run_name: str, paths: list[Pa
                          f"({len(prepared.blocks.eval)} blocks, {prepared.blocks.eval[:, 1:].numel()} predicted "
                          f"tokens); {stats.LOSS_METHOD}",
             "latency": f"forward of (batch, {block}) fixed random tokens under torch.inference_mode; "
-                       + interleave.format(repeats=cfg.repeats) + f"; {stats.RATIO_METHOD}; p50/p90/p99 over all "
-                       "timed repeats" + ("; with --compile each PyTorch artifact's torch.compile twin (Inductor, "
+                       + interleave.format(repeats=cfg.measure.repeats)
+                       + f"; {stats.RATIO_METHOD}; p50/p90/p99 over all timed repeats"
+                       + ("; with --compile each PyTorch artifact's torch.compile twin (Inductor, "
                                           "freezing, static shapes, compiled and warmed up before the rounds) is "
                                           "timed in the same rounds, and its compiled decoding (static KV cache) "
-                                          "in the generation rounds" if cfg.compile else ""),
+                                          "in the generation rounds" if cfg.measure.compile else ""),
             "generation": "decode: greedy decoding with the KV cache (PyTorch's generate; ONNX Runtime's with-past "
                           "graph; older ONNX artifacts without past recompute the prefix, see the notes) from 1 and "
                           f"12 copies of the prompt, {timed['new_tokens']} new tokens per row (capped by the "
                           "smallest context when needed), new tokens of all rows / wall time (prefill included); "
                           + interleave.format(repeats=1) + "; the b1 decode is also reported as `generation`",
             "training_throughput": f"one forward+backward+AdamW step on a private copy, batch x {block} tokens, "
-                                   "tokens / wall time; " + interleave.format(repeats=cfg.train_steps),
+                                   "tokens / wall time; " + interleave.format(repeats=cfg.measure.train_steps),
             "peak_memory": metrics.PeakMemory(device).method + ", while loading the artifact, evaluating it and "
                            "running each timed workload once, each artifact in a fresh process",
             "reference": f"ratios and deltas are relative to the first artifact ({rows[0]['tag']})",
         },
     }
-    out = Path(cfg.reports_dir) / run_name
+    out = Path(cfg.folders.reports_dir) / run_name
     atomic_write_text(out / "bench.json", json.dumps(report, indent=2, default=str))
     atomic_write_text(out / "leaderboard.json", json.dumps(leaderboard(rows), indent=2))
     write_rows_csv(out / "bench.csv", [flat_row(r) for r in rows])

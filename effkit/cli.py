@@ -240,7 +240,7 @@ def _print_train_summary(report: dict) -> None:
     print(f"artifact: {report['artifact']}\nreport:   {Path(report['config']['run']['reports_dir']) / report['run']}")
 
 
-_P = PruneConfig()
+_P = SimpleNamespace(**PruneConfig.flat_defaults())
 
 
 @app.command()
@@ -289,7 +289,7 @@ def prune(
 
     from effkit.measure.stats import fmt_delta, fmt_ratio
 
-    t = Table(title=f"prune --mode {cfg.mode}: {report['run']}")
+    t = Table(title=f"prune --mode {cfg.method.mode}: {report['run']}")
     for col in ("round", "removed", "eval loss", "control loss", "Δ loss vs control", "params",
                 "latency b12 vs dense", "FLOPs speed-up"):
         t.add_column(col, justify="right")
@@ -304,10 +304,10 @@ def prune(
     _console().print(t)
     for v in report["verdicts"]:
         print(f"note: {v}")
-    print(f"artifact: {report['artifact']}\nreport:   {Path(cfg.reports_dir) / report['run']}")
+    print(f"artifact: {report['artifact']}\nreport:   {Path(cfg.folders.reports_dir) / report['run']}")
 
 
-_Q = QuantizeConfig()
+_Q = SimpleNamespace(**QuantizeConfig.flat_defaults())
 
 
 @app.command()
@@ -378,10 +378,10 @@ def quantize(
     for v in report["verdicts"]:
         print(f"note: {v}")
     print(f"int8 layers in the reloaded artifact: {m['int8_layers_reloaded']}; {m['portability']}")
-    print(f"artifact: {report['artifact']}\nreport:   {Path(cfg.reports_dir) / report['run']}")
+    print(f"artifact: {report['artifact']}\nreport:   {Path(cfg.folders.reports_dir) / report['run']}")
 
 
-_E = ExportConfig()
+_E = SimpleNamespace(**ExportConfig.flat_defaults())
 
 
 @app.command()
@@ -417,10 +417,10 @@ def export(
         print(f"note: {v}")
     print(f"load it: onnxruntime.InferenceSession('{report['artifact']}/model.onnx'), or effkit bench / generate "
           f"--from {report['artifact']}")
-    print(f"artifact: {report['artifact']}\nreport:   {Path(cfg.reports_dir) / report['run']}")
+    print(f"artifact: {report['artifact']}\nreport:   {Path(cfg.folders.reports_dir) / report['run']}")
 
 
-_B = BenchConfig()
+_B = SimpleNamespace(**BenchConfig.flat_defaults())
 
 
 @app.command()
@@ -461,7 +461,7 @@ def bench(
     for v in report["verdicts"]:
         print(f"note: {v}")
     print("ratios are paired with the first artifact, with 95% intervals; ≈: the interval contains 1")
-    print(f"report: {Path(cfg.reports_dir) / report['run']}/bench.md")
+    print(f"report: {Path(cfg.folders.reports_dir) / report['run']}/bench.md")
 
 
 @app.command()

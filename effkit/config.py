@@ -7,7 +7,8 @@ that needs a variant makes one with `.replace(...)`.
 `TrainConfig` is nested, torchtitan style, in sections that later stages read on their own: `data` (what
 the model reads; every artifact carries its data section in `effkit.json`), `model`, `optim`, `parallel` and
 `run` (where things go and how often). Its flat keys (`lr`, `parallel`, ...) map onto those sections, so the
-command line and recipes stay flat.
+command line and recipes stay flat. The other stage configs are nested by concern too (`_Staged`: inputs,
+method, finetune, measure, folders), and their flat keys, `to_dict()` and `replace()` are what they always were.
 """
 
 from __future__ import annotations
@@ -47,6 +48,70 @@ class _Section:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+class _Staged(_Section):
+    """A stage config nested by concern: its fields are sections (frozen dataclasses) and every field of a
+    section is one of the stage's flat keys (a flag and a recipe key of the same name). Flags, recipes, reports,
+    artifact metadata and pipeline fingerprints see the flat keys exactly as before (`to_dict()` is flat); code
+    reads `cfg.method.mode`, `cfg.folders.runs_dir`. `replace` takes flat keys."""
+
+    @classmethod
+    def sections(cls) -> dict[str, type]:
+        return {f.name: f.default_factory for f in dataclasses.fields(cls)}
+
+    @classmethod
+    def flat_keys(cls) -> dict[str, str]:
+        """flat key -> the section holding it."""
+        return {f.name: name for name, sec in cls.sections().items() for f in dataclasses.fields(sec)}
+
+    @classmethod
+    def from_flat(cls, **values: Any):
+        return cls().replace(**values)
+
+    def replace(self, **values: Any):
+        keys = self.flat_keys()
+        per_section: dict[str, dict[str, Any]] = {}
+        for key, value in values.items():
+            if key not in keys:
+                raise EffkitError(f"unknown {_stage_name(type(self))} option {key!r}")
+            per_section.setdefault(keys[key], {})[key] = value
+        return dataclasses.replace(self, **{n: getattr(self, n).replace(**v) for n, v in per_section.items()})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for name in self.sections() for k, v in dataclasses.asdict(getattr(self, name)).items()}
+
+    @classmethod
+    def flat_defaults(cls) -> dict[str, Any]:
+        return cls().to_dict()
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any] | None):
+        """From a saved flat dict (an artifact's or a report's config); keys this version does not know are
+        ignored."""
+        keys = cls.flat_keys()
+        return cls.from_flat(**{k: v for k, v in (values or {}).items() if k in keys})
+
+
+def _stage_name(cls: type) -> str:
+    return cls.__name__.removesuffix("Config").lower()
+
+
+@dataclass(frozen=True)
+class Folders(_Section):
+    """Where a stage finds runs and writes reports: the same two keys in every stage."""
+
+    runs_dir: str = "runs"
+    reports_dir: str = "reports"
+
+
+@dataclass(frozen=True)
+class Inputs(_Section):
+    """What a stage reads and where it runs."""
+
+    source: str = ""  # --from: an effkit artifact folder (default: per stage)
+    data: str = ""  # --data: calibration / fine-tuning / evaluation corpus (default: the artifact's own; builtin)
+    device: str = "auto"
 
 
 # ------------------------------------------------------------------------------------------- train sections
@@ -295,16 +360,18 @@ class TrainConfig(_Section):
 
 
 @dataclass(frozen=True)
-class PruneConfig(_Section):
-    source: str = ""  # --from: an effkit artifact folder (default: runs/latest/train)
-    data: str = ""  # --data: calibration / fine-tuning / evaluation corpus (default: the artifact's own; builtin)
+class PruneMethod(_Section):
     mode: str = "row"  # weight | row (MLP channels) | width (residual channels) | depth (whole blocks)
     target: float = 0.5  # fraction removed at the last round: of weights, MLP channels, residual channels, blocks
     rounds: int = 3
-    finetune_steps: int = 40  # per round; 0 = no fine-tuning
     importance: str = "magnitude"  # weight: magnitude | wanda; width: magnitude | taylor
     scope: str = "global"  # weight mode, magnitude: global | layer
     calib_batches: int = 4
+
+
+@dataclass(frozen=True)
+class PruneFinetune(_Section):
+    finetune_steps: int = 40  # per round; 0 = no fine-tuning
     batch_size: int = 8
     lr: float = 0.0  # fine-tuning peak learning rate; 0 = where the parent's training ended (its final lr)
     warmup_steps: int = 5
@@ -315,60 +382,74 @@ class PruneConfig(_Section):
     distill: bool | None = None
     distill_alpha: float = 0.5  # weight of the KL term; 1 - alpha on the next-token cross-entropy
     distill_temperature: float = 2.0
-    latency_rounds: int = 5  # interleaved rounds of the paired latency against the dense parent
+
+
+@dataclass(frozen=True)
+class LatencyMeasure(_Section):
+    latency_rounds: int = 5  # interleaved rounds of the paired latency against the parent
     latency_repeats: int = 3  # timed forward passes per model per round
-    device: str = "auto"
-    runs_dir: str = "runs"
-    reports_dir: str = "reports"
+
+
+@dataclass(frozen=True)
+class PruneConfig(_Staged):
+    """`effkit prune`: method (what is cut), finetune (between rounds, and the control arm), measure (the
+    paired latency), inputs, folders."""
+
+    inputs: Inputs = field(default_factory=Inputs)  # --from default: runs/latest/train
+    method: PruneMethod = field(default_factory=PruneMethod)
+    finetune: PruneFinetune = field(default_factory=PruneFinetune)
+    measure: LatencyMeasure = field(default_factory=LatencyMeasure)
+    folders: Folders = field(default_factory=Folders)
 
     @property
     def distilling(self) -> bool:
         """Whether the fine-tuning between rounds distils from the dense parent (resolves the auto default)."""
-        if self.distill is not None:
-            return self.distill
-        return methods.get(self.mode).structured and self.finetune_steps > 0
+        if self.finetune.distill is not None:
+            return self.finetune.distill
+        return methods.get(self.method.mode).structured and self.finetune.finetune_steps > 0
 
     @property
     def label(self) -> str:
         """The mode as artifact tags and report names use it: `width`, or `width-distill` when distilling."""
-        return f"{self.mode}-distill" if self.distilling else self.mode
+        return f"{self.method.mode}-distill" if self.distilling else self.method.mode
 
     def validate(self) -> PruneConfig:
-        pruner = methods.get(self.mode)  # unknown modes end here, in one line
-        if not 0 < self.target < 1:
-            raise EffkitError(f"--target must be between 0 and 1, exclusive (got {self.target}); "
+        m, f, ms = self.method, self.finetune, self.measure
+        pruner = methods.get(m.mode)  # unknown modes end here, in one line
+        if not 0 < m.target < 1:
+            raise EffkitError(f"--target must be between 0 and 1, exclusive (got {m.target}); "
                               "it is the fraction removed: of the weights, MLP channels, residual channels or blocks")
-        if self.rounds < 1:
-            raise EffkitError(f"--rounds must be at least 1 (got {self.rounds})")
-        if self.finetune_steps < 0:
-            raise EffkitError(f"--finetune-steps must be >= 0 (got {self.finetune_steps})")
-        if self.importance not in pruner.importances:
-            accept = [m for m in methods.names() if self.importance in methods.get(m).importances]
+        if m.rounds < 1:
+            raise EffkitError(f"--rounds must be at least 1 (got {m.rounds})")
+        if f.finetune_steps < 0:
+            raise EffkitError(f"--finetune-steps must be >= 0 (got {f.finetune_steps})")
+        if m.importance not in pruner.importances:
+            accept = [n for n in methods.names() if m.importance in methods.get(n).importances]
             if not accept:
-                known = sorted({i for m in methods.names() for i in methods.get(m).importances})
-                raise EffkitError(f"unknown --importance {self.importance!r}; choose one of {', '.join(known)}")
-            raise EffkitError(f"--importance {self.importance} applies to --mode {' or '.join(accept)}; --mode "
-                              f"{self.mode} ranks by {pruner.ranks_by(self)}")
-        if self.distill and not pruner.structured:
-            structured = [m for m in methods.names() if methods.get(m).structured]
+                known = sorted({i for n in methods.names() for i in methods.get(n).importances})
+                raise EffkitError(f"unknown --importance {m.importance!r}; choose one of {', '.join(known)}")
+            raise EffkitError(f"--importance {m.importance} applies to --mode {' or '.join(accept)}; --mode "
+                              f"{m.mode} ranks by {pruner.ranks_by(self)}")
+        if f.distill and not pruner.structured:
+            structured = [n for n in methods.names() if methods.get(n).structured]
             raise EffkitError(f"--distill applies to the structured modes ({', '.join(structured)}), not to "
-                              f"--mode {self.mode}")
-        if self.distill and not self.finetune_steps:
+                              f"--mode {m.mode}")
+        if f.distill and not f.finetune_steps:
             raise EffkitError("--distill needs fine-tuning steps (--finetune-steps > 0): it is a fine-tuning loss")
-        if not 0 <= self.distill_alpha <= 1:
-            raise EffkitError(f"--distill-alpha must be between 0 and 1 (got {self.distill_alpha})")
-        _finite("distill-temperature", self.distill_temperature, 0, low_open=True)
-        if self.scope not in ("global", "layer"):
-            raise EffkitError(f"unknown --scope {self.scope!r}; choose global or layer")
-        if self.batch_size < 1 or self.calib_batches < 1 or self.latency_repeats < 1:
+        if not 0 <= f.distill_alpha <= 1:
+            raise EffkitError(f"--distill-alpha must be between 0 and 1 (got {f.distill_alpha})")
+        _finite("distill-temperature", f.distill_temperature, 0, low_open=True)
+        if m.scope not in ("global", "layer"):
+            raise EffkitError(f"unknown --scope {m.scope!r}; choose global or layer")
+        if f.batch_size < 1 or m.calib_batches < 1 or ms.latency_repeats < 1:
             raise EffkitError("--batch-size, --calib-batches and --latency-repeats must be at least 1")
-        if self.latency_rounds < 2:
-            raise EffkitError(f"--latency-rounds must be at least 2 (got {self.latency_rounds})")
-        _finite("lr", self.lr, 0)
-        if self.warmup_steps < 0:
-            raise EffkitError(f"--warmup-steps must be >= 0 (got {self.warmup_steps})")
-        check_device(self.device)
-        check_folder_option("--reports-dir", self.reports_dir)
+        if ms.latency_rounds < 2:
+            raise EffkitError(f"--latency-rounds must be at least 2 (got {ms.latency_rounds})")
+        _finite("lr", f.lr, 0)
+        if f.warmup_steps < 0:
+            raise EffkitError(f"--warmup-steps must be >= 0 (got {f.warmup_steps})")
+        check_device(self.inputs.device)
+        check_folder_option("--reports-dir", self.folders.reports_dir)
         return self
 
 
@@ -377,38 +458,58 @@ WORKLOADS = results.WORKLOADS
 
 
 @dataclass(frozen=True)
-class QuantizeConfig(_Section):
-    source: str = ""  # --from: an effkit artifact (default: the newest artifact of the latest run)
-    data: str = ""  # --data: calibration / fine-tuning / evaluation corpus (default: the artifact's own; builtin)
+class BackendOptions(_Section):
     backend: str = "auto"
+    optimize_for: str = "decode-b1"  # what auto picks the fastest backend for: decode-b1, decode-b12, prefill-b12
     include_head: bool = False  # also the (tied) LM head and token embeddings
     threshold: float = 6.0  # bnb outlier threshold
     torchao_scheme: str = "da8w8"  # da8w8 (dynamic activation + weight) or w8 (weight-only)
     fuse: bool = False  # onnxruntime: apply ONNX Runtime's transformer fusions before quantizing
     compute_type: str = "int8"  # ctranslate2: what CTranslate2 computes in (int8, int8_float32, float32, ...)
-    optimize_for: str = "decode-b1"  # what auto picks the fastest backend for: decode-b1, decode-b12, prefill-b12
-    compile: bool = False  # also time the parent and the int8 model under torch.compile (Inductor, freezing)
+
+
+@dataclass(frozen=True)
+class ParentMeasure(_Section):
+    """How a quantized or exported model is measured against its PyTorch parent."""
+
     batch_size: int = 8  # evaluation batch
-    latency_rounds: int = 5  # interleaved rounds: parent fp32, parent bf16 and int8 timed in each
+    latency_rounds: int = 5  # interleaved rounds: the parent (fp32, and bf16 for quantize) and the model in each
     latency_repeats: int = 3  # timed forward passes per model per round
     gen_tokens: int = 64
-    device: str = "auto"
-    runs_dir: str = "runs"
-    reports_dir: str = "reports"
+
+
+@dataclass(frozen=True)
+class QuantizeMeasure(ParentMeasure):
+    compile: bool = False  # also time the parent and the int8 model under torch.compile (Inductor, freezing)
+
+
+def _check_parent_measure(ms: ParentMeasure) -> None:
+    if ms.batch_size < 1 or ms.latency_repeats < 1 or ms.gen_tokens < 1:
+        raise EffkitError("--batch-size, --latency-repeats and --gen-tokens must be at least 1")
+    if ms.latency_rounds < 2:
+        raise EffkitError(f"--latency-rounds must be at least 2 (got {ms.latency_rounds})")
+
+
+@dataclass(frozen=True)
+class QuantizeConfig(_Staged):
+    """`effkit quantize`: method (the backend and its knobs), measure (against the parent), inputs, folders."""
+
+    inputs: Inputs = field(default_factory=Inputs)  # --from default: the newest artifact of the latest run
+    method: BackendOptions = field(default_factory=BackendOptions)
+    measure: QuantizeMeasure = field(default_factory=QuantizeMeasure)
+    folders: Folders = field(default_factory=Folders)
 
     def validate(self) -> QuantizeConfig:
-        if self.optimize_for not in WORKLOADS:
-            raise EffkitError(f"unknown --optimize-for {self.optimize_for!r}; choose one of {', '.join(WORKLOADS)}")
-        if self.backend not in (choices := ("auto", *backends.names())):
-            raise EffkitError(f"unknown --backend {self.backend!r}; choose one of {', '.join(choices)}")
-        if self.torchao_scheme not in ("da8w8", "w8"):
-            raise EffkitError(f"unknown --torchao-scheme {self.torchao_scheme!r}; choose da8w8 or w8")
-        if self.batch_size < 1 or self.latency_repeats < 1 or self.gen_tokens < 1:
-            raise EffkitError("--batch-size, --latency-repeats and --gen-tokens must be at least 1")
-        if self.latency_rounds < 2:
-            raise EffkitError(f"--latency-rounds must be at least 2 (got {self.latency_rounds})")
-        check_device(self.device)
-        check_folder_option("--reports-dir", self.reports_dir)
+        b = self.method
+        if b.optimize_for not in WORKLOADS:
+            raise EffkitError(f"unknown --optimize-for {b.optimize_for!r}; choose one of {', '.join(WORKLOADS)}")
+        if b.backend not in (choices := ("auto", *backends.names())):
+            raise EffkitError(f"unknown --backend {b.backend!r}; choose one of {', '.join(choices)}")
+        if b.torchao_scheme not in ("da8w8", "w8"):
+            raise EffkitError(f"unknown --torchao-scheme {b.torchao_scheme!r}; choose da8w8 or w8")
+        _check_parent_measure(self.measure)
+        check_device(self.inputs.device)
+        check_folder_option("--reports-dir", self.folders.reports_dir)
         return self
 
 
@@ -416,64 +517,76 @@ EXPORT_FORMATS = ("onnx", "ctranslate2")
 
 
 @dataclass(frozen=True)
-class ExportConfig(_Section):
+class ExportWhat(_Section):
     source: str = ""  # --from: a dense or pruned effkit artifact (default: the latest run's train artifact)
     data: str = ""  # --data: calibration / fine-tuning / evaluation corpus (default: the artifact's own; builtin)
     format: str = "onnx"
     int8: bool = False  # ONNX Runtime dynamic int8 after export
     fuse: bool = False  # ONNX Runtime's transformer fusions before quantizing
-    batch_size: int = 8  # evaluation batch
-    latency_rounds: int = 5  # interleaved rounds: PyTorch parent and exported model timed in each
-    latency_repeats: int = 3
-    gen_tokens: int = 64
-    runs_dir: str = "runs"
-    reports_dir: str = "reports"
+
+
+@dataclass(frozen=True)
+class ExportConfig(_Staged):
+    """`effkit export`: what (the artifact, the format), measure (against the parent), folders."""
+
+    what: ExportWhat = field(default_factory=ExportWhat)
+    measure: ParentMeasure = field(default_factory=ParentMeasure)
+    folders: Folders = field(default_factory=Folders)
 
     def validate(self) -> ExportConfig:
-        if self.format not in EXPORT_FORMATS:
-            raise EffkitError(f"unknown --format {self.format!r}; choose one of {', '.join(EXPORT_FORMATS)}")
-        if self.batch_size < 1 or self.latency_repeats < 1 or self.gen_tokens < 1:
-            raise EffkitError("--batch-size, --latency-repeats and --gen-tokens must be at least 1")
-        if self.latency_rounds < 2:
-            raise EffkitError(f"--latency-rounds must be at least 2 (got {self.latency_rounds})")
-        check_folder_option("--reports-dir", self.reports_dir)
+        if self.what.format not in EXPORT_FORMATS:
+            raise EffkitError(f"unknown --format {self.what.format!r}; choose one of {', '.join(EXPORT_FORMATS)}")
+        _check_parent_measure(self.measure)
+        check_folder_option("--reports-dir", self.folders.reports_dir)
         return self
 
 
 @dataclass(frozen=True)
-class BenchConfig(_Section):
+class BenchWhat(_Section):
     paths: tuple[str, ...] = ()  # artifacts to measure (default: every artifact of the run)
     data: str = ""  # --data: calibration / fine-tuning / evaluation corpus (default: the artifact's own; builtin)
     run: str = ""  # run name under runs_dir (default: the latest run)
+    # also the dense reference through the engines a user would pick instead (CTranslate2 int8 by its converter,
+    # ONNX Runtime int8 of the with-past export), in the same rounds; None = on in `effkit run`, off otherwise
+    peers: bool | None = None
+    device: str = "auto"
+
+
+@dataclass(frozen=True)
+class BenchMeasure(_Section):
     quick: bool = False  # fewer rounds, repeats and tokens, for a fast look
     rounds: int = 8  # interleaved rounds: every artifact is timed in each, the order rotated
     repeats: int = 3  # timed forward passes per artifact per round
     gen_tokens: int = 128
     train_steps: int = 1  # timed optimizer steps per artifact per round
     compile: bool = False  # also time every PyTorch artifact under torch.compile (Inductor, freezing)
-    # also the dense reference through the engines a user would pick instead (CTranslate2 int8 by its converter,
-    # ONNX Runtime int8 of the with-past export), in the same rounds; None = on in `effkit run`, off otherwise
-    peers: bool | None = None
     batch_size: int = 8  # evaluation batch
-    device: str = "auto"
-    runs_dir: str = "runs"
-    reports_dir: str = "reports"
+
+
+@dataclass(frozen=True)
+class BenchConfig(_Staged):
+    """`effkit bench`: what (artifacts, peers, device), measure (the protocol's rounds and sizes), folders."""
+
+    what: BenchWhat = field(default_factory=BenchWhat)
+    measure: BenchMeasure = field(default_factory=BenchMeasure)
+    folders: Folders = field(default_factory=Folders)
 
     def validate(self) -> BenchConfig:
-        if self.repeats < 1 or self.gen_tokens < 1 or self.train_steps < 1:
+        ms = self.measure
+        if ms.repeats < 1 or ms.gen_tokens < 1 or ms.train_steps < 1:
             raise EffkitError("--repeats, --gen-tokens and --train-steps must be at least 1")
-        if self.rounds < 2:
+        if ms.rounds < 2:
             raise EffkitError(f"--rounds must be at least 2: a confidence interval needs two rounds "
-                              f"(got {self.rounds})")
-        if self.batch_size < 1:
-            raise EffkitError(f"--batch-size must be at least 1 (got {self.batch_size})")
-        check_device(self.device)
-        if self.run:
-            check_run_name(self.run, "--run")
-        check_folder_option("--reports-dir", self.reports_dir)
-        if self.quick:
-            return self.replace(rounds=min(self.rounds, 3), repeats=min(self.repeats, 2),
-                                gen_tokens=min(self.gen_tokens, 32), train_steps=1, quick=False)
+                              f"(got {ms.rounds})")
+        if ms.batch_size < 1:
+            raise EffkitError(f"--batch-size must be at least 1 (got {ms.batch_size})")
+        check_device(self.what.device)
+        if self.what.run:
+            check_run_name(self.what.run, "--run")
+        check_folder_option("--reports-dir", self.folders.reports_dir)
+        if ms.quick:
+            return self.replace(rounds=min(ms.rounds, 3), repeats=min(ms.repeats, 2),
+                                gen_tokens=min(ms.gen_tokens, 32), train_steps=1, quick=False)
         return self
 
 
@@ -481,7 +594,7 @@ PIPELINE = ("train", "prune", "quantize", "bench", "report")
 
 
 @dataclass(frozen=True)
-class RunConfig(_Section):
+class RunPlan(_Section):
     stages: list = field(default_factory=lambda: list(PIPELINE))
     run_name: str = "quickstart"
     prune_modes: list = field(default_factory=lambda: ["row", "weight"])
@@ -492,31 +605,38 @@ class RunConfig(_Section):
     # the workload the delivered artifact is chosen for: decode-b1, decode-b12 (greedy tokens/s with the KV cache)
     # or prefill-b12 (one forward of 12 x block); every table shows all three
     optimize_for: str = "decode-b1"
-    runs_dir: str = "runs"
-    reports_dir: str = "reports"
+
+
+@dataclass(frozen=True)
+class RunConfig(_Staged):
+    """`effkit run`'s own table: pipeline (stages, what to prune and quantize, what to deliver), folders."""
+
+    pipeline: RunPlan = field(default_factory=RunPlan)
+    folders: Folders = field(default_factory=Folders)
 
     def validate(self) -> RunConfig:
-        if not isinstance(self.stages, list) or not self.stages:
+        r = self.pipeline
+        if not isinstance(r.stages, list) or not r.stages:
             raise EffkitError(f"stages must be a non-empty list, e.g. {list(PIPELINE)}")
-        for st in self.stages:
+        for st in r.stages:
             if st not in PIPELINE:
                 raise EffkitError(f"unknown stage {st!r} in stages; known: {', '.join(PIPELINE)}")
-        order = [PIPELINE.index(st) for st in self.stages]
+        order = [PIPELINE.index(st) for st in r.stages]
         if order != sorted(order) or len(set(order)) != len(order):
-            raise EffkitError(f"stages {self.stages} are in an impossible order; they run as "
+            raise EffkitError(f"stages {r.stages} are in an impossible order; they run as "
                               f"{' -> '.join(PIPELINE)}")
-        if not self.quantize_from or not all(isinstance(t, str) and t for t in self.quantize_from):
+        if not r.quantize_from or not all(isinstance(t, str) and t for t in r.quantize_from):
             raise EffkitError(f"quantize_from must be a tag or a list of tags, e.g. [\"train\", \"best-pruned\"] "
-                              f"(got {self.quantize_from!r})")
-        _finite("max_loss_increase", self.max_loss_increase, 0)
-        if self.optimize_for not in WORKLOADS:
-            raise EffkitError(f"unknown optimize_for {self.optimize_for!r}; choose one of {', '.join(WORKLOADS)}")
-        for m in self.prune_modes:
+                              f"(got {r.quantize_from!r})")
+        _finite("max_loss_increase", r.max_loss_increase, 0)
+        if r.optimize_for not in WORKLOADS:
+            raise EffkitError(f"unknown optimize_for {r.optimize_for!r}; choose one of {', '.join(WORKLOADS)}")
+        for m in r.prune_modes:
             if m not in methods.names():
                 raise EffkitError(f"unknown prune mode {m!r} in prune_modes; choose among {', '.join(methods.names())}")
-        check_run_name(self.run_name, "run_name")
-        check_folder_option("runs_dir", self.runs_dir)
-        check_folder_option("reports_dir", self.reports_dir)
+        check_run_name(r.run_name, "run_name")
+        check_folder_option("runs_dir", self.folders.runs_dir)
+        check_folder_option("reports_dir", self.folders.reports_dir)
         return self
 
 
@@ -534,7 +654,7 @@ STAGES: dict[str, type] = {"train": TrainConfig, "prune": PruneConfig, "quantize
 
 def flat_defaults(cls: type) -> dict[str, Any]:
     """The flat keys of a stage (its flags and recipe keys) with their defaults."""
-    return cls.flat_defaults() if cls is TrainConfig else cls().to_dict()
+    return cls.flat_defaults()
 
 
 def load_recipe(path: str | Path) -> dict[str, dict[str, Any]]:
@@ -568,7 +688,7 @@ def build_config(cls: type, recipe: str | None, overrides: dict[str, Any]) -> An
         values.update(_typed(cls, {k.replace("-", "_"): v for k, v in load_recipe(recipe).get(stage, {}).items()},
                              where))
     values.update(_typed(cls, dict(overrides), where))
-    cfg = TrainConfig.from_flat(**values) if cls is TrainConfig else cls(**values)
+    cfg = cls.from_flat(**values)
     try:
         return cfg.validate()
     except EffkitError as e:

@@ -64,7 +64,7 @@ class Plan:
 
     @property
     def layout(self) -> RunLayout:
-        return RunLayout.for_run(self.run)
+        return RunLayout.of(self.run.folders.runs_dir, self.run.folders.reports_dir, self.run.pipeline.run_name)
 
     @property
     def run_dir(self) -> Path:
@@ -79,24 +79,26 @@ def make_plan(recipe: str) -> Plan:
     """Read and validate the whole recipe before anything runs."""
     load_recipe(recipe)
     run = build_config(RunConfig, recipe, {})
-    dirs = {"runs_dir": run.runs_dir, "reports_dir": run.reports_dir}
-    train = build_config(TrainConfig, recipe, {"run_name": run.run_name, **dirs})
-    layout = RunLayout.for_run(run)
+    dirs = {"runs_dir": run.folders.runs_dir, "reports_dir": run.folders.reports_dir}
+    train = build_config(TrainConfig, recipe, {"run_name": run.pipeline.run_name, **dirs})
+    layout = RunLayout.of(run.folders.runs_dir, run.folders.reports_dir, run.pipeline.run_name)
     dense = str(layout.artifact("train"))
-    prune = {m: build_config(PruneConfig, recipe, {"mode": m, "source": dense, **dirs}) for m in run.prune_modes}
-    if "prune" in run.stages and not prune:
+    prune = {m: build_config(PruneConfig, recipe, {"mode": m, "source": dense, **dirs})
+             for m in run.pipeline.prune_modes}
+    if "prune" in run.pipeline.stages and not prune:
         raise EffkitError(f"recipe {recipe}: [run] lists the prune stage but prune_modes is empty")
     # auto picks its backend for the workload the deliverable is chosen for
-    quantize = build_config(QuantizeConfig, recipe, {"source": dense, "optimize_for": run.optimize_for, **dirs})
-    bench = build_config(BenchConfig, recipe, {"run": run.run_name, **dirs})
-    if bench.peers is None:  # `effkit run` measures the engines a user would pick instead, unless told not to
+    quantize = build_config(QuantizeConfig, recipe,
+                            {"source": dense, "optimize_for": run.pipeline.optimize_for, **dirs})
+    bench = build_config(BenchConfig, recipe, {"run": run.pipeline.run_name, **dirs})
+    if bench.what.peers is None:  # `effkit run` measures the engines a user would pick instead, unless told not to
         bench = bench.replace(peers=True)
-    valid_tags = {"train"} | {prune_tag(c.label, r) for c in prune.values() for r in range(1, c.rounds + 1)}
-    for wanted in run.quantize_from if "quantize" in run.stages else []:
-        if wanted not in valid_tags | ({BEST_PRUNED} if prune and "prune" in run.stages else set()):
+    valid_tags = {"train"} | {prune_tag(c.label, r) for c in prune.values() for r in range(1, c.method.rounds + 1)}
+    for wanted in run.pipeline.quantize_from if "quantize" in run.pipeline.stages else []:
+        if wanted not in valid_tags | ({BEST_PRUNED} if prune and "prune" in run.pipeline.stages else set()):
             raise EffkitError(f"recipe {recipe}: [run] quantize_from = {wanted!r} is not an artifact this recipe "
                               f"makes; choose among {', '.join(sorted(valid_tags))}"
-                              + (f", {BEST_PRUNED}" if prune and "prune" in run.stages else ""))
+                              + (f", {BEST_PRUNED}" if prune and "prune" in run.pipeline.stages else ""))
     return Plan(recipe, run, train, prune, quantize, bench)
 
 
@@ -107,7 +109,7 @@ def _complete(path: Path) -> bool:
 def _prune_done(plan: Plan, mode: str) -> bool:
     cfg = plan.prune[mode]
     return (plan.report_dir / f"prune-{cfg.label}.json").is_file() and _complete(
-        plan.layout.artifact(prune_tag(cfg.label, cfg.rounds)))
+        plan.layout.artifact(prune_tag(cfg.label, cfg.method.rounds)))
 
 
 def _quantize_done(plan: Plan, source: Path) -> Path | None:
@@ -128,7 +130,7 @@ RECORD = "pipeline.json"  # in the run folder: each stage's fingerprint and the 
 
 def quantize_key(plan: Plan, wanted: str) -> str:
     """How the run names the quantize stage of `wanted` (plain `quantize` when only the dense model is)."""
-    return f"quantize {wanted}" if plan.run.quantize_from != ["train"] else "quantize"
+    return f"quantize {wanted}" if plan.run.pipeline.quantize_from != ["train"] else "quantize"
 
 
 def _hash(*parts: Any) -> str:
@@ -138,7 +140,7 @@ def _hash(*parts: Any) -> str:
 def fingerprints(plan: Plan) -> dict[str, str]:
     """Each stage's fingerprint: its recipe section (as resolved, flags included) and its parents' fingerprints,
     so that a change reaches every stage downstream. Keyed by the stage names the run prints."""
-    st, fp = plan.run.stages, {}
+    st, fp = plan.run.pipeline.stages, {}
     t = plan.train.to_dict()
     t["run"].pop("resume", None)  # how training is continued, not what it makes
     fp["train"] = _hash("train", t)
@@ -146,9 +148,9 @@ def fingerprints(plan: Plan) -> dict[str, str]:
         fp[f"prune {mode}"] = _hash("prune", c.to_dict(), fp["train"])
     pruned = [fp[f"prune {m}"] for m in plan.prune] if "prune" in st else []
     q = {k: v for k, v in plan.quantize.to_dict().items() if k != "source"}
-    for wanted in plan.run.quantize_from if "quantize" in st else []:
+    for wanted in plan.run.pipeline.quantize_from if "quantize" in st else []:
         branch = artifacts.prune_branch(wanted)
-        parents = ([fp["train"]] if wanted == "train" else [*pruned, plan.run.max_loss_increase]
+        parents = ([fp["train"]] if wanted == "train" else [*pruned, plan.run.pipeline.max_loss_increase]
                    if wanted == BEST_PRUNED else [fp[f"prune {m}"] for m, c in plan.prune.items()
                                                   if branch == f"prune-{c.label}"])
         fp[quantize_key(plan, wanted)] = _hash("quantize", q, parents)
@@ -206,10 +208,10 @@ def best_pruned(plan: Plan) -> tuple[Path | None, dict[str, Any]]:
     batch-12 latency) whose held-out loss is within `max_loss_increase` of the dense model it was pruned from
     (`train`: the model the user has), with its dense control's share beside it, and the table it was chosen
     from."""
-    budget = plan.run.max_loss_increase
+    budget = plan.run.pipeline.max_loss_increase
     rows = []
     for cfg in plan.prune.values():
-        for r in range(1, cfg.rounds + 1):
+        for r in range(1, cfg.method.rounds + 1):
             d = plan.layout.artifact(prune_tag(cfg.label, r))
             if not _complete(d):
                 continue
@@ -235,7 +237,7 @@ def deliverable(plan: Plan, bench: dict[str, Any]) -> dict[str, Any]:
     point estimate), the best at the recipe's workload (`optimize_for`: decode tokens/s at batch 1 or 12, or
     prefill latency at batch 12), then the smallest; with the line that says so, its standing against the fastest
     peer at that workload, and, for a pruned artifact, its dense control's attribution."""
-    budget, workload = plan.run.max_loss_increase, plan.run.optimize_for
+    budget, workload = plan.run.pipeline.max_loss_increase, plan.run.pipeline.optimize_for
     key, higher = WORKLOADS[workload]
     rows = [r for r in bench["artifacts"] if r["stage"] != "peer"]
     ref = rows[0]
@@ -273,7 +275,7 @@ def _bench_done(plan: Plan) -> bool:
 def describe(plan: Plan) -> list[dict[str, Any]]:
     """The stages, what each does, and what it leaves: printed by `--dry-run`."""
     rows = []
-    st = plan.run.stages
+    st = plan.run.pipeline.stages
     if "train" in st:
         t = plan.train
         what = (f"{t.model.name} on {t.data.source}, {t.optim.max_steps} steps, batch {t.optim.batch_size} x "
@@ -293,22 +295,23 @@ def describe(plan: Plan) -> list[dict[str, Any]]:
         rows.append(entry)
     if "prune" in st:
         for m, c in plan.prune.items():
-            rows.append({"stage": f"prune {m}", "what": f"to {c.target} in {c.rounds} rounds, {c.finetune_steps} "
-                         "fine-tuning steps each" + (" (distilled from the dense model)" if c.distilling else ""),
+            rows.append({"stage": f"prune {m}", "what": f"to {c.method.target} in {c.method.rounds} rounds, "
+                         f"{c.finetune.finetune_steps} fine-tuning steps each"
+                         + (" (distilled from the dense model)" if c.distilling else ""),
                          "leaves": ", ".join(
-                             str(plan.layout.artifact(prune_tag(c.label, r))) for r in range(1, c.rounds + 1))})
+                             str(plan.layout.artifact(prune_tag(c.label, r))) for r in range(1, c.method.rounds + 1))})
     if "quantize" in st:
         q = plan.quantize
-        for wanted in plan.run.quantize_from:
-            what = (f"the most compressed pruning round within {plan.run.max_loss_increase:.1%} of train"
+        for wanted in plan.run.pipeline.quantize_from:
+            what = (f"the most compressed pruning round within {plan.run.pipeline.max_loss_increase:.1%} of train"
                     if wanted == BEST_PRUNED else str(plan.layout.artifact(wanted)))
-            rows.append({"stage": f"quantize {wanted}", "what": f"{q.backend} int8 of {what}",
+            rows.append({"stage": f"quantize {wanted}", "what": f"{q.method.backend} int8 of {what}",
                          "leaves": str(plan.run_dir / ("quantize-<backend>" if wanted == "train"
                                                        else f"<{wanted}>+quantize-<backend>"))})
     if "bench" in st:
         rows.append({"stage": "bench", "what": "every artifact of the run, one protocol: prefill and decode at batch "
-                                               f"1 and 12{', with the peer engines' if plan.bench.peers else ''}; "
-                                               f"the artifact to ship chosen for {plan.run.optimize_for}",
+                                               f"1 and 12{', with the peer engines' if plan.bench.what.peers else ''}; "
+                                               f"the artifact to ship chosen for {plan.run.pipeline.optimize_for}",
                      "leaves": str(plan.report_dir / "bench.json")})
     if "report" in st:
         rows.append({"stage": "report", "what": "summary.md with plots", "leaves": str(plan.report_dir / "summary.md")})
@@ -331,7 +334,7 @@ BENCH_ARTIFACT = 16.0  # per artifact: loading, its held-out loss, a sample, its
 
 def stage_work(plan: Plan) -> dict[str, float]:
     """Each stage's work in training steps of the recipe (see above), keyed by the names the run prints."""
-    st, work = plan.run.stages, {}
+    st, work = plan.run.pipeline.stages, {}
     t = plan.train
     evals = (t.optim.max_steps // t.run.eval_interval if t.run.eval_interval else 0) + 1
     eval_steps = -(-t.data.eval_blocks // t.optim.batch_size) * FORWARD
@@ -339,16 +342,18 @@ def stage_work(plan: Plan) -> dict[str, float]:
         work["train"] = t.optim.max_steps + evals * eval_steps
     n_artifacts = 1
     for mode, c in (plan.prune.items() if "prune" in st else []):
-        per_round = c.finetune_steps * (1 + (FORWARD if c.distilling else 0)) * (2 if c.control else 1)
-        work[f"prune {mode}"] = c.rounds * (per_round + PRUNE_ROUND)
-        n_artifacts += c.rounds
-    for wanted in plan.run.quantize_from if "quantize" in st else []:
+        ft = c.finetune
+        per_round = ft.finetune_steps * (1 + (FORWARD if c.distilling else 0)) * (2 if ft.control else 1)
+        work[f"prune {mode}"] = c.method.rounds * (per_round + PRUNE_ROUND)
+        n_artifacts += c.method.rounds
+    for wanted in plan.run.pipeline.quantize_from if "quantize" in st else []:
         work[quantize_key(plan, wanted)] = QUANTIZE
         n_artifacts += 1
     if "bench" in st:
         b = plan.bench
-        n = n_artifacts + (len(PEER_TAGS) if b.peers else 0)
-        work["bench"] = n * (b.rounds * BENCH_ARTIFACT_ROUND * b.gen_tokens / 128 * b.repeats / 3 + BENCH_ARTIFACT)
+        n = n_artifacts + (len(PEER_TAGS) if b.what.peers else 0)
+        ms = b.measure
+        work["bench"] = n * (ms.rounds * BENCH_ARTIFACT_ROUND * ms.gen_tokens / 128 * ms.repeats / 3 + BENCH_ARTIFACT)
     return work
 
 
@@ -479,7 +484,7 @@ def _run_stages(plan: Plan, steps: list[dict[str, Any]], console: Console) -> di
         eta.finished(key or name, time.perf_counter() - clock["t"], skipped=skipped)
 
     i = 0
-    st = plan.run.stages
+    st = plan.run.pipeline.stages
     record = StageRecord(plan, console)
     if "train" in st:
         i += 1
@@ -510,7 +515,7 @@ def _run_stages(plan: Plan, steps: list[dict[str, Any]], console: Console) -> di
             i += 1
             name = f"prune {mode}"
             # (the control chains under controls/ are a cache keyed by their whole fine-tuning: never stale)
-            outputs = [*(plan.layout.artifact(prune_tag(cfg.label, r)) for r in range(1, cfg.rounds + 1)),
+            outputs = [*(plan.layout.artifact(prune_tag(cfg.label, r)) for r in range(1, cfg.method.rounds + 1)),
                        plan.report_dir / f"prune-{cfg.label}.json"]
             if not record.stale(name, also=tuple(outputs)) and _prune_done(plan, mode):
                 header(i, name, skipped=True)
@@ -521,7 +526,7 @@ def _run_stages(plan: Plan, steps: list[dict[str, Any]], console: Console) -> di
             record.done(name, outputs)
             finished(name)
     choice = None
-    for wanted in plan.run.quantize_from if "quantize" in st else []:
+    for wanted in plan.run.pipeline.quantize_from if "quantize" in st else []:
         i += 1
         name = key = quantize_key(plan, wanted)
         source = plan.layout.artifact(wanted)
@@ -529,8 +534,8 @@ def _run_stages(plan: Plan, steps: list[dict[str, Any]], console: Console) -> di
             source, choice = best_pruned(plan)
             if source is None:
                 header(i, name)
-                console.print(f"no pruning round is within {plan.run.max_loss_increase:.1%} of train: nothing to "
-                              "quantize")
+                console.print(f"no pruning round is within {plan.run.pipeline.max_loss_increase:.1%} of train: "
+                              "nothing to quantize")
                 done.append(f"{name} (none within the loss budget)")
                 eta.finished(key, 0.0, skipped=True)
                 continue
@@ -566,7 +571,7 @@ def _run_stages(plan: Plan, steps: list[dict[str, Any]], console: Console) -> di
     if "report" in st:
         i += 1
         header(i, "report")
-        render_run_report(Path(plan.run.reports_dir), plan.run.run_name)
+        render_run_report(Path(plan.run.folders.reports_dir), plan.run.pipeline.run_name)
         done.append("report")
     return {"plan": steps, "done": done, "wall_s": time.perf_counter() - t0, "bench": bench_report,
             "report": str(plan.report_dir / "summary.md"), "deliverable": ship, "eta": eta.record()}

@@ -25,11 +25,11 @@ def run_with_artifacts(tmp_path_factory, corpus_dir):
     dense = train(TrainConfig.from_flat(model="gpt2-nano", data=str(corpus_dir), vocab_size=512, block_size=32,
                                         eval_blocks=4, batch_size=4, max_steps=4, warmup_steps=1, eval_interval=0,
                                         checkpoint_interval=0, run_name="b", **dirs), progress=False)["artifact"]
-    pruned = run_prune(PruneConfig(source=dense, mode="row", target=0.5, rounds=1, finetune_steps=1, distill=False,
-                                   latency_repeats=2, **dirs), progress=False)["artifact"]
-    quant = run_quantize(QuantizeConfig(source=dense, backend="dynamic", latency_repeats=2, gen_tokens=4,
-                                        **dirs))["artifact"]
-    report = run_bench(BenchConfig(quick=True, **dirs), progress=False)
+    pruned = run_prune(PruneConfig.from_flat(source=dense, mode="row", target=0.5, rounds=1, finetune_steps=1,
+                                             distill=False, latency_repeats=2, **dirs), progress=False)["artifact"]
+    quant = run_quantize(QuantizeConfig.from_flat(source=dense, backend="dynamic", latency_repeats=2, gen_tokens=4,
+                                                  **dirs))["artifact"]
+    report = run_bench(BenchConfig.from_flat(quick=True, **dirs), progress=False)
     return tmp, dirs, report, (dense, pruned, quant)
 
 
@@ -131,8 +131,8 @@ def test_bench_bad_input(run_with_artifacts, tmp_path, capsys, monkeypatch):
 def test_bench_with_the_default_generation_length_on_a_nano_model(run_with_artifacts):
     """The default generation length (128) exceeds gpt2-nano's context after the prompt: capped, and said."""
     tmp, dirs, _, (dense, pruned, _) = run_with_artifacts
-    report = run_bench(BenchConfig(paths=(dense, pruned), rounds=3, repeats=1, runs_dir=dirs["runs_dir"],
-                                   reports_dir=str(tmp / "reports-default")), progress=False)
+    report = run_bench(BenchConfig.from_flat(paths=(dense, pruned), rounds=3, repeats=1, runs_dir=dirs["runs_dir"],
+                                             reports_dir=str(tmp / "reports-default")), progress=False)
     ref, row = report["artifacts"]
     assert ref["eval_loss_delta"] == {"delta": 0.0, "ci95": [0.0, 0.0], "verdict": "same", "blocks": 4}
     for r in (ref, row):

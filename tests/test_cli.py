@@ -6,6 +6,7 @@ import sys
 import pytest
 
 from effkit import cli
+from effkit.errors import EffkitError
 
 
 def run_cli(args, capsys, monkeypatch):
@@ -212,3 +213,27 @@ def test_ctrl_c_while_libraries_load_ends_in_one_line(delay, tmp_path, corpus_di
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-2000:]
     assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("effkit: interrupted"), err[-2000:]
+
+
+def test_nested_stage_configs_keep_their_flat_keys_and_every_one_is_a_flag():
+    import typer.main
+
+    from effkit.config import STAGES, PruneConfig, QuantizeConfig, TrainConfig
+
+    group = typer.main.get_command(cli.app)
+    for stage, cls in STAGES.items():
+        keys = set(cls.flat_defaults())
+        if stage in ("run", "train"):  # `effkit run`'s table is recipe-only; train has recipe-only keys too
+            continue
+        params = {p.name for p in group.commands[stage].params}  # options, and bench's paths argument
+        assert keys <= params, (stage, keys - params)
+    cfg = PruneConfig.from_flat(mode="width", target=0.25, finetune_steps=3, runs_dir="elsewhere")
+    assert (cfg.method.mode, cfg.method.target, cfg.finetune.finetune_steps, cfg.folders.runs_dir) == \
+        ("width", 0.25, 3, "elsewhere")
+    assert PruneConfig.from_dict(cfg.to_dict()) == cfg and "method" not in cfg.to_dict()  # saved flat, as before
+    assert cfg.replace(rounds=5).method.rounds == 5 and cfg.method.rounds == 3
+    q = QuantizeConfig.from_flat(backend="dynamic", compile=True)
+    assert (q.method.backend, q.measure.compile) == ("dynamic", True)
+    with pytest.raises(EffkitError, match="unknown quantize option 'mode'"):
+        q.replace(mode="row")
+    assert set(TrainConfig.flat_defaults()) >= {"lr", "parallel", "optim"}

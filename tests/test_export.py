@@ -36,7 +36,7 @@ def trained(tmp_path_factory, corpus_dir):
 
 
 def ecfg(tmp, source, **kw):
-    return ExportConfig(**{"source": source, "latency_rounds": 2, "latency_repeats": 1, "gen_tokens": 4,
+    return ExportConfig.from_flat(**{"source": source, "latency_rounds": 2, "latency_repeats": 1, "gen_tokens": 4,
                            "batch_size": 4, "runs_dir": str(tmp / "runs"), "reports_dir": str(tmp / "reports"), **kw})
 
 
@@ -130,9 +130,10 @@ def test_onnx_int8_reloads_from_its_folder_alone_and_generates(trained, tmp_path
 
 def test_a_row_pruned_artifact_exports_and_quantizes_to_onnx_int8(trained):
     tmp, artifact, blocks = trained
-    pruned = run_prune(PruneConfig(source=artifact, mode="row", target=0.5, rounds=1, finetune_steps=0,
-                                   latency_repeats=1, latency_rounds=2, control=False, runs_dir=str(tmp / "runs"),
-                                   reports_dir=str(tmp / "reports")), progress=False)
+    pruned = run_prune(PruneConfig.from_flat(source=artifact, mode="row", target=0.5, rounds=1, finetune_steps=0,
+                                             latency_repeats=1, latency_rounds=2, control=False,
+                                             runs_dir=str(tmp / "runs"), reports_dir=str(tmp / "reports")),
+                       progress=False)
     report = run_export_cfg(ecfg(tmp, pruned["artifact"], int8=True, fuse=True))
     assert report["tag"] == "prune-row-r1+onnx-int8"
     assert report["what_ran"]["fused_operators"].get("FastGelu", 0) > 0  # --fuse: ORT's fusions ran
@@ -146,9 +147,9 @@ def test_bnb_artifact_loads_with_plain_from_pretrained(trained):
 
     assert backend_available("bnb") is None, backend_available("bnb")  # the dev extra installs it: fail, never skip
     tmp, artifact, blocks = trained
-    report = run_quantize(QuantizeConfig(source=artifact, backend="bnb", latency_rounds=2, latency_repeats=1,
-                                         gen_tokens=4, batch_size=4, runs_dir=str(tmp / "runs"),
-                                         reports_dir=str(tmp / "reports")))
+    report = run_quantize(QuantizeConfig.from_flat(source=artifact, backend="bnb", latency_rounds=2, latency_repeats=1,
+                                                   gen_tokens=4, batch_size=4, runs_dir=str(tmp / "runs"),
+                                                   reports_dir=str(tmp / "reports")))
     plain = AutoModelForCausalLM.from_pretrained(report["artifact"]).eval()  # no effkit involved
     assert quantized_layers(report["artifact"], plain) == report["metrics"]["int8_layers_reloaded"] == 2 * 4
     assert torch.equal(logits_of(plain, blocks), logits_of(load_quantized(report["artifact"]), blocks))
@@ -162,8 +163,9 @@ def test_bench_measures_onnx_artifacts_beside_pytorch_ones(trained):
     onnx8 = tmp / "runs" / "x" / "onnx-int8"
     if not onnx8.is_dir():
         run_export_cfg(ecfg(tmp, artifact, int8=True))
-    report = run_bench(BenchConfig(paths=(artifact, str(onnx8)), rounds=2, repeats=1, gen_tokens=4, batch_size=4,
-                                   compile=True, runs_dir=str(tmp / "runs"), reports_dir=str(tmp / "reports")),
+    report = run_bench(BenchConfig.from_flat(paths=(artifact, str(onnx8)), rounds=2, repeats=1, gen_tokens=4,
+                                             batch_size=4, compile=True, runs_dir=str(tmp / "runs"),
+                                             reports_dir=str(tmp / "reports")),
                        progress=False)
     dense, row = report["artifacts"]
     assert row["tag"] == "onnx-int8" and row["stage"] == "export" and row["params"] > 0

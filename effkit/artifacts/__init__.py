@@ -58,7 +58,7 @@ class RunLayout:
 
     @classmethod
     def for_run(cls, run) -> RunLayout:
-        """The layout of a config's run options (`TrainConfig.run`, `RunConfig`: runs_dir, reports_dir, run_name)."""
+        """The layout of a training config's run section (`TrainConfig.run`: runs_dir, reports_dir, run_name)."""
         return cls.of(run.runs_dir, run.reports_dir, run.run_name)
 
     @property

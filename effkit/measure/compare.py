@@ -38,24 +38,25 @@ def side_by_side(contenders: dict[str, tuple[nn.Module, torch.dtype | None]], bl
             for b in (1, 12)}
 
 
-def compare_with_parent(cfg, device: torch.device, parent: nn.Module, model: nn.Module, tokenizer, block: int,
+def compare_with_parent(measure, device: torch.device, parent: nn.Module, model: nn.Module, tokenizer, block: int,
                         parent_fp32: dict, parent_bf16: dict, q: dict, label: str) -> tuple[dict, list[str], dict]:
     """A quantized or exported model (`label`) against its PyTorch parent (fp32 and under bf16 autocast), paired
     and interleaved: latency at batch 1 and 12, generation tokens/s, held-out loss per block (the `evaluate`
-    results `parent_fp32`, `parent_bf16`, `q`, which are completed in place). `cfg` gives latency_rounds and
-    latency_repeats. Returns metrics, verdicts and the protocol. (The contender is named "int8" in the metrics.)"""
+    results `parent_fp32`, `parent_bf16`, `q`, which are completed in place). `measure` (the stage config's
+    measure section) gives latency_rounds, latency_repeats and, for quantize, compile. Returns metrics, verdicts
+    and the protocol. (The contender is named "int8" in the metrics.)"""
     contenders = {"fp32": (parent, None), "bf16": (parent, torch.bfloat16), "int8": (model, None)}
     compiled_status = {}
-    if getattr(cfg, "compile", False):  # the compiled twins join the same rounds
+    if getattr(measure, "compile", False):  # the compiled twins join the same rounds
         for name, m in (("fp32", parent), ("int8", model)):
             twin, compiled_status[name] = metrics.compile_for_inference(m, (1, 12), block)
             if twin is not None:
                 contenders[f"{name} compiled"] = (twin, None)
-    timed = side_by_side(contenders, block, cfg.latency_rounds, cfg.latency_repeats)
+    timed = side_by_side(contenders, block, measure.latency_rounds, measure.latency_repeats)
     new_tokens = q["generation"]["new_tokens"]
     gen = metrics.interleaved({"fp32": metrics.generation_timer(parent, tokenizer, new_tokens),
                                "int8": metrics.generation_timer(model, tokenizer, new_tokens)},
-                              cfg.latency_rounds, 1, warmup=1)
+                              measure.latency_rounds, 1, warmup=1)
     for name, r in (("fp32", parent_fp32), ("bf16", parent_bf16), ("int8", q)):
         for b in (1, 12):
             r[f"latency_b{b}"] = metrics.latency_stats(timed[f"b{b}"][name])
@@ -95,13 +96,13 @@ def compare_with_parent(cfg, device: torch.device, parent: nn.Module, model: nn.
          "eval_loss_delta_vs_parent": LossDelta.of(comparisons[results.EVAL_LOSS_DELTA]).delta,
          "size_ratio_vs_parent": q["size_bytes"] / parent_fp32["size_bytes"]}
     generation = (f"greedy decoding of {new_tokens} new tokens from {PROMPT!r}, fp32 parent and {label} "
-                  f"interleaved ({cfg.latency_rounds} rounds); new tokens / wall time; each model decodes with its own "
-                  "KV cache" + (f"; {note}" if (note := getattr(model, "generation_note", None)) else ""))
+                  f"interleaved ({measure.latency_rounds} rounds); new tokens / wall time; each model decodes with its "
+                  "own KV cache" + (f"; {note}" if (note := getattr(model, "generation_note", None)) else ""))
     protocol = {"eval_loss": metrics.EVAL_PROTOCOL + "; " + stats.LOSS_METHOD,
                 "latency": f"forward of (batch, {block}) random tokens: fp32 parent, parent under bf16 autocast and "
                            f"{label} (reloaded from its folder) "
-                           + metrics.INTERLEAVED_PROTOCOL.format(warmup=2, rounds=cfg.latency_rounds,
-                                                                 repeats=cfg.latency_repeats)
+                           + metrics.INTERLEAVED_PROTOCOL.format(warmup=2, rounds=measure.latency_rounds,
+                                                                 repeats=measure.latency_repeats)
                            + f"; {stats.RATIO_METHOD}"
                            + ("; with --compile, torch.compile twins (Inductor, freezing, static shapes) of the fp32 "
                               "parent and of the int8 model in the same rounds" if compiled_status else ""),

@@ -79,12 +79,12 @@ class DepthPruner:
 
     def plan(self, cfg, model) -> dict:
         c = model.config
-        remove = round(c.n_layer * cfg.target)
+        remove = round(c.n_layer * cfg.method.target)
         if remove >= c.n_layer:
-            raise EffkitError(f"--target {cfg.target} would remove all {c.n_layer} blocks; use a target below "
+            raise EffkitError(f"--target {cfg.method.target} would remove all {c.n_layer} blocks; use a target below "
                               f"{(c.n_layer - 0.5) / c.n_layer:.2f}")
         if remove == 0:
-            raise EffkitError(f"--target {cfg.target} removes no block of {c.n_layer} (rounded); use at least "
+            raise EffkitError(f"--target {cfg.method.target} removes no block of {c.n_layer} (rounded); use at least "
                               f"{0.5 / c.n_layer:.2f}")
         return {"n_layer": f"{c.n_layer} -> {c.n_layer - remove}"}
 

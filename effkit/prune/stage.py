@@ -89,7 +89,7 @@ def paired_latency(dense_model, model, block: int, cfg: PruneConfig) -> dict[str
     for b in LAT_BATCHES:
         samples = metrics.interleaved({"dense": metrics.forward_timer(dense_model, b, block),
                                        "pruned": metrics.forward_timer(model, b, block)},
-                                      cfg.latency_rounds, cfg.latency_repeats, warmup=2)
+                                      cfg.measure.latency_rounds, cfg.measure.latency_repeats, warmup=2)
         out[f"latency_b{b}"] = metrics.latency_stats(samples["pruned"])
         out[f"dense_latency_b{b}"] = metrics.latency_stats(samples["dense"])
         out[results.latency_ratio(b)] = stats.paired_ratio(samples["dense"], samples["pruned"])
@@ -108,8 +108,9 @@ class ControlArm:
         self.loss = loss
         self.layout = RunLayout.of(layout.run_dir, layout.report_dir, "controls")
         kd = f"-kd{loss.alpha:g}-T{loss.temperature:g}" if loss else ""
-        self.budget = (f"control-ft{cfg.finetune_steps}-lr{cfg.lr:g}-b{cfg.batch_size}-w{cfg.warmup_steps}"
-                       f"-s{cfg.seed}{kd}")
+        ft = cfg.finetune
+        self.budget = (f"control-ft{ft.finetune_steps}-lr{ft.lr:g}-b{ft.batch_size}-w{ft.warmup_steps}"
+                       f"-s{ft.seed}{kd}")
 
     def artifact(self, round_: int) -> Path:
         return self.layout.artifact(f"{self.budget}-r{round_}") if round_ else self.source
@@ -148,9 +149,10 @@ def finetune_config(cfg: PruneConfig, source: Path, meta: dict[str, Any], data: 
     return TrainConfig(
         data=data, model=ModelConfig(name=str(source)),
         optim=parent.optim.replace(amp=amp[0], amp_dtype=amp[1],
-                                   max_steps=cfg.finetune_steps, max_tokens=0, time_budget=0.0, lr=lr,
-                                   min_lr=lr / 10, warmup_steps=cfg.warmup_steps, batch_size=cfg.batch_size,
-                                   grad_accum=1, seed=cfg.seed + round_),
+                                   max_steps=cfg.finetune.finetune_steps, max_tokens=0, time_budget=0.0, lr=lr,
+                                   min_lr=lr / 10, warmup_steps=cfg.finetune.warmup_steps,
+                                   batch_size=cfg.finetune.batch_size,
+                                   grad_accum=1, seed=cfg.finetune.seed + round_),
         parallel=ParallelConfig(threads=parent.parallel.threads),
         run=parent.run.replace(run_name=layout.name, runs_dir=str(layout.runs_dir),
                                reports_dir=str(layout.reports_dir), resume=False, eval_interval=0,
@@ -165,8 +167,8 @@ def finetune_lr(cfg: PruneConfig, meta: dict[str, Any]) -> tuple[float, str]:
     """The fine-tuning learning rate and where it came from: `--lr`, or where the parent's training ended (its
     schedule's learning rate at its last step), so that fine-tuning continues the training instead of restarting
     it at a higher rate (which costs the dense model loss: the control measures it)."""
-    if cfg.lr > 0:
-        return cfg.lr, "set by --lr"
+    if cfg.finetune.lr > 0:
+        return cfg.finetune.lr, "set by --lr"
     if not meta.get("config"):
         return IMPORTED_LR, f"{IMPORTED_LR:g}: the parent was not trained by effkit (no schedule on record); set --lr"
     o = TrainConfig.from_dict(meta["config"]).optim
@@ -179,13 +181,13 @@ def finetune_lr(cfg: PruneConfig, meta: dict[str, Any]) -> tuple[float, str]:
 
 def run_prune(cfg: PruneConfig, progress: bool = True) -> dict[str, Any]:
     cfg = cfg.validate()
-    rt = init_runtime(cfg.device)
-    source = artifacts.resolve_artifact(cfg.source, cfg.runs_dir)
+    rt = init_runtime(cfg.inputs.device)
+    source = artifacts.resolve_artifact(cfg.inputs.source, cfg.folders.runs_dir)
     meta = _check_source(source)
     lr, lr_how = finetune_lr(cfg, meta)
     cfg = cfg.replace(lr=lr)
-    data_cfg = DataConfig.from_dict(artifacts.data_section(source, cfg.data))
-    layout = RunLayout.of(cfg.runs_dir, cfg.reports_dir, artifacts.run_of(source))
+    data_cfg = DataConfig.from_dict(artifacts.data_section(source, cfg.inputs.data))
+    layout = RunLayout.of(cfg.folders.runs_dir, cfg.folders.reports_dir, artifacts.run_of(source))
     with artifacts.run_lock(layout.run_dir):
         return _prune(cfg, rt, source, meta, data_cfg, layout, progress, lr_how)
 
@@ -193,28 +195,29 @@ def run_prune(cfg: PruneConfig, progress: bool = True) -> dict[str, Any]:
 def _prune(cfg: PruneConfig, rt: Runtime, source: Path, meta: dict[str, Any], data_cfg: DataConfig,
            layout: RunLayout, progress: bool, lr_how: str = "set by --lr") -> dict[str, Any]:
     block = data_cfg.block_size
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(cfg.finetune.seed)
 
     dense_model = load_model(str(source)).to(rt.device).eval()
     model = copy.deepcopy(dense_model).train()
-    pruner = methods.get(cfg.mode)
+    pruner = methods.get(cfg.method.mode)
     structure = pruner.plan(cfg, model)  # before anything is written: a target that removes all or nothing
     prepared = prepare(data_cfg, tokenizer_from=str(source))
     blocks = prepared.blocks
     dense = stage_metrics(model, block, None)
-    dense_eval = metrics.evaluate(dense_model, blocks.eval, cfg.batch_size, eval_bytes=blocks.eval_bytes)
+    dense_eval = metrics.evaluate(dense_model, blocks.eval, cfg.finetune.batch_size, eval_bytes=blocks.eval_bytes)
     dense.update(metrics.eval_summary(dense_eval))
-    distiller = (Distiller(dense_model, cfg.distill_alpha, cfg.distill_temperature, teacher_name=str(source))
+    ft = cfg.finetune
+    distiller = (Distiller(dense_model, ft.distill_alpha, ft.distill_temperature, teacher_name=str(source))
                  if cfg.distilling else None)
     # without fine-tuning there is no extra training to control for: the dense parent is the control
     control = ControlArm(cfg, source, meta, data_cfg, layout, rt, progress, loss=distiller) \
-        if cfg.control and cfg.finetune_steps else None
+        if cfg.finetune.control and cfg.finetune.finetune_steps else None
     cut = pruner.start(cfg, model)
     calib = None
     if pruner.needs_calibration(cfg):
-        g = torch.Generator().manual_seed(cfg.seed)
-        idx = torch.randperm(len(blocks.train), generator=g)[: cfg.calib_batches * cfg.batch_size]
-        calib = list(blocks.train[idx].split(cfg.batch_size))
+        g = torch.Generator().manual_seed(cfg.finetune.seed)
+        idx = torch.randperm(len(blocks.train), generator=g)[: cfg.method.calib_batches * cfg.finetune.batch_size]
+        calib = list(blocks.train[idx].split(cfg.finetune.batch_size))
 
     rows: list[dict[str, Any]] = [{"round": 0, "target": 0.0, "achieved_sparsity": dense["achieved_sparsity"],
                                    "block_params_removed": 0.0,
@@ -222,21 +225,21 @@ def _prune(cfg: PruneConfig, rt: Runtime, source: Path, meta: dict[str, Any], da
                                    "control_eval_loss": dense["eval_loss"], "params": dense["params"],
                                    "flops_per_token": dense["flops_per_token_dense"], "artifact": str(source)}]
     parent = str(source)
-    for r in range(1, cfg.rounds + 1):
-        fraction = cfg.target * r / cfg.rounds
-        control_eval = (metrics.evaluate(control.after(r), blocks.eval, cfg.batch_size) if control
-                        else dense_eval if cfg.control else None)
+    for r in range(1, cfg.method.rounds + 1):
+        fraction = cfg.method.target * r / cfg.method.rounds
+        control_eval = (metrics.evaluate(control.after(r), blocks.eval, cfg.finetune.batch_size) if control
+                        else dense_eval if cfg.finetune.control else None)
         model, done, after_step = cut(model, fraction, calib)
         model.train()
 
         def extra(mdl, f=fraction, r=r, control_eval=control_eval, done=done):
-            m = {"prune": {"mode": cfg.mode, "round": r, "target": f, "final_target": cfg.target,
-                           "importance": pruner.ranks_by(cfg), "scope": None if pruner.structured else cfg.scope,
+            m = {"prune": {"mode": cfg.method.mode, "round": r, "target": f, "final_target": cfg.method.target,
+                           "importance": pruner.ranks_by(cfg), "scope": None if pruner.structured else cfg.method.scope,
                            "structure": structure, "this_round": done,
                            "distill": distiller.describe() if distiller else None},
                  **stage_metrics(mdl, block, dense, pruner.counts_block_params),
                  **paired_latency(dense_model, mdl, block, cfg)}
-            own = metrics.evaluate(mdl, blocks.eval, cfg.batch_size)
+            own = metrics.evaluate(mdl, blocks.eval, cfg.finetune.batch_size)
             m[results.EVAL_LOSS_DELTA_VS_DENSE] = stats.paired_delta(dense_eval["block_losses"], own["block_losses"])
             if control_eval is not None:
                 m["control_eval_loss"] = control_eval["eval_loss"]
@@ -281,7 +284,7 @@ def round_verdict(cfg: PruneConfig, row: dict[str, Any], dense: dict[str, Any]) 
     else:
         parts.append(stats.summary_of(row[results.EVAL_LOSS_DELTA_VS_DENSE],
                                       "loss vs dense (confounded with the extra training: run with the control)"))
-    return f"{cfg.mode} {row['achieved_sparsity']:.0%} (round {row['round']}): " + "; ".join(parts)
+    return f"{cfg.method.mode} {row['achieved_sparsity']:.0%} (round {row['round']}): " + "; ".join(parts)
 
 
 def write_prune_report(cfg: PruneConfig, layout: RunLayout, rows: list[dict[str, Any]], dense: dict[str, Any],
@@ -290,35 +293,35 @@ def write_prune_report(cfg: PruneConfig, layout: RunLayout, rows: list[dict[str,
     verdicts = [round_verdict(cfg, row, dense) for row in rows[1:]]
     last = rows[-1]
     last_b12 = results.PairedRatio.of(last[results.LATENCY_RATIO_B12])
-    if not methods.get(cfg.mode).structured and last_b12.verdict != "faster":
+    if not methods.get(cfg.method.mode).structured and last_b12.verdict != "faster":
         verdicts.append("unstructured zeros reduced FLOPs (counting non-zeros) but not latency: dense kernels "
                         "still multiply the zeros; the gain is in compressibility, not speed")
     if last.get(results.CONTROL_DELTA_VS_DENSE):
         verdicts.append(stats.summary_of(last[results.CONTROL_DELTA_VS_DENSE], "the control (the dense parent "
-                                         f"fine-tuned the same way, lr {cfg.lr:.3g}) vs the dense parent") +
+                                         f"fine-tuned the same way, lr {cfg.finetune.lr:.3g}) vs the dense parent") +
                         ": what the fine-tuning alone did, apart from the pruning")
-    if not cfg.control:
+    if not cfg.finetune.control:
         verdicts.append("no control arm (--no-control): the loss deltas against the dense parent are confounded "
                         "with the extra fine-tuning steps")
     report = {
-        "stage": "prune", "tag": f"prune-{cfg.label}", "mode": cfg.mode, "label": cfg.label, "run": layout.name,
+        "stage": "prune", "tag": f"prune-{cfg.label}", "mode": cfg.method.mode, "label": cfg.label, "run": layout.name,
         "artifact": last["artifact"],
         "config": cfg.to_dict(), "source": source, "curve": rows, "dense": dense, "verdicts": verdicts,
         "protocol": {"eval_loss": metrics.EVAL_PROTOCOL + "; " + stats.LOSS_METHOD,
                      "control": ("the dense parent fine-tuned with the same steps, data order, learning rate "
                                  "and loss as each round (distilled from the same frozen teacher when the rounds "
                                  "are; cumulative, like the pruned model), one chain per fine-tuning budget, cached "
-                                 "under runs/<run>/controls/") if cfg.control else "not run",
+                                 "under runs/<run>/controls/") if cfg.finetune.control else "not run",
                      "latency": f"forward of (batch, {block}) random tokens, pruned model and dense parent "
-                                + metrics.INTERLEAVED_PROTOCOL.format(warmup=2, rounds=cfg.latency_rounds,
-                                                                      repeats=cfg.latency_repeats)
+                                + metrics.INTERLEAVED_PROTOCOL.format(warmup=2, rounds=cfg.measure.latency_rounds,
+                                                                      repeats=cfg.measure.latency_repeats)
                                 + f"; {stats.RATIO_METHOD}; device {metrics.describe_device(rt.device)}",
-                     "importance": methods.get(cfg.mode).ranks_by(cfg),
-                     "finetune_lr": f"peak {lr_how}; warm-up {cfg.warmup_steps} steps, cosine to a tenth",
-                     "distillation": (f"fine-tuning loss (1 - {cfg.distill_alpha}) x cross-entropy + "
-                                      f"{cfg.distill_alpha} x T^2 x KL(teacher_T || student_T), T = "
-                                      f"{cfg.distill_temperature}, teacher = the frozen dense parent "
-                                      f"({cfg.source}); the control arm is distilled the same way")
+                     "importance": methods.get(cfg.method.mode).ranks_by(cfg),
+                     "finetune_lr": f"peak {lr_how}; warm-up {cfg.finetune.warmup_steps} steps, cosine to a tenth",
+                     "distillation": (f"fine-tuning loss (1 - {cfg.finetune.distill_alpha}) x cross-entropy + "
+                                      f"{cfg.finetune.distill_alpha} x T^2 x KL(teacher_T || student_T), T = "
+                                      f"{cfg.finetune.distill_temperature}, teacher = the frozen dense parent "
+                                      f"({cfg.inputs.source}); the control arm is distilled the same way")
                                      if cfg.distilling else "off",
                      "sparsity": "counted zeros over the Linear weights of the transformer blocks; width and depth: "
                                  "the fraction of transformer-block parameters removed",

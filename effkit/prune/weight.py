@@ -87,10 +87,10 @@ class WeightPruner:
     counts_block_params = False
 
     def ranks_by(self, cfg) -> str:
-        return cfg.importance
+        return cfg.method.importance
 
     def needs_calibration(self, cfg) -> bool:
-        return cfg.importance == "wanda"
+        return cfg.method.importance == "wanda"
 
     def plan(self, cfg, model) -> dict:
         return {}
@@ -100,7 +100,7 @@ class WeightPruner:
 
         def cut(model, fraction, calib):
             nonlocal masks
-            masks = compute_masks(model, fraction, cfg.importance, cfg.scope, calib, previous=masks)
+            masks = compute_masks(model, fraction, cfg.method.importance, cfg.method.scope, calib, previous=masks)
             apply_masks(model, masks)
             return model, {}, (lambda mdl, m=masks: apply_masks(mdl, m))
 

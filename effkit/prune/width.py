@@ -148,26 +148,26 @@ class WidthPruner:
     counts_block_params = True
 
     def ranks_by(self, cfg) -> str:
-        return f"Torch-Pruning group {cfg.importance} importance (residual group; per head for q/k and v)"
+        return f"Torch-Pruning group {cfg.method.importance} importance (residual group; per head for q/k and v)"
 
     def needs_calibration(self, cfg) -> bool:
-        return cfg.importance == "taylor"
+        return cfg.method.importance == "taylor"
 
     def plan(self, cfg, model) -> dict:
         c = model.config
-        width = valid_width(c.n_embd, c.n_head, cfg.target)
+        width = valid_width(c.n_embd, c.n_head, cfg.method.target)
         if width == c.n_embd:
-            raise EffkitError(f"--target {cfg.target} removes no residual channel of {c.n_embd} once rounded to a "
-                              f"multiple of the {c.n_head} heads; use a larger --target")
+            raise EffkitError(f"--target {cfg.method.target} removes no residual channel of {c.n_embd} once rounded "
+                              f"to a multiple of the {c.n_head} heads; use a larger --target")
         return {"n_embd": f"{c.n_embd} -> {width} (a multiple of n_head={c.n_head}: GPT2Config needs equal heads; "
-                          f"{1 - width / c.n_embd:.1%} removed for --target {cfg.target})",
+                          f"{1 - width / c.n_embd:.1%} removed for --target {cfg.method.target})",
                 "head_dim": f"{c.n_embd // c.n_head} -> {width // c.n_head}"}
 
     def start(self, cfg, model):
         n_embd0 = model.config.n_embd
 
         def cut(model, fraction, calib):
-            model, done = prune_width(model, valid_width(n_embd0, model.config.n_head, fraction), cfg.importance,
+            model, done = prune_width(model, valid_width(n_embd0, model.config.n_head, fraction), cfg.method.importance,
                                       calib)
             return model, done, None
 

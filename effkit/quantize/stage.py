@@ -38,8 +38,9 @@ def write_quantized(folder: Path, backend: str, parent: nn.Module, source: Path,
     """Write the `backend` int8 artifact of `parent` (loaded from the artifact `source`) into `folder`; returns
     its description, also written to `quantization.json`."""
     b = backends.get(backend)
-    desc: dict[str, Any] = {"backend": backend, "include_head": cfg.include_head, "threshold": cfg.threshold,
-                            "torchao_scheme": cfg.torchao_scheme, "portability": b.portability}
+    m = cfg.method
+    desc: dict[str, Any] = {"backend": backend, "include_head": m.include_head, "threshold": m.threshold,
+                            "torchao_scheme": m.torchao_scheme, "portability": b.portability}
     written = b.write(folder, parent, source, tokenizer, cfg, device)
     layers = written.pop("layers")
     desc.update(written)
@@ -50,8 +51,9 @@ def write_quantized(folder: Path, backend: str, parent: nn.Module, source: Path,
 
 def run_quantize(cfg: QuantizeConfig) -> dict[str, Any]:
     cfg = cfg.validate()
-    device = init_runtime(cfg.device).device
-    source = artifacts.resolve_artifact(cfg.source, cfg.runs_dir) if cfg.source else newest_artifact(cfg.runs_dir)
+    device = init_runtime(cfg.inputs.device).device
+    runs = cfg.folders.runs_dir
+    source = artifacts.resolve_artifact(cfg.inputs.source, runs) if cfg.inputs.source else newest_artifact(runs)
     meta = artifacts.read_meta(source)
     if meta["stage"] == "quantize" or is_quantized(source):
         raise EffkitError(f"{source} is already quantized; quantize its parent ({meta.get('parent')}) instead")
@@ -59,12 +61,12 @@ def run_quantize(cfg: QuantizeConfig) -> dict[str, Any]:
         engine = "an ONNX" if kind(source) == "onnx" else "a CTranslate2"
         raise EffkitError(f"{source} is {engine} artifact; quantize its parent ({meta.get('parent')}), with "
                           "--backend onnxruntime or ctranslate2")
-    if cfg.backend != "auto":
-        if reason := backends.unavailable(cfg.backend, device):
-            raise EffkitError(f"--backend {cfg.backend} cannot run here: {reason}")
-        if refused := backends.get(cfg.backend).refuses(cfg):
+    if cfg.method.backend != "auto":
+        if reason := backends.unavailable(cfg.method.backend, device):
+            raise EffkitError(f"--backend {cfg.method.backend} cannot run here: {reason}")
+        if refused := backends.get(cfg.method.backend).refuses(cfg):
             raise EffkitError(refused)
-    run_dir = Path(cfg.runs_dir) / artifacts.run_of(source)  # inside the runs folder, wherever --from points
+    run_dir = Path(cfg.folders.runs_dir) / artifacts.run_of(source)  # inside the runs folder, wherever --from points
     with artifacts.run_lock(run_dir):
         return _quantize(cfg, device, source, run_dir)
 
@@ -96,7 +98,7 @@ def pick_backend(cfg: QuantizeConfig, device: torch.device, parent: nn.Module, s
         except EffkitError as e:
             table[b] = {"status": f"not run: {e}"}
             continue
-        result = metrics.evaluate(model, eval_blocks, cfg.batch_size)
+        result = metrics.evaluate(model, eval_blocks, cfg.measure.batch_size)
         delta = results.LossDelta.of(stats.paired_delta(parent_blocks, result["block_losses"]))
         ok = delta.delta <= AUTO_LOSS_BUDGET
         table[b] = {"status": "candidate" if ok else f"left out: loss {delta.delta:+.2%} > {AUTO_LOSS_BUDGET:.0%}",
@@ -109,14 +111,14 @@ def pick_backend(cfg: QuantizeConfig, device: torch.device, parent: nn.Module, s
                           f"here ({', '.join(b + ': ' + t['status'] for b, t in table.items())}); choose one "
                           "with --backend")
     models = {"parent": parent, **candidates}
-    workload, batch = cfg.optimize_for, int(cfg.optimize_for.rpartition("-b")[2])
+    workload, batch = cfg.method.optimize_for, int(cfg.method.optimize_for.rpartition("-b")[2])
     if workload.startswith("decode"):
-        new = min(metrics.generation_budget(m, tokenizer, cfg.gen_tokens)[0] for m in models.values())
+        new = min(metrics.generation_budget(m, tokenizer, cfg.measure.gen_tokens)[0] for m in models.values())
         trial = metrics.interleaved({n: metrics.generation_timer(m, tokenizer, new, batch=batch)
-                                     for n, m in models.items()}, cfg.latency_rounds, 1, warmup=1)
+                                     for n, m in models.items()}, cfg.measure.latency_rounds, 1, warmup=1)
         how = f"greedy decoding of {new} new tokens from {batch} prompt(s), new tokens/s"
     else:
-        trial = side_by_side({n: (m, None) for n, m in models.items()}, block, cfg.latency_rounds, 1)["b12"]
+        trial = side_by_side({n: (m, None) for n, m in models.items()}, block, cfg.measure.latency_rounds, 1)["b12"]
         how = f"forward of (12, {block}) tokens, seconds"
     higher = workload.startswith("decode")
     for b in candidates:
@@ -127,18 +129,18 @@ def pick_backend(cfg: QuantizeConfig, device: torch.device, parent: nn.Module, s
     return picked, {"picked": picked, "table": table, "optimize_for": workload,
                     "how": f"every backend that runs here written and reloaded; those within {AUTO_LOSS_BUDGET:.0%} "
                            f"of the parent's held-out loss timed at {workload} ({how}) with the fp32 parent "
-                           f"interleaved ({cfg.latency_rounds} rounds x 1 repeat); the best median wins"}
+                           f"interleaved ({cfg.measure.latency_rounds} rounds x 1 repeat); the best median wins"}
 
 
 def _quantize(cfg: QuantizeConfig, device: torch.device, source: Path, run_dir: Path) -> dict[str, Any]:
-    data_section = artifacts.data_section(source, cfg.data)
+    data_section = artifacts.data_section(source, cfg.inputs.data)
     data_cfg = DataConfig.from_dict(data_section)
     prepared = prepare(data_cfg, tokenizer_from=str(source))
     tokenizer, eval_blocks, n_bytes = prepared.tokenizer, prepared.blocks.eval, prepared.blocks.eval_bytes
     parent = load_model(str(source)).to(device).eval()
-    parent_fp32 = metrics.evaluate(parent, eval_blocks, cfg.batch_size, eval_bytes=n_bytes)
-    parent_bf16 = metrics.evaluate(parent, eval_blocks, cfg.batch_size, torch.bfloat16, eval_bytes=n_bytes)
-    parent_fp32["generation"] = generate_sample(parent, tokenizer, cfg.gen_tokens)
+    parent_fp32 = metrics.evaluate(parent, eval_blocks, cfg.measure.batch_size, eval_bytes=n_bytes)
+    parent_bf16 = metrics.evaluate(parent, eval_blocks, cfg.measure.batch_size, torch.bfloat16, eval_bytes=n_bytes)
+    parent_fp32["generation"] = generate_sample(parent, tokenizer, cfg.measure.gen_tokens)
     parent_fp32["size_bytes"] = artifacts.dir_size(source)
 
     # auto writes every backend here; removed below, or by the next run lock if the process is killed
@@ -156,7 +158,7 @@ def _write_and_measure(cfg: QuantizeConfig, device: torch.device, source: Path, 
     """Choose the backend (auto), write the artifact, reload it, measure it against the parent, report."""
     tokenizer, eval_blocks, n_bytes = prepared.tokenizer, prepared.blocks.eval, prepared.blocks.eval_bytes
     block = DataConfig.from_dict(data_section).block_size
-    backend, auto_note = cfg.backend, None
+    backend, auto_note = cfg.method.backend, None
     if backend == "auto":
         backend, auto_note = pick_backend(cfg, device, parent, source, tokenizer, eval_blocks, block,
                                           parent_fp32["block_losses"], scratch)
@@ -172,10 +174,10 @@ def _write_and_measure(cfg: QuantizeConfig, device: torch.device, source: Path, 
         int8_layers = quantized_layers(tmp, model)
         if not int8_layers:
             raise EffkitError(f"{backend} left no int8 layer in the reloaded model: nothing was quantized")
-        q = metrics.evaluate(model, eval_blocks, cfg.batch_size, eval_bytes=n_bytes)
-        q["generation"] = generate_sample(model, tokenizer, cfg.gen_tokens)
+        q = metrics.evaluate(model, eval_blocks, cfg.measure.batch_size, eval_bytes=n_bytes)
+        q["generation"] = generate_sample(model, tokenizer, cfg.measure.gen_tokens)
         q["size_bytes"] = artifacts.dir_size(tmp)
-        m, verdicts, protocol = compare_with_parent(cfg, device, parent, model, tokenizer, block, parent_fp32,
+        m, verdicts, protocol = compare_with_parent(cfg.measure, device, parent, model, tokenizer, block, parent_fp32,
                                                     parent_bf16, q, f"int8 ({backend})")
         m.update(params=sum(p.numel() for p in parent.parameters()), quantized_layers=len(description["layers"]),
                  int8_layers_reloaded=int8_layers, portability=backends.get(backend).portability)
@@ -195,7 +197,7 @@ def _write_and_measure(cfg: QuantizeConfig, device: torch.device, source: Path, 
                      "cpu_flags": " ".join(metrics.cpu_flags()) if device.type == "cpu" else ""},
         "versions": meta_out["versions"], "git_commit": meta_out["git_commit"], "protocol": protocol,
     }
-    write_stage_report(Path(cfg.reports_dir) / run_dir.name, report)
+    write_stage_report(Path(cfg.folders.reports_dir) / run_dir.name, report)
     return report
 
 

@@ -36,20 +36,20 @@ class BitsAndBytes:
         return None
 
     def refuses(self, cfg) -> str | None:
-        return HEAD_REFUSED if cfg.include_head else None
+        return HEAD_REFUSED if cfg.method.include_head else None
 
     def tag(self, cfg) -> str:
         return "quantize-bnb"
 
     def write(self, folder: Path, parent: nn.Module, source: Path, tokenizer, cfg, device) -> dict[str, Any]:
-        if cfg.include_head:
+        if cfg.method.include_head:
             raise EffkitError(HEAD_REFUSED)
         from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
         try:
             model = AutoModelForCausalLM.from_pretrained(
                 source, use_safetensors=True, device_map=_device_map(device),
-                quantization_config=BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=cfg.threshold))
+                quantization_config=BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=cfg.method.threshold))
         except Exception as e:  # noqa: BLE001
             raise EffkitError(f"bitsandbytes could not quantize {source}: {type(e).__name__}: {str(e)[:160]}") from None
         model.save_pretrained(folder)

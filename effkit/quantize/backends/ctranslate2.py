@@ -25,23 +25,23 @@ class CTranslate2:
         return ct2_export.ct2_unavailable(device)
 
     def refuses(self, cfg) -> str | None:
-        if cfg.compute_type not in ct2_export.WEIGHT_TYPES:
-            return (f"unknown --compute-type {cfg.compute_type!r}; choose one of "
+        if cfg.method.compute_type not in ct2_export.WEIGHT_TYPES:
+            return (f"unknown --compute-type {cfg.method.compute_type!r}; choose one of "
                     f"{', '.join(ct2_export.WEIGHT_TYPES)}")
-        if cfg.include_head:
+        if cfg.method.include_head:
             return "--include-head with ctranslate2: its converter always quantizes the tied head with the blocks"
-        return ct2_export.ct2_unavailable(None, cfg.compute_type)
+        return ct2_export.ct2_unavailable(None, cfg.method.compute_type)
 
     def tag(self, cfg) -> str:
-        return "quantize-ctranslate2" + ("" if cfg.compute_type == "int8" else f"-{cfg.compute_type}")
+        return "quantize-ctranslate2" + ("" if cfg.method.compute_type == "int8" else f"-{cfg.method.compute_type}")
 
     def write(self, folder: Path, parent: nn.Module, source: Path, tokenizer, cfg, device) -> dict[str, Any]:
-        desc = ct2_export.write_artifact(folder, source, parent.config, tokenizer, cfg.compute_type,
+        desc = ct2_export.write_artifact(folder, source, parent.config, tokenizer, cfg.method.compute_type,
                                          sum(p.numel() for p in parent.parameters()))
         return {**desc, "include_head": True, "layers": [f"{k} matrices: {v}" for k, v in
                                                          ct2_export.weight_dtypes(folder).items()],
                 "storage": f"CTranslate2 model.bin, weights in {desc['weights']} (the tied embedding / LM head "
-                           "included), computed as " + cfg.compute_type}
+                           "included), computed as " + cfg.method.compute_type}
 
     def load(self, folder: Path, desc: dict[str, Any], device: torch.device) -> nn.Module:
         return ct2_export.Ct2CausalLM(folder, device)

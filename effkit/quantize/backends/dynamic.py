@@ -33,7 +33,7 @@ class Dynamic:
         return None
 
     def tag(self, cfg) -> str:
-        return "quantize-dynamic" + ("-head" if cfg.include_head else "")
+        return "quantize-dynamic" + ("-head" if cfg.method.include_head else "")
 
     def apply(self, model: nn.Module, names: list[str]) -> nn.Module:
         from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
@@ -44,7 +44,7 @@ class Dynamic:
                                     inplace=True)
 
     def write(self, folder: Path, parent: nn.Module, source: Path, tokenizer, cfg, device) -> dict[str, Any]:
-        return rowwise.write(folder, parent, tokenizer, cfg.include_head)
+        return rowwise.write(folder, parent, tokenizer, cfg.method.include_head)
 
     def load(self, folder: Path, desc: dict[str, Any], device: torch.device) -> nn.Module:
         return self.apply(rowwise.load(folder, device), desc["layers"])

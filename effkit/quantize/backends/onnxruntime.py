@@ -32,7 +32,8 @@ class OnnxRuntime:
         return "quantize-onnxruntime"  # the head is always quantized: no -head suffix
 
     def write(self, folder: Path, parent: nn.Module, source: Path, tokenizer, cfg, device) -> dict[str, Any]:
-        onnx = onnx_export.write_artifact(folder, copy.deepcopy(parent).cpu(), tokenizer, int8=True, fused=cfg.fuse)
+        onnx = onnx_export.write_artifact(folder, copy.deepcopy(parent).cpu(), tokenizer, int8=True,
+                                          fused=cfg.method.fuse)
         return {"format": self.format, "include_head": True, "layers": sorted(onnx["int8"]), "onnx": onnx,
                 "storage": "ONNX graph with int8 operators (model.onnx); ONNX Runtime quantizes every MatMul (per "
                            "channel) and the embedding lookups (per tensor), the LM head included"}

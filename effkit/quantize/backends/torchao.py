@@ -33,7 +33,7 @@ class TorchAO:
         return None
 
     def tag(self, cfg) -> str:
-        return f"quantize-torchao-{cfg.torchao_scheme}" + ("-head" if cfg.include_head else "")
+        return f"quantize-torchao-{cfg.method.torchao_scheme}" + ("-head" if cfg.method.include_head else "")
 
     def apply(self, model: nn.Module, names: list[str], scheme: str) -> nn.Module:
         from torchao.quantization import Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig, quantize_
@@ -46,7 +46,7 @@ class TorchAO:
         return model
 
     def write(self, folder: Path, parent: nn.Module, source: Path, tokenizer, cfg, device) -> dict[str, Any]:
-        return rowwise.write(folder, parent, tokenizer, cfg.include_head)
+        return rowwise.write(folder, parent, tokenizer, cfg.method.include_head)
 
     def load(self, folder: Path, desc: dict[str, Any], device: torch.device) -> nn.Module:
         return self.apply(rowwise.load(folder, device), desc["layers"], desc.get("torchao_scheme", "da8w8"))
