@@ -331,6 +331,7 @@ def forward_timer(model, batch: int, block: int, amp_dtype: torch.dtype | None =
         synchronize(device)
         return time.perf_counter() - t
 
+    once.settle_s = settle_time(model)
     return once
 
 
@@ -354,19 +355,34 @@ def compile_for_inference(model, batches: tuple[int, ...], block: int) -> tuple[
     return compiled, "torch.compile(dynamic=False), Inductor with freezing"
 
 
+def settle_time(model) -> float:
+    """Seconds to leave the machine idle after timing `model`, before the next contender: engines whose idle
+    threads spin-wait after a run (ONNX Runtime's default, which effkit keeps: without it ONNX Runtime decodes
+    1.75x slower) would otherwise take the cores from whatever is timed next."""
+    return float(getattr(model, "settle_s", 0.0))
+
+
 def interleaved(contenders: dict[str, Callable[[], float]], rounds: int, repeats: int,
                 warmup: int = 1) -> dict[str, list[list[float]]]:
     """Measure every contender (a function returning one timing or rate) in `rounds` rounds of `repeats` calls,
-    the order rotated each round, after `warmup` calls each. Returns {name: [[round 1 repeats], ...]}."""
+    the order rotated each round, after `warmup` calls each; after a contender's calls the machine is left idle
+    for its `settle_s` (untimed; see `settle_time`). Returns {name: [[round 1 repeats], ...]}."""
     names = list(contenders)
+
+    def settle(name: str) -> None:
+        if (pause := getattr(contenders[name], "settle_s", 0.0)) > 0:
+            time.sleep(pause)
+
     for name in names:
         for _ in range(warmup):
             contenders[name]()
+        settle(name)
     samples: dict[str, list[list[float]]] = {name: [] for name in names}
     for r in range(rounds):
         k = r % len(names)
         for name in names[k:] + names[:k]:
             samples[name].append([contenders[name]() for _ in range(repeats)])
+            settle(name)
     return samples
 
 
@@ -477,6 +493,7 @@ def generation_timer(model, tokenizer, new_tokens: int, generate_kwargs: dict[st
         new, seconds = greedy_generate(model, tokenizer, new_tokens, generate_kwargs=generate_kwargs, batch=batch)
         return batch * len(new) / seconds
 
+    once.settle_s = settle_time(model)
     return once
 
 
