@@ -55,9 +55,12 @@ def alone(path: Path, tokenizer, tokens: int, rounds: int) -> dict:
     timer = metrics.generation_timer(model, tokenizer, tokens, batch=1)
     timer()  # warm-up
     rates, shares, bws = [], [], []
+    settle = metrics.settle_time(model)  # spinning threads (ONNX Runtime) go idle before the bandwidth probe
     for _ in range(rounds):
+        time.sleep(settle)
         before = metrics.memory_bandwidth()[0]
         rate = timer()
+        time.sleep(settle)
         bw = (before + metrics.memory_bandwidth()[0]) / 2
         rates.append(rate)
         bws.append(bw)

@@ -13,6 +13,7 @@ source's `GPT2Config`: context, vocabulary), `ctranslate2.json` (how it was writ
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -84,12 +85,14 @@ def write_artifact(folder: Path, source: Path, config, tokenizer, compute_type: 
     return desc
 
 
-def intra_threads(path: Path, compute_type: str, device_type: str, start: list[str]) -> tuple[int, str]:
+def intra_threads(path: Path, compute_type: str, device_type: str, start: list[str],
+                  params: int = 0) -> tuple[int, str]:
     """CTranslate2's OpenMP threads for this machine, measured, not assumed: on the project's 2-core machine two
     threads decoded 10x slower than one (and their waiting threads slowed every model timed beside them 2x), so
     effkit times a short greedy decode of this artifact from the token strings `start` with 1 thread and with
-    torch's thread count, keeps the faster, and caches the choice per CPU, thread count, CTranslate2 version and
-    compute type (`~/.cache/effkit/ct2_threads.json`)."""
+    torch's thread count, keeps the faster, and caches the choice per CPU, thread count, CTranslate2 version,
+    compute type and model size (`params` to the nearest power of two: a small model's choice is not a large
+    one's; `~/.cache/effkit/ct2_threads.json`)."""
     import statistics
 
     import ctranslate2
@@ -100,7 +103,8 @@ def intra_threads(path: Path, compute_type: str, device_type: str, start: list[s
     if device_type != "cpu" or most <= 1:
         return max(most, 1), "torch's thread count (nothing to choose)"
     key = f"{metrics.describe_device(torch.device('cpu'))}|{'+'.join(metrics.cpu_flags())}|threads {most}|" \
-          f"ctranslate2 {ctranslate2.__version__}|{compute_type}"
+          f"ctranslate2 {ctranslate2.__version__}|{compute_type}" + (f"|params 2^{round(math.log2(params))}"
+                                                                   if params > 0 else "")
 
     def measure() -> dict[str, Any]:
         rates = {}
@@ -149,7 +153,8 @@ class Ct2CausalLM(nn.Module):
         start = self.tokenizer.convert_ids_to_tokens(self.tokenizer("The state of the Union").input_ids)
         torch_threads = torch.get_num_threads()
         try:
-            self.threads, how = intra_threads(path, compute_type, self.device_type, start)
+            self.threads, how = intra_threads(path, compute_type, self.device_type, start,
+                                              int(self.description.get("params", 0)))
             self.generation_note = f"CTranslate2 intra_threads {self.threads}: {how}"
             self.generator = ctranslate2.Generator(str(path), device=self.device_type, compute_type=compute_type,
                                                    intra_threads=self.threads)
