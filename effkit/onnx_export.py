@@ -436,35 +436,36 @@ class OnnxCausalLM(nn.Module):
                  temperature: float = 1.0, streamer=None, **_: Any) -> torch.Tensor:
         """Exactly `max_new_tokens` new tokens (never stops early, like effkit's `min_new_tokens` calls), with the
         KV cache (the prefix recomputed each step for an artifact without past inputs); sampling draws from
-        torch's global generator (seed it first)."""
-        ids = input_ids.cpu().long()
+        torch's global generator (seed it first). Greedy steps pick tokens in numpy: a torch operation large
+        enough to run on torch's threads (an argmax over 12 x vocabulary) would wait for a core that ONNX
+        Runtime's spinning threads hold."""
+        ids = input_ids.cpu().long().numpy()
         self._check_length(ids.shape[1] + max_new_tokens - 1)  # the last new token is not fed back
         if streamer is not None:
-            streamer.put(ids)
+            streamer.put(torch.from_numpy(ids))
         past, done = (empty_past(self.config, ids.shape[0]), 0) if self.with_past else (None, 0)
         todo = ids
         for _ in range(max_new_tokens):
             if self.with_past:
-                logits, past = step(self.session, todo.numpy(), past, done)
+                logits, past = step(self.session, todo, past, done)
                 done += todo.shape[1]
-                logits = torch.from_numpy(logits[:, -1, :])
+                logits = logits[:, -1, :]
             else:
-                logits = self(ids).logits[:, -1, :]
-            logits = logits.float()
+                logits = self.session.run(None, {"input_ids": ids})[0][:, -1, :]
             if do_sample:
-                logits = logits / max(temperature, 1e-6)
+                scores = torch.from_numpy(logits).float() / max(temperature, 1e-6)
                 if top_k:
-                    kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
-                    logits = logits.masked_fill(logits < kth, float("-inf"))
-                nxt = torch.multinomial(torch.softmax(logits, -1), 1)
+                    kth = torch.topk(scores, min(top_k, scores.shape[-1])).values[:, -1:]
+                    scores = scores.masked_fill(scores < kth, float("-inf"))
+                nxt = torch.multinomial(torch.softmax(scores, -1), 1).numpy()
             else:
-                nxt = logits.argmax(-1, keepdim=True)
-            ids, todo = torch.cat([ids, nxt], dim=1), nxt
+                nxt = logits.argmax(-1)[:, None].astype(np.int64)
+            ids, todo = np.concatenate([ids, nxt], axis=1), nxt
             if streamer is not None:
-                streamer.put(nxt)
+                streamer.put(torch.from_numpy(nxt))
         if streamer is not None:
             streamer.end()
-        return ids
+        return torch.from_numpy(ids)
 
 
 def quantize_standard(src: Path, dst: Path) -> dict[str, Any]:
