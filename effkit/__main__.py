@@ -3,12 +3,17 @@ second ends in one line like everywhere else."""
 
 
 def main() -> None:
+    from effkit.errors import exit_interrupted, interrupt_received, watch_interrupts
+
+    watch_interrupts()
     try:
         from effkit.cli import main as cli_main
     except KeyboardInterrupt:
-        from effkit.errors import exit_interrupted
-
         exit_interrupted()
+    except Exception:
+        if interrupt_received():  # Ctrl-C inside a C extension's import surfaces as its own error
+            exit_interrupted()
+        raise
     cli_main()
 
 

@@ -12,7 +12,7 @@ launcher), which calls the function and then:
 
 The parent reads the result, or the earliest recorded failure (`Job.failures`); a rank killed by a signal cannot
 record anything, and the launcher's own log names it (`effkit.parallel.launch`). Nothing is passed through
-environment variables: the job folder is the whole interface.
+environment variables (only tests set one, `EFFKIT_FAULT_INJECT`): the job folder is the whole interface.
 """
 
 from __future__ import annotations

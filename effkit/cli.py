@@ -22,7 +22,7 @@ from effkit.config import (
     build_config,
     flat_defaults,
 )
-from effkit.errors import EffkitError, Interrupted, exit_interrupted
+from effkit.errors import EffkitError, Interrupted, exit_interrupted, interrupt_received
 from effkit.measure import results
 from effkit.prune import methods
 from effkit.quantize import backends
@@ -694,8 +694,8 @@ def main() -> None:
                 where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
                 print(f"effkit: error: {message}{where}", file=sys.stderr)
             sys.exit(e.exit_code)
-        if type(e).__name__ == "Abort":  # Ctrl-C while click was prompting or parsing
-            exit_interrupted()
+        if type(e).__name__ == "Abort" or interrupt_received():  # Ctrl-C while click was parsing, or inside a C
+            exit_interrupted()  # extension's import, which turns it into its own error (numpy: an ImportError)
         raise
     if code == 130:  # Typer turns Ctrl-C outside training (loading libraries, data or a model) into exit 130
         exit_interrupted()

@@ -25,3 +25,28 @@ def exit_interrupted(message: str = "interrupted") -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(130)
+
+
+_interrupt_received = False
+
+
+def watch_interrupts() -> None:
+    """Remember that Ctrl-C arrived, then raise KeyboardInterrupt as Python's own handler does. A Ctrl-C that lands
+    inside a C extension's import becomes some other error there (numpy raises "numpy._core.umath failed to
+    import"); the CLI asks `interrupt_received()` and still ends in one line with exit code 130. A SIGINT the
+    process was told to ignore stays ignored."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return
+
+    def handler(signum, frame):
+        global _interrupt_received
+        _interrupt_received = True
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, handler)
+
+
+def interrupt_received() -> bool:
+    return _interrupt_received
