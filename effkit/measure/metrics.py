@@ -301,7 +301,8 @@ def eval_summary(result: dict[str, Any]) -> dict[str, Any]:
 
 INTERLEAVED_PROTOCOL = ("paired and interleaved: after {warmup} warm-up call(s) each, {rounds} rounds; in each round "
                         "every contender runs {repeats} timed repeat(s), the order rotated by one each round, so "
-                        "that drift of the machine hits every contender alike")
+                        "that drift of the machine hits every contender alike; after an ONNX Runtime contender the "
+                        "machine idles 0.2 s, untimed, so its spin-waiting threads do not slow the next")
 
 
 def random_tokens(model, batch: int, block: int, seed: int = 0) -> torch.Tensor:

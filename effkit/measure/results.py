@@ -17,13 +17,18 @@ RATIO_VERDICTS = ("faster", "slower", "same")
 DELTA_VERDICTS = ("better", "worse", "same")
 
 
-def _fields(d: Any, kind: str, required: tuple[str, ...]) -> Mapping[str, Any]:
+def _parse(d: Any, kind: str, value: str, verdicts: tuple[str, ...]) -> tuple[float, tuple[float, float], str]:
+    """(value, (lo, hi), verdict) of a stored comparison, every field checked; the message names what is wrong."""
+    required = (value, "ci95", "verdict")
     if not isinstance(d, Mapping):
         raise TypeError(f"a {kind} is a mapping with {', '.join(required)}; got {type(d).__name__}")
     missing = [k for k in required if k not in d]
     if missing:
         raise KeyError(f"not a {kind}: no {', '.join(missing)} (has {', '.join(sorted(d)) or 'nothing'})")
-    return d
+    if d["verdict"] not in verdicts:
+        raise ValueError(f"a {kind}'s verdict is one of {verdicts}, not {d['verdict']!r}")
+    lo, hi = d["ci95"]
+    return float(d[value]), (float(lo), float(hi)), d["verdict"]
 
 
 @dataclass(frozen=True)
@@ -40,11 +45,7 @@ class PairedRatio:
     def of(cls, d: PairedRatio | Mapping[str, Any]) -> PairedRatio:
         if isinstance(d, cls):
             return d
-        d = _fields(d, "paired ratio", ("ratio", "ci95", "verdict"))
-        if d["verdict"] not in RATIO_VERDICTS:
-            raise ValueError(f"a paired ratio's verdict is one of {RATIO_VERDICTS}, not {d['verdict']!r}")
-        lo, hi = d["ci95"]
-        return cls(float(d["ratio"]), (float(lo), float(hi)), d["verdict"], d.get("rounds"), d.get("method"))
+        return cls(*_parse(d, "paired ratio", "ratio", RATIO_VERDICTS), d.get("rounds"), d.get("method"))
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"ratio": self.ratio, "ci95": list(self.ci95), "verdict": self.verdict}
@@ -78,11 +79,7 @@ class LossDelta:
     def of(cls, d: LossDelta | Mapping[str, Any]) -> LossDelta:
         if isinstance(d, cls):
             return d
-        d = _fields(d, "loss delta", ("delta", "ci95", "verdict"))
-        if d["verdict"] not in DELTA_VERDICTS:
-            raise ValueError(f"a loss delta's verdict is one of {DELTA_VERDICTS}, not {d['verdict']!r}")
-        lo, hi = d["ci95"]
-        return cls(float(d["delta"]), (float(lo), float(hi)), d["verdict"], d.get("blocks"))
+        return cls(*_parse(d, "loss delta", "delta", DELTA_VERDICTS), d.get("blocks"))
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"delta": self.delta, "ci95": list(self.ci95), "verdict": self.verdict}
