@@ -26,7 +26,7 @@ from effkit.child import run_isolated
 from effkit.config import BenchConfig, DataConfig
 from effkit.data import prepare
 from effkit.errors import EffkitError
-from effkit.measure import metrics, results, stats
+from effkit.measure import metrics, results, stats, stopping
 from effkit.measure.compare import generate_sample
 from effkit.parallel import resolve_device
 from effkit.report import atomic_write_text, write_rows_csv
@@ -124,7 +124,7 @@ def make_peers(reference: Path, scratch: Path) -> tuple[list[Path], dict[str, st
 
 
 def bench_one(path: Path, cfg: BenchConfig, tokenizer, eval_blocks: torch.Tensor, block: int,
-              device: torch.device, eval_bytes: int = 0) -> dict[str, Any]:
+              device: torch.device, eval_bytes: int = 0, docs: tuple[int, ...] = ()) -> dict[str, Any]:
     """One artifact alone: held-out loss (per block, for paired deltas), a greedy sample, size, parameters, and
     the peak memory of loading it and running every measured workload once."""
     meta = artifacts.read_meta(path)
@@ -133,7 +133,7 @@ def bench_one(path: Path, cfg: BenchConfig, tokenizer, eval_blocks: torch.Tensor
         r: dict[str, Any] = {"artifact": str(path), "tag": path.name, "stage": meta["stage"],
                              "params": getattr(model, "n_params", None) or sum(p.numel() for p in model.parameters()),
                              "size_bytes": artifacts.dir_size(path), "quantized": is_quantized(path)}
-        r.update(metrics.evaluate(model, eval_blocks, cfg.measure.batch_size, eval_bytes=eval_bytes))
+        r.update(metrics.evaluate(model, eval_blocks, cfg.measure.batch_size, eval_bytes=eval_bytes, docs=docs))
         r["generation"] = generate_sample(model, tokenizer, cfg.measure.gen_tokens)
         for b in LAT_BATCHES:
             metrics.forward_timer(model, b, block)()
@@ -146,7 +146,8 @@ def bench_one(path: Path, cfg: BenchConfig, tokenizer, eval_blocks: torch.Tensor
             r[results.EVAL_LOSS_DELTA_VS_CONTROL] = meta["metrics"][results.EVAL_LOSS_DELTA_VS_CONTROL]
         else:  # a descendant (int8, ONNX) of a pruned round: against the same control, paired on the same blocks
             ctrl = metrics.evaluate(load_any(control, device).eval(), eval_blocks, cfg.measure.batch_size)
-            r[results.EVAL_LOSS_DELTA_VS_CONTROL] = stats.paired_delta(ctrl["block_losses"], r["block_losses"])
+            r[results.EVAL_LOSS_DELTA_VS_CONTROL] = stats.paired_delta(ctrl["block_losses"], r["block_losses"],
+                                                                       r["block_docs"])
         r["control_artifact"] = str(control)
     return r
 
@@ -157,7 +158,8 @@ def bench_in_this_process(path: str, cfg: dict[str, Any], data: dict[str, Any], 
     data_cfg = DataConfig.from_dict(data)
     prepared = prepare(data_cfg, tokenizer_from=tokenizer_from)
     return bench_one(Path(path), BenchConfig.from_dict(cfg), prepared.tokenizer, prepared.blocks.eval,
-                     data_cfg.block_size, resolve_device(device), prepared.blocks.eval_bytes)
+                     data_cfg.block_size, resolve_device(device), prepared.blocks.eval_bytes,
+                     prepared.blocks.eval_docs)
 
 
 def bench_isolated(path: Path, cfg: BenchConfig, data: dict[str, Any], tokenizer_from: Path) -> dict[str, Any]:
@@ -216,9 +218,22 @@ def timed_side_by_side(paths: list[Path], cfg: BenchConfig, tokenizer, block: in
                 for tag, p in zip(tags(paths), paths, strict=True) if trainable(p)}
     for b in TRAIN_BATCHES:
         plan[f"train_b{b}"] = ({t: timers[b] for t, timers in steppers.items()}, cfg.measure.train_steps)
-    timed = {name: metrics.interleaved(fns, cfg.measure.rounds, repeats, warmup=2)
+    stop = stopping.Stopping.of(cfg.measure)
+    peers = [t for t, p in zip(tags(paths), paths, strict=True) if artifacts.read_meta(p)["stage"] == "peer"]
+    timed = {name: stopping.measure(fns, stop, repeats, warmup=2, pairs=compared(list(fns), peers))
              for name, (fns, repeats) in plan.items()}
-    return {**timed, "compile_status": status, "generation_compile_status": gen_status, "new_tokens": new_tokens}
+    return {**timed, "compile_status": status, "generation_compile_status": gen_status, "new_tokens": new_tokens,
+            "stopping": {name: m.record for name, m in timed.items()}}
+
+
+def compared(names: list[str], peers: list[str]) -> list[tuple[str, str]]:
+    """The ratios the bench reports, which its rounds must settle: every contender against the first (the
+    reference), every artifact against every peer, a compiled twin against its eager self."""
+    ref = names[0]
+    pairs = [(ref, n) for n in names[1:]]
+    pairs += [(p, n) for p in peers for n in names if n not in peers and not n.endswith(COMPILED)]
+    pairs += [(n.removesuffix(COMPILED), n) for n in names if n.endswith(COMPILED)]
+    return pairs
 
 
 def combine(static: list[dict[str, Any]], timed: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -228,26 +243,26 @@ def combine(static: list[dict[str, Any]], timed: dict[str, dict[str, Any]]) -> l
     rows = []
     for r in static:
         tag = r["tag"]
-        row = {k: v for k, v in r.items() if k != "block_losses"}
-        loss = stats.paired_delta(ref["block_losses"], r["block_losses"])
+        row = {k: v for k, v in r.items() if k not in ("block_losses", "block_docs")}
+        loss = stats.paired_delta(ref["block_losses"], r["block_losses"], ref["block_docs"])
         row[results.EVAL_LOSS_DELTA] = loss
         row["delta"] = {"eval_loss": results.LossDelta.of(loss).delta, "size": r["size_bytes"] / ref["size_bytes"] - 1}
         row["size_ratio"] = r["size_bytes"] / ref["size_bytes"]
         for b in LAT_BATCHES:
             samples = timed[f"latency_b{b}"]
             row[f"latency_b{b}"] = metrics.latency_stats(samples[tag])
-            row[results.latency_ratio(b)] = stats.paired_ratio(samples[ref["tag"]], samples[tag])
+            row[results.latency_ratio(b)] = samples.ratio(ref["tag"], tag)
         for b in DECODE_BATCHES:
             dec = timed[f"decode_b{b}"]
             row[f"decode_tokens_per_s_b{b}"] = stats.median_of_rounds(dec[tag])
-            row[results.decode_ratio(b)] = stats.paired_ratio(dec[ref["tag"]], dec[tag], higher_is_better=True)
+            row[results.decode_ratio(b)] = dec.ratio(ref["tag"], tag, higher_is_better=True)
         row["generation"]["tokens_per_s"] = row["decode_tokens_per_s_b1"]  # the b1 decode, under its old names
         row[results.GENERATION_RATIO] = row[results.decode_ratio(1)]
         for b in TRAIN_BATCHES:
             train = timed[f"train_b{b}"]
             if tag in train and ref["tag"] in train:
                 row[f"train_tokens_per_s_b{b}"] = stats.median_of_rounds(train[tag])
-                row[f"train_ratio_b{b}"] = stats.paired_ratio(train[ref["tag"]], train[tag], higher_is_better=True)
+                row[f"train_ratio_b{b}"] = train.ratio(ref["tag"], tag, higher_is_better=True)
             else:
                 row[f"train_tokens_per_s_b{b}"] = f"not run: {r['stage']} artifacts (int8 or ONNX) do not train"
         row["flags"] = [row["generation"]["note"]] if "note" in row["generation"] else []
@@ -266,7 +281,7 @@ PEER_WORKLOADS = {"decode_b1": ("decode_b1", True), "decode_b12": ("decode_b12",
 def peer_ratios(timed: dict[str, Any], peer: str, tag: str) -> dict[str, Any]:
     """`tag` against the peer row `peer`, paired in the same rounds: decode tokens/s at batch 1 and 12 (above 1:
     faster than the peer) and prefill latency at batch 12 (below 1: faster)."""
-    return {name: stats.paired_ratio(timed[key][peer], timed[key][tag], higher_is_better=higher)
+    return {name: timed[key].ratio(peer, tag, higher_is_better=higher)
             for name, (key, higher) in PEER_WORKLOADS.items()}
 
 
@@ -295,12 +310,12 @@ def compiled_row(timed: dict[str, Any], tag: str, ref: str) -> dict[str, Any]:
         for b in LAT_BATCHES:
             samples = timed[f"latency_b{b}"]
             out[f"latency_b{b}"] = metrics.latency_stats(samples[tag + COMPILED])
-            out[f"ratio_vs_eager_b{b}"] = stats.paired_ratio(samples[tag], samples[tag + COMPILED])
-            out[results.latency_ratio(b)] = stats.paired_ratio(samples[ref], samples[tag + COMPILED])
+            out[f"ratio_vs_eager_b{b}"] = samples.ratio(tag, tag + COMPILED)
+            out[results.latency_ratio(b)] = samples.ratio(ref, tag + COMPILED)
     gen = timed["decode_b1"]
     if tag + COMPILED in gen:
         out["generation_tokens_per_s"] = stats.median_of_rounds(gen[tag + COMPILED])
-        out["generation_ratio_vs_eager"] = stats.paired_ratio(gen[tag], gen[tag + COMPILED], higher_is_better=True)
+        out["generation_ratio_vs_eager"] = gen.ratio(tag, tag + COMPILED, higher_is_better=True)
     return out
 
 
@@ -388,13 +403,14 @@ def _bench(cfg: BenchConfig, device: torch.device, run_name: str, paths: list[Pa
     for row, tag in zip(static, tags(paths), strict=True):
         row["tag"] = tag
     rows = combine(static, timed)
-    interleave = metrics.INTERLEAVED_PROTOCOL.format(warmup=2, rounds=cfg.measure.rounds, repeats="{repeats}")
+    interleave = metrics.INTERLEAVED_PROTOCOL.format(warmup=2, rounds=stopping.Stopping.of(cfg.measure).describe(),
+                                                     repeats="{repeats}")
     report = {
         "stage": "bench", "run": run_name, "config": cfg.to_dict(), "artifacts": rows, "reference": rows[0]["tag"],
         "device": metrics.describe_device(device), "versions": artifacts.versions(),
         "git_commit": artifacts.git_commit(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "wall_s": time.perf_counter() - t0,
-        "verdicts": verdicts(rows), "not_run": not_run or {},
+        "verdicts": verdicts(rows), "not_run": not_run or {}, "stopping": timed["stopping"],
         "protocol": {
             "eval_loss": metrics.EVAL_PROTOCOL + f"; the blocks of {paths[0].name}'s data "
                          f"({len(prepared.blocks.eval)} blocks, {prepared.blocks.eval[:, 1:].numel()} predicted "
@@ -499,8 +515,9 @@ def bench_markdown(report: dict[str, Any]) -> str:
              f"{report['versions'].get('torch')}; {report['time']}", "", "| " + " | ".join(cols) + " |",
              "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
-    lines += ["", "Ratios are paired with the reference and carry 95% intervals; ≈ marks an interval that contains 1 "
-              "(no difference shown).", ""]
+    lines += ["", "Ratios are paired with the reference and carry 95% intervals (at least 95% under the sequential "
+              "stopping below); ≈ marks an interval that contains 1 (no difference shown).", ""]
+    lines += stopping_lines(report.get("stopping", {}))
     lines += peer_lines(report)
     lines += compiled_lines(report)
     if report.get("verdicts"):
@@ -512,6 +529,17 @@ def bench_markdown(report: dict[str, Any]) -> str:
     lines += ["How measured:", *[f"- {k}: {v}" for k, v in report["protocol"].items()], ""]
     lines += sample_lines(report["artifacts"])
     return "\n".join(lines)
+
+
+def stopping_lines(records: dict[str, dict[str, Any]]) -> list[str]:
+    """How many rounds each measure needed, and why it stopped."""
+    if not records:
+        return []
+    why = {"fixed": "fixed rounds", "decided": "every ratio decided or within the precision",
+           "max-rounds": "last look done, some ratios undecided", "budget": "time budget spent, some undecided"}
+    cells = [f"{name} {r['rounds']} ({why.get(r['stopped'], r['stopped'])}, {r['seconds']:.0f} s)"
+             for name, r in records.items()]
+    return ["Rounds per measure: " + "; ".join(cells) + ".", ""]
 
 
 def sample_lines(artifacts_: list[dict[str, Any]]) -> list[str]:

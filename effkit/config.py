@@ -385,7 +385,25 @@ class PruneFinetune(_Section):
 
 
 @dataclass(frozen=True)
-class LatencyMeasure(_Section):
+class Sequential(_Section):
+    """How long a paired timing comparison runs (effkit.measure.stopping): rounds until every ratio is decided
+    or within +-precision, in at most 3 looks (rounds, 2x, 4x) and `budget_s` seconds beyond the first look;
+    `fixed_rounds` runs the rounds once, as before."""
+
+    fixed_rounds: bool = False
+    precision: float = 0.03  # half-width, relative, under which an undecided ratio counts as settled
+    budget_s: float = 60.0  # seconds of further rounds per comparison after the first look
+
+
+def check_sequential(ms: Sequential) -> None:
+    if not 0 < ms.precision < 1:
+        raise EffkitError(f"--precision is a relative half-width between 0 and 1, e.g. 0.03 (got {ms.precision})")
+    if ms.budget_s < 0:
+        raise EffkitError(f"--budget-s must be 0 or more seconds (got {ms.budget_s})")
+
+
+@dataclass(frozen=True)
+class LatencyMeasure(Sequential):
     latency_rounds: int = 5  # interleaved rounds of the paired latency against the parent
     latency_repeats: int = 3  # timed forward passes per model per round
 
@@ -445,6 +463,7 @@ class PruneConfig(_Staged):
             raise EffkitError("--batch-size, --calib-batches and --latency-repeats must be at least 1")
         if ms.latency_rounds < 2:
             raise EffkitError(f"--latency-rounds must be at least 2 (got {ms.latency_rounds})")
+        check_sequential(ms)
         _finite("lr", f.lr, 0)
         if f.warmup_steps < 0:
             raise EffkitError(f"--warmup-steps must be >= 0 (got {f.warmup_steps})")
@@ -469,7 +488,7 @@ class BackendOptions(_Section):
 
 
 @dataclass(frozen=True)
-class ParentMeasure(_Section):
+class ParentMeasure(Sequential):
     """How a quantized or exported model is measured against its PyTorch parent."""
 
     batch_size: int = 8  # evaluation batch
@@ -488,6 +507,7 @@ def _check_parent_measure(ms: ParentMeasure) -> None:
         raise EffkitError("--batch-size, --latency-repeats and --gen-tokens must be at least 1")
     if ms.latency_rounds < 2:
         raise EffkitError(f"--latency-rounds must be at least 2 (got {ms.latency_rounds})")
+    check_sequential(ms)
 
 
 @dataclass(frozen=True)
@@ -553,9 +573,10 @@ class BenchWhat(_Section):
 
 
 @dataclass(frozen=True)
-class BenchMeasure(_Section):
-    quick: bool = False  # fewer rounds, repeats and tokens, for a fast look
-    rounds: int = 8  # interleaved rounds: every artifact is timed in each, the order rotated
+class BenchMeasure(Sequential):
+    quick: bool = False  # fewer rounds, repeats and tokens, for a fast look (fixed rounds)
+    rounds: int = 8  # interleaved rounds of the first look (of the only one with fixed_rounds): every artifact
+    # is timed in each, the order rotated
     repeats: int = 3  # timed forward passes per artifact per round
     gen_tokens: int = 128
     train_steps: int = 1  # timed optimizer steps per artifact per round
@@ -580,12 +601,13 @@ class BenchConfig(_Staged):
                               f"(got {ms.rounds})")
         if ms.batch_size < 1:
             raise EffkitError(f"--batch-size must be at least 1 (got {ms.batch_size})")
+        check_sequential(ms)
         check_device(self.what.device)
         if self.what.run:
             check_run_name(self.what.run, "--run")
         check_folder_option("--reports-dir", self.folders.reports_dir)
         if ms.quick:
-            return self.replace(rounds=min(ms.rounds, 3), repeats=min(ms.repeats, 2),
+            return self.replace(rounds=min(ms.rounds, 3), repeats=min(ms.repeats, 2), fixed_rounds=True,
                                 gen_tokens=min(ms.gen_tokens, 32), train_steps=1, quick=False)
         return self
 

@@ -77,9 +77,11 @@ def _export(cfg: ExportConfig, source: Path, run_dir: Path) -> dict[str, Any]:
     prepared = prepare(data_cfg, tokenizer_from=str(source))
     tokenizer, eval_blocks, block, n_bytes = (prepared.tokenizer, prepared.blocks.eval, data_cfg.block_size,
                                               prepared.blocks.eval_bytes)
+    docs = prepared.blocks.eval_docs
     parent = load_model(str(source)).eval()
-    parent_fp32 = metrics.evaluate(parent, eval_blocks, cfg.measure.batch_size, eval_bytes=n_bytes)
-    parent_bf16 = metrics.evaluate(parent, eval_blocks, cfg.measure.batch_size, torch.bfloat16, eval_bytes=n_bytes)
+    parent_fp32 = metrics.evaluate(parent, eval_blocks, cfg.measure.batch_size, eval_bytes=n_bytes, docs=docs)
+    parent_bf16 = metrics.evaluate(parent, eval_blocks, cfg.measure.batch_size, torch.bfloat16, eval_bytes=n_bytes,
+                                   docs=docs)
     parent_fp32["generation"] = generate_sample(parent, tokenizer, cfg.measure.gen_tokens)
     parent_fp32["size_bytes"] = artifacts.dir_size(source)
     tag = export_tag(cfg, source)
@@ -88,7 +90,7 @@ def _export(cfg: ExportConfig, source: Path, run_dir: Path) -> dict[str, Any]:
     artifact = run_dir / tag
     with artifacts.atomic_dir(artifact) as tmp:
         desc, model, ran = write(cfg, tmp, source, parent, tokenizer)  # measured as its folder alone reloads it
-        q = metrics.evaluate(model, eval_blocks, cfg.measure.batch_size, eval_bytes=n_bytes)
+        q = metrics.evaluate(model, eval_blocks, cfg.measure.batch_size, eval_bytes=n_bytes, docs=docs)
         q["generation"] = generate_sample(model, tokenizer, cfg.measure.gen_tokens)
         q["size_bytes"] = artifacts.dir_size(tmp)
         m, verdicts, protocol = compare_with_parent(cfg.measure, device, parent, model, tokenizer, block, parent_fp32,

@@ -277,7 +277,7 @@ class Trainer:
         pipe = self.par.pipeline
         return metrics.evaluate(self.par.model, self.data.blocks.eval, self.cfg.optim.batch_size, self.amp_dtype,
                                 block_losses=pipe.block_losses if pipe is not None else None,
-                                eval_bytes=self.data.blocks.eval_bytes)
+                                eval_bytes=self.data.blocks.eval_bytes, docs=self.data.blocks.eval_docs)
 
     def checkpoint(self) -> None:
         self.checkpointer.save(self.step, self.par, self.optimizer, self.scheduler, self.cfg.to_dict(), self.rows,

@@ -10,6 +10,7 @@ from conftest import verdict_matches_interval
 from effkit import cli
 from effkit.bench import LEADERBOARD_UNITS, run_bench
 from effkit.config import BenchConfig, PruneConfig, QuantizeConfig, TrainConfig
+from effkit.measure.results import PairedRatio
 from effkit.prune.stage import run_prune
 from effkit.quantize.stage import run_quantize
 from effkit.report import render_run_report
@@ -25,11 +26,13 @@ def run_with_artifacts(tmp_path_factory, corpus_dir):
     dense = train(TrainConfig.from_flat(model="gpt2-nano", data=str(corpus_dir), vocab_size=512, block_size=32,
                                         eval_blocks=4, batch_size=4, max_steps=4, warmup_steps=1, eval_interval=0,
                                         checkpoint_interval=0, run_name="b", **dirs), progress=False)["artifact"]
-    pruned = run_prune(PruneConfig.from_flat(source=dense, mode="row", target=0.5, rounds=1, finetune_steps=1,
+    pruned = run_prune(PruneConfig.from_flat(fixed_rounds=True,
+                                             source=dense, mode="row", target=0.5, rounds=1, finetune_steps=1,
                                              distill=False, latency_repeats=2, **dirs), progress=False)["artifact"]
-    quant = run_quantize(QuantizeConfig.from_flat(source=dense, backend="dynamic", latency_repeats=2, gen_tokens=4,
+    quant = run_quantize(QuantizeConfig.from_flat(fixed_rounds=True,
+                                                  source=dense, backend="dynamic", latency_repeats=2, gen_tokens=4,
                                                   **dirs))["artifact"]
-    report = run_bench(BenchConfig.from_flat(quick=True, **dirs), progress=False)
+    report = run_bench(BenchConfig.from_flat(fixed_rounds=True, quick=True, **dirs), progress=False)
     return tmp, dirs, report, (dense, pruned, quant)
 
 
@@ -129,24 +132,32 @@ def test_bench_bad_input(run_with_artifacts, tmp_path, capsys, monkeypatch):
 
 
 def test_bench_with_the_default_generation_length_on_a_nano_model(run_with_artifacts):
-    """The default generation length (128) exceeds gpt2-nano's context after the prompt: capped, and said."""
+    """The default generation length (128) exceeds gpt2-nano's context after the prompt: capped, and said. Timed
+    sequentially (the default): rounds until decided, within a short budget, the ratios at the looks' level."""
+    from effkit.measure.stopping import settled
+
     tmp, dirs, _, (dense, pruned, _) = run_with_artifacts
-    report = run_bench(BenchConfig.from_flat(paths=(dense, pruned), rounds=3, repeats=1, runs_dir=dirs["runs_dir"],
-                                             reports_dir=str(tmp / "reports-default")), progress=False)
+    report = run_bench(BenchConfig.from_flat(paths=(dense, pruned), rounds=3, repeats=1, budget_s=2.0,
+                                             runs_dir=dirs["runs_dir"], reports_dir=str(tmp / "reports-default")),
+                       progress=False)
     ref, row = report["artifacts"]
-    assert ref["eval_loss_delta"] == {"delta": 0.0, "ci95": [0.0, 0.0], "verdict": "same", "blocks": 4}
+    assert ref["eval_loss_delta"] == {"delta": 0.0, "ci95": [0.0, 0.0], "verdict": "same", "blocks": 4, "documents": 2}
     for r in (ref, row):
         assert any("capped" in f for f in r["flags"])
         assert r["generation"]["new_tokens"] < 128
         for b in (1, 12):
-            ratio = r[f"latency_ratio_b{b}"]
-            assert set(ratio) >= {"ratio", "ci95", "verdict"} and ratio["rounds"] == 3
-            assert verdict_matches_interval(ratio)
+            ratio, record = r[f"latency_ratio_b{b}"], report["stopping"][f"latency_b{b}"]
+            assert ratio["rounds"] == record["rounds"] and record["rounds"] in (3, 6, 12)
+            assert ratio["level"] == pytest.approx(1 - 0.05 / 3) and verdict_matches_interval(ratio)
+            if record["stopped"] == "decided":  # then it was decided or narrow: not merely out of rounds
+                assert settled(PairedRatio.of(ratio), 0.03)
+            elif record["stopped"] == "max-rounds":
+                assert record["rounds"] == 12
         lo, hi = r["eval_loss_ci95"]
         assert lo <= r["eval_loss"] <= hi
     assert "interleaved" in report["protocol"]["latency"] and "Student-t" in report["protocol"]["latency"]
     md = (tmp / "reports-default" / "b" / "bench.md").read_text()
-    assert "x (" in md and "95%" in md
+    assert "x (" in md and "95%" in md and "Rounds per measure: latency_b1 " in md
 
 
 def test_generate_and_corrupt_quantized_artifacts_fail_in_one_line(run_with_artifacts, tmp_path, capsys,

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from effkit.data import BlockSampler, get_tokenizer, load_blocks, load_corpus
-from effkit.data.blocks import token_stream
+from effkit.data.blocks import spread_blocks, token_stream
 
 
 def test_split_is_by_document_and_deterministic(corpus_dir):
@@ -60,6 +60,24 @@ def test_token_stream_cache_matches_fresh_tokenization(corpus_dir):
     n = len(tok.encode(first_doc))
     assert a[:n].tolist() == tok.encode(first_doc)
     assert a[n] == tok.eos_token_id
+
+
+def test_eval_blocks_are_spread_over_every_heldout_document(corpus_dir):
+    """Held-out blocks are taken evenly over the whole held-out text, not the first ones: with 5 held-out speeches
+    and 40 blocks every speech has blocks, in proportion to its length, each block labelled with its speech."""
+    c = load_corpus(str(corpus_dir), 0.2)
+    tok, _ = get_tokenizer(c, 512)
+    data = load_blocks(c, tok, 32, 40)
+    held = token_stream(c, tok, "heldout")
+    assert len(c.heldout) == 5 and len(data.eval_docs) == 40 and set(data.eval_docs) == set(range(5))
+    lengths = [len(tok.encode(text)) + 1 for _, text in c.heldout]  # + end-of-text
+    for d, n in enumerate(lengths):  # each speech's share of the blocks is its share of the tokens, +-1.5
+        assert abs(data.eval_docs.count(d) - 40 * n / sum(lengths)) <= 1.5
+    starts, docs = spread_blocks(held, 32, 40, tok.eos_token_id)
+    assert [held[s:s + 32].tolist() for s in starts] == data.eval.tolist() and tuple(docs) == data.eval_docs
+    assert all(s % 32 == 0 for s in starts)  # aligned
+    assert all(b - a >= 32 for a, b in zip(starts, starts[1:], strict=False))  # no overlap
+    assert starts[-1] >= len(held) - 2 * len(held) / 40  # to the end, not just the beginning
 
 
 def test_blocks_and_sampler_partition_the_global_batch(corpus_dir):

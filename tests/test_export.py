@@ -36,7 +36,8 @@ def trained(tmp_path_factory, corpus_dir):
 
 
 def ecfg(tmp, source, **kw):
-    return ExportConfig.from_flat(**{"source": source, "latency_rounds": 2, "latency_repeats": 1, "gen_tokens": 4,
+    return ExportConfig.from_flat(fixed_rounds=True,
+                                  **{"source": source, "latency_rounds": 2, "latency_repeats": 1, "gen_tokens": 4,
                            "batch_size": 4, "runs_dir": str(tmp / "runs"), "reports_dir": str(tmp / "reports"), **kw})
 
 
@@ -130,7 +131,8 @@ def test_onnx_int8_reloads_from_its_folder_alone_and_generates(trained, tmp_path
 
 def test_a_row_pruned_artifact_exports_and_quantizes_to_onnx_int8(trained):
     tmp, artifact, blocks = trained
-    pruned = run_prune(PruneConfig.from_flat(source=artifact, mode="row", target=0.5, rounds=1, finetune_steps=0,
+    pruned = run_prune(PruneConfig.from_flat(fixed_rounds=True,
+                                             source=artifact, mode="row", target=0.5, rounds=1, finetune_steps=0,
                                              latency_repeats=1, latency_rounds=2, control=False,
                                              runs_dir=str(tmp / "runs"), reports_dir=str(tmp / "reports")),
                        progress=False)
@@ -147,7 +149,8 @@ def test_bnb_artifact_loads_with_plain_from_pretrained(trained):
 
     assert backend_available("bnb") is None, backend_available("bnb")  # the dev extra installs it: fail, never skip
     tmp, artifact, blocks = trained
-    report = run_quantize(QuantizeConfig.from_flat(source=artifact, backend="bnb", latency_rounds=2, latency_repeats=1,
+    report = run_quantize(QuantizeConfig.from_flat(fixed_rounds=True,
+                                                   source=artifact, backend="bnb", latency_rounds=2, latency_repeats=1,
                                                    gen_tokens=4, batch_size=4, runs_dir=str(tmp / "runs"),
                                                    reports_dir=str(tmp / "reports")))
     plain = AutoModelForCausalLM.from_pretrained(report["artifact"]).eval()  # no effkit involved
@@ -163,7 +166,8 @@ def test_bench_measures_onnx_artifacts_beside_pytorch_ones(trained):
     onnx8 = tmp / "runs" / "x" / "onnx-int8"
     if not onnx8.is_dir():
         run_export_cfg(ecfg(tmp, artifact, int8=True))
-    report = run_bench(BenchConfig.from_flat(paths=(artifact, str(onnx8)), rounds=2, repeats=1, gen_tokens=4,
+    report = run_bench(BenchConfig.from_flat(fixed_rounds=True,
+                                             paths=(artifact, str(onnx8)), rounds=2, repeats=1, gen_tokens=4,
                                              batch_size=4, compile=True, runs_dir=str(tmp / "runs"),
                                              reports_dir=str(tmp / "reports")),
                        progress=False)

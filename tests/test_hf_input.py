@@ -38,19 +38,23 @@ def test_a_plain_hugging_face_folder_goes_through_every_stage(hf_folder, corpus_
     from effkit.quantize.stage import run_quantize
 
     data = str(corpus_dir)
-    pruned = run_prune(PruneConfig.from_flat(source=str(hf_folder), data=data, mode="row", target=0.5, rounds=1,
+    pruned = run_prune(PruneConfig.from_flat(fixed_rounds=True,
+                                             source=str(hf_folder), data=data, mode="row", target=0.5, rounds=1,
                                              finetune_steps=1, batch_size=4, latency_repeats=1, latency_rounds=2,
                                              control=False, **dirs(tmp_path)), progress=False)
     assert pruned["source"] == {"model": str(hf_folder), "data": data, "tokenizer": f"pretrained:{hf_folder}"}
     assert "not trained by effkit" in pruned["protocol"]["finetune_lr"]  # no schedule to continue: says so
-    q = run_quantize(QuantizeConfig.from_flat(source=str(hf_folder), data=data, backend="dynamic", latency_rounds=2,
+    q = run_quantize(QuantizeConfig.from_flat(fixed_rounds=True,
+                                              source=str(hf_folder), data=data, backend="dynamic", latency_rounds=2,
                                               latency_repeats=1, gen_tokens=4, batch_size=4, **dirs(tmp_path)))
     assert q["tag"] == "quantize-dynamic" and q["what_ran"]["source_model"] == str(hf_folder)
     assert q["what_ran"]["data"] == data and q["metrics"]["int8_layers_reloaded"] > 0
-    e = run_export(ExportConfig.from_flat(source=str(hf_folder), data=data, latency_rounds=2, latency_repeats=1,
+    e = run_export(ExportConfig.from_flat(fixed_rounds=True,
+                                          source=str(hf_folder), data=data, latency_rounds=2, latency_repeats=1,
                                           gen_tokens=4, batch_size=4, **dirs(tmp_path)))
     assert e["tag"] == "onnx" and e["metrics"]["parity"]["greedy_tokens_equal"] > 0
-    b = run_bench(BenchConfig.from_flat(paths=(str(hf_folder), q["artifact"]), data=data, rounds=2, repeats=1,
+    b = run_bench(BenchConfig.from_flat(fixed_rounds=True,
+                                        paths=(str(hf_folder), q["artifact"]), data=data, rounds=2, repeats=1,
                                         gen_tokens=4, batch_size=4, **dirs(tmp_path)), progress=False)
     assert [r["stage"] for r in b["artifacts"]] == ["import", "quantize"]
     assert json.loads((Path(q["artifact"]) / "effkit.json").read_text())["parent"] == str(hf_folder)

@@ -29,7 +29,8 @@ def trained(tmp_path_factory, corpus_dir):
 
 
 def qcfg(tmp, source, **kw):
-    return QuantizeConfig.from_flat(**{"source": source, "latency_repeats": 2, "gen_tokens": 4, "batch_size": 4,
+    return QuantizeConfig.from_flat(fixed_rounds=True,
+                                    **{"source": source, "latency_repeats": 2, "gen_tokens": 4, "batch_size": 4,
                              "runs_dir": str(tmp / "runs"), "reports_dir": str(tmp / "reports"), **kw})
 
 
@@ -116,7 +117,8 @@ def test_int4_holds_4bit_layers_and_no_fp32_copy_of_the_tied_head(trained):
 
 def test_a_row_pruned_artifact_quantizes(trained, capsys, monkeypatch):
     tmp, artifact, eval_blocks = trained
-    pruned = run_prune(PruneConfig.from_flat(source=artifact, mode="row", target=0.5, rounds=1, finetune_steps=0,
+    pruned = run_prune(PruneConfig.from_flat(fixed_rounds=True,
+                                             source=artifact, mode="row", target=0.5, rounds=1, finetune_steps=0,
                                              latency_repeats=2, runs_dir=str(tmp / "runs"),
                                              reports_dir=str(tmp / "reports")),
                        progress=False)

@@ -54,11 +54,13 @@ rounds = {prune_rounds}
 finetune_steps = {finetune}
 batch_size = 4
 latency_repeats = 2
+fixed_rounds = true
 
 [quantize]
 backend = "dynamic"
 latency_repeats = 2
 gen_tokens = 4
+fixed_rounds = true
 
 [bench]
 quick = true

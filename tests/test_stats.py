@@ -106,3 +106,88 @@ def test_typed_results_round_trip_the_report_format_and_refuse_a_renamed_key():
         PairedRatio.of(renamed)
     with pytest.raises(ValueError, match="verdict"):
         LossDelta.of({**delta, "verdict": "faster"})
+
+
+def synthetic(seed, scale, noise=0.05, drift=0.25):
+    """Two contenders timed by a shared, drifting machine: per call, the machine's level of the moment times the
+    contender's scale times its own noise."""
+    rng, calls = random.Random(seed), [0]
+
+    def timer(s):
+        def once():
+            calls[0] += 1
+            return s * (1 + drift * math.sin(calls[0] / 7)) * (1 + rng.gauss(0, noise))
+        return once
+    return {"ref": timer(1.0), "other": timer(scale)}
+
+
+def test_sequential_stopping_keeps_its_error_rate_and_decides_a_10_percent_shift():
+    """100 seeded trials each: identical distributions end `same` in at least 95 (the looks are Bonferroni-
+    corrected, so looking three times does not inflate the 5%); a 10% shift is decided in at least 95, in the
+    right direction, mostly before the last look."""
+    from effkit.measure import stopping
+
+    rule = stopping.Stopping(rounds=6)
+    same = [stopping.measure(synthetic(s, 1.0), rule, repeats=3).ratio("ref", "other")["verdict"] for s in range(100)]
+    assert same.count("same") >= 95
+    shifted = [stopping.measure(synthetic(1000 + s, 1.1), rule, repeats=3) for s in range(100)]
+    assert sum(m.ratio("ref", "other")["verdict"] == "slower" for m in shifted) >= 95
+    assert all(m.record["stopped"] == "decided" and m.record["rounds"] in (6, 12, 24) for m in shifted)
+    assert sum(m.record["rounds"] < 24 for m in shifted) > 50  # a clear difference stops before the last look
+    r = shifted[0].ratio("ref", "other")
+    assert r["level"] == pytest.approx(1 - 0.05 / 3) and r["rounds"] == shifted[0].record["rounds"]
+    # the same shift with one fixed look of 6 rounds: 95% intervals, no more rounds whatever they show
+    fixed = stopping.measure(synthetic(7, 1.0), stopping.Stopping(rounds=6, fixed=True), repeats=3)
+    assert fixed.record["rounds"] == 6 and fixed.record["stopped"] == "fixed" and "level" not in fixed.ratio("ref",
+                                                                                                          "other")
+
+
+def test_sequential_stopping_respects_its_time_budget():
+    from effkit.measure import stopping
+
+    now, rng = [0.0], random.Random(9)
+
+    def clock():
+        return now[0]
+
+    def slow():  # 1 s per call on the fake clock (2 s a round), never a difference: the rounds would go on to 16
+        now[0] += 1.0
+        return 1.0 + rng.random() * 0.5
+    rule = stopping.Stopping(rounds=4, budget_s=10.0, precision=0.001)
+    m = stopping.measure({"a": slow, "b": slow}, rule, repeats=1, warmup=0, clock=clock)
+    # after the first look (4 rounds): 4 more rounds (8 s) fit in 10 s, the next 8 (16 s more) would not
+    assert m.record["stopped"] == "budget" and m.record["rounds"] == 8
+    roomy = stopping.measure({"a": slow, "b": slow}, stopping.Stopping(rounds=4, budget_s=100.0, precision=0.001),
+                             repeats=1, warmup=0, clock=clock)
+    assert roomy.record["rounds"] == 16 and roomy.record["stopped"] == "max-rounds"
+
+
+def test_general_t_quantiles():
+    for df in (1, 3, 12, 29):
+        assert stats.t_quantile(0.95 + 1e-12, df) == pytest.approx(stats.t95(df), abs=1e-3)
+    assert stats.t_quantile(0.99, 5) == pytest.approx(4.0321, abs=1e-4)  # tables
+    assert stats.t_quantile(0.98, 10) == pytest.approx(2.7638, abs=1e-4)
+
+
+def test_a_loss_interval_by_document_is_wider_when_blocks_of_a_document_agree():
+    """Twelve documents, each repeated over eight blocks (its blocks nearly equal, the documents different): the
+    interval by document counts twelve independent values, the one over blocks pretends there are 96."""
+    rng = random.Random(5)
+    doc_level = [5.0 + rng.gauss(0, 0.3) for _ in range(12)]
+    values = [doc_level[d] + rng.gauss(0, 0.01) for d in range(12) for _ in range(8)]
+    docs = [d for d in range(12) for _ in range(8)]
+    m, lo, hi = stats.mean_ci(values)
+    mc, loc, hic = stats.mean_ci(values, clusters=docs)
+    assert mc == m and hic - loc > 2.5 * (hi - lo)
+    # blocks that are independent within documents: about the same width either way
+    flat = [5.0 + rng.gauss(0, 0.3) for _ in range(96)]
+    _, lo_f, hi_f = stats.mean_ci(flat)
+    _, loc_f, hic_f = stats.mean_ci(flat, clusters=docs)
+    assert 0.6 < (hic_f - loc_f) / (hi_f - lo_f) < 1.6
+    # and the paired delta of two models carries the documents
+    other = [v + 0.05 * (d % 2) for v, d in zip(values, docs, strict=True)]  # worse on every other document
+    d_docs, d_blocks = stats.paired_delta(values, other, docs), stats.paired_delta(values, other)
+    assert d_docs["documents"] == 12 and "documents" not in d_blocks
+    assert (d_docs["ci95"][1] - d_docs["ci95"][0]) > 2 * (d_blocks["ci95"][1] - d_blocks["ci95"][0])
+    assert stats.interval_by(docs, 96) == "by document (12 documents, 96 blocks)"
+    assert stats.interval_by([0] * 4, 4) == "over blocks (4 blocks, one document)"

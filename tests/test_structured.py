@@ -26,7 +26,7 @@ def trained(tmp_path_factory, train_tiny):
 def prune_cfg(tmp, artifact, **kw):
     base = dict(source=artifact, rounds=2, finetune_steps=2, batch_size=4, latency_repeats=1, latency_rounds=2,
                 calib_batches=1, control=False, runs_dir=str(tmp / "runs"), reports_dir=str(tmp / "reports"))
-    return PruneConfig.from_flat(**{**base, **kw})
+    return PruneConfig.from_flat(fixed_rounds=True, **{**base, **kw})
 
 
 def ids(n=2, t=16, vocab=512):
@@ -182,11 +182,12 @@ def test_bad_structured_input_is_refused_before_anything_is_written(trained, kw,
 
 def test_distillation_is_on_by_default_for_the_structured_modes_only():
     modes = ("row", "width", "depth", "weight")
-    assert [PruneConfig.from_flat(mode=m).distilling for m in modes] == [True, True, True, False]
-    assert PruneConfig.from_flat(mode="row").label == "row-distill"
-    assert PruneConfig.from_flat(mode="weight").label == "weight"
-    assert not PruneConfig.from_flat(mode="row", distill=False).distilling  # --no-distill
-    assert not PruneConfig.from_flat(mode="row", finetune_steps=0).distilling  # nothing to distil without fine-tuning
+    assert [PruneConfig.from_flat(fixed_rounds=True, mode=m).distilling for m in modes] == [True, True, True, False]
+    assert PruneConfig.from_flat(fixed_rounds=True, mode="row").label == "row-distill"
+    assert PruneConfig.from_flat(fixed_rounds=True, mode="weight").label == "weight"
+    assert not PruneConfig.from_flat(fixed_rounds=True, mode="row", distill=False).distilling  # --no-distill
+    assert not PruneConfig.from_flat(fixed_rounds=True,
+                                     mode="row", finetune_steps=0).distilling  # nothing to distil without fine-tuning
 
 
 def test_taylor_importance_needs_calibration_data_and_uses_gradients():

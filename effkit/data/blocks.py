@@ -65,6 +65,20 @@ class BlockData:
     train_tokens: int
     heldout_tokens: int
     eval_bytes: int = 0  # UTF-8 bytes of the text the held-out blocks predict (their tokens 1..T-1)
+    eval_docs: tuple[int, ...] = ()  # the held-out document each eval block comes from (its middle token's)
+
+
+def spread_blocks(stream: np.ndarray, block_size: int, n: int, eos: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """`n` of the stream's aligned, non-overlapping blocks, evenly spaced over the whole held-out text (so every
+    document long enough to hold one contributes, in proportion to its length), and the document of each: the
+    number of end-of-text tokens before the block's middle token. (The first `n` blocks would be one or two
+    documents, and an interval over them would speak for those only.)"""
+    total = len(stream) // block_size
+    picks = (np.arange(n, dtype=np.int64) * total) // n
+    starts = picks * block_size
+    eos_at = np.flatnonzero(stream == eos) if eos is not None else np.empty(0, dtype=np.int64)
+    docs = np.searchsorted(eos_at, starts + block_size // 2, side="left")
+    return starts, docs
 
 
 def load_blocks(corpus: Corpus, tokenizer, block_size: int, eval_blocks: int) -> BlockData:
@@ -79,9 +93,11 @@ def load_blocks(corpus: Corpus, tokenizer, block_size: int, eval_blocks: int) ->
         raise EffkitError(f"the held-out split has {len(held)} tokens, less than one block of {block_size}; "
                           "use more data, a larger --heldout-fraction or a smaller --block-size")
     to_blocks = lambda a, n: torch.from_numpy(a[: n * block_size].astype(np.int64)).view(n, block_size)  # noqa: E731
-    eval_blocks_t = to_blocks(held, n_eval)
+    starts, docs = spread_blocks(held, block_size, n_eval, tokenizer.eos_token_id)
+    eval_blocks_t = torch.from_numpy(np.stack([held[s:s + block_size] for s in starts]).astype(np.int64))
     eval_bytes = int(token_byte_lengths(tokenizer)[eval_blocks_t[:, 1:].numpy()].sum())
-    return BlockData(to_blocks(train, n_train), eval_blocks_t, len(train), len(held), eval_bytes)
+    return BlockData(to_blocks(train, n_train), eval_blocks_t, len(train), len(held), eval_bytes,
+                     tuple(int(d) for d in docs))
 
 
 def check_batch(n_blocks: int, global_batch: int) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from effkit.measure import metrics, results, stats
+from effkit.measure import metrics, results, stats, stopping
 from effkit.measure.results import LossDelta
 
 PROMPT = metrics.GENERATION_PROMPT
@@ -30,11 +30,13 @@ def generate_sample(model: nn.Module, tokenizer, max_new_tokens: int) -> dict[st
                                                          if n]) else {})}
 
 
-def side_by_side(contenders: dict[str, tuple[nn.Module, torch.dtype | None]], block: int, rounds: int,
-                 repeats: int) -> dict[str, dict[str, list[list[float]]]]:
-    """Forward latency of every contender (a model and its autocast dtype) at batch 1 and 12, interleaved."""
-    return {f"b{b}": metrics.interleaved({name: metrics.forward_timer(m, b, block, dtype)
-                                          for name, (m, dtype) in contenders.items()}, rounds, repeats, warmup=2)
+def side_by_side(contenders: dict[str, tuple[nn.Module, torch.dtype | None]], block: int, stop: stopping.Stopping,
+                 repeats: int, pairs: list[tuple[str, str]] | None = None) -> dict[str, stopping.Measured]:
+    """Forward latency of every contender (a model and its autocast dtype) at batch 1 and 12, interleaved, until
+    `pairs` (default: every contender against the first) are decided (see `stopping`)."""
+    return {f"b{b}": stopping.measure({name: metrics.forward_timer(m, b, block, dtype)
+                                       for name, (m, dtype) in contenders.items()}, stop, repeats, warmup=2,
+                                      pairs=pairs)
             for b in (1, 12)}
 
 
@@ -52,34 +54,35 @@ def compare_with_parent(measure, device: torch.device, parent: nn.Module, model:
             twin, compiled_status[name] = metrics.compile_for_inference(m, (1, 12), block)
             if twin is not None:
                 contenders[f"{name} compiled"] = (twin, None)
-    timed = side_by_side(contenders, block, measure.latency_rounds, measure.latency_repeats)
+    stop = stopping.Stopping.of(measure, "latency_rounds")
+    pairs = [("fp32", "int8"), ("bf16", "int8"), ("fp32", "bf16"),
+             *[(ref, f"{name} compiled") for name, ref in (("fp32", "fp32"), ("int8", "int8"), ("int8", "fp32"))]]
+    timed = side_by_side(contenders, block, stop, measure.latency_repeats, pairs)
     new_tokens = q["generation"]["new_tokens"]
-    gen = metrics.interleaved({"fp32": metrics.generation_timer(parent, tokenizer, new_tokens),
-                               "int8": metrics.generation_timer(model, tokenizer, new_tokens)},
-                              measure.latency_rounds, 1, warmup=1)
+    gen = stopping.measure({"fp32": metrics.generation_timer(parent, tokenizer, new_tokens),
+                            "int8": metrics.generation_timer(model, tokenizer, new_tokens)}, stop, 1, warmup=1)
     for name, r in (("fp32", parent_fp32), ("bf16", parent_bf16), ("int8", q)):
         for b in (1, 12):
             r[f"latency_b{b}"] = metrics.latency_stats(timed[f"b{b}"][name])
     for name, r in (("fp32", parent_fp32), ("int8", q)):
         r["generation"]["tokens_per_s"] = stats.median_of_rounds(gen[name])
     comparisons = {
-        **{results.latency_ratio(b): stats.paired_ratio(timed[f"b{b}"]["fp32"], timed[f"b{b}"]["int8"])
-           for b in (1, 12)},
-        **{f"latency_ratio_b{b}_vs_bf16": stats.paired_ratio(timed[f"b{b}"]["bf16"], timed[f"b{b}"]["int8"])
-           for b in (1, 12)},
-        **{f"bf16_latency_ratio_b{b}": stats.paired_ratio(timed[f"b{b}"]["fp32"], timed[f"b{b}"]["bf16"])
-           for b in (1, 12)},
-        results.GENERATION_RATIO: stats.paired_ratio(gen["fp32"], gen["int8"], higher_is_better=True),
+        **{results.latency_ratio(b): timed[f"b{b}"].ratio("fp32", "int8") for b in (1, 12)},
+        **{f"latency_ratio_b{b}_vs_bf16": timed[f"b{b}"].ratio("bf16", "int8") for b in (1, 12)},
+        **{f"bf16_latency_ratio_b{b}": timed[f"b{b}"].ratio("fp32", "bf16") for b in (1, 12)},
+        results.GENERATION_RATIO: gen.ratio("fp32", "int8", higher_is_better=True),
+        "stopping": {**{f"latency_b{b}": timed[f"b{b}"].record for b in (1, 12)}, "generation": gen.record},
     }
     if compiled_status:
         comparisons["compiled"] = {"status": compiled_status, **{
-            f"{name}_compiled_vs_{ref}_b{b}": stats.paired_ratio(timed[f"b{b}"][ref],
-                                                                 timed[f"b{b}"][f"{name} compiled"])
+            f"{name}_compiled_vs_{ref}_b{b}": timed[f"b{b}"].ratio(ref, f"{name} compiled")
             for name, ref in (("fp32", "fp32"), ("int8", "int8"), ("int8", "fp32")) for b in (1, 12)
             if f"{name} compiled" in timed[f"b{b}"]}}
-    fp32_blocks = parent_fp32.pop("block_losses")
-    comparisons[results.EVAL_LOSS_DELTA] = stats.paired_delta(fp32_blocks, q.pop("block_losses"))
-    comparisons["bf16_eval_loss_delta"] = stats.paired_delta(fp32_blocks, parent_bf16.pop("block_losses"))
+    fp32_blocks, docs = parent_fp32.pop("block_losses"), parent_fp32.pop("block_docs", None)
+    for r in (q, parent_bf16):
+        r.pop("block_docs", None)
+    comparisons[results.EVAL_LOSS_DELTA] = stats.paired_delta(fp32_blocks, q.pop("block_losses"), docs)
+    comparisons["bf16_eval_loss_delta"] = stats.paired_delta(fp32_blocks, parent_bf16.pop("block_losses"), docs)
     verdicts = [stats.summary_of(comparisons[results.LATENCY_RATIO_B12], f"{label} latency b12 vs fp32"),
                 stats.summary_of(comparisons[results.EVAL_LOSS_DELTA], f"{label} loss vs fp32")]
     if LossDelta.of(comparisons[results.EVAL_LOSS_DELTA]).ci95[0] > 0.01:
@@ -96,12 +99,12 @@ def compare_with_parent(measure, device: torch.device, parent: nn.Module, model:
          "eval_loss_delta_vs_parent": LossDelta.of(comparisons[results.EVAL_LOSS_DELTA]).delta,
          "size_ratio_vs_parent": q["size_bytes"] / parent_fp32["size_bytes"]}
     generation = (f"greedy decoding of {new_tokens} new tokens from {PROMPT!r}, fp32 parent and {label} "
-                  f"interleaved ({measure.latency_rounds} rounds); new tokens / wall time; each model decodes with its "
+                  f"interleaved (rounds: {stop.describe()}); new tokens / wall time; each model decodes with its "
                   "own KV cache" + (f"; {note}" if (note := getattr(model, "generation_note", None)) else ""))
     protocol = {"eval_loss": metrics.EVAL_PROTOCOL + "; " + stats.LOSS_METHOD,
                 "latency": f"forward of (batch, {block}) random tokens: fp32 parent, parent under bf16 autocast and "
                            f"{label} (reloaded from its folder) "
-                           + metrics.INTERLEAVED_PROTOCOL.format(warmup=2, rounds=measure.latency_rounds,
+                           + metrics.INTERLEAVED_PROTOCOL.format(warmup=2, rounds=stop.describe(),
                                                                  repeats=measure.latency_repeats)
                            + f"; {stats.RATIO_METHOD}"
                            + ("; with --compile, torch.compile twins (Inductor, freezing, static shapes) of the fp32 "

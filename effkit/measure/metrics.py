@@ -7,7 +7,7 @@ import math
 import platform
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from typing import Any
 
@@ -263,11 +263,13 @@ def eval_batches(model, blocks: torch.Tensor, batch_size: int):
 @torch.no_grad()
 def evaluate(model, blocks: torch.Tensor, batch_size: int, amp_dtype: torch.dtype | None = None,
              block_losses: Callable[[torch.Tensor], torch.Tensor] | None = None,
-             eval_bytes: int = 0) -> dict[str, Any]:
-    """Mean next-token cross-entropy over the held-out blocks, its 95% interval over blocks, and the per-block
-    losses (`block_losses`, for paired comparisons between models on the same blocks). With `eval_bytes` (the
-    UTF-8 bytes of the predicted text), also bits per byte: the figure that compares across tokenizers.
-    `block_losses(batch)` replaces the model's own forward where it cannot give logits alone (a pipeline stage)."""
+             eval_bytes: int = 0, docs: Sequence[int] | None = None) -> dict[str, Any]:
+    """Mean next-token cross-entropy over the held-out blocks, its 95% interval (by document with `docs`, each
+    block's held-out document; see `stats.mean_ci`), and the per-block losses and documents (`block_losses`,
+    `block_docs`: for paired comparisons between models on the same blocks; `eval_summary` drops them). With
+    `eval_bytes` (the UTF-8 bytes of the predicted text), also bits per byte: the figure that compares across
+    tokenizers. `block_losses(batch)` replaces the model's own forward where it cannot give logits alone (a
+    pipeline stage)."""
     was_training = model.training
     model.eval()
     device = model_device(model)
@@ -281,9 +283,11 @@ def evaluate(model, blocks: torch.Tensor, batch_size: int, amp_dtype: torch.dtyp
         losses = lm_loss(logits, batch, reduction="none").view(batch.shape[0], -1).mean(1)
         per_block += losses.tolist()
     model.train(was_training)
-    loss, lo, hi = stats.mean_ci(per_block)  # every block predicts the same number of tokens
+    docs = list(docs) if docs else None
+    loss, lo, hi = stats.mean_ci(per_block, docs)  # every block predicts the same number of tokens
     out = {"eval_loss": loss, "perplexity": math.exp(min(loss, 50)), "eval_tokens": blocks[:, 1:].numel(),
-           "eval_loss_ci95": [lo, hi], "block_losses": per_block}
+           "eval_loss_ci95": [lo, hi], "eval_interval": stats.interval_by(docs, len(per_block)),
+           "block_losses": per_block, "block_docs": docs}
     if eval_bytes:
         out.update(bits_per_byte=bits_per_byte(loss, out["eval_tokens"], eval_bytes), eval_bytes=eval_bytes)
     return out
@@ -295,11 +299,11 @@ def bits_per_byte(loss_nats_per_token: float, tokens: int, n_bytes: int) -> floa
 
 
 def eval_summary(result: dict[str, Any]) -> dict[str, Any]:
-    """An `evaluate` result without its per-block losses (what reports keep)."""
-    return {k: v for k, v in result.items() if k != "block_losses"}
+    """An `evaluate` result without its per-block losses and documents (what reports keep)."""
+    return {k: v for k, v in result.items() if k not in ("block_losses", "block_docs")}
 
 
-INTERLEAVED_PROTOCOL = ("paired and interleaved: after {warmup} warm-up call(s) each, {rounds} rounds; in each round "
+INTERLEAVED_PROTOCOL = ("paired and interleaved: after {warmup} warm-up call(s) each, rounds ({rounds}); in each round "
                         "every contender runs {repeats} timed repeat(s), the order rotated by one each round, so "
                         "that drift of the machine hits every contender alike; after an ONNX Runtime contender the "
                         "machine idles 0.2 s, untimed, so its spin-waiting threads do not slow the next")
@@ -364,10 +368,11 @@ def settle_time(model) -> float:
 
 
 def interleaved(contenders: dict[str, Callable[[], float]], rounds: int, repeats: int,
-                warmup: int = 1) -> dict[str, list[list[float]]]:
+                warmup: int = 1, offset: int = 0) -> dict[str, list[list[float]]]:
     """Measure every contender (a function returning one timing or rate) in `rounds` rounds of `repeats` calls,
-    the order rotated each round, after `warmup` calls each; after a contender's calls the machine is left idle
-    for its `settle_s` (untimed; see `settle_time`). Returns {name: [[round 1 repeats], ...]}."""
+    the order rotated each round (`offset`: rounds already run, to go on rotating), after `warmup` calls each;
+    after a contender's calls the machine is left idle for its `settle_s` (untimed; see `settle_time`). Returns
+    {name: [[round 1 repeats], ...]}. `effkit.measure.stopping.measure` runs it until comparisons are decided."""
     names = list(contenders)
 
     def settle(name: str) -> None:
@@ -380,7 +385,7 @@ def interleaved(contenders: dict[str, Callable[[], float]], rounds: int, repeats
         settle(name)
     samples: dict[str, list[list[float]]] = {name: [] for name in names}
     for r in range(rounds):
-        k = r % len(names)
+        k = (r + offset) % len(names)
         for name in names[k:] + names[:k]:
             samples[name].append([contenders[name]() for _ in range(repeats)])
             settle(name)

@@ -40,19 +40,22 @@ class PairedRatio:
     verdict: str
     rounds: int | None = None  # paired, interleaved rounds
     method: str | None = None  # "unpaired" for separate runs
+    # the interval's own confidence where it is not 0.95: one look of a sequential measurement, taken at
+    # 1 - 0.05 / looks planned so that the look that stops still covers with at least 95%
+    level: float | None = None
 
     @classmethod
     def of(cls, d: PairedRatio | Mapping[str, Any]) -> PairedRatio:
         if isinstance(d, cls):
             return d
-        return cls(*_parse(d, "paired ratio", "ratio", RATIO_VERDICTS), d.get("rounds"), d.get("method"))
+        return cls(*_parse(d, "paired ratio", "ratio", RATIO_VERDICTS), d.get("rounds"), d.get("method"),
+                   d.get("level"))
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"ratio": self.ratio, "ci95": list(self.ci95), "verdict": self.verdict}
-        if self.rounds is not None:
-            out["rounds"] = self.rounds
-        if self.method is not None:
-            out["method"] = self.method
+        for key in ("rounds", "method", "level"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
         return out
 
     def fmt(self) -> str:
@@ -74,17 +77,19 @@ class LossDelta:
     ci95: tuple[float, float]
     verdict: str
     blocks: int | None = None
+    documents: int | None = None  # the held-out documents the blocks come from: the interval is by document
 
     @classmethod
     def of(cls, d: LossDelta | Mapping[str, Any]) -> LossDelta:
         if isinstance(d, cls):
             return d
-        return cls(*_parse(d, "loss delta", "delta", DELTA_VERDICTS), d.get("blocks"))
+        return cls(*_parse(d, "loss delta", "delta", DELTA_VERDICTS), d.get("blocks"), d.get("documents"))
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"delta": self.delta, "ci95": list(self.ci95), "verdict": self.verdict}
-        if self.blocks is not None:
-            out["blocks"] = self.blocks
+        for key in ("blocks", "documents"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
         return out
 
     def fmt(self) -> str:

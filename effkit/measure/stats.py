@@ -7,9 +7,14 @@
   a 95% Student-t interval on the mean of their logarithms (n = rounds, n - 1 degrees of freedom): a paired
   method that stays honest with few rounds. Verdict: `faster` / `slower` when the interval excludes 1, else
   `same`.
-- Held-out loss (`mean_ci`, `paired_delta`): per-block mean losses over the same fixed blocks; the 95% t-interval
-  over blocks for one model, and for two models the paired per-block difference, relative to the reference's
-  mean loss. Verdict: `better` / `worse` when the interval excludes 0, else `same`.
+  Run sequentially (`effkit.measure.stopping`), the interval of each look is taken at 1 - 0.05 / looks planned
+  (Bonferroni), so that the one at whichever look stops still covers with at least 95%.
+- Held-out loss (`mean_ci`, `paired_delta`): per-block mean losses over the same fixed blocks, spread over every
+  held-out document. Blocks of one document are not independent (same speaker, topic, words), so the 95%
+  interval is by document: the cluster-robust (CR1) standard error of the mean over blocks, with documents as
+  clusters and a Student-t quantile with documents - 1 degrees of freedom; for two models, the same on the
+  paired per-block difference, relative to the reference's mean loss. With one document (or no document ids)
+  the interval is over blocks. Verdict: `better` / `worse` when the interval excludes 0, else `same`.
 """
 
 from __future__ import annotations
@@ -31,9 +36,11 @@ _T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2
 RATIO_METHOD = ("paired, interleaved rounds: per round the median of each contender's repeats; ratio = geometric "
                 "mean of the per-round ratios to the reference; 95% Student-t interval on the mean log ratio "
                 "(n = rounds); verdict faster/slower only when the interval excludes 1")
-LOSS_METHOD = ("per-block mean cross-entropy over the same held-out blocks; 95% Student-t interval over blocks; "
-               "a delta between two models is the paired per-block difference, relative to the reference's loss; "
-               "verdict better/worse only when the interval excludes 0")
+LOSS_METHOD = ("per-block mean cross-entropy over the same held-out blocks, spread evenly over every held-out "
+               "document; 95% interval by document (cluster-robust CR1 standard error of the mean over blocks, "
+               "documents as clusters, Student-t with documents - 1 degrees of freedom; over blocks when there is "
+               "one document); a delta between two models is the paired per-block difference, relative to the "
+               "reference's loss; verdict better/worse only when the interval excludes 0")
 
 
 def t95(df: int) -> float:
@@ -48,26 +55,98 @@ def t95(df: int) -> float:
             + (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / (92160 * v**4))
 
 
-def mean_ci(values: Sequence[float]) -> tuple[float, float, float]:
-    """(mean, low, high): the 95% t-interval of the mean (zero width for a constant sample)."""
+def _betacf(a: float, b: float, x: float) -> float:
+    """The continued fraction of the regularized incomplete beta function (modified Lentz)."""
+    tiny, qab, qap, qam = 1e-300, a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 400):
+        m2 = 2 * m
+        for aa in (m * (b - m) * x / ((qam + m2) * (a + m2)), -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
+            d = 1.0 + aa * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + aa / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return h
+
+
+def _t_tail(t: float, df: float) -> float:
+    """P(|T| > t) for Student's t with `df` degrees of freedom (t >= 0): the incomplete beta I_x(df/2, 1/2)."""
+    x, a, b = df / (df + t * t), df / 2.0, 0.5
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _betacf(a, b, x) / a
+    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
+
+
+def t_quantile(confidence: float, df: float) -> float:
+    """The two-sided quantile q of Student's t with `df` degrees of freedom: P(|T| <= q) = `confidence` (by
+    bisection on the exact tail; t95's table values to their 3 decimals)."""
+    if df <= 0:
+        return math.inf
+    if confidence == CONFIDENCE and float(df).is_integer():
+        return t95(int(df))
+    alpha, lo, hi = 1.0 - confidence, 0.0, 1.0
+    while _t_tail(hi, df) > alpha:
+        hi *= 2.0
+    for _ in range(200):
+        mid = (lo + hi) / 2.0
+        lo, hi = (mid, hi) if _t_tail(mid, df) > alpha else (lo, mid)
+        if hi - lo < 1e-12 * hi:
+            break
+    return (lo + hi) / 2.0
+
+
+def _cluster_se(values: Sequence[float], clusters: Sequence[int]) -> tuple[float, int]:
+    """(standard error of the mean, clusters): CR1, the sum over clusters of the squared summed residuals, with
+    the small-sample factor G / (G - 1)."""
+    m = fmean(values)
+    sums: dict[int, float] = {}
+    for v, g in zip(values, clusters, strict=True):
+        sums[g] = sums.get(g, 0.0) + (v - m)
+    n, g = len(values), len(sums)
+    return math.sqrt(g / (g - 1) * sum(s * s for s in sums.values())) / n, g
+
+
+def mean_ci(values: Sequence[float], clusters: Sequence[int] | None = None,
+            confidence: float = CONFIDENCE) -> tuple[float, float, float]:
+    """(mean, low, high): the t-interval of the mean (95% unless told; zero width for a constant sample). With
+    `clusters` (a group id per value, e.g. the document of each held-out block) and at least two groups, the
+    interval is cluster-robust with groups - 1 degrees of freedom; else over values."""
     m = fmean(values)
     if not all(math.isfinite(v) for v in values):
         return m, math.nan, math.nan
     if len(values) < 2:
         return m, -math.inf, math.inf
-    half = t95(len(values) - 1) * stdev(values) / math.sqrt(len(values))
+    if clusters is not None and len(set(clusters)) >= 2:
+        se, g = _cluster_se(values, clusters)
+        half = t_quantile(confidence, g - 1) * se
+    else:
+        half = t_quantile(confidence, len(values) - 1) * stdev(values) / math.sqrt(len(values))
     return m, m - half, m + half
 
 
+def interval_by(clusters: Sequence[int] | None, n: int) -> str:
+    """What a loss interval was computed over: `by document (13 documents)` or `over blocks (64 blocks)`."""
+    if clusters is not None and (g := len(set(clusters))) >= 2:
+        return f"by document ({g} documents, {n} blocks)"
+    return f"over blocks ({n} blocks{', one document' if clusters is not None else ''})"
+
+
 def paired_ratio(reference: Sequence[Sequence[float]], other: Sequence[Sequence[float]],
-                 higher_is_better: bool = False) -> dict[str, Any]:
+                 higher_is_better: bool = False, level: float = CONFIDENCE) -> dict[str, Any]:
     """Ratio other / reference of interleaved measurements (one list of repeats per round, rounds aligned),
-    with its 95% interval and a verdict (`faster` / `slower` / `same`). Times: lower is better; rates
-    (tokens/s): `higher_is_better`."""
+    with its interval and a verdict (`faster` / `slower` / `same`). Times: lower is better; rates (tokens/s):
+    `higher_is_better`. `level`: the interval's confidence (95%; higher for one look of a sequential
+    measurement, see `effkit.measure.stopping`, recorded in the result)."""
     if len(reference) != len(other) or not reference:
         raise ValueError("paired_ratio needs the same, non-zero number of rounds for both contenders")
     logs = [math.log(median(o) / median(r)) for r, o in zip(reference, other, strict=True)]
-    m, lo, hi = mean_ci(logs)
+    m, lo, hi = mean_ci(logs, confidence=level)
     ratio, ci = math.exp(m), [math.exp(lo), math.exp(hi)] if math.isfinite(lo) else [0.0, math.inf]
     if ci[1] < 1:
         verdict = "slower" if higher_is_better else "faster"
@@ -75,21 +154,27 @@ def paired_ratio(reference: Sequence[Sequence[float]], other: Sequence[Sequence[
         verdict = "faster" if higher_is_better else "slower"
     else:
         verdict = "same"
-    return PairedRatio(ratio, (ci[0], ci[1]), verdict, rounds=len(logs)).to_dict()
+    return PairedRatio(ratio, (ci[0], ci[1]), verdict, rounds=len(logs),
+                       level=None if level == CONFIDENCE else level).to_dict()
 
 
-def paired_delta(reference: Sequence[float], other: Sequence[float]) -> dict[str, Any]:
+def paired_delta(reference: Sequence[float], other: Sequence[float],
+                 docs: Sequence[int] | None = None) -> dict[str, Any]:
     """Relative change of the mean loss of `other` against `reference`, paired by block, with its 95% interval
-    and a verdict (`better` / `worse` / `same`; lower loss is better)."""
+    (by document when `docs` gives each block's document) and a verdict (`better` / `worse` / `same`; lower
+    loss is better)."""
     if len(reference) != len(other) or not reference:
         raise ValueError("paired_delta needs the same, non-zero number of blocks for both models")
+    if docs is not None and len(docs) != len(reference):
+        raise ValueError(f"paired_delta: {len(docs)} document ids for {len(reference)} blocks")
     base = fmean(reference)
-    m, lo, hi = mean_ci([o - r for r, o in zip(reference, other, strict=True)])
+    m, lo, hi = mean_ci([o - r for r, o in zip(reference, other, strict=True)], clusters=docs)
     delta, ci = m / base, [lo / base, hi / base]
     if m == 0 and lo == hi == 0:
         ci = [0.0, 0.0]
     verdict = "worse" if ci[0] > 0 else "better" if ci[1] < 0 else "same"
-    return LossDelta(delta, (ci[0], ci[1]), verdict, blocks=len(reference)).to_dict()
+    return LossDelta(delta, (ci[0], ci[1]), verdict, blocks=len(reference),
+                     documents=len(set(docs)) if docs is not None else None).to_dict()
 
 
 def fmt_ratio(r: PairedRatio | dict[str, Any]) -> str:

@@ -22,7 +22,7 @@ from effkit.artifacts.loader import kind
 from effkit.config import DataConfig, ModelConfig, ParallelConfig, PruneConfig, TrainConfig
 from effkit.data import prepare
 from effkit.errors import EffkitError
-from effkit.measure import metrics, results, stats
+from effkit.measure import metrics, results, stats, stopping
 from effkit.model import count_params, load_model
 from effkit.parallel import Runtime, init_runtime
 from effkit.prune import methods
@@ -82,17 +82,19 @@ def stage_metrics(model, block: int, dense: dict[str, Any] | None,
 
 def paired_latency(dense_model, model, block: int, cfg: PruneConfig) -> dict[str, Any]:
     """Forward latency of `model` against the dense parent at batch 1 and 12, interleaved: the p50 of each
-    and the paired ratio with its 95% interval and verdict."""
+    and the paired ratio with its interval and verdict (rounds until decided, see `stopping`)."""
     out: dict[str, Any] = {}
     was_training = model.training
     model.eval()
     for b in LAT_BATCHES:
-        samples = metrics.interleaved({"dense": metrics.forward_timer(dense_model, b, block),
-                                       "pruned": metrics.forward_timer(model, b, block)},
-                                      cfg.measure.latency_rounds, cfg.measure.latency_repeats, warmup=2)
+        samples = stopping.measure({"dense": metrics.forward_timer(dense_model, b, block),
+                                    "pruned": metrics.forward_timer(model, b, block)},
+                                   stopping.Stopping.of(cfg.measure, "latency_rounds"),
+                                   cfg.measure.latency_repeats, warmup=2)
         out[f"latency_b{b}"] = metrics.latency_stats(samples["pruned"])
         out[f"dense_latency_b{b}"] = metrics.latency_stats(samples["dense"])
-        out[results.latency_ratio(b)] = stats.paired_ratio(samples["dense"], samples["pruned"])
+        out[results.latency_ratio(b)] = samples.ratio("dense", "pruned")
+        out[f"latency_stopping_b{b}"] = samples.record
     model.train(was_training)
     return out
 
@@ -204,7 +206,9 @@ def _prune(cfg: PruneConfig, rt: Runtime, source: Path, meta: dict[str, Any], da
     prepared = prepare(data_cfg, tokenizer_from=str(source))
     blocks = prepared.blocks
     dense = stage_metrics(model, block, None)
-    dense_eval = metrics.evaluate(dense_model, blocks.eval, cfg.finetune.batch_size, eval_bytes=blocks.eval_bytes)
+    docs = blocks.eval_docs
+    dense_eval = metrics.evaluate(dense_model, blocks.eval, cfg.finetune.batch_size, eval_bytes=blocks.eval_bytes,
+                                  docs=docs)
     dense.update(metrics.eval_summary(dense_eval))
     ft = cfg.finetune
     distiller = (Distiller(dense_model, ft.distill_alpha, ft.distill_temperature, teacher_name=str(source))
@@ -227,7 +231,7 @@ def _prune(cfg: PruneConfig, rt: Runtime, source: Path, meta: dict[str, Any], da
     parent = str(source)
     for r in range(1, cfg.method.rounds + 1):
         fraction = cfg.method.target * r / cfg.method.rounds
-        control_eval = (metrics.evaluate(control.after(r), blocks.eval, cfg.finetune.batch_size) if control
+        control_eval = (metrics.evaluate(control.after(r), blocks.eval, cfg.finetune.batch_size, docs=docs) if control
                         else dense_eval if cfg.finetune.control else None)
         model, done, after_step = cut(model, fraction, calib)
         model.train()
@@ -239,17 +243,18 @@ def _prune(cfg: PruneConfig, rt: Runtime, source: Path, meta: dict[str, Any], da
                            "distill": distiller.describe() if distiller else None},
                  **stage_metrics(mdl, block, dense, pruner.counts_block_params),
                  **paired_latency(dense_model, mdl, block, cfg)}
-            own = metrics.evaluate(mdl, blocks.eval, cfg.finetune.batch_size)
-            m[results.EVAL_LOSS_DELTA_VS_DENSE] = stats.paired_delta(dense_eval["block_losses"], own["block_losses"])
+            own = metrics.evaluate(mdl, blocks.eval, cfg.finetune.batch_size, docs=docs)
+            m[results.EVAL_LOSS_DELTA_VS_DENSE] = stats.paired_delta(dense_eval["block_losses"], own["block_losses"],
+                                                                     docs)
             if control_eval is not None:
                 m["control_eval_loss"] = control_eval["eval_loss"]
                 m["control_eval_loss_ci95"] = control_eval["eval_loss_ci95"]
                 m["control_artifact"] = str(control.artifact(r) if control else source)
                 m[results.EVAL_LOSS_DELTA_VS_CONTROL] = stats.paired_delta(control_eval["block_losses"],
-                                                                           own["block_losses"])
+                                                                           own["block_losses"], docs)
                 # what the fine-tuning alone did to the dense model (the control against its own parent)
                 m[results.CONTROL_DELTA_VS_DENSE] = stats.paired_delta(dense_eval["block_losses"],
-                                                                       control_eval["block_losses"])
+                                                                       control_eval["block_losses"], docs)
             return m
 
         report = finetune(finetune_config(cfg, source, meta, data_cfg, r, layout), model, rt, stage="prune",
@@ -313,8 +318,9 @@ def write_prune_report(cfg: PruneConfig, layout: RunLayout, rows: list[dict[str,
                                  "are; cumulative, like the pruned model), one chain per fine-tuning budget, cached "
                                  "under runs/<run>/controls/") if cfg.finetune.control else "not run",
                      "latency": f"forward of (batch, {block}) random tokens, pruned model and dense parent "
-                                + metrics.INTERLEAVED_PROTOCOL.format(warmup=2, rounds=cfg.measure.latency_rounds,
-                                                                      repeats=cfg.measure.latency_repeats)
+                                + metrics.INTERLEAVED_PROTOCOL.format(
+                                    warmup=2, rounds=stopping.Stopping.of(cfg.measure, "latency_rounds").describe(),
+                                    repeats=cfg.measure.latency_repeats)
                                 + f"; {stats.RATIO_METHOD}; device {metrics.describe_device(rt.device)}",
                      "importance": methods.get(cfg.method.mode).ranks_by(cfg),
                      "finetune_lr": f"peak {lr_how}; warm-up {cfg.finetune.warmup_steps} steps, cosine to a tenth",

@@ -22,7 +22,7 @@ from effkit.artifacts.loader import is_quantized, kind, load_quantized, newest_a
 from effkit.config import DataConfig, QuantizeConfig
 from effkit.data import prepare
 from effkit.errors import EffkitError
-from effkit.measure import metrics, results, stats
+from effkit.measure import metrics, results, stats, stopping
 from effkit.measure.compare import compare_with_parent, generate_sample, side_by_side
 from effkit.model import load_model
 from effkit.parallel import init_runtime
@@ -80,7 +80,7 @@ def quantize_tag(backend: str, cfg: QuantizeConfig, source: Path) -> str:
 
 def pick_backend(cfg: QuantizeConfig, device: torch.device, parent: nn.Module, source: Path, tokenizer,
                  eval_blocks: torch.Tensor, block: int, parent_blocks: list[float],
-                 scratch: Path) -> tuple[str, dict]:
+                 scratch: Path, docs: tuple[int, ...] = ()) -> tuple[str, dict]:
     """`--backend auto`: write every backend that runs here into `scratch/<backend>` and reload it, keep those
     within AUTO_LOSS_BUDGET of the parent's held-out loss (`parent_blocks`: its per-block losses, for a paired
     delta), time them with the parent interleaved at batch 12, and pick the lowest median. The winner's folder is
@@ -98,8 +98,8 @@ def pick_backend(cfg: QuantizeConfig, device: torch.device, parent: nn.Module, s
         except EffkitError as e:
             table[b] = {"status": f"not run: {e}"}
             continue
-        result = metrics.evaluate(model, eval_blocks, cfg.measure.batch_size)
-        delta = results.LossDelta.of(stats.paired_delta(parent_blocks, result["block_losses"]))
+        result = metrics.evaluate(model, eval_blocks, cfg.measure.batch_size, docs=docs)
+        delta = results.LossDelta.of(stats.paired_delta(parent_blocks, result["block_losses"], docs))
         ok = delta.delta <= AUTO_LOSS_BUDGET
         table[b] = {"status": "candidate" if ok else f"left out: loss {delta.delta:+.2%} > {AUTO_LOSS_BUDGET:.0%}",
                     "eval_loss": result["eval_loss"], "loss_increase": delta.delta, "loss_delta": delta.to_dict(),
@@ -112,24 +112,28 @@ def pick_backend(cfg: QuantizeConfig, device: torch.device, parent: nn.Module, s
                           "with --backend")
     models = {"parent": parent, **candidates}
     workload, batch = cfg.method.optimize_for, int(cfg.method.optimize_for.rpartition("-b")[2])
+    stop = stopping.Stopping.of(cfg.measure, "latency_rounds")
+    names = list(models)  # the parent against each candidate, and the candidates against each other
+    pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
     if workload.startswith("decode"):
         new = min(metrics.generation_budget(m, tokenizer, cfg.measure.gen_tokens)[0] for m in models.values())
-        trial = metrics.interleaved({n: metrics.generation_timer(m, tokenizer, new, batch=batch)
-                                     for n, m in models.items()}, cfg.measure.latency_rounds, 1, warmup=1)
+        trial = stopping.measure({n: metrics.generation_timer(m, tokenizer, new, batch=batch)
+                                  for n, m in models.items()}, stop, 1, warmup=1, pairs=pairs)
         how = f"greedy decoding of {new} new tokens from {batch} prompt(s), new tokens/s"
     else:
-        trial = side_by_side({n: (m, None) for n, m in models.items()}, block, cfg.measure.latency_rounds, 1)["b12"]
+        trial = side_by_side({n: (m, None) for n, m in models.items()}, block, stop, 1, pairs)["b12"]
         how = f"forward of (12, {block}) tokens, seconds"
     higher = workload.startswith("decode")
     for b in candidates:
         table[b]["median"] = stats.median_of_rounds(trial[b])  # tokens/s (decode) or seconds (prefill)
-        table[b]["ratio_to_parent"] = stats.paired_ratio(trial["parent"], trial[b], higher_is_better=higher)
+        table[b]["ratio_to_parent"] = trial.ratio("parent", b, higher_is_better=higher)
     best = max if higher else min
     picked = best(candidates, key=lambda b: table[b]["median"])
-    return picked, {"picked": picked, "table": table, "optimize_for": workload,
+    return picked, {"picked": picked, "table": table, "optimize_for": workload, "stopping": trial.record,
                     "how": f"every backend that runs here written and reloaded; those within {AUTO_LOSS_BUDGET:.0%} "
                            f"of the parent's held-out loss timed at {workload} ({how}) with the fp32 parent "
-                           f"interleaved ({cfg.measure.latency_rounds} rounds x 1 repeat); the best median wins"}
+                           f"interleaved (1 repeat per round; rounds: {stop.describe()}; every pair compared); "
+                           "the best median wins"}
 
 
 def _quantize(cfg: QuantizeConfig, device: torch.device, source: Path, run_dir: Path) -> dict[str, Any]:
@@ -138,8 +142,10 @@ def _quantize(cfg: QuantizeConfig, device: torch.device, source: Path, run_dir: 
     prepared = prepare(data_cfg, tokenizer_from=str(source))
     tokenizer, eval_blocks, n_bytes = prepared.tokenizer, prepared.blocks.eval, prepared.blocks.eval_bytes
     parent = load_model(str(source)).to(device).eval()
-    parent_fp32 = metrics.evaluate(parent, eval_blocks, cfg.measure.batch_size, eval_bytes=n_bytes)
-    parent_bf16 = metrics.evaluate(parent, eval_blocks, cfg.measure.batch_size, torch.bfloat16, eval_bytes=n_bytes)
+    docs = prepared.blocks.eval_docs
+    parent_fp32 = metrics.evaluate(parent, eval_blocks, cfg.measure.batch_size, eval_bytes=n_bytes, docs=docs)
+    parent_bf16 = metrics.evaluate(parent, eval_blocks, cfg.measure.batch_size, torch.bfloat16, eval_bytes=n_bytes,
+                                   docs=docs)
     parent_fp32["generation"] = generate_sample(parent, tokenizer, cfg.measure.gen_tokens)
     parent_fp32["size_bytes"] = artifacts.dir_size(source)
 
@@ -161,7 +167,7 @@ def _write_and_measure(cfg: QuantizeConfig, device: torch.device, source: Path, 
     backend, auto_note = cfg.method.backend, None
     if backend == "auto":
         backend, auto_note = pick_backend(cfg, device, parent, source, tokenizer, eval_blocks, block,
-                                          parent_fp32["block_losses"], scratch)
+                                          parent_fp32["block_losses"], scratch, prepared.blocks.eval_docs)
     tag = quantize_tag(backend, cfg, source)
     artifact = run_dir / tag
     with artifacts.atomic_dir(artifact) as tmp:
@@ -174,7 +180,8 @@ def _write_and_measure(cfg: QuantizeConfig, device: torch.device, source: Path, 
         int8_layers = quantized_layers(tmp, model)
         if not int8_layers:
             raise EffkitError(f"{backend} left no int8 layer in the reloaded model: nothing was quantized")
-        q = metrics.evaluate(model, eval_blocks, cfg.measure.batch_size, eval_bytes=n_bytes)
+        q = metrics.evaluate(model, eval_blocks, cfg.measure.batch_size, eval_bytes=n_bytes,
+                             docs=prepared.blocks.eval_docs)
         q["generation"] = generate_sample(model, tokenizer, cfg.measure.gen_tokens)
         q["size_bytes"] = artifacts.dir_size(tmp)
         m, verdicts, protocol = compare_with_parent(cfg.measure, device, parent, model, tokenizer, block, parent_fp32,

@@ -1,0 +1,123 @@
+"""Sequential stopping for paired, interleaved measurements: run rounds until every comparison is decided.
+
+A fixed number of rounds decides a difference on a quiet machine and leaves it undecided on a noisy one. Here
+the rounds are run in looks: the first look has `rounds` rounds, each later one twice as many as the one before,
+up to `looks` looks. After each look every comparison asked for (a pair of contenders) gets its paired ratio;
+measuring stops when each one's interval excludes 1 (decided) or is narrower than +-`precision` (the same within
+the precision asked for), when the last look is done, or when the next look would not fit in what is left of
+the time budget.
+
+Looking more than once inflates the chance that noise alone crosses the line somewhere. The correction is
+Bonferroni over the looks planned: every look's interval is taken at 1 - 0.05 / looks (98.3% for 3 looks), so
+that all of them cover at once with at least 95%, and so does the one at whichever look stops; its verdict is
+wrong at most 5% of the time, as a fixed-rounds 95% interval's is. `fixed` runs `rounds` rounds once, at 95%.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from effkit.measure import metrics, stats
+from effkit.measure.results import PairedRatio
+
+ALPHA = 1.0 - stats.CONFIDENCE
+
+METHOD = ("sequential: looks after {first}, then twice as many rounds each time, at most {looks} looks "
+          "({max_rounds} rounds); stops when every compared ratio's interval excludes 1 or its half-width is "
+          "under {precision:.0%}, or when the next look would exceed {budget_s:.0f} s; each look's interval at "
+          "{level:.2%} (Bonferroni: 95% over the {looks} looks planned, so the look that stops covers with at "
+          "least 95%)")
+
+
+@dataclass(frozen=True)
+class Stopping:
+    """How many interleaved rounds a comparison runs (see the module's text)."""
+
+    rounds: int = 6  # rounds of the first look (of the only one when fixed)
+    fixed: bool = False  # exactly `rounds` rounds, 95% intervals
+    precision: float = 0.03  # stop once every undecided ratio's interval is within ratio x (1 +- precision)
+    budget_s: float = 60.0  # seconds of measuring per comparison, beyond the first look
+    looks: int = 3  # planned looks: rounds, 2 x rounds, 4 x rounds
+
+    @property
+    def planned(self) -> int:
+        return 1 if self.fixed else self.looks
+
+    @property
+    def level(self) -> float:
+        """Every look's interval: 95% when fixed, else 1 - 0.05 / looks."""
+        return stats.CONFIDENCE if self.fixed else 1.0 - ALPHA / self.looks
+
+    def schedule(self) -> list[int]:
+        """Total rounds after each look."""
+        return [self.rounds * 2 ** k for k in range(self.planned)]
+
+    def describe(self) -> str:
+        if self.fixed:
+            return f"fixed: {self.rounds} rounds, 95% intervals"
+        return METHOD.format(first=self.rounds, looks=self.looks, max_rounds=self.schedule()[-1],
+                             precision=self.precision, budget_s=self.budget_s, level=self.level)
+
+    @classmethod
+    def of(cls, measure: Any, rounds_key: str = "rounds") -> Stopping:
+        """From a stage config's measure section (its rounds field, `fixed_rounds`, `precision`, `budget_s`)."""
+        return cls(rounds=getattr(measure, rounds_key), fixed=measure.fixed_rounds, precision=measure.precision,
+                   budget_s=measure.budget_s)
+
+
+def settled(r: PairedRatio, precision: float) -> bool:
+    """Decided (the interval excludes 1), or undecided within +-precision of the ratio."""
+    lo, hi = r.ci95
+    return r.verdict != "same" or (math.isfinite(hi) and lo >= r.ratio * (1 - precision)
+                                   and hi <= r.ratio * (1 + precision))
+
+
+class Measured(dict):
+    """{contender: per-round samples} of one sequential measurement, with `record` (rounds, looks, how it
+    stopped: `fixed`, `decided`, `max-rounds` or `budget`; the level of its intervals; seconds) and `ratio`, the
+    paired ratio of two contenders at that level."""
+
+    def __init__(self, samples: dict[str, list[list[float]]], record: dict[str, Any]):
+        super().__init__(samples)
+        self.record = record
+
+    def ratio(self, reference: str, other: str, higher_is_better: bool = False) -> dict[str, Any]:
+        return stats.paired_ratio(self[reference], self[other], higher_is_better, level=self.record["level"])
+
+
+def measure(contenders: dict[str, Callable[[], float]], stopping: Stopping, repeats: int, warmup: int = 1,
+            pairs: Iterable[tuple[str, str]] | None = None,
+            clock: Callable[[], float] = time.perf_counter) -> Measured:
+    """Interleaved rounds of `contenders` (see `metrics.interleaved`) under `stopping`; `pairs`: the
+    (reference, other) comparisons that must settle (default: every contender against the first)."""
+    names = list(contenders)
+    pairs = [(a, b) for a, b in (pairs if pairs is not None else [(names[0], n) for n in names[1:]])
+             if a in contenders and b in contenders and a != b]
+    start = clock()
+    samples = metrics.interleaved(contenders, stopping.rounds, repeats, warmup=warmup)
+    first = clock() - start
+    done, looks, stopped = stopping.rounds, 1, "fixed" if stopping.fixed else "max-rounds"
+    for total in stopping.schedule()[1:]:
+        unsettled = [p for p in pairs if not settled(PairedRatio.of(
+            stats.paired_ratio(samples[p[0]], samples[p[1]], level=stopping.level)), stopping.precision)]
+        if not unsettled:
+            stopped = "decided"
+            break
+        per_round = (clock() - start) / done
+        if clock() - start - first + per_round * (total - done) > stopping.budget_s:
+            stopped = "budget"
+            break
+        more = metrics.interleaved(contenders, total - done, repeats, warmup=0, offset=done)
+        for name in names:
+            samples[name] += more[name]
+        done, looks = total, looks + 1
+    else:
+        if not stopping.fixed and all(settled(PairedRatio.of(stats.paired_ratio(
+                samples[a], samples[b], level=stopping.level)), stopping.precision) for a, b in pairs):
+            stopped = "decided"
+    return Measured(samples, {"rounds": done, "looks": looks, "stopped": stopped, "level": stopping.level,
+                              "seconds": round(clock() - start, 3)})
