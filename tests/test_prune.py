@@ -136,6 +136,11 @@ def test_the_control_arm_is_a_plain_finetune_of_the_parent_and_is_reused(trained
         d = row["eval_loss_delta_vs_control"]
         assert set(d) >= {"delta", "ci95", "verdict"} and loss_verdict_matches_interval(d)
         assert row["control_eval_loss"] is not None
+        # what the fine-tuning alone did to the dense model: it starts at the parent's final learning rate, so
+        # the control is not worse than its parent beyond its interval (by held-out document)
+        c = row["control_eval_loss_delta_vs_dense"]
+        assert c["ci95"][0] <= 0 and c["verdict"] in ("same", "better") and c["documents"] >= 2
+        assert c["delta"] == pytest.approx(row["control_eval_loss"] / report["dense"]["eval_loss"] - 1, abs=1e-9)
     saved = json.loads((tmp / "runs" / "p" / "prune-row-r1" / "effkit.json").read_text())["metrics"]
     assert saved["eval_loss_delta_vs_control"] == report["curve"][1]["eval_loss_delta_vs_control"]
 

@@ -19,7 +19,8 @@ from effkit.errors import EffkitError
 from effkit.measure import stats
 
 EVAL_PROTOCOL = ("token-level mean cross-entropy over the fixed held-out blocks (documents held out by a hash "
-                 "of their id, non-overlapping blocks of block_size, the first eval_blocks of them); "
+                 "of their id; eval_blocks non-overlapping blocks of block_size spread evenly over the whole "
+                 "held-out text, so every held-out document contributes in proportion to its length); "
                  "perplexity = exp(loss); bits per byte = loss x predicted tokens / ln 2 / UTF-8 bytes of the "
                  "predicted text")
 
