@@ -330,6 +330,27 @@ PRUNE_ROUND = 25.0  # per pruning round: calibration, the paired latency, evalua
 QUANTIZE = 150.0  # per quantized artifact: conversion or export, loss, latency, generation (steps)
 BENCH_ARTIFACT_ROUND = 10.0  # per artifact per bench round: prefill b1/b12, decode b1/b12 (steps, 128 tokens)
 BENCH_ARTIFACT = 16.0  # per artifact: loading, its held-out loss, a sample, its memory (steps)
+# The rounds after a comparison's first look run until it is decided, within its time budget (seconds, the same on
+# every machine): counted as this share of the budgets (the quickstart on the Xeon used 132 s of its 380, 35%)
+BUDGET_USED = 0.35
+BENCH_MEASURES = 6  # prefill b1/b12, decode b1/b12, training b4/b12
+
+
+def stage_budgets(plan: Plan) -> dict[str, float]:
+    """Each measuring stage's time budget for the rounds after the first look (seconds; 0 with fixed rounds)."""
+    st, out = plan.run.pipeline.stages, {}
+
+    def budget(measure: Any, comparisons: int) -> float:
+        return 0.0 if measure.fixed_rounds else measure.budget_s * comparisons
+
+    for mode, c in (plan.prune.items() if "prune" in st else []):
+        out[f"prune {mode}"] = c.method.rounds * budget(c.measure, 2)  # latency b1, b12 per round
+    for wanted in plan.run.pipeline.quantize_from if "quantize" in st else []:
+        q = plan.quantize
+        out[quantize_key(plan, wanted)] = budget(q.measure, 3 + (q.method.backend == "auto"))
+    if "bench" in st:
+        out["bench"] = budget(plan.bench.measure, BENCH_MEASURES)
+    return out
 
 
 def stage_work(plan: Plan) -> dict[str, float]:
@@ -364,6 +385,7 @@ class Eta:
     def __init__(self, plan: Plan, console: Console):
         self.plan, self.console = plan, console
         self.work = stage_work(plan)
+        self.budgets = stage_budgets(plan)
         self.step_s: float | None = None
         self.how: str | None = None  # how the step time was measured
         self.first: dict[str, float] = {}  # the first prediction, seconds per stage
@@ -386,7 +408,8 @@ class Eta:
         if self.step_s is not None or seconds <= 0:
             return
         self.step_s, self.how = seconds, how
-        self.first = {k: w * seconds for k, w in self.work.items() if k not in self.skipped}
+        self.first = {k: w * seconds + BUDGET_USED * self.budgets.get(k, 0.0) for k, w in self.work.items()
+                      if k not in self.skipped}
         total = sum(self.first.values())
         parts = ", ".join(f"{k} {_mins(v)}" for k, v in self.first.items())
         self.console.print(f"[bold]expected on this machine[/bold] (one training step {seconds:.3f} s, {how}): "
@@ -424,12 +447,14 @@ class Eta:
 
     def record(self) -> dict[str, Any]:
         return {"step_time_s": self.step_s, "step_time_how": self.how,
-                "work_in_steps": self.work, "predicted_s": self.first, "actual_s": self.actual,
+                "work_in_steps": self.work, "sequential_budgets_s": self.budgets, "predicted_s": self.first,
+                "actual_s": self.actual,
                 "skipped": self.skipped,
                 "how": "each stage's work counted in training steps of the recipe (training and fine-tuning steps "
                        "exactly; evaluations, timed rounds and exports by per-operation weights read off one "
-                       "quickstart on a 2-core Xeon), times the step time measured here; predicted = the first "
-                       "estimate, printed after the first training steps"}
+                       "quickstart on a 2-core Xeon), times the step time measured here, plus "
+                       f"{BUDGET_USED:.0%} of each measuring stage's time budget for the rounds after the first "
+                       "look; predicted = the first estimate, printed after the first training steps"}
 
     def write(self) -> None:
         """eta.json, once a stage has run (a rerun that skips every stage keeps the file of the run that did);

@@ -11,7 +11,16 @@ from conftest import loss_verdict_matches_interval
 from rich.console import Console
 
 from effkit import cli
-from effkit.pipeline import Eta, best_pruned, deliverable, make_plan, run_pipeline, stage_work
+from effkit.pipeline import (
+    BUDGET_USED,
+    Eta,
+    best_pruned,
+    deliverable,
+    make_plan,
+    run_pipeline,
+    stage_budgets,
+    stage_work,
+)
 
 
 def key_paths(obj, prefix=""):
@@ -136,7 +145,11 @@ def test_tiny_recipe_end_to_end_then_skips(tmp_path, corpus_dir):
 
 def test_the_expected_time_is_the_measured_step_time_times_each_stages_work_rescaled_as_stages_finish(
         tmp_path, corpus_dir):
-    plan = make_plan(str(write_recipe(tmp_path, corpus_dir)))
+    recipe = write_recipe(tmp_path, corpus_dir)  # the bench timed sequentially, within 20 s per measure
+    recipe.write_text(recipe.read_text().replace("quick = true", "budget_s = 20"))
+    plan = make_plan(str(recipe))
+    budgets = stage_budgets(plan)  # prune and quantize run fixed rounds in this recipe
+    assert budgets == {"prune row": 0.0, "quantize": 0.0, "bench": 6 * 20.0}
     printed = Console(file=__import__("io").StringIO(), width=400)
     eta = Eta(plan, printed)
     # warm-up steps of 3 s (left out), then steps of 0.5 s with one slow (evaluating) step among them
@@ -148,7 +161,7 @@ def test_the_expected_time_is_the_measured_step_time_times_each_stages_work_resc
     eta.on_train_step(26, 1.0)
     assert eta.step_s == pytest.approx(0.5)
     work = stage_work(plan)
-    assert eta.first == pytest.approx({k: 0.5 * w for k, w in work.items()})
+    assert eta.first == pytest.approx({k: 0.5 * w + BUDGET_USED * budgets.get(k, 0) for k, w in work.items()})
     assert "one training step 0.500 s" in printed.file.getvalue()
     eta.finished("train", 100.0)
     eta.finished("prune row", 2 * eta.first["prune row"])  # twice as long as expected: what is left doubles
