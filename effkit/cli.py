@@ -18,6 +18,7 @@ from effkit.config import (
     ExportConfig,
     PruneConfig,
     QuantizeConfig,
+    Sequential,
     TrainConfig,
     build_config,
     flat_defaults,
@@ -240,6 +241,15 @@ def _print_train_summary(report: dict) -> None:
     print(f"artifact: {report['artifact']}\nreport:   {Path(report['config']['run']['reports_dir']) / report['run']}")
 
 
+# how long a paired timing comparison runs: the same three options on prune, quantize, export and bench
+_S = SimpleNamespace(**Sequential().to_dict())
+FIXED_ROUNDS = typer.Option(_S.fixed_rounds, "--fixed-rounds/--sequential",
+                            help="exactly the given rounds (95% intervals), or rounds until each ratio is decided "
+                                 "or within --precision (at most 4x, Bonferroni-corrected)")
+PRECISION = typer.Option(_S.precision, help="sequential: an undecided ratio is settled once its interval is within "
+                                            "+-this fraction")
+BUDGET_S = typer.Option(_S.budget_s, help="sequential: seconds of further rounds per comparison")
+
 _P = SimpleNamespace(**PruneConfig.flat_defaults())
 
 
@@ -275,12 +285,9 @@ def prune(
     distill_temperature: float = typer.Option(_P.distill_temperature, help="softmax temperature of the KL term"),
     latency_rounds: int = typer.Option(_P.latency_rounds, help="interleaved rounds of the latency against dense"),
     latency_repeats: int = typer.Option(_P.latency_repeats, help="timed forward passes per model per round"),
-    fixed_rounds: bool = typer.Option(_P.fixed_rounds, "--fixed-rounds/--sequential",
-                                      help="latency against dense: exactly the given rounds (95% intervals), or "
-                                           "rounds until each ratio is decided or within --precision"),
-    precision: float = typer.Option(_P.precision, help="sequential: an undecided ratio is settled once its "
-                                                        "interval is within +-this fraction"),
-    budget_s: float = typer.Option(_P.budget_s, help="sequential: seconds of further rounds per comparison"),
+    fixed_rounds: bool = FIXED_ROUNDS,
+    precision: float = PRECISION,
+    budget_s: float = BUDGET_S,
     device: str = typer.Option(_P.device, help=DEVICE_HELP),
     runs_dir: str = typer.Option(_P.runs_dir, help="where runs/ are"),
     reports_dir: str = typer.Option(_P.reports_dir, help="where reports/ go"),
@@ -339,12 +346,9 @@ def quantize(
     batch_size: int = typer.Option(_Q.batch_size, help="evaluation batch size"),
     latency_rounds: int = typer.Option(_Q.latency_rounds, help="interleaved rounds of fp32, bf16 and int8 timings"),
     latency_repeats: int = typer.Option(_Q.latency_repeats, help="timed forward passes per model per round"),
-    fixed_rounds: bool = typer.Option(_Q.fixed_rounds, "--fixed-rounds/--sequential",
-                                      help="timings against the parent: exactly the given rounds (95% intervals), or "
-                                           "rounds until each ratio is decided or within --precision"),
-    precision: float = typer.Option(_Q.precision, help="sequential: an undecided ratio is settled once its "
-                                                        "interval is within +-this fraction"),
-    budget_s: float = typer.Option(_Q.budget_s, help="sequential: seconds of further rounds per comparison"),
+    fixed_rounds: bool = FIXED_ROUNDS,
+    precision: float = PRECISION,
+    budget_s: float = BUDGET_S,
     gen_tokens: int = typer.Option(_Q.gen_tokens, help="new tokens in the generation sample"),
     device: str = typer.Option(_Q.device, help=DEVICE_HELP),
     runs_dir: str = typer.Option(_Q.runs_dir, help="where runs/ are"),
@@ -409,12 +413,9 @@ def export(
     batch_size: int = typer.Option(_E.batch_size, help="evaluation batch size"),
     latency_rounds: int = typer.Option(_E.latency_rounds, help="interleaved rounds of PyTorch and ONNX timings"),
     latency_repeats: int = typer.Option(_E.latency_repeats, help="timed forward passes per model per round"),
-    fixed_rounds: bool = typer.Option(_E.fixed_rounds, "--fixed-rounds/--sequential",
-                                      help="timings against the parent: exactly the given rounds (95% intervals), or "
-                                           "rounds until each ratio is decided or within --precision"),
-    precision: float = typer.Option(_E.precision, help="sequential: an undecided ratio is settled once its "
-                                                        "interval is within +-this fraction"),
-    budget_s: float = typer.Option(_E.budget_s, help="sequential: seconds of further rounds per comparison"),
+    fixed_rounds: bool = FIXED_ROUNDS,
+    precision: float = PRECISION,
+    budget_s: float = BUDGET_S,
     gen_tokens: int = typer.Option(_E.gen_tokens, help="new tokens in the generation sample"),
     runs_dir: str = typer.Option(_E.runs_dir, help="where runs/ are"),
     reports_dir: str = typer.Option(_E.reports_dir, help="where reports/ go"),
@@ -452,12 +453,9 @@ def bench(
     rounds: int = typer.Option(_B.rounds, help="interleaved rounds of the first look (every artifact timed in each, "
                                                "order rotated)"),
     repeats: int = typer.Option(_B.repeats, help="timed forward passes per artifact per round"),
-    fixed_rounds: bool = typer.Option(_B.fixed_rounds, "--fixed-rounds/--sequential",
-                                      help="timings: exactly the given rounds (95% intervals), or "
-                                           "rounds until each ratio is decided or within --precision"),
-    precision: float = typer.Option(_B.precision, help="sequential: an undecided ratio is settled once its "
-                                                        "interval is within +-this fraction"),
-    budget_s: float = typer.Option(_B.budget_s, help="sequential: seconds of further rounds per comparison"),
+    fixed_rounds: bool = FIXED_ROUNDS,
+    precision: float = PRECISION,
+    budget_s: float = BUDGET_S,
     gen_tokens: int = typer.Option(_B.gen_tokens, help="new tokens per generation (capped by the context)"),
     train_steps: int = typer.Option(_B.train_steps, help="timed training steps per artifact per round"),
     compile: bool = typer.Option(_B.compile, "--compile/--no-compile",

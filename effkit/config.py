@@ -398,8 +398,8 @@ class Sequential(_Section):
 def check_sequential(ms: Sequential) -> None:
     if not 0 < ms.precision < 1:
         raise EffkitError(f"--precision is a relative half-width between 0 and 1, e.g. 0.03 (got {ms.precision})")
-    if ms.budget_s < 0:
-        raise EffkitError(f"--budget-s must be 0 or more seconds (got {ms.budget_s})")
+    if not (math.isfinite(ms.budget_s) and ms.budget_s >= 0):
+        raise EffkitError(f"--budget-s must be a finite number of seconds, 0 or more (got {ms.budget_s})")
 
 
 @dataclass(frozen=True)

@@ -97,27 +97,27 @@ def measure(contenders: dict[str, Callable[[], float]], stopping: Stopping, repe
     names = list(contenders)
     pairs = [(a, b) for a, b in (pairs if pairs is not None else [(names[0], n) for n in names[1:]])
              if a in contenders and b in contenders and a != b]
+    schedule = stopping.schedule()
     start = clock()
-    samples = metrics.interleaved(contenders, stopping.rounds, repeats, warmup=warmup)
+    samples = metrics.interleaved(contenders, schedule[0], repeats, warmup=warmup)
     first = clock() - start
-    done, looks, stopped = stopping.rounds, 1, "fixed" if stopping.fixed else "max-rounds"
-    for total in stopping.schedule()[1:]:
-        unsettled = [p for p in pairs if not settled(PairedRatio.of(
-            stats.paired_ratio(samples[p[0]], samples[p[1]], level=stopping.level)), stopping.precision)]
-        if not unsettled:
+    looks, stopped = 1, "fixed"
+    while not stopping.fixed:
+        if all(settled(PairedRatio.of(stats.paired_ratio(samples[a], samples[b], level=stopping.level)),
+                       stopping.precision) for a, b in pairs):
             stopped = "decided"
             break
-        per_round = (clock() - start) / done
-        if clock() - start - first + per_round * (total - done) > stopping.budget_s:
+        if looks == len(schedule):
+            stopped = "max-rounds"
+            break
+        done, total = schedule[looks - 1], schedule[looks]
+        if clock() - start - first + (clock() - start) / done * (total - done) > stopping.budget_s:
             stopped = "budget"
             break
         more = metrics.interleaved(contenders, total - done, repeats, warmup=0, offset=done)
         for name in names:
             samples[name] += more[name]
-        done, looks = total, looks + 1
-    else:
-        if not stopping.fixed and all(settled(PairedRatio.of(stats.paired_ratio(
-                samples[a], samples[b], level=stopping.level)), stopping.precision) for a, b in pairs):
-            stopped = "decided"
+        looks += 1
+    done = schedule[looks - 1]
     return Measured(samples, {"rounds": done, "looks": looks, "stopped": stopped, "level": stopping.level,
                               "seconds": round(clock() - start, 3)})
