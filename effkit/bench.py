@@ -537,9 +537,13 @@ def stopping_lines(records: dict[str, dict[str, Any]]) -> list[str]:
         return []
     why = {"fixed": "fixed rounds", "decided": "every ratio decided or within the precision",
            "max-rounds": "last look done, some ratios undecided", "budget": "time budget spent, some undecided"}
-    cells = [f"{name} {r['rounds']} ({why.get(r['stopped'], r['stopped'])}, {r['seconds']:.0f} s)"
+    def looks(r: dict[str, Any]) -> str:
+        per_look = r.get("contenders_per_look", [])
+        return f"; contenders per look {'/'.join(map(str, per_look))}" if len(per_look) > 1 else ""
+    cells = [f"{name} {r['rounds']} ({why.get(r['stopped'], r['stopped'])}, {r['seconds']:.0f} s{looks(r)})"
              for name, r in records.items()]
-    return ["Rounds per measure: " + "; ".join(cells) + ".", ""]
+    return ["Rounds per measure (a contender whose ratios are settled is not measured in later looks; each ratio "
+            "gives its own rounds): " + "; ".join(cells) + ".", ""]
 
 
 def sample_lines(artifacts_: list[dict[str, Any]]) -> list[str]:

@@ -157,7 +157,7 @@ def test_bench_with_the_default_generation_length_on_a_nano_model(run_with_artif
         assert lo <= r["eval_loss"] <= hi
     assert "interleaved" in report["protocol"]["latency"] and "Student-t" in report["protocol"]["latency"]
     md = (tmp / "reports-default" / "b" / "bench.md").read_text()
-    assert "x (" in md and "95%" in md and "Rounds per measure: latency_b1 " in md
+    assert "x (" in md and "95%" in md and "in later looks; each ratio gives its own rounds): latency_b1 " in md
 
 
 def test_generate_and_corrupt_quantized_artifacts_fail_in_one_line(run_with_artifacts, tmp_path, capsys,

@@ -162,6 +162,21 @@ def test_sequential_stopping_respects_its_time_budget():
     assert roomy.record["rounds"] == 16 and roomy.record["stopped"] == "max-rounds"
 
 
+def test_sequential_stopping_measures_only_what_is_undecided():
+    """A contender twice as slow is decided at the first look and not measured again; one 2% slower goes on; each
+    ratio is over the rounds both of its contenders ran."""
+    from effkit.measure import stopping
+
+    machine = synthetic(11, 2.0)
+    near = synthetic(12, 1.02)["other"]
+    m = stopping.measure({"ref": machine["ref"], "far": machine["other"], "near": near},
+                         stopping.Stopping(rounds=6), repeats=3)
+    assert len(m["far"]) == 6 and len(m["near"]) == len(m["ref"]) == m.record["rounds"] > 6
+    assert m.record["contenders_per_look"][:2] == [3, 2]
+    assert m.ratio("ref", "far")["rounds"] == 6 and m.ratio("ref", "far")["verdict"] == "slower"
+    assert m.ratio("ref", "near")["rounds"] == m.record["rounds"]
+
+
 def test_general_t_quantiles():
     for df in (1, 3, 12, 29):
         assert stats.t_quantile(0.95 + 1e-12, df) == pytest.approx(stats.t95(df), abs=1e-3)

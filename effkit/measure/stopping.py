@@ -5,7 +5,9 @@ the rounds are run in looks: the first look has `rounds` rounds, each later one 
 up to `looks` looks. After each look every comparison asked for (a pair of contenders) gets its paired ratio;
 measuring stops when each one's interval excludes 1 (decided) or is narrower than +-`precision` (the same within
 the precision asked for), when the last look is done, or when the next look would not fit in what is left of
-the time budget.
+the time budget. A contender whose comparisons have all settled is not measured in later looks (each ratio
+is computed over the rounds both of its contenders ran, a prefix of the longer one's), so later looks cost only
+what is still undecided.
 
 Looking more than once inflates the chance that noise alone crosses the line somewhere. The correction is
 Bonferroni over the looks planned: every look's interval is taken at 1 - 0.05 / looks (98.3% for 3 looks), so
@@ -28,7 +30,9 @@ ALPHA = 1.0 - stats.CONFIDENCE
 
 METHOD = ("sequential: looks after {first}, then twice as many rounds each time, at most {looks} looks "
           "({max_rounds} rounds); stops when every compared ratio's interval excludes 1 or its half-width is "
-          "under {precision:.0%}, or when the next look would exceed {budget_s:.0f} s; each look's interval at "
+          "under {precision:.0%}, or when the next look would exceed {budget_s:.0f} s; a contender whose ratios are "
+          "settled is not measured in later looks (each ratio is over the rounds both of its contenders ran); each "
+          "look's interval at "
           "{level:.2%} (Bonferroni: 95% over the {looks} looks planned, so the look that stops covers with at "
           "least 95%)")
 
@@ -78,46 +82,76 @@ def settled(r: PairedRatio, precision: float) -> bool:
 
 class Measured(dict):
     """{contender: per-round samples} of one sequential measurement, with `record` (rounds, looks, how it
-    stopped: `fixed`, `decided`, `max-rounds` or `budget`; the level of its intervals; seconds) and `ratio`, the
-    paired ratio of two contenders at that level."""
+    stopped: `fixed`, `decided`, `max-rounds` or `budget`; the level of its intervals; seconds; how many contenders
+    each look measured) and `ratio`, the paired ratio of two contenders at that level over the rounds both ran."""
 
     def __init__(self, samples: dict[str, list[list[float]]], record: dict[str, Any]):
         super().__init__(samples)
         self.record = record
 
     def ratio(self, reference: str, other: str, higher_is_better: bool = False) -> dict[str, Any]:
-        return stats.paired_ratio(self[reference], self[other], higher_is_better, level=self.record["level"])
+        n = min(len(self[reference]), len(self[other]))  # a contender that settled early ran a prefix of the rounds
+        return stats.paired_ratio(self[reference][:n], self[other][:n], higher_is_better, level=self.record["level"])
+
+
+def _timed(fn: Callable[[], float], spent: dict[str, list[float]], name: str, clock: Callable[[], float],
+           skip: int) -> Callable[[], float]:
+    """`fn`, adding the seconds and count of each call after the first `skip` (the warm-up) to `spent[name]`
+    (its `settle_s` kept)."""
+    calls = [0]
+
+    def call() -> float:
+        t = clock()
+        try:
+            return fn()
+        finally:
+            calls[0] += 1
+            if calls[0] > skip:
+                spent[name][0] += clock() - t
+                spent[name][1] += 1
+    call.settle_s = getattr(fn, "settle_s", 0.0)  # type: ignore[attr-defined]
+    return call
 
 
 def measure(contenders: dict[str, Callable[[], float]], stopping: Stopping, repeats: int, warmup: int = 1,
             pairs: Iterable[tuple[str, str]] | None = None,
             clock: Callable[[], float] = time.perf_counter) -> Measured:
     """Interleaved rounds of `contenders` (see `metrics.interleaved`) under `stopping`; `pairs`: the
-    (reference, other) comparisons that must settle (default: every contender against the first)."""
+    (reference, other) comparisons that must settle (default: every contender against the first). After the
+    first look only the contenders of unsettled pairs are measured."""
     names = list(contenders)
     pairs = [(a, b) for a, b in (pairs if pairs is not None else [(names[0], n) for n in names[1:]])
              if a in contenders and b in contenders and a != b]
+    spent = {n: [0.0, 0] for n in names}  # seconds and calls of each contender
+    timed = {n: _timed(fn, spent, n, clock, warmup) for n, fn in contenders.items()}
     schedule = stopping.schedule()
     start = clock()
-    samples = metrics.interleaved(contenders, schedule[0], repeats, warmup=warmup)
+    samples = metrics.interleaved(timed, schedule[0], repeats, warmup=warmup)
     first = clock() - start
-    looks, stopped = 1, "fixed"
+    looks, stopped, measured = 1, "fixed", [len(names)]
     while not stopping.fixed:
-        if all(settled(PairedRatio.of(stats.paired_ratio(samples[a], samples[b], level=stopping.level)),
-                       stopping.precision) for a, b in pairs):
+        def ratio(a: str, b: str) -> PairedRatio:
+            n = min(len(samples[a]), len(samples[b]))
+            return PairedRatio.of(stats.paired_ratio(samples[a][:n], samples[b][:n], level=stopping.level))
+        open_pairs = [(a, b) for a, b in pairs if not settled(ratio(a, b), stopping.precision)]
+        if not open_pairs:
             stopped = "decided"
             break
         if looks == len(schedule):
             stopped = "max-rounds"
             break
+        active = [n for n in names if any(n in pair for pair in open_pairs)]
         done, total = schedule[looks - 1], schedule[looks]
-        if clock() - start - first + (clock() - start) / done * (total - done) > stopping.budget_s:
+        per_round = sum(spent[n][0] / max(spent[n][1], 1) * repeats + getattr(contenders[n], "settle_s", 0.0)
+                        for n in active)  # each active contender's calls and its settling pause
+        if clock() - start - first + per_round * (total - done) > stopping.budget_s:
             stopped = "budget"
             break
-        more = metrics.interleaved(contenders, total - done, repeats, warmup=0, offset=done)
-        for name in names:
+        more = metrics.interleaved({n: timed[n] for n in active}, total - done, repeats, warmup=0, offset=done)
+        for name in active:
             samples[name] += more[name]
         looks += 1
-    done = schedule[looks - 1]
-    return Measured(samples, {"rounds": done, "looks": looks, "stopped": stopped, "level": stopping.level,
+        measured.append(len(active))
+    return Measured(samples, {"rounds": schedule[looks - 1], "looks": looks, "stopped": stopped,
+                              "level": stopping.level, "contenders_per_look": measured,
                               "seconds": round(clock() - start, 3)})
