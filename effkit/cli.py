@@ -191,7 +191,7 @@ def _print_plan(cfg, fit: bool) -> None:
     if fit:
         p, _, changes = memplan.fit(cfg)
     else:
-        p = memplan.predict(cfg)
+        p = memplan.predict(cfg, probe=True)
     c = p.config
     t = Table(title=f"memory plan: {c['model']}, {c['parallel']} x{c['world']}, batch {c['batch_size']} x "
                     f"{c['block_size']} tokens, {c['optim']}, {c['amp']}, activation checkpointing "
@@ -203,7 +203,7 @@ def _print_plan(cfg, fit: bool) -> None:
     t.add_row("[bold]total", f"[bold]{p.total_bytes / 2**20:,.0f}")
     t.add_row(p.device, f"{p.device_bytes / 2**20:,.0f}" if p.device_bytes else "unknown")
     if p.usable_bytes:
-        t.add_row(f"usable (less {memplan.HEADROOM:.0%} for the runtime)", f"{p.usable_bytes / 2**20:,.0f}")
+        t.add_row(f"usable (less {memplan.HEADROOM:.0%} kept free)", f"{p.usable_bytes / 2**20:,.0f}")
     console = _console()
     console.print(t)
     for n in p.notes:

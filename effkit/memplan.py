@@ -18,8 +18,12 @@ What is simulated and what is computed:
   bound); both are applied to the simulated single-rank figures by those factors;
 - 8-bit AdamW keeps 2 B per element of each tensor of at least 4,096 elements (bitsandbytes) plus one fp32 scale
   per block of 256, and fp32 moments for smaller tensors;
-- a process's own runtime (the allocator's pools, thread pools, libraries' scratch space) is not a tensor and
-  is not predicted; on a CPU it is part of the measured resident set.
+- a process's own runtime on a CPU (the math libraries' buffers kept after their first use: MKL's GEMM packing
+  buffers, oneDNN's caches; the allocator's pools) is not a tensor, and is part of the measured resident set: it
+  is measured once per machine and shape (`runtime`): a one-block model of the same width, vocabulary, batch,
+  optimizer, precision and checkpointing runs three real training steps in a fresh process, and what its
+  resident set grows beyond the simulation of the same one-block steps is the runtime (it depends on the GEMM
+  shapes, not on the depth). Cached in the effkit cache; on a GPU the measured peak counts tensors only.
 
 The measured peak of a training run (`PeakMemory`) is the increase over the training steps, with the model
 already built and placed; the plan gives both that figure (`steps_bytes`) and the absolute one (`total_bytes`).
@@ -37,7 +41,7 @@ from effkit.errors import EffkitError
 
 BNB_MIN_8BIT = 4096  # bitsandbytes keeps fp32 moments for smaller tensors
 BLOCK = 256  # 8-bit block size: one fp32 scale per block and moment
-HEADROOM = 0.10  # of the device's memory kept for what the plan does not predict (the runtime, the allocator)
+HEADROOM = 0.10  # of the device's memory kept for what the plan does not predict (the allocator's free lists)
 
 
 @dataclass
@@ -68,8 +72,10 @@ class Plan:
 
 METHOD = ("two training steps of one rank's share simulated under FakeTensorMode with PyTorch's MemTracker "
           "(no storage allocated; 2- and 4-block models, extrapolated per block); FSDP and TP shards applied by "
-          "their degrees; 8-bit moments counted at 2 B per element plus a 4 B scale per 256; the process runtime "
-          "itself is not predicted")
+          "their degrees; 8-bit moments counted at 2 B per element plus a 4 B scale per 256; on a CPU the process "
+          "runtime (libraries' buffers) measured once per machine and shape by three real steps of a one-block "
+          "model in a fresh process, beyond their simulation")
+RUNTIME_STEPS = 3
 
 
 def device_memory(device: torch.device) -> tuple[str, int | None]:
@@ -148,6 +154,108 @@ def simulate(model_config, batch: int, block: int, *, checkpointing: bool, optim
     return out
 
 
+def _one_block(model_config) -> Any:
+    mc = model_config.__class__.from_dict(model_config.to_dict())
+    mc.n_layer = 1
+    return mc
+
+
+def probe_runtime(model_config: dict[str, Any], batch: int, block: int, checkpointing: bool, optim: str,
+                  amp: str | None, steps: int = RUNTIME_STEPS) -> int:
+    """How much the resident set grows over `steps` real training steps of the one-block model `model_config`
+    (measured as training measures it: the model built and placed first). Run in a process of its own."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from effkit import optim as optimizers
+    from effkit.measure.metrics import PeakMemory, autocast_ctx, lm_loss
+    from effkit.model import enable_activation_checkpointing
+    from effkit.model.gpt2 import _finish
+
+    torch.manual_seed(0)
+    mc = GPT2Config.from_dict(model_config)
+    mc._attn_implementation = "sdpa"
+    model = _finish(GPT2LMHeadModel(mc))
+    if checkpointing:
+        enable_activation_checkpointing(model)
+    model.train()
+    opt, _ = optimizers.build_optimizer(model, optim, 1e-4, 0.1)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp or "")
+    cpu = torch.device("cpu")
+    with PeakMemory(cpu) as mem:
+        for _ in range(steps):
+            x = torch.randint(0, mc.vocab_size, (batch, block))
+            with autocast_ctx(cpu, dtype):
+                loss = lm_loss(model(x).logits, x)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    return mem.peak_bytes
+
+
+@dataclass(frozen=True)
+class RuntimeProbe:
+    """One runtime measurement: the one-block model and training shape, and its key in the machine cache."""
+    args: dict[str, Any]
+    key: str
+
+    @classmethod
+    def of(cls, model_config, batch: int, block: int, checkpointing: bool, optim: str,
+           amp_dtype: torch.dtype | None, env: dict[str, str] | None) -> RuntimeProbe:
+        import json
+        import os
+
+        from effkit.measure.metrics import describe_device
+
+        mc = _one_block(model_config)
+        amp = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(amp_dtype)
+        args = {"model_config": json.loads(mc.to_json_string()), "batch": batch, "block": block,
+                "checkpointing": checkpointing, "optim": optim, "amp": amp}
+        malloc = {k: v for k, v in {**os.environ, **(env or {})}.items() if k.startswith("MALLOC_")}
+        shape = {k: args["model_config"].get(k) for k in ("vocab_size", "n_embd", "n_head", "n_inner", "n_positions")}
+        key = (f"{describe_device(torch.device('cpu'))}|torch {torch.__version__}|{json.dumps(shape, sort_keys=True)}|"
+               f"b{batch}x{block}|ckpt {checkpointing}|{optim}|{amp}|{json.dumps(malloc, sort_keys=True)}")
+        return cls(args, key)
+
+
+CACHE = "memplan_runtime"
+
+
+def measure_runtimes(probes: list[RuntimeProbe], env: dict[str, str] | None = None) -> None:
+    """Measure the probes not in the machine cache yet, each in a fresh process (`env` on top of this one's: the
+    allocator's settings change what the resident set keeps), and cache them."""
+    from effkit.child import run_isolated
+    from effkit.measure.metrics import machine_cache_put, machine_cached
+
+    missing = {p.key: p for p in probes if machine_cached(CACHE, p.key, None)[0] is None}
+    for p in missing.values():  # a fresh process each (one forked from a process that imported the libraries
+        # measures their code pages again as it touches them: 5 MiB more on gpt2-nano)
+        machine_cache_put(CACHE, p.key, run_isolated("effkit.memplan:probe_runtime", p.args,
+                                                     what="the memory plan's runtime probe", env=env))
+
+
+def runtime(model_config, batch: int, block: int, *, checkpointing: bool, optim: str = "adamw",
+            amp_dtype: torch.dtype | None = None, probe: bool = True,
+            env: dict[str, str] | None = None) -> tuple[int | None, str]:
+    """The process runtime's bytes at the peak on this CPU for this shape (see the module's text), and how it
+    was obtained; (None, why) when it is not cached and `probe` is off."""
+    from effkit.measure.metrics import machine_cached
+
+    rp = RuntimeProbe.of(model_config, batch, block, checkpointing, optim, amp_dtype, env)
+    measured, cached = machine_cached(CACHE, rp.key, None)
+    if measured is None and probe:
+        measure_runtimes([rp], env)
+        measured, _ = machine_cached(CACHE, rp.key, None)
+    if measured is None:
+        return None, "not measured on this machine for this shape yet (effkit train --plan measures it)"
+    sim = simulate(_one_block(model_config), batch, block, checkpointing=checkpointing, optim=optim,
+                   amp_dtype=amp_dtype)
+    sim_steps = sum(v for k, v in sim.items() if k not in ("params_count", "parameters", "buffers"))
+    how = (f"one-block probe: {measured / 2**20:,.1f} MiB measured over {RUNTIME_STEPS} steps, "
+           f"{sim_steps / 2**20:,.1f} MiB of it tensors ({'cached' if cached else 'measured now'})")
+    return max(0, int(measured) - sim_steps), how
+
+
 def simulate_layers(model_config, batch: int, block: int, layers: int, **kw) -> dict[str, int]:
     """`simulate` for a model of `layers` blocks, from two small simulations (2 and 4 blocks): each block adds
     its parameters, their moments and its saved activations, so every kind at the peak grows on a line the two
@@ -163,17 +271,25 @@ def simulate_layers(model_config, batch: int, block: int, layers: int, **kw) -> 
     return max(line, at_step, key=lambda d: sum(v for k, v in d.items() if k != "params_count"))
 
 
-def predict(cfg, device: torch.device | None = None) -> Plan:
-    """The plan of `cfg` (a TrainConfig) for one rank of the layout it asks for."""
+def _dims(cfg, mc) -> tuple[Any, int]:
+    """The parallel layout `cfg` asks for on this machine, and its world size."""
     from effkit.parallel import ParallelDims
     from effkit.parallel.launch import nproc_per_node
 
+    p = cfg.parallel
+    nproc = nproc_per_node(p) if p.launched else 1
+    world = nproc * p.nnodes
+    return ParallelDims.build(p.replace(nproc=nproc), world, mc.n_head, mc.n_layer), world
+
+
+def predict(cfg, device: torch.device | None = None, probe: bool = False, runtime_bytes: int | None = None,
+            env: dict[str, str] | None = None) -> Plan:
+    """The plan of `cfg` (a TrainConfig) for one rank of the layout it asks for. On a CPU its runtime term comes
+    from `runtime_bytes` when given, else from the cache, measured first when `probe` (`env`: the probe's)."""
     o, p, d = cfg.optim, cfg.parallel, cfg.data
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     mc = _model_config(cfg)
-    nproc = nproc_per_node(p) if p.launched else 1
-    world = nproc * p.nnodes
-    dims = ParallelDims.build(p.replace(nproc=nproc), world, mc.n_head, mc.n_layer)
+    dims, world = _dims(cfg, mc)
     amp = {"bf16": torch.bfloat16, "fp16": torch.float16}[o.amp_dtype] if o.amp else None
     notes = []
     micro = o.batch_size
@@ -213,6 +329,15 @@ def predict(cfg, device: torch.device | None = None) -> Plan:
             states[k] = 0
     acts = sim["activations"] * in_flight
     per_rank = {**states, "activations": acts, "temporaries": sim["temporaries"], "buffers": sim["buffers"]}
+    if device.type == "cpu":
+        if runtime_bytes is None:
+            runtime_bytes, how = runtime(mc, micro, d.block_size, checkpointing=cfg.model.activation_checkpointing,
+                                         optim=o.optim, amp_dtype=amp, probe=probe, env=env)
+        else:
+            how = "as measured for the configuration asked"
+        notes.append(f"runtime (libraries' buffers, per process): {how}")
+        if runtime_bytes is not None:
+            per_rank["runtime"] = runtime_bytes
     total = sum(per_rank.values())
     name, avail = device_memory(device)
     conf = {"model": cfg.model.name, "params": sim["params_count"] if dims.tp == 1 and not dims.pp_enabled else None,
@@ -248,8 +373,9 @@ def fit(cfg, device: torch.device | None = None, budget_bytes: int | None = None
         candidates.append((last_changes + [f"--batch-size {b} --grad-accum {acc}"],
                            last_cfg.replace(optim=last_cfg.optim.replace(batch_size=b, grad_accum=acc))))
     plan = None
-    for changes, c in candidates:
-        plan = predict(c, device)
+    first = predict(cfg, device, probe=True)
+    for changes, c in candidates:  # the runtime measured for the configuration asked stands for every candidate
+        plan = first if not changes else predict(c, device, runtime_bytes=first.per_rank.get("runtime"))
         limit = budget_bytes if budget_bytes is not None else plan.usable_bytes
         if limit is None or plan.total_bytes <= limit:
             return plan, c, changes

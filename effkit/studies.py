@@ -288,19 +288,22 @@ def study_memory(s: StudyConfig) -> dict[str, Any]:
         grid.append((*first[:4], False))  # the default allocator, as users run
     if s.nproc >= 2:
         grid += [(first[0], mode, first[2], first[3], True) for mode in ("ddp", "fsdp")]
-    rows = []
+    runs = []
     for model, mode, opt, ac, tensor_rss in grid:
         name = f"memory-{model}-{mode}-{opt}-{'ac' if ac else 'noac'}{'' if tensor_rss else '-default-malloc'}"
         kw = dict(model=model, optim=opt, activation_checkpointing=ac, amp=False, max_steps=min(s.steps, 3),
                   warmup_steps=1, eval_blocks=2)
         if mode != "none":
             kw.update(parallel=mode, nproc=s.nproc, threads=1)
-        cfg = _train_cfg(s, name, **kw)
-        plan = memplan.predict(cfg)
+        runs.append((_train_cfg(s, name, **kw), mode, tensor_rss))
+    rows = []
+    for cfg, mode, tensor_rss in runs:
+        model, opt, ac = cfg.model.name, cfg.optim.optim, cfg.model.activation_checkpointing
         env = TENSOR_RSS_ENV if tensor_rss else {}
+        plan = memplan.predict(cfg, probe=True, env=env)
         if mode == "none":
-            r = run_isolated("effkit.train:train_from_dict", {"config": cfg.to_dict()}, what=f"study run {name}",
-                             env=env)
+            r = run_isolated("effkit.train:train_from_dict", {"config": cfg.to_dict()},
+                             what=f"study run {cfg.run.run_name}", env=env)
         else:
             saved = {k: os.environ.get(k) for k in env}
             os.environ.update(env)
@@ -317,7 +320,8 @@ def study_memory(s: StudyConfig) -> dict[str, Any]:
         states = sum(plan.per_rank[k] for k in ("parameters", "gradients", "optimizer"))
         rows.append({"model": model, "parallel": f"{mode} x{s.nproc}" if mode != "none" else "none", "optim": opt,
                      "checkpointing": ac, "allocator": "tensor-tracking" if tensor_rss else "default",
-                     "predicted_mib": _mib(plan.steps_bytes), "measured_mib": _mib(measured),
+                     "predicted_mib": _mib(plan.steps_bytes), "runtime_mib": _mib(plan.per_rank.get("runtime", 0)),
+                     "measured_mib": _mib(measured),
                      "error_pct": 100 * (plan.steps_bytes - measured) / measured,
                      "model_state_bytes_per_param": states / params if mode == "none" else None,
                      "measured_bytes_per_param": (measured + plan.per_rank["parameters"]) / params

@@ -19,7 +19,9 @@ def tiny_study(tmp_path, corpus_dir):
 
 @pytest.mark.parametrize("name", list(STUDIES))
 def test_study_writes_consistent_json_markdown_and_png(name, tiny_study, tmp_path):
-    if name == "memory":  # one model, one configuration
+    if name == "memory":  # one configuration, the one the plan missed by most before it measured the runtime
+        # (a fresh process for the run and one for the runtime probe; the 8-configuration grid over gpt2-nano and
+        # gpt2-mini costs 2.5 minutes: benchmarks/README.md)
         tiny_study = dataclasses.replace(tiny_study, nproc=1, memory_models=(), memory_optims=("adamw8bit",),
                                          memory_checkpointing=(True,), memory_default_allocator=False)
     result = run_study(name, tiny_study)
@@ -47,10 +49,11 @@ def test_study_writes_consistent_json_markdown_and_png(name, tiny_study, tmp_pat
         for r in (by[("gpipe", 1)], by[("gpipe", 2)], by[("1f1b", 2)]):
             lo, hi = r["bubble_ci95"]
             assert r["time_per_iter_s"] > 0 and lo <= r["bubble_measured"] <= hi
-    if name == "memory":
-        assert [(r["optim"], r["checkpointing"], r["allocator"]) for r in data["rows"]] == [
-            ("adamw8bit", True, "tensor-tracking")]
-        assert all(r["predicted_mib"] > 0 and r["measured_mib"] > 0 for r in data["rows"])
+    if name == "memory":  # issue #26: the plan, its runtime measured, within 15% of the measured peak
+        assert [(r["model"], r["optim"], r["checkpointing"]) for r in data["rows"]] == [("gpt2-nano", "adamw8bit", True)]
+        for r in data["rows"]:
+            assert r["allocator"] == "tensor-tracking" and r["runtime_mib"] > 0
+            assert abs(r["predicted_mib"] - r["measured_mib"]) <= 0.15 * r["measured_mib"], r
     if name == "pp-memory":
         assert [r["mode"] for r in data["rows"]] == ["ddp", "pp"]
         assert data["rows"][1]["param_mib_rank0"] < data["rows"][0]["param_mib_rank0"]  # a stage holds part

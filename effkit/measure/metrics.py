@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import platform
 import threading
 import time
@@ -121,9 +122,10 @@ def cpu_has_native_bf16() -> bool:
     return bool({"avx512_bf16", "amx_bf16"} & set(cpu_flags()))
 
 
-def machine_cached(name: str, key: str, measure: Callable[[], Any]) -> tuple[Any, bool]:
+def machine_cached(name: str, key: str, measure: Callable[[], Any] | None) -> tuple[Any, bool]:
     """`measure()`'s result, measured once per `key` (machine, versions, shape) and kept in `<cache>/<name>.json`
-    (written atomically; a corrupt file is measured again); (result, whether it came from the cache)."""
+    (written atomically; a corrupt file is measured again); (result, whether it came from the cache). With no
+    `measure`, only a look-up: (None, False) when the key is not there."""
     path = cache_dir() / f"{name}.json"
     try:
         cache = json.loads(path.read_text()) if path.is_file() else {}
@@ -131,12 +133,25 @@ def machine_cached(name: str, key: str, measure: Callable[[], Any]) -> tuple[Any
         cache = {}
     if key in cache:
         return cache[key], True
-    cache[key] = measure()
+    if measure is None:
+        return None, False
+    value = measure()
+    machine_cache_put(name, key, value)
+    return value, False
+
+
+def machine_cache_put(name: str, key: str, value: Any) -> None:
+    """Keep `value` under `key` in `<cache>/<name>.json` (see `machine_cached`)."""
+    path = cache_dir() / f"{name}.json"
+    try:
+        cache = json.loads(path.read_text()) if path.is_file() else {}
+    except (json.JSONDecodeError, OSError, UnicodeDecodeError):
+        cache = {}
+    cache[key] = value
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(cache, indent=1))
     tmp.replace(path)
-    return cache[key], False
 
 
 def cpu_peak_flops(dtype: torch.dtype, n: int = 1024, repeats: int = 10) -> tuple[float, str]:
