@@ -50,7 +50,8 @@ def test_study_writes_consistent_json_markdown_and_png(name, tiny_study, tmp_pat
             lo, hi = r["bubble_ci95"]
             assert r["time_per_iter_s"] > 0 and lo <= r["bubble_measured"] <= hi
     if name == "memory":  # issue #26: the plan, its runtime measured, within 15% of the measured peak
-        assert [(r["model"], r["optim"], r["checkpointing"]) for r in data["rows"]] == [("gpt2-nano", "adamw8bit", True)]
+        assert [(r["model"], r["optim"], r["checkpointing"]) for r in data["rows"]] == [
+            ("gpt2-nano", "adamw8bit", True)]
         for r in data["rows"]:
             assert r["allocator"] == "tensor-tracking" and r["runtime_mib"] > 0
             assert abs(r["predicted_mib"] - r["measured_mib"]) <= 0.15 * r["measured_mib"], r
