@@ -482,7 +482,7 @@ def flat_row(r: dict[str, Any]) -> dict[str, Any]:
 
 def table_rows(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """The bench table: each artifact's own figures, and its paired ratios to the reference with 95% intervals
-    (`≈` marks a ratio whose interval contains 1: no difference shown)."""
+    (`≈` marks a ratio whose interval contains 1: no difference shown; `?` one left undecided)."""
     cols = ["artifact", "eval loss (95% CI)", "bits/byte", "Δ loss vs ref", "prefill b1 ms", "prefill b1 vs ref",
             "prefill b12 ms", "prefill b12 vs ref", "decode b1 tok/s", "decode b1 vs ref", "decode b12 tok/s",
             "decode b12 vs ref", "train tok/s b12", "train vs ref", "size MiB", "peak MiB"]
@@ -516,7 +516,8 @@ def bench_markdown(report: dict[str, Any]) -> str:
              "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     lines += ["", "Ratios are paired with the reference and carry 95% intervals (at least 95% under the sequential "
-              "stopping below); ≈ marks an interval that contains 1 (no difference shown).", ""]
+              "stopping below); ≈ marks an interval that contains 1 (no difference shown) and ? one that also "
+              "stopped wider than the precision asked for (undecided: more rounds could still decide it).", ""]
     lines += stopping_lines(report.get("stopping", {}))
     lines += peer_lines(report)
     lines += compiled_lines(report)

@@ -138,12 +138,13 @@ def test_sequential_stopping_keeps_its_error_rate_and_decides_a_10_percent_shift
     assert r["level"] == pytest.approx(1 - 0.05 / 3) and r["rounds"] == shifted[0].record["rounds"]
     # the same shift with one fixed look of 6 rounds: 95% intervals, no more rounds whatever they show
     fixed = stopping.measure(synthetic(7, 1.0), stopping.Stopping(rounds=6, fixed=True), repeats=3)
-    assert fixed.record["rounds"] == 6 and fixed.record["stopped"] == "fixed" and "level" not in fixed.ratio("ref",
-                                                                                                          "other")
+    assert fixed.record["rounds"] == 6 and fixed.record["stopped"] == "fixed"
+    assert not {"level", "undecided"} & set(fixed.ratio("ref", "other"))  # a fixed look: 95%, never "undecided"
 
 
 def test_sequential_stopping_respects_its_time_budget():
     from effkit.measure import stopping
+    from effkit.measure.results import PairedRatio
 
     now, rng = [0.0], random.Random(9)
 
@@ -157,6 +158,9 @@ def test_sequential_stopping_respects_its_time_budget():
     m = stopping.measure({"a": slow, "b": slow}, rule, repeats=1, warmup=0, clock=clock)
     # after the first look (4 rounds): 4 more rounds (8 s) fit in 10 s, the next 8 (16 s more) would not
     assert m.record["stopped"] == "budget" and m.record["rounds"] == 8
+    r = m.ratio("a", "b")  # stopped by the budget, its interval contains 1 and is far wider than +-0.1%
+    assert r["verdict"] == "same" and r["undecided"] is True and PairedRatio.of(r).fmt().startswith("? ")
+    assert PairedRatio.of(r).to_dict() == r and PairedRatio.of(r).summary("x").startswith("x: undecided, ")
     roomy = stopping.measure({"a": slow, "b": slow}, stopping.Stopping(rounds=4, budget_s=100.0, precision=0.001),
                              repeats=1, warmup=0, clock=clock)
     assert roomy.record["rounds"] == 16 and roomy.record["stopped"] == "max-rounds"

@@ -43,29 +43,36 @@ class PairedRatio:
     # the interval's own confidence where it is not 0.95: one look of a sequential measurement, taken at
     # 1 - 0.05 / looks planned so that the look that stops still covers with at least 95%
     level: float | None = None
+    # a sequential measurement whose interval contains 1 but is wider than the precision asked for: it ran out of
+    # rounds or time before deciding (`same` says no difference was shown, not that there is none)
+    undecided: bool = False
 
     @classmethod
     def of(cls, d: PairedRatio | Mapping[str, Any]) -> PairedRatio:
         if isinstance(d, cls):
             return d
         return cls(*_parse(d, "paired ratio", "ratio", RATIO_VERDICTS), d.get("rounds"), d.get("method"),
-                   d.get("level"))
+                   d.get("level"), bool(d.get("undecided", False)))
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"ratio": self.ratio, "ci95": list(self.ci95), "verdict": self.verdict}
         for key in ("rounds", "method", "level"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
+        if self.undecided:
+            out["undecided"] = True
         return out
 
     def fmt(self) -> str:
-        """`0.71x (0.66-0.76)`; `≈ 0.98x (0.91-1.05)` when the interval contains 1."""
+        """`0.71x (0.66-0.76)`; `≈ 0.98x (0.91-1.05)` when the interval contains 1; `? 1.06x (0.99-1.13)` when it
+        does and a sequential measurement stopped before it was within its precision."""
         lo, hi = self.ci95
-        return f"{'≈ ' if self.verdict == 'same' else ''}{self.ratio:.2f}x ({lo:.2f}-{hi:.2f})"
+        mark = "? " if self.undecided else "≈ " if self.verdict == "same" else ""
+        return f"{mark}{self.ratio:.2f}x ({lo:.2f}-{hi:.2f})"
 
     def summary(self, what: str) -> str:
         """`latency b12: faster, 0.71x (0.66-0.76)`."""
-        return f"{what}: {self.verdict}, {self.fmt()}"
+        return f"{what}: {'undecided' if self.undecided else self.verdict}, {self.fmt()}"
 
 
 @dataclass(frozen=True)

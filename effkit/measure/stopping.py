@@ -7,7 +7,8 @@ measuring stops when each one's interval excludes 1 (decided) or is narrower tha
 the precision asked for), when the last look is done, or when the next look would not fit in what is left of
 the time budget. A contender whose comparisons have all settled is not measured in later looks (each ratio
 is computed over the rounds both of its contenders ran, a prefix of the longer one's), so later looks cost only
-what is still undecided.
+what is still undecided. A ratio whose interval contains 1 and is still wider than the precision when measuring
+stops is marked `undecided` (printed `?`): no difference was shown, and none was shown to be absent.
 
 Looking more than once inflates the chance that noise alone crosses the line somewhere. The correction is
 Bonferroni over the looks planned: every look's interval is taken at 1 - 0.05 / looks (98.3% for 3 looks), so
@@ -90,8 +91,12 @@ class Measured(dict):
         self.record = record
 
     def ratio(self, reference: str, other: str, higher_is_better: bool = False) -> dict[str, Any]:
+        """The paired ratio; marked `undecided` when sequential and stopped before it settled (`settled`)."""
         n = min(len(self[reference]), len(self[other]))  # a contender that settled early ran a prefix of the rounds
-        return stats.paired_ratio(self[reference][:n], self[other][:n], higher_is_better, level=self.record["level"])
+        r = stats.paired_ratio(self[reference][:n], self[other][:n], higher_is_better, level=self.record["level"])
+        if "precision" in self.record and not settled(PairedRatio.of(r), self.record["precision"]):
+            r["undecided"] = True
+        return r
 
 
 def _timed(fn: Callable[[], float], spent: dict[str, list[float]], name: str, clock: Callable[[], float],
@@ -154,4 +159,5 @@ def measure(contenders: dict[str, Callable[[], float]], stopping: Stopping, repe
         measured.append(len(active))
     return Measured(samples, {"rounds": schedule[looks - 1], "looks": looks, "stopped": stopped,
                               "level": stopping.level, "contenders_per_look": measured,
+                              **({} if stopping.fixed else {"precision": stopping.precision}),
                               "seconds": round(clock() - start, 3)})
