@@ -193,63 +193,36 @@ def probe_runtime(model_config: dict[str, Any], batch: int, block: int, checkpoi
     return mem.peak_bytes
 
 
-@dataclass(frozen=True)
-class RuntimeProbe:
-    """One runtime measurement: the one-block model and training shape, and its key in the machine cache."""
-    args: dict[str, Any]
-    key: str
-
-    @classmethod
-    def of(cls, model_config, batch: int, block: int, checkpointing: bool, optim: str,
-           amp_dtype: torch.dtype | None, env: dict[str, str] | None) -> RuntimeProbe:
-        import json
-        import os
-
-        from effkit.measure.metrics import describe_device
-
-        mc = _one_block(model_config)
-        amp = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(amp_dtype)
-        args = {"model_config": json.loads(mc.to_json_string()), "batch": batch, "block": block,
-                "checkpointing": checkpointing, "optim": optim, "amp": amp}
-        malloc = {k: v for k, v in {**os.environ, **(env or {})}.items() if k.startswith("MALLOC_")}
-        shape = {k: args["model_config"].get(k) for k in ("vocab_size", "n_embd", "n_head", "n_inner", "n_positions")}
-        key = (f"{describe_device(torch.device('cpu'))}|torch {torch.__version__}|{json.dumps(shape, sort_keys=True)}|"
-               f"b{batch}x{block}|ckpt {checkpointing}|{optim}|{amp}|{json.dumps(malloc, sort_keys=True)}")
-        return cls(args, key)
-
-
 CACHE = "memplan_runtime"
-
-
-def measure_runtimes(probes: list[RuntimeProbe], env: dict[str, str] | None = None) -> None:
-    """Measure the probes not in the machine cache yet, each in a fresh process (`env` on top of this one's: the
-    allocator's settings change what the resident set keeps), and cache them."""
-    from effkit.child import run_isolated
-    from effkit.measure.metrics import machine_cache_put, machine_cached
-
-    missing = {p.key: p for p in probes if machine_cached(CACHE, p.key, None)[0] is None}
-    for p in missing.values():  # a fresh process each (one forked from a process that imported the libraries
-        # measures their code pages again as it touches them: 5 MiB more on gpt2-nano)
-        machine_cache_put(CACHE, p.key, run_isolated("effkit.memplan:probe_runtime", p.args,
-                                                     what="the memory plan's runtime probe", env=env))
 
 
 def runtime(model_config, batch: int, block: int, *, checkpointing: bool, optim: str = "adamw",
             amp_dtype: torch.dtype | None = None, probe: bool = True,
             env: dict[str, str] | None = None) -> tuple[int | None, str]:
     """The process runtime's bytes at the peak on this CPU for this shape (see the module's text), and how it
-    was obtained; (None, why) when it is not cached and `probe` is off."""
-    from effkit.measure.metrics import machine_cached
+    was obtained; (None, why) when it is not cached and `probe` is off. The probe runs in a fresh process (one
+    forked from a process that imported the libraries measures their code pages again as it touches them: 5 MiB
+    more on gpt2-nano), `env` on top of this one's (the allocator's settings change what the resident set keeps)."""
+    import json
+    import os
 
-    rp = RuntimeProbe.of(model_config, batch, block, checkpointing, optim, amp_dtype, env)
-    measured, cached = machine_cached(CACHE, rp.key, None)
-    if measured is None and probe:
-        measure_runtimes([rp], env)
-        measured, _ = machine_cached(CACHE, rp.key, None)
+    from effkit.child import run_isolated
+    from effkit.measure.metrics import describe_device, machine_cached
+
+    mc = _one_block(model_config)
+    amp = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(amp_dtype)
+    args = {"model_config": json.loads(mc.to_json_string()), "batch": batch, "block": block,
+            "checkpointing": checkpointing, "optim": optim, "amp": amp}
+    malloc = {k: v for k, v in {**os.environ, **(env or {})}.items() if k.startswith("MALLOC_")}
+    shape = {k: args["model_config"].get(k) for k in ("vocab_size", "n_embd", "n_head", "n_inner", "n_positions")}
+    key = (f"{describe_device(torch.device('cpu'))}|torch {torch.__version__}|{json.dumps(shape, sort_keys=True)}|"
+           f"b{batch}x{block}|ckpt {checkpointing}|{optim}|{amp}|{json.dumps(malloc, sort_keys=True)}")
+    measure = (lambda: run_isolated("effkit.memplan:probe_runtime", args, what="the memory plan's runtime probe",
+                                    env=env)) if probe else None
+    measured, cached = machine_cached(CACHE, key, measure)
     if measured is None:
         return None, "not measured on this machine for this shape yet (effkit train --plan measures it)"
-    sim = simulate(_one_block(model_config), batch, block, checkpointing=checkpointing, optim=optim,
-                   amp_dtype=amp_dtype)
+    sim = simulate(mc, batch, block, checkpointing=checkpointing, optim=optim, amp_dtype=amp_dtype)
     sim_steps = sum(v for k, v in sim.items() if k not in ("params_count", "parameters", "buffers"))
     how = (f"one-block probe: {measured / 2**20:,.1f} MiB measured over {RUNTIME_STEPS} steps, "
            f"{sim_steps / 2**20:,.1f} MiB of it tensors ({'cached' if cached else 'measured now'})")
@@ -271,25 +244,19 @@ def simulate_layers(model_config, batch: int, block: int, layers: int, **kw) -> 
     return max(line, at_step, key=lambda d: sum(v for k, v in d.items() if k != "params_count"))
 
 
-def _dims(cfg, mc) -> tuple[Any, int]:
-    """The parallel layout `cfg` asks for on this machine, and its world size."""
-    from effkit.parallel import ParallelDims
-    from effkit.parallel.launch import nproc_per_node
-
-    p = cfg.parallel
-    nproc = nproc_per_node(p) if p.launched else 1
-    world = nproc * p.nnodes
-    return ParallelDims.build(p.replace(nproc=nproc), world, mc.n_head, mc.n_layer), world
-
-
 def predict(cfg, device: torch.device | None = None, probe: bool = False, runtime_bytes: int | None = None,
             env: dict[str, str] | None = None) -> Plan:
     """The plan of `cfg` (a TrainConfig) for one rank of the layout it asks for. On a CPU its runtime term comes
     from `runtime_bytes` when given, else from the cache, measured first when `probe` (`env`: the probe's)."""
+    from effkit.parallel import ParallelDims
+    from effkit.parallel.launch import nproc_per_node
+
     o, p, d = cfg.optim, cfg.parallel, cfg.data
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     mc = _model_config(cfg)
-    dims, world = _dims(cfg, mc)
+    nproc = nproc_per_node(p) if p.launched else 1
+    world = nproc * p.nnodes
+    dims = ParallelDims.build(p.replace(nproc=nproc), world, mc.n_head, mc.n_layer)
     amp = {"bf16": torch.bfloat16, "fp16": torch.float16}[o.amp_dtype] if o.amp else None
     notes = []
     micro = o.batch_size

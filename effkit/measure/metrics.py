@@ -135,23 +135,12 @@ def machine_cached(name: str, key: str, measure: Callable[[], Any] | None) -> tu
         return cache[key], True
     if measure is None:
         return None, False
-    value = measure()
-    machine_cache_put(name, key, value)
-    return value, False
-
-
-def machine_cache_put(name: str, key: str, value: Any) -> None:
-    """Keep `value` under `key` in `<cache>/<name>.json` (see `machine_cached`)."""
-    path = cache_dir() / f"{name}.json"
-    try:
-        cache = json.loads(path.read_text()) if path.is_file() else {}
-    except (json.JSONDecodeError, OSError, UnicodeDecodeError):
-        cache = {}
-    cache[key] = value
+    cache[key] = measure()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")  # two processes measuring at once never share a temporary
     tmp.write_text(json.dumps(cache, indent=1))
     tmp.replace(path)
+    return cache[key], False
 
 
 def cpu_peak_flops(dtype: torch.dtype, n: int = 1024, repeats: int = 10) -> tuple[float, str]:

@@ -92,11 +92,17 @@ class Measured(dict):
 
     def ratio(self, reference: str, other: str, higher_is_better: bool = False) -> dict[str, Any]:
         """The paired ratio; marked `undecided` when sequential and stopped before it settled (`settled`)."""
-        n = min(len(self[reference]), len(self[other]))  # a contender that settled early ran a prefix of the rounds
-        r = stats.paired_ratio(self[reference][:n], self[other][:n], higher_is_better, level=self.record["level"])
+        r = _paired(self, reference, other, self.record["level"], higher_is_better)
         if "precision" in self.record and not settled(PairedRatio.of(r), self.record["precision"]):
             r["undecided"] = True
         return r
+
+
+def _paired(samples: dict[str, list[list[float]]], a: str, b: str, level: float,
+            higher_is_better: bool = False) -> dict[str, Any]:
+    """The paired ratio of `b` to `a` over the rounds both ran (one that settled early ran a prefix of them)."""
+    n = min(len(samples[a]), len(samples[b]))
+    return stats.paired_ratio(samples[a][:n], samples[b][:n], higher_is_better, level=level)
 
 
 def _timed(fn: Callable[[], float], spent: dict[str, list[float]], name: str, clock: Callable[[], float],
@@ -135,10 +141,8 @@ def measure(contenders: dict[str, Callable[[], float]], stopping: Stopping, repe
     first = clock() - start
     looks, stopped, measured = 1, "fixed", [len(names)]
     while not stopping.fixed:
-        def ratio(a: str, b: str) -> PairedRatio:
-            n = min(len(samples[a]), len(samples[b]))
-            return PairedRatio.of(stats.paired_ratio(samples[a][:n], samples[b][:n], level=stopping.level))
-        open_pairs = [(a, b) for a, b in pairs if not settled(ratio(a, b), stopping.precision)]
+        open_pairs = [(a, b) for a, b in pairs
+                      if not settled(PairedRatio.of(_paired(samples, a, b, stopping.level)), stopping.precision)]
         if not open_pairs:
             stopped = "decided"
             break
