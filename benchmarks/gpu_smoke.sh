@@ -9,7 +9,8 @@
 #          its resume (the scaler's scale is checkpointed), 8-bit AdamW (bitsandbytes) and its resume;
 #          with 2+ GPUs also ddp, fsdp (bf16), tp and fsdp+tp (2-D mesh needs 4 GPUs; 2 GPUs give a (1, 2) mesh),
 #          fp16 with fsdp and with tp including a resume (the overflow decision all-reduced), fsdp with
-#          --cpu-offload (gradient clipping over offloaded shards), fsdp with 8-bit AdamW (torchao)
+#          --cpu-offload (gradient clipping over offloaded shards), fsdp and tp with 8-bit AdamW (torchao) and
+#          their resumes
 #   prune: row, width (taylor), depth with distillation, and weight (wanda), on the GPU
 #   quantize: bnb and torchao on the GPU; dynamic on the CPU (PyTorch's dynamic int8 is CPU-only)
 #   export: ONNX int8 on the CPU (ONNX Runtime's CPU provider)
@@ -60,9 +61,12 @@ if [ "$NGPU" -ge 2 ]; then
   done
   step "train --parallel fsdp --cpu-offload on 2 GPUs (clipping over CPU-resident gradient shards)"
   effkit train "${TINY[@]}" --run-name "$RUN-offload" --parallel fsdp --nproc 2 --cpu-offload --amp "${DIRS[@]}"
-  step "train --parallel fsdp with 8-bit AdamW (torchao, on the shards) on 2 GPUs"
-  effkit train "${TINY[@]}" --run-name "$RUN-fsdp-8bit" --parallel fsdp --nproc 2 --optim adamw8bit --amp \
-    "${DIRS[@]}"
+  for mode in fsdp tp; do
+    step "train --parallel $mode with 8-bit AdamW (torchao, on the shards) on 2 GPUs, then resume it"
+    effkit train "${TINY[@]}" --run-name "$RUN-$mode-8bit" --parallel "$mode" --nproc 2 --optim adamw8bit --amp \
+      "${DIRS[@]}"
+    effkit train "${TINY[@]}" --run-name "$RUN-$mode-8bit" --resume "${DIRS[@]}"
+  done
   step "train --parallel pp with GPipe and --amp auto on 2 GPUs"
   effkit train "${TINY[@]}" --run-name "$RUN-gpipe" --parallel pp --pp-schedule gpipe --nproc 2 "${DIRS[@]}"
   if [ "$NGPU" -ge 4 ]; then

@@ -29,6 +29,12 @@ MODES = {
     "pp-1f1b": ("pp", "ddp", GLOBAL_BATCH, {"pp_schedule": "1f1b", "microbatches": 4}),
     "pp+fsdp": ("pp+fsdp", "ddp", GLOBAL_BATCH, {"microbatches": 2}),  # 2 processes: a (pp=2, dp=1) mesh
 }
+# 8-bit AdamW runs: name -> (parallel, per-rank batch, other options)
+EIGHT_BIT = {
+    "fsdp-8bit": ("fsdp", GLOBAL_BATCH // 2, {}),
+    "tp-8bit": ("tp", GLOBAL_BATCH, {}),
+    "pp+fsdp-8bit": ("pp+fsdp", GLOBAL_BATCH, {"microbatches": 2}),
+}
 
 
 def _free_port() -> int:
@@ -49,25 +55,26 @@ def _worker(rank: int, port: int, base: dict, out_path: str):
         if rank == 0:
             results[name] = {"applied": report["what_ran"]["parallel"], "world": report["what_ran"]["world_size"],
                              "detail": report["what_ran"]["parallel_detail"], "artifact": report["artifact"]}
-    # 8-bit AdamW on FSDP2 shards (torchao: DTensor states), interrupted at step 3 and resumed
+    # 8-bit AdamW on sharded parameters (torchao: DTensor states): row shards (fsdp), column shards (tp) and
+    # pipeline stages with fsdp, each interrupted at step 3 and resumed
     from effkit.errors import Interrupted
-
-    eight = {**base, "parallel": "fsdp", "batch_size": GLOBAL_BATCH // 2, "threads": 1, "optim": "adamw8bit"}
-    report = train(TrainConfig.from_flat(**eight, run_name="fsdp-8bit"), progress=False)
 
     def stop_at_3(step, loss):
         if step == 3:
             raise KeyboardInterrupt
 
-    try:
-        train(TrainConfig.from_flat(**eight, run_name="fsdp-8bit-cut"), on_step=stop_at_3, progress=False)
-    except Interrupted:
-        pass
-    resumed = train(TrainConfig.from_flat(**eight, run_name="fsdp-8bit-cut", resume=True), progress=False)
+    for name, (parallel, batch, other) in EIGHT_BIT.items():
+        eight = {**base, "parallel": parallel, "batch_size": batch, "threads": 1, "optim": "adamw8bit", **other}
+        report = train(TrainConfig.from_flat(**eight, run_name=name), progress=False)
+        try:
+            train(TrainConfig.from_flat(**eight, run_name=f"{name}-cut"), on_step=stop_at_3, progress=False)
+        except Interrupted:
+            pass
+        resumed = train(TrainConfig.from_flat(**eight, run_name=f"{name}-cut", resume=True), progress=False)
+        if rank == 0:
+            results[name] = {"optimizer": report["what_ran"]["optimizer"], "applied": report["what_ran"]["parallel"],
+                             "resumed_from": resumed["what_ran"]["resumed_from_step"]}
     if rank == 0:
-        results["fsdp-8bit"] = {"optimizer": report["what_ran"]["optimizer"],
-                                "applied": report["what_ran"]["parallel"],
-                                "resumed_from": resumed["what_ran"]["resumed_from_step"]}
         with open(out_path, "w") as f:
             json.dump(results, f)
     torch.distributed.destroy_process_group()
@@ -143,16 +150,22 @@ def test_saved_artifacts_of_all_modes_give_the_same_logits(parallel_runs):
             assert torch.allclose(logits, ref, atol=2e-4, rtol=1e-4), mode
 
 
-def test_8bit_adamw_on_fsdp_shards_trains_and_resumes_exactly(parallel_runs):
-    """torchao's AdamW8bit holds 8-bit states of each rank's FSDP2 shard; its checkpoint (gathered, then
-    re-sharded) resumes the run exactly; its loss stays within 2% of AdamW's on the same mode."""
+@pytest.mark.parametrize("name", list(EIGHT_BIT))
+def test_8bit_adamw_on_sharded_parameters_trains_and_resumes(name, parallel_runs):
+    """torchao's AdamW8bit holds 8-bit states of each rank's shard; its checkpoint (gathered, then re-sharded)
+    resumes the run: exactly for row shards (fsdp, whose 8-bit codes are saved), up to the rounding of quantizing
+    the saved values again for tensor-parallel column shards; its loss stays within 2% of AdamW's on the same
+    mode."""
     base, _, results = parallel_runs
-    r = results["fsdp-8bit"]
-    assert r["applied"] == "fsdp" and r["optimizer"].startswith("adamw8bit: torchao")
+    r = results[name]
+    parallel = EIGHT_BIT[name][0]
+    assert r["applied"] == parallel and r["optimizer"].startswith("adamw8bit: torchao")
     assert r["resumed_from"] == 3
-    eight = _losses(base["reports_dir"], "fsdp-8bit")
-    assert _losses(base["reports_dir"], "fsdp-8bit-cut") == pytest.approx(eight, rel=1e-6, abs=1e-7)
-    adamw = _losses(base["reports_dir"], "fsdp")
+    eight = _losses(base["reports_dir"], name)
+    resumed = _losses(base["reports_dir"], f"{name}-cut")
+    exact = pytest.approx(eight, rel=2e-6) if parallel == "tp" else pytest.approx(eight, rel=1e-6, abs=1e-7)
+    assert resumed == exact
+    adamw = _losses(base["reports_dir"], parallel)
     assert eight != adamw and eight[-1] == pytest.approx(adamw[-1], rel=0.02)
 
 

@@ -141,6 +141,41 @@ def _dequantized(state: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     return out, found
 
 
+def _dequantize_columns(optimizer) -> list[tuple[dict, str, Any]]:
+    """Replace the 8-bit moments of shards that are not runs of whole rows (tensor-parallel columns, `Shard(1)`)
+    by fp32 DTensors of their values, and return what was replaced. PyTorch's state-dict utilities can neither
+    gather torchao's 8-bit subclass along a column nor copy a column of a full tensor into it; as fp32 they do
+    both. Row shards (FSDP) keep their 8-bit codes, which are saved and restored exactly."""
+    from torch.distributed.tensor import DTensor
+
+    replaced = []
+    for st in optimizer.state.values():
+        for name, v in list(st.items()):
+            if (_is_dtensor(v) and type(v.to_local()).__name__ == "OptimState8bit"
+                    and any(pl.is_shard() and pl.dim != 0 for pl in v.placements)):
+                st[name] = DTensor.from_local(v.to_local().dequantize(), v.device_mesh, v.placements,
+                                              run_check=False, shape=v.shape, stride=v.stride())
+                replaced.append((st, name, v))
+    return replaced
+
+
+@contextmanager
+def _column_states_dequantized(optimizer):
+    """While the optimizer state is gathered for a checkpoint: column shards' 8-bit moments as fp32 values (saved
+    so, and quantized again on load, block by block as they were: `_requantize`)."""
+    replaced = _dequantize_columns(optimizer)
+    try:
+        yield
+    finally:
+        for st, name, v in replaced:
+            st[name] = v
+
+
+def _holds_8bit_states(optimizer) -> bool:
+    """torchao's 8-bit AdamW (the one effkit runs on sharded parameters), whose moments `_requantize` rebuilds."""
+    return hasattr(optimizer, "_new_buffer")
+
+
 def _requantize(optimizer, model: nn.Module, saved: dict[str, Any]) -> None:
     """Back to 8-bit moments after loading them as fp32 shards: a fresh 8-bit buffer of the optimizer's own kind
     for each parameter shard, given this shard's rows of the saved codes and scales (exactly what was saved);
@@ -270,23 +305,32 @@ class Parallelized:
             return pp.gather_optimizer_state(self.pipeline, optimizer, self.sharded, self.rt.rank)
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-        return get_optimizer_state_dict(self.base_model, optimizer,
-                                        options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        with _column_states_dequantized(optimizer):
+            return get_optimizer_state_dict(self.base_model, optimizer,
+                                            options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
     def load_optimizer_state(self, optimizer, state: dict[str, Any]) -> None:
         if not self.rt.distributed:
             optimizer.load_state_dict(state)
             return
-        if self.pipeline is not None:
-            pp.load_optimizer_state(self.pipeline, optimizer, state, self.sharded)
-            return
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            _init_optim_state,
+            set_optimizer_state_dict,
+        )
 
         plain, quantized = _dequantized(state)
-        set_optimizer_state_dict(self.base_model, optimizer, plain,
-                                 options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
-        if quantized:
-            _requantize(optimizer, self.base_model, state)
+        eight = _holds_8bit_states(optimizer)
+        if eight:  # create the states, then load column shards as fp32 (see `_dequantize_columns`)
+            _init_optim_state(optimizer)
+            _dequantize_columns(optimizer)
+        if self.pipeline is not None:
+            pp.load_optimizer_state(self.pipeline, optimizer, plain, self.sharded)
+        else:
+            set_optimizer_state_dict(self.base_model, optimizer, plain,
+                                     options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+        if quantized or eight:
+            _requantize(optimizer, self.pipeline.module if self.pipeline is not None else self.base_model, state)
 
     # what was applied, read back from the model -----------------------------------------------------
     def describe(self) -> dict[str, Any]:
