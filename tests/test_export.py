@@ -13,6 +13,7 @@ from effkit import cli
 from effkit.artifacts.loader import load_quantized, quantized_layers
 from effkit.config import BenchConfig, ExportConfig, PruneConfig, QuantizeConfig, TrainConfig
 from effkit.data import prepare
+from effkit.errors import EffkitError
 from effkit.measure import metrics
 from effkit.model import load_model
 from effkit.onnx_export import OnnxCausalLM, onnx_unavailable
@@ -77,6 +78,40 @@ def test_onnx_fp32_export_gives_pytorch_logits(trained):
     assert report["what_ran"]["past_key_values"] is True and report["metrics"]["parity"]["greedy_tokens_equal"] > 0
     assert report["metrics"]["eval_loss"] == pytest.approx(report["metrics"]["parent_fp32"]["eval_loss"], abs=1e-4)
     assert json.loads((Path(report["artifact"]) / "effkit.json").read_text())["parent"] == artifact
+
+
+def test_parity_gate_scales_with_the_logits(trained, monkeypatch):
+    """fp32 rounding grows with the logits: a difference of 3e-4 passes on logits scaled to about 30 (1e-5 of the
+    scale, as ONNX Runtime gives a trained model) and fails on logits below 1; a difference of 0.1 fails on both."""
+    import effkit.onnx_export as ox
+
+    _, artifact, _ = trained
+    model = load_model(artifact).eval()
+    offset = {"value": 0.0}
+
+    def fake_step(sess, input_ids, past, past_len):  # the graph's logits: PyTorch's, moved by a known offset
+        with torch.no_grad():
+            return (model(torch.from_numpy(input_ids)).logits + offset["value"]).numpy(), past
+
+    def fake_greedy(sess, config, prompt, new_tokens):
+        with torch.no_grad():
+            return model.generate(torch.from_numpy(prompt), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                  do_sample=False, use_cache=True, pad_token_id=0).numpy()
+
+    monkeypatch.setattr(ox, "step", fake_step)
+    monkeypatch.setattr(ox, "greedy_with_past", fake_greedy)
+    with torch.no_grad():
+        head = model.lm_head.weight
+        head.mul_(30.0 / float(model(ox.probe_ids(512, (3, 24))).logits.abs().max()))
+        offset["value"] = 3e-4
+        assert ox.check_parity(model, None)["max_abs_logit_diff"] == pytest.approx(3e-4, rel=0.05)
+        offset["value"] = 0.1
+        with pytest.raises(EffkitError, match="does not reproduce the model"):
+            ox.check_parity(model, None)
+        head.mul_(0.5 / float(model(ox.probe_ids(512, (3, 24))).logits.abs().max()))
+        offset["value"] = 3e-4
+        with pytest.raises(EffkitError, match="does not reproduce the model"):
+            ox.check_parity(model, None)
 
 
 def run_export_cfg(cfg):
@@ -224,7 +259,7 @@ def test_bad_export_input(trained, capsys, monkeypatch):
     def unrepresentable(*args, **kwargs):
         raise RuntimeError("Unsupported: aten::weird_op\nlong exporter trace ...")
 
-    monkeypatch.setattr(effkit.onnx_export, "EXPORT_ATOL", -1.0)  # the parity gate refuses, nothing is written
+    monkeypatch.setattr(effkit.onnx_export, "EXPORT_RTOL", -1.0)  # the parity gate refuses, nothing is written
     code, err = run_cli(["export", "--from", artifact, *dirs], capsys, monkeypatch)
     assert code == 2 and "does not reproduce the model" in err and len(err.splitlines()) == 1, err
     assert sorted(p.name for p in (tmp / "runs" / "x").iterdir()) == before
