@@ -13,6 +13,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -300,11 +301,14 @@ def study_memory(s: StudyConfig) -> dict[str, Any]:
     for cfg, mode, tensor_rss in runs:
         model, opt, ac = cfg.model.name, cfg.optim.optim, cfg.model.activation_checkpointing
         env = TENSOR_RSS_ENV if tensor_rss else {}
-        plan = memplan.predict(cfg, probe=True, env=env)
-        if mode == "none":
-            r = run_isolated("effkit.train:train_from_dict", {"config": cfg.to_dict()},
-                             what=f"study run {cfg.run.run_name}", env=env)
+        if mode == "none":  # the runtime probe's process beside the run's: each measures its own resident set
+            with ThreadPoolExecutor(1) as pool:
+                planned = pool.submit(memplan.predict, cfg, probe=True, env=env)
+                r = run_isolated("effkit.train:train_from_dict", {"config": cfg.to_dict()},
+                                 what=f"study run {cfg.run.run_name}", env=env)
+                plan = planned.result()
         else:
+            plan = memplan.predict(cfg, probe=True, env=env)
             saved = {k: os.environ.get(k) for k in env}
             os.environ.update(env)
             try:
