@@ -1,7 +1,8 @@
 """The memory plan against measurement on the test suite's scale (issue #26): gpt2-nano and gpt2-mini x AdamW and
 8-bit AdamW x activation checkpointing off and on, batch 2 x 32 tokens, 3 steps, on the first 24 State of the
 Union speeches, each configuration's run and its runtime probe in fresh processes (the suite runs one of these
-eight). Prints each configuration's predicted and measured peak and the error; about 2.5 minutes on 2 cores.
+eight). Prints each configuration's predicted and measured peak and the error; about 1.5 minutes on 2 cores (each
+probe runs beside its configuration's training run).
 
     python benchmarks/memory_plan_grid.py
 """

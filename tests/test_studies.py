@@ -21,7 +21,7 @@ def tiny_study(tmp_path, corpus_dir):
 def test_study_writes_consistent_json_markdown_and_png(name, tiny_study, tmp_path):
     if name == "memory":  # 8-bit AdamW with checkpointing: what the plan missed by most (-42% on gpt2-mini)
         # before it measured the runtime (a fresh process for the run, one for the probe; the 8-configuration grid
-        # over gpt2-nano and gpt2-mini, benchmarks/memory_plan_grid.py, costs 2.5 minutes)
+        # over gpt2-nano and gpt2-mini, benchmarks/memory_plan_grid.py, costs 1.5 minutes)
         tiny_study = dataclasses.replace(tiny_study, nproc=1, memory_models=(), memory_optims=("adamw8bit",),
                                          memory_checkpointing=(True,), memory_default_allocator=False)
     result = run_study(name, tiny_study)
