@@ -313,15 +313,13 @@ class Parallelized:
         if not self.rt.distributed:
             optimizer.load_state_dict(state)
             return
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            _init_optim_state,
-            set_optimizer_state_dict,
-        )
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
         plain, quantized = _dequantized(state)
         eight = _holds_8bit_states(optimizer)
-        if eight:  # create the states, then load column shards as fp32 (see `_dequantize_columns`)
+        if eight:  # create the states (as PyTorch's loader would), then load column shards as fp32
+            from torch.distributed.checkpoint.state_dict import _init_optim_state
+
             _init_optim_state(optimizer)
             _dequantize_columns(optimizer)
         if self.pipeline is not None:
