@@ -127,20 +127,26 @@ def machine_cached(name: str, key: str, measure: Callable[[], Any] | None) -> tu
     (written atomically; a corrupt file is measured again); (result, whether it came from the cache). With no
     `measure`, only a look-up: (None, False) when the key is not there."""
     path = cache_dir() / f"{name}.json"
-    try:
-        cache = json.loads(path.read_text()) if path.is_file() else {}
-    except (json.JSONDecodeError, OSError, UnicodeDecodeError):
-        cache = {}
+
+    def read() -> dict[str, Any]:
+        try:
+            return json.loads(path.read_text()) if path.is_file() else {}
+        except (json.JSONDecodeError, OSError, UnicodeDecodeError):
+            return {}
+
+    cache = read()
     if key in cache:
         return cache[key], True
     if measure is None:
         return None, False
-    cache[key] = measure()
+    value = measure()
+    cache = {**read(), key: value}  # what others measured meanwhile stays
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")  # two processes measuring at once never share a temporary
+    # two processes (or threads) measuring at once never share a temporary
+    tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.write_text(json.dumps(cache, indent=1))
     tmp.replace(path)
-    return cache[key], False
+    return value, False
 
 
 def cpu_peak_flops(dtype: torch.dtype, n: int = 1024, repeats: int = 10) -> tuple[float, str]:
