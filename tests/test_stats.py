@@ -1,5 +1,6 @@
 """The statistics behind every comparison: intervals and verdicts on synthetic measurements."""
 
+import json
 import math
 import random
 
@@ -210,3 +211,20 @@ def test_a_loss_interval_by_document_is_wider_when_blocks_of_a_document_agree():
     assert (d_docs["ci95"][1] - d_docs["ci95"][0]) > 2 * (d_blocks["ci95"][1] - d_blocks["ci95"][0])
     assert stats.interval_by(docs, 96) == "by document (12 documents, 96 blocks)"
     assert stats.interval_by([0] * 4, 4) == "over blocks (4 blocks, one document)"
+
+
+def test_machine_cached_keeps_what_was_measured_meanwhile(tmp_path, monkeypatch):
+    """Two measurements that overlap (one finishes while the other runs) both stay in the cache file; a key
+    already there is returned without measuring."""
+    from effkit.measure import metrics
+
+    monkeypatch.setenv("EFFKIT_CACHE", str(tmp_path))
+
+    def slow_a():
+        metrics.machine_cached("probe", "b", lambda: 2)  # another measurement lands while this one runs
+        return 1
+
+    assert metrics.machine_cached("probe", "a", slow_a) == (1, False)
+    assert json.loads((tmp_path / "probe.json").read_text()) == {"a": 1, "b": 2}
+    assert metrics.machine_cached("probe", "b", lambda: 1 / 0) == (2, True)
+    assert not list(tmp_path.glob("*.tmp"))
