@@ -32,7 +32,6 @@ already built and placed; the plan gives both that figure (`steps_bytes`) and th
 from __future__ import annotations
 
 import math
-import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,21 +110,10 @@ def _opt_state_8bit(params: list[torch.Tensor]) -> int:
     return total
 
 
-# MemTracker and fake tensors install process-wide module hooks and dispatch modes: one simulation at a time
-_SIMULATING = threading.Lock()
-
-
 def simulate(model_config, batch: int, block: int, *, checkpointing: bool, optim: str = "adamw",
              amp_dtype: torch.dtype | None = None, layers: int | None = None) -> dict[str, int]:
     """Bytes by kind at the peak of the second of two simulated training steps of `batch` blocks of `block`
-    tokens on a model with `layers` blocks (default: all). Threads take turns (`_SIMULATING`)."""
-    with _SIMULATING:
-        return _simulate(model_config, batch, block, checkpointing=checkpointing, optim=optim, amp_dtype=amp_dtype,
-                         layers=layers)
-
-
-def _simulate(model_config, batch: int, block: int, *, checkpointing: bool, optim: str,
-              amp_dtype: torch.dtype | None, layers: int | None) -> dict[str, int]:
+    tokens on a model with `layers` blocks (default: all)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
     from transformers import GPT2LMHeadModel
