@@ -10,7 +10,6 @@ interval and a verdict (`effkit.measure.stats`).
 
 from __future__ import annotations
 
-import copy
 import json
 import shutil
 import tempfile
@@ -20,19 +19,21 @@ from typing import Any
 
 import torch
 
-from effkit import artifacts
-from effkit.artifacts.loader import cannot_run_on, is_quantized, kind, load_any, trainable
+from effkit import artifacts, workloads
+from effkit.artifacts.loader import cannot_run_on, engine_of, is_quantized, kind, load_any, trainable
 from effkit.child import run_isolated
-from effkit.config import BenchConfig, DataConfig
+from effkit.config import BenchConfig, DataConfig, build_config
 from effkit.data import prepare
 from effkit.errors import EffkitError
 from effkit.measure import metrics, results, stats, stopping
 from effkit.measure.compare import generate_sample
 from effkit.parallel import resolve_device
+from effkit.registry import ENGINES
 from effkit.report import atomic_write_text, write_rows_csv
+from effkit.stage import Plan, RunContext, Stage, Step, fingerprint
 
-LAT_BATCHES = (1, 12)  # prefill: one forward of (batch, block)
-DECODE_BATCHES = (1, 12)  # decode: greedy generation with the KV cache from `batch` prompts
+# the workloads (effkit.workloads: prefill and decode at batch 1 and 12, and any registered one) are timed for every
+# artifact; the batches of the prefill ones are also what a compiled twin is compiled for
 TRAIN_BATCHES = (4, 12)
 LEADERBOARD_UNITS = {"loss": "nats/token (held-out eval loss)", "inference_latency_1": "seconds per forward "
                      "(batch 1, p50)", "inference_latency_12": "seconds per forward (batch 12, p50)",
@@ -77,48 +78,34 @@ def dense_control_of(path: Path) -> Path | None:
     return None
 
 
-PEERS = {  # peer tag -> (engine, how the dense reference gets there)
-    "peer-ctranslate2-int8": ("CTranslate2", "ctranslate2.converters.TransformersConverter(reference).convert(out, "
-                              "quantization='int8'), run by ctranslate2.Generator (compute type int8)"),
-    "peer-onnxruntime-int8": ("ONNX Runtime", "the with-past ONNX export of the reference (the layout optimum "
-                              "writes) + onnxruntime.quantization.quantize_dynamic(weight_type=QInt8, MatMul and "
-                              "Gemm), per tensor"),
-}
-
-
-def make_peers(reference: Path, scratch: Path) -> tuple[list[Path], dict[str, str]]:
-    """The dense reference through the engines a user would pick instead of effkit, written into `scratch` as
-    artifacts of stage `peer` (measured like every artifact, never delivered); with why a peer is not run."""
+def make_peers(reference: Path, scratch: Path, only: list[str] | None = None) -> tuple[list[Path], dict[str, str]]:
+    """The dense reference through the engines a user would pick instead of effkit (every engine of
+    `effkit.registry.ENGINES` with a peer), written into `scratch` as artifacts of stage `peer` (measured like every
+    artifact, never delivered); with why a peer is not run. `only`: these engines' peers (default: every one)."""
     from transformers import AutoTokenizer
 
-    from effkit import ct2_export, onnx_export
     from effkit.model import load_model
 
+    peers = [e for n, e in ENGINES.items() if e.peer_tag and (not only or n in only)]
     if kind(reference) != "pytorch":
-        return [], {tag: f"not run: the reference {reference.name} is not a PyTorch artifact" for tag in PEERS}
+        return [], {e.peer_tag: f"not run: the reference {reference.name} is not a PyTorch artifact" for e in peers}
     made, not_run = [], {}
     tokenizer, model = AutoTokenizer.from_pretrained(reference), load_model(str(reference)).eval()
     data = artifacts.data_section(reference)
-    for tag, (engine, how) in PEERS.items():
-        reason = (ct2_export.ct2_unavailable(None, "int8") if engine == "CTranslate2"
-                  else onnx_export.onnx_unavailable())
-        if reason:
+    for engine in peers:
+        tag = engine.peer_tag
+        if reason := engine.available(None, int8=True):
             not_run[tag] = f"not run: {reason}"
             continue
         folder = scratch / tag
         folder.mkdir()
         try:
-            if engine == "CTranslate2":
-                desc = ct2_export.write_artifact(folder, reference, model.config, tokenizer, "int8",
-                                                 sum(p.numel() for p in model.parameters()))
-            else:
-                desc = onnx_export.write_artifact(folder, copy.deepcopy(model), tokenizer, int8=True, fused=False,
-                                                  standard_int8=True)
+            desc = engine.write_peer(folder, reference, model, tokenizer)
         except EffkitError as e:
             not_run[tag] = f"not run: {e}"
             continue
-        artifacts.write_meta(folder, "peer", {"engine": engine, "how": how}, {}, data=data, parent=str(reference),
-                             extra={"peer": desc})
+        artifacts.write_meta(folder, "peer", {"engine": engine.label, "how": engine.peer_how}, {}, data=data,
+                             parent=str(reference), extra={"peer": desc})
         made.append(folder)
     return made, not_run
 
@@ -135,8 +122,9 @@ def bench_one(path: Path, cfg: BenchConfig, tokenizer, eval_blocks: torch.Tensor
                              "size_bytes": artifacts.dir_size(path), "quantized": is_quantized(path)}
         r.update(metrics.evaluate(model, eval_blocks, cfg.measure.batch_size, eval_bytes=eval_bytes, docs=docs))
         r["generation"] = generate_sample(model, tokenizer, cfg.measure.gen_tokens)
-        for b in LAT_BATCHES:
-            metrics.forward_timer(model, b, block)()
+        engine = engine_of(path)
+        for w in workloads.of_kind("prefill"):
+            engine.prefill(model, w.batch, w.tokens or block)()
         if trainable(path):
             for once in metrics.train_step_timers(model, TRAIN_BATCHES, block).values():
                 once()
@@ -187,33 +175,41 @@ def timed_side_by_side(paths: list[Path], cfg: BenchConfig, tokenizer, block: in
     (static KV cache) the decode_b1 rounds; `compile_status` and `generation_compile_status` say, per artifact,
     whether they compiled."""
     models = {tag: load_any(p, device).eval() for tag, p in zip(tags(paths), paths, strict=True)}
+    engine = {tag: engine_of(p) for tag, p in zip(tags(paths), paths, strict=True)}
     new_tokens = min(metrics.generation_budget(m, tokenizer, cfg.measure.gen_tokens)[0] for m in models.values())
     forward = dict(models)
     status: dict[str, str] = {}
-    generators = {t: metrics.generation_timer(m, tokenizer, new_tokens) for t, m in models.items()}
+    compiled_decoding: dict[str, tuple[dict[str, Any], Any]] = {}  # tag -> its compiled twin's (kwargs, timer)
     gen_status: dict[str, str] = {}
+    prefill_batches = tuple(w.batch for w in workloads.of_kind("prefill"))
     if cfg.measure.compile:
         for tag, m in models.items():
-            compiled, status[tag] = metrics.compile_for_inference(m, LAT_BATCHES, block)
+            compiled, status[tag] = metrics.compile_for_inference(m, prefill_batches, block)
             if compiled is not None:
                 forward[tag + COMPILED] = compiled
             kwargs, gen_status[tag] = metrics.compiled_generation(m)
             if kwargs is not None:
-                timer = metrics.generation_timer(m, tokenizer, new_tokens, kwargs)
+                timer = engine[tag].decode(m, tokenizer, 1, new_tokens, kwargs)
                 try:
                     timer()  # compiles
                 except Exception as e:  # noqa: BLE001 - reported, not fatal
                     first = (str(e).strip().splitlines() or [""])[0]
                     gen_status[tag] = f"not run: torch.compile failed ({type(e).__name__}: {first[:120]})"
                 else:
-                    generators[tag + COMPILED] = timer
+                    compiled_decoding[tag] = (kwargs, timer)
     plan: dict[str, tuple[dict[str, Any], int]] = {}
-    for b in LAT_BATCHES:
-        plan[f"latency_b{b}"] = ({t: metrics.forward_timer(m, b, block) for t, m in forward.items()},
-                                 cfg.measure.repeats)
-    plan["decode_b1"] = (generators, 1)
-    plan["decode_b12"] = ({t: metrics.generation_timer(m, tokenizer, new_tokens, batch=12)
-                           for t, m in models.items()}, 1)
+    for w in workloads.all_():
+        if w.kind == "prefill":
+            plan[w.measure] = ({t: engine[t.removesuffix(COMPILED)].prefill(m, w.batch, w.tokens or block)
+                                for t, m in forward.items()}, cfg.measure.repeats)
+            continue
+        n = new_tokens if w.tokens is None else min(metrics.generation_budget(m, tokenizer, w.tokens)[0]
+                                                    for m in models.values())
+        fns = {t: engine[t].decode(m, tokenizer, w.batch, n) for t, m in models.items()}
+        if w.batch == 1:  # compiled decoding (static KV cache) joins the batch-1 rounds
+            fns |= {t + COMPILED: timer if n == new_tokens else engine[t].decode(models[t], tokenizer, 1, n, kw)
+                    for t, (kw, timer) in compiled_decoding.items()}
+        plan[w.measure] = (fns, 1)
     steppers = {tag: metrics.train_step_timers(models[tag], TRAIN_BATCHES, block)
                 for tag, p in zip(tags(paths), paths, strict=True) if trainable(p)}
     for b in TRAIN_BATCHES:
@@ -248,14 +244,11 @@ def combine(static: list[dict[str, Any]], timed: dict[str, dict[str, Any]]) -> l
         row[results.EVAL_LOSS_DELTA] = loss
         row["delta"] = {"eval_loss": results.LossDelta.of(loss).delta, "size": r["size_bytes"] / ref["size_bytes"] - 1}
         row["size_ratio"] = r["size_bytes"] / ref["size_bytes"]
-        for b in LAT_BATCHES:
-            samples = timed[f"latency_b{b}"]
-            row[f"latency_b{b}"] = metrics.latency_stats(samples[tag])
-            row[results.latency_ratio(b)] = samples.ratio(ref["tag"], tag)
-        for b in DECODE_BATCHES:
-            dec = timed[f"decode_b{b}"]
-            row[f"decode_tokens_per_s_b{b}"] = stats.median_of_rounds(dec[tag])
-            row[results.decode_ratio(b)] = dec.ratio(ref["tag"], tag, higher_is_better=True)
+        for w in workloads.all_():
+            samples = timed[w.measure]
+            row[w.figure] = (metrics.latency_stats(samples[tag]) if w.kind == "prefill"
+                             else stats.median_of_rounds(samples[tag]))
+            row[w.ratio] = samples.ratio(ref["tag"], tag, higher_is_better=w.higher_is_better)
         row["generation"]["tokens_per_s"] = row["decode_tokens_per_s_b1"]  # the b1 decode, under its old names
         row[results.GENERATION_RATIO] = row[results.decode_ratio(1)]
         for b in TRAIN_BATCHES:
@@ -274,15 +267,16 @@ def combine(static: list[dict[str, Any]], timed: dict[str, dict[str, Any]]) -> l
     return rows
 
 
-PEER_WORKLOADS = {"decode_b1": ("decode_b1", True), "decode_b12": ("decode_b12", True),
-                  "prefill_b12": ("latency_b12", False)}
+def peer_workloads() -> tuple[workloads.Workload, ...]:
+    """The workloads of the peer table: every one but prefill at batch 1 (a forward too short to tell engines
+    apart; it stays in each row's own figures), decode ones first."""
+    return tuple(sorted((w for w in workloads.all_() if w.name != "prefill-b1"), key=lambda w: w.kind != "decode"))
 
 
 def peer_ratios(timed: dict[str, Any], peer: str, tag: str) -> dict[str, Any]:
-    """`tag` against the peer row `peer`, paired in the same rounds: decode tokens/s at batch 1 and 12 (above 1:
-    faster than the peer) and prefill latency at batch 12 (below 1: faster)."""
-    return {name: timed[key].ratio(peer, tag, higher_is_better=higher)
-            for name, (key, higher) in PEER_WORKLOADS.items()}
+    """`tag` against the peer row `peer`, paired in the same rounds, per workload (`decode_b1`, ...): decode ratios
+    above 1 and prefill ratios below 1 are faster than the peer."""
+    return {w.key: timed[w.measure].ratio(peer, tag, higher_is_better=w.higher_is_better) for w in peer_workloads()}
 
 
 def peer_lines(report: dict[str, Any]) -> list[str]:
@@ -290,13 +284,14 @@ def peer_lines(report: dict[str, Any]) -> list[str]:
     peers = [r["tag"] for r in report["artifacts"] if r["stage"] == "peer"]
     if not peers:
         return []
-    head = " | ".join(f"vs {p}: decode b1 | decode b12 | prefill b12" for p in peers)
+    ws = peer_workloads()
+    head = " | ".join(f"vs {p}: " + " | ".join(w.label for w in ws) for p in peers)
     lines = ["Against the engines a user would pick instead (the dense reference through them, same rounds; decode "
              "ratios above 1 and prefill ratios below 1 are faster than the peer):", "",
-             f"| artifact | {head} |", "|---|" + "---|---|---|" * len(peers)]
+             f"| artifact | {head} |", "|---|" + "---|" * len(ws) * len(peers)]
     for r in report["artifacts"]:
         if "vs_peers" in r:
-            cells = [stats.fmt_ratio(r["vs_peers"][p][w]) for p in peers for w in PEER_WORKLOADS]
+            cells = [stats.fmt_ratio(r["vs_peers"][p][w.key]) for p in peers for w in ws]
             lines.append(f"| {r['tag']} | " + " | ".join(cells) + " |")
     return [*lines, ""]
 
@@ -306,12 +301,13 @@ def compiled_row(timed: dict[str, Any], tag: str, ref: str) -> dict[str, Any]:
     reference, and its compiled decoding's tokens/s paired with the eager decoding; or why either did not run."""
     out: dict[str, Any] = {"status": timed["compile_status"][tag],
                            "generation_status": timed.get("generation_compile_status", {}).get(tag, "not run")}
-    if tag + COMPILED in timed["latency_b1"]:
-        for b in LAT_BATCHES:
-            samples = timed[f"latency_b{b}"]
-            out[f"latency_b{b}"] = metrics.latency_stats(samples[tag + COMPILED])
-            out[f"ratio_vs_eager_b{b}"] = samples.ratio(tag, tag + COMPILED)
-            out[results.latency_ratio(b)] = samples.ratio(ref, tag + COMPILED)
+    prefill = workloads.of_kind("prefill")
+    if prefill and tag + COMPILED in timed[prefill[0].measure]:
+        for w in prefill:
+            samples = timed[w.measure]
+            out[w.figure] = metrics.latency_stats(samples[tag + COMPILED])
+            out[f"ratio_vs_eager_b{w.batch}"] = samples.ratio(tag, tag + COMPILED)
+            out[w.ratio] = samples.ratio(ref, tag + COMPILED)
     gen = timed["decode_b1"]
     if tag + COMPILED in gen:
         out["generation_tokens_per_s"] = stats.median_of_rounds(gen[tag + COMPILED])
@@ -368,7 +364,7 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
         # the peers live as long as this bench; removed below, or by the next run lock if the process is killed
         scratch = Path(tempfile.mkdtemp(dir=run_dir, prefix=".tmp-peers-"))
         try:
-            peers, peers_not_run = make_peers(paths[0], scratch)
+            peers, peers_not_run = make_peers(paths[0], scratch, cfg.peer_engine_names)
             peers_not_run |= {p.name: f"not run: {reason}" for p in peers if (reason := cannot_run_on(p, device))}
             peers = [p for p in peers if p.name not in peers_not_run]
             return _bench(cfg, device, run_name, paths + peers, progress, {**not_run, **peers_not_run})
@@ -562,3 +558,121 @@ def sample_lines(artifacts_: list[dict[str, Any]]) -> list[str]:
             lines.append(f"| {r['tag']} | {cell(g['text'])} | {g['greedy_repeated_fraction']:.0%} | "
                          f"{cell(g['sampled_text'])} |")
     return [*lines, ""]
+
+
+# ------------------------------------------------------------------------------------- the stage in `effkit run`
+BENCH_ARTIFACT_ROUND = 10.0  # per artifact per bench round: prefill b1/b12, decode b1/b12 (training steps, 128 tokens)
+BENCH_ARTIFACT = 16.0  # per artifact: loading, its held-out loss, a sample, its memory (training steps)
+BENCH_MEASURES = 6  # prefill b1/b12, decode b1/b12, training b4/b12
+
+
+def deliverable(plan: Plan, bench: dict[str, Any]) -> dict[str, Any]:
+    """The artifact to ship: among the benched artifacts (peers excluded: they are what a user has without effkit)
+    whose held-out loss is within `max_loss_increase` of the dense reference's (the model the user has; paired
+    point estimate), the best at the recipe's workload (`optimize_for`), then the smallest; with the line that says
+    so, its standing against the fastest peer at that workload, and, for a pruned artifact, its dense control's
+    attribution."""
+    from effkit.artifacts.loader import load_command
+
+    budget, chosen = plan.run.pipeline.max_loss_increase, workloads.get(plan.run.pipeline.optimize_for)
+    rows = [r for r in bench["artifacts"] if r["stage"] != "peer"]
+    ref = rows[0]
+    within = [r for r in rows if r is ref or results.LossDelta.of(r[results.EVAL_LOSS_DELTA]).delta <= budget]
+    speed = lambda r: 1.0 if r is ref else results.PairedRatio.of(r[chosen.ratio]).ratio  # noqa: E731 - paired
+    best = max(within, key=lambda r: (speed(r) if chosen.higher_is_better else -speed(r), -r["size_ratio"]))
+    path = Path(best["artifact"])
+    loss = "ref" if best is ref else stats.fmt_delta(best[results.EVAL_LOSS_DELTA]) + f" vs {ref['tag']}"
+    if best.get(results.EVAL_LOSS_DELTA_VS_CONTROL):
+        loss += (f" ({stats.fmt_delta(best[results.EVAL_LOSS_DELTA_VS_CONTROL])} of it against its dense control, "
+                 "the dense model fine-tuned the same way: the rest is what that fine-tuning did)")
+    shown = peer_workloads()
+    cols = ", ".join(f"{w.name} " + ("1.00x (reference)" if best is ref else stats.fmt_ratio(best[w.ratio]))
+                     for w in shown if best is ref or w.ratio in best)
+    peers = best.get("vs_peers", {})
+    vs_peers = "; ".join(f"vs {p}: " + ", ".join(f"{w} {stats.fmt_ratio(r[w])}" for w in r) for p, r in peers.items())
+    line = (f"deliver {best['tag']} (chosen for {chosen.name}): {cols}; size {best['size_ratio']:.2f}x, loss {loss}"
+            + (f"; {vs_peers}" if vs_peers else "") + f"; load it: {load_command(path)}, or effkit generate --from "
+            f"{path}")
+    return {"tag": best["tag"], "artifact": str(path), "line": line, "budget": budget, "optimize_for": chosen.name,
+            "vs_peers": {p: r[chosen.key] for p, r in peers.items() if chosen.key in r},
+            "how": f"benched artifacts (not the peer rows) whose held-out loss is at most {budget:.1%} above "
+                   f"{ref['tag']}'s (paired point estimate); the best paired ratio to {ref['tag']} at {chosen.name}, "
+                   "then the smallest size"}
+
+
+class BenchStep(Step):
+    key = "bench"
+
+    def fingerprint(self, plan: Plan, before: dict[str, str]) -> str:
+        return fingerprint("bench", plan.bench.to_dict(), sorted(before.values()))
+
+    def outputs(self, ctx: RunContext) -> list[Path]:
+        return [ctx.plan.report_dir / "bench.json"]
+
+    def recorded_outputs(self, ctx: RunContext) -> list[Path]:
+        return []
+
+    def complete(self, ctx: RunContext) -> bool:
+        plan = ctx.plan
+        bench = plan.report_dir / "bench.json"
+        if not bench.is_file() or not plan.run_dir.is_dir():
+            return False
+        newest = max(((d / artifacts.META).stat().st_mtime for d in plan.run_dir.iterdir()
+                      if (d / artifacts.META).is_file()), default=0.0)
+        return bench.stat().st_mtime >= newest
+
+    def run(self, ctx: RunContext) -> None:
+        ctx.results["bench"] = run_bench(ctx.plan.bench)
+        self.deliver(ctx)
+
+    def reuse(self, ctx: RunContext) -> None:
+        ctx.results["bench"] = json.loads((ctx.plan.report_dir / "bench.json").read_text())
+        self.deliver(ctx)
+
+    def deliver(self, ctx: RunContext) -> None:
+        ship = deliverable(ctx.plan, ctx.results["bench"])
+        if choice := ctx.results.get("best-pruned"):
+            ship["best_pruned"] = choice[1]
+        ctx.results["deliverable"] = ship
+        atomic_write_text(ctx.plan.report_dir / "deliverable.json", json.dumps(ship, indent=2))
+
+    def work(self, plan: Plan) -> float:
+        st = plan.stages
+        n = 1 + (sum(c.method.rounds for c in plan.prune.values()) if "prune" in st else 0)
+        n += len(plan.run.pipeline.quantize_from) if "quantize" in st else 0
+        b = plan.bench
+        only = b.peer_engine_names
+        n += len([e for name, e in ENGINES.items() if e.peer_tag and (not only or name in only)]) if b.what.peers else 0
+        ms = b.measure
+        return n * (ms.rounds * BENCH_ARTIFACT_ROUND * ms.gen_tokens / 128 * ms.repeats / 3 + BENCH_ARTIFACT)
+
+    def budget(self, plan: Plan) -> float:
+        ms = plan.bench.measure
+        return 0.0 if ms.fixed_rounds else ms.budget_s * BENCH_MEASURES
+
+    def describe(self, plan: Plan) -> dict[str, Any]:
+        return {"stage": "bench", "what": "every artifact of the run, one protocol: "
+                + ", ".join(w.label for w in workloads.all_())
+                + f"{', with the peer engines' if plan.bench.what.peers else ''}; the artifact to ship chosen for "
+                  f"{plan.run.pipeline.optimize_for}", "leaves": str(plan.report_dir / "bench.json")}
+
+
+class BenchStage(Stage):
+    name = "bench"
+
+    def configure(self, plan: Plan) -> None:
+        f = plan.run.folders
+        bench = build_config(BenchConfig, plan.recipe, {"run": plan.run.pipeline.run_name, "runs_dir": f.runs_dir,
+                                                       "reports_dir": f.reports_dir})
+        if bench.what.peers is None:  # `effkit run` measures the engines a user would pick instead, unless told not
+            bench = bench.replace(peers=True)
+        plan.configs["bench"] = bench
+
+    def steps(self, plan: Plan) -> list[Step]:
+        return [BenchStep()]
+
+    def fingerprints(self, plan: Plan, before: dict[str, str]) -> dict[str, str]:
+        return {"bench": BenchStep().fingerprint(plan, before)}
+
+
+STAGE = BenchStage()

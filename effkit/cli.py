@@ -13,7 +13,9 @@ from typing import Optional
 import typer
 
 from effkit import optim as optim_registry  # (`optim` is also a flag of `train`)
+from effkit import workloads
 from effkit.config import (
+    BackendParams,
     BenchConfig,
     ExportConfig,
     PruneConfig,
@@ -321,9 +323,38 @@ def prune(
 
 
 _Q = SimpleNamespace(**QuantizeConfig.flat_defaults())
+_TYPES = {"bool": bool, "int": int, "float": float, "str": str}
+
+
+def with_plugin_options(section: type):
+    """Add the options plug-ins declare (a `PluginOptions` section: each backend's `Options` dataclass) to a
+    command as typer options, with the help and default of their fields (`--x/--no-x` for booleans); the command
+    receives them in its `**kwargs`. Declared once, in the plug-in's module."""
+
+    def wrap(fn):
+        import inspect
+
+        sig = inspect.signature(fn)
+        params = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+        hints = dict(fn.__annotations__)
+        for key, f in section.declared().items():
+            kind = _TYPES.get(f.type, f.type) if isinstance(f.type, str) else f.type
+            flag = key.replace("_", "-")
+            decls = [f"--{flag}/--no-{flag}"] if kind is bool else []
+            choices = f.metadata.get("choices")
+            help_ = f.metadata.get("help", "") + (f" (one of {', '.join(choices)})" if choices else "")
+            params.append(inspect.Parameter(key, inspect.Parameter.KEYWORD_ONLY, annotation=kind,
+                                            default=typer.Option(f.default, *decls, help=help_)))
+            hints[key] = kind
+        fn.__signature__ = sig.replace(parameters=params)
+        fn.__annotations__ = hints
+        return fn
+
+    return wrap
 
 
 @app.command()
+@with_plugin_options(BackendParams)
 def quantize(
     ctx: typer.Context,
     recipe: Optional[Path] = typer.Option(None, help="TOML recipe; its \\[quantize] table sets defaults"),
@@ -334,13 +365,8 @@ def quantize(
                                 + ", ".join(backends.names())),
     include_head: bool = typer.Option(_Q.include_head, "--include-head/--no-include-head",
                                       help="also quantize the tied LM head / token embedding"),
-    threshold: float = typer.Option(_Q.threshold, help="bnb LLM.int8 outlier threshold"),
-    torchao_scheme: str = typer.Option(_Q.torchao_scheme, help="torchao: da8w8 (int8 act + weight) or w8"),
-    fuse: bool = typer.Option(_Q.fuse, "--fuse/--no-fuse", help="onnxruntime: ONNX Runtime's transformer fusions"),
-    optimize_for: str = typer.Option(_Q.optimize_for, help="what auto picks the fastest backend for: decode-b1, "
-                                                            "decode-b12 (greedy tokens/s) or prefill-b12 (latency)"),
-    compute_type: str = typer.Option(_Q.compute_type, help="ctranslate2: int8, int8_float32, int16, float32 (or "
-                                                            "int8_bfloat16 / float16 where the device has them)"),
+    optimize_for: str = typer.Option(_Q.optimize_for, help="the workload auto picks the fastest backend for: "
+                                     + ", ".join(workloads.names()) + " (decode: greedy tokens/s; prefill: latency)"),
     compile: bool = typer.Option(_Q.compile, "--compile/--no-compile",
                                  help="also time parent and int8 under torch.compile (Inductor, freezing)"),
     batch_size: int = typer.Option(_Q.batch_size, help="evaluation batch size"),
@@ -353,6 +379,7 @@ def quantize(
     device: str = typer.Option(_Q.device, help=DEVICE_HELP),
     runs_dir: str = typer.Option(_Q.runs_dir, help="where runs/ are"),
     reports_dir: str = typer.Option(_Q.reports_dir, help="where reports/ go"),
+    **backend_options,  # each backend's own options (its `Options` dataclass), added by with_plugin_options
 ):
     """Quantize an artifact to int8 and compare it with its parent (fp32 and bf16)."""
     quiet_libraries()
@@ -434,8 +461,7 @@ def export(
     print(f"sample: {m['generation']['text'][:120]!r}")
     for v in report["verdicts"]:
         print(f"note: {v}")
-    print(f"load it: onnxruntime.InferenceSession('{report['artifact']}/model.onnx'), or effkit bench / generate "
-          f"--from {report['artifact']}")
+    print(f"load it: {report['load_command']}, or effkit bench / generate --from {report['artifact']}")
     print(f"artifact: {report['artifact']}\nreport:   {Path(cfg.folders.reports_dir) / report['run']}")
 
 
@@ -461,8 +487,11 @@ def bench(
     compile: bool = typer.Option(_B.compile, "--compile/--no-compile",
                                  help="also time each PyTorch artifact under torch.compile (Inductor, freezing)"),
     peers: Optional[bool] = typer.Option(None, "--peers/--no-peers",
-                                         help="also the dense reference through CTranslate2 int8 and ONNX Runtime "
-                                              "int8 (with past), in the same rounds (default: on in effkit run)"),
+                                         help="also the dense reference through the engines a user would pick "
+                                              "instead (CTranslate2 int8, ONNX Runtime int8 with past, ...), in the "
+                                              "same rounds (default: on in effkit run)"),
+    peer_engines: str = typer.Option(_B.peer_engines, help="with --peers: comma-separated engines giving a peer row "
+                                                           "(default: every engine that has one)"),
     batch_size: int = typer.Option(_B.batch_size, help="evaluation batch size"),
     json_out: bool = typer.Option(False, "--json", help="print the machine-readable result instead of the table"),
     device: str = typer.Option(_B.device, help=DEVICE_HELP),

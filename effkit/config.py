@@ -25,10 +25,10 @@ try:
 except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
     import tomli as tomllib
 
+from effkit import workloads
 from effkit.errors import EffkitError
-from effkit.measure import results
-from effkit.prune import methods
-from effkit.quantize import backends
+from effkit.registry import BACKENDS, ENGINES, OPTIMIZERS, PRUNERS
+from effkit.registry import STAGES as RUN_STAGES
 
 PARALLEL_MODES = ("none", "ddp", "fsdp", "tp", "fsdp+tp", "pp", "pp+fsdp")
 PP_SCHEDULES = ("gpipe", "1f1b")
@@ -50,6 +50,92 @@ class _Section:
         return dataclasses.asdict(self)
 
 
+def _field_names(section: type) -> list[str]:
+    """A section's flat keys: a dataclass's fields, or what the plug-ins of a `PluginOptions` section declare."""
+    if issubclass(section, PluginOptions):
+        return section.field_names()
+    return [f.name for f in dataclasses.fields(section)]
+
+
+class PluginOptions:
+    """A config section made of the options plug-ins declare: each plug-in of `registry` (a quantization backend)
+    may have an `options` dataclass, whose fields (default, type, `help` and `choices` in the field's metadata) are
+    its flags, recipe keys and `--help` lines; this section is the union of those fields, read as attributes
+    (`cfg.options.threshold`) or, typed, as one plug-in's dataclass (`cfg.options.of(Options)`). Declared once,
+    in the plug-in's module: the CLI, recipe validation and `--help` derive from it."""
+
+    registry: Any = None  # set by subclasses
+    what = "plug-in"
+
+    @classmethod
+    def declared(cls) -> dict[str, dataclasses.Field]:
+        """flat key -> its field, over every plug-in of the registry (in registry order)."""
+        out: dict[str, dataclasses.Field] = {}
+        for name in cls.registry.names():
+            options = getattr(cls.registry.get(name), "options", None)
+            for f in dataclasses.fields(options) if options is not None else ():
+                if f.name in out and out[f.name].default != f.default:
+                    raise EffkitError(f"{cls.what} {name} declares option {f.name!r} with another default than an "
+                                      "earlier one; rename it")
+                out.setdefault(f.name, f)
+        return out
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return list(cls.declared())
+
+    def __init__(self, **values: Any):
+        declared = self.declared()
+        unknown = [k for k in values if k not in declared]
+        if unknown:
+            raise EffkitError(f"unknown {self.what} option {unknown[0]!r}")
+        object.__setattr__(self, "_values", {**{k: f.default for k, f in declared.items()}, **values})
+
+    def __getattr__(self, key: str) -> Any:
+        values = self.__dict__.get("_values", {})
+        if key in values:
+            return values[key]
+        raise AttributeError(key)
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        raise dataclasses.FrozenInstanceError(f"cannot assign to field {key!r}")
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and other._values == self._values
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted(self._values.items(), key=lambda kv: kv[0])))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self._values.items())})"
+
+    def __deepcopy__(self, memo: dict) -> PluginOptions:
+        return type(self)(**dict(self._values))
+
+    def replace(self, **changes: Any) -> PluginOptions:
+        return type(self)(**{**self._values, **changes})
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self._values)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any] | None) -> PluginOptions:
+        declared = cls.declared()
+        return cls(**{k: v for k, v in (values or {}).items() if k in declared})
+
+    def of(self, options: type) -> Any:
+        """One plug-in's options as its own dataclass."""
+        return options(**{f.name: self._values[f.name] for f in dataclasses.fields(options)})
+
+    def validate(self) -> None:
+        """Choices declared in a field's metadata are checked here, in one line naming them."""
+        for key, f in self.declared().items():
+            choices = f.metadata.get("choices")
+            if choices and self._values[key] not in choices:
+                raise EffkitError(f"unknown --{key.replace('_', '-')} {self._values[key]!r}; choose one of "
+                                  f"{', '.join(choices)}")
+
+
 class _Staged(_Section):
     """A stage config nested by concern: its fields are sections (frozen dataclasses) and every field of a
     section is one of the stage's flat keys (a flag and a recipe key of the same name). Flags, recipes, reports,
@@ -63,7 +149,7 @@ class _Staged(_Section):
     @classmethod
     def flat_keys(cls) -> dict[str, str]:
         """flat key -> the section holding it."""
-        return {f.name: name for name, sec in cls.sections().items() for f in dataclasses.fields(sec)}
+        return {key: name for name, sec in cls.sections().items() for key in _field_names(sec)}
 
     @classmethod
     def from_flat(cls, **values: Any):
@@ -79,7 +165,7 @@ class _Staged(_Section):
         return dataclasses.replace(self, **{n: getattr(self, n).replace(**v) for n, v in per_section.items()})
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: v for name in self.sections() for k, v in dataclasses.asdict(getattr(self, name)).items()}
+        return {k: v for name in self.sections() for k, v in getattr(self, name).to_dict().items()}
 
     @classmethod
     def flat_defaults(cls) -> dict[str, Any]:
@@ -309,9 +395,7 @@ class TrainConfig(_Section):
             raise EffkitError(f"amp must be true, false or \"auto\" (got {o.amp!r})")
         if o.amp_dtype not in ("bf16", "fp16"):
             raise EffkitError(f"--amp-dtype must be bf16 or fp16 (got {o.amp_dtype!r})")
-        from effkit import optim
-
-        optim.get(o.optim)  # one line naming the choices
+        OPTIMIZERS.get(o.optim)  # one line naming the choices
         if p.mode not in PARALLEL_MODES:
             raise EffkitError(f"unknown --parallel {p.mode!r}; choose one of {', '.join(PARALLEL_MODES)}")
         if p.sync not in SYNC_MODES:
@@ -424,7 +508,7 @@ class PruneConfig(_Staged):
         """Whether the fine-tuning between rounds distils from the dense parent (resolves the auto default)."""
         if self.finetune.distill is not None:
             return self.finetune.distill
-        return methods.get(self.method.mode).structured and self.finetune.finetune_steps > 0
+        return PRUNERS.get(self.method.mode).structured and self.finetune.finetune_steps > 0
 
     @property
     def label(self) -> str:
@@ -433,7 +517,7 @@ class PruneConfig(_Staged):
 
     def validate(self) -> PruneConfig:
         m, f, ms = self.method, self.finetune, self.measure
-        pruner = methods.get(m.mode)  # unknown modes end here, in one line
+        pruner = PRUNERS.get(m.mode)  # unknown modes end here, in one line
         if not 0 < m.target < 1:
             raise EffkitError(f"--target must be between 0 and 1, exclusive (got {m.target}); "
                               "it is the fraction removed: of the weights, MLP channels, residual channels or blocks")
@@ -442,14 +526,14 @@ class PruneConfig(_Staged):
         if f.finetune_steps < 0:
             raise EffkitError(f"--finetune-steps must be >= 0 (got {f.finetune_steps})")
         if m.importance not in pruner.importances:
-            accept = [n for n in methods.names() if m.importance in methods.get(n).importances]
+            accept = [n for n in PRUNERS.names() if m.importance in PRUNERS.get(n).importances]
             if not accept:
-                known = sorted({i for n in methods.names() for i in methods.get(n).importances})
+                known = sorted({i for n in PRUNERS.names() for i in PRUNERS.get(n).importances})
                 raise EffkitError(f"unknown --importance {m.importance!r}; choose one of {', '.join(known)}")
             raise EffkitError(f"--importance {m.importance} applies to --mode {' or '.join(accept)}; --mode "
                               f"{m.mode} ranks by {pruner.ranks_by(self)}")
         if f.distill and not pruner.structured:
-            structured = [n for n in methods.names() if methods.get(n).structured]
+            structured = [n for n in PRUNERS.names() if PRUNERS.get(n).structured]
             raise EffkitError(f"--distill applies to the structured modes ({', '.join(structured)}), not to "
                               f"--mode {m.mode}")
         if f.distill and not f.finetune_steps:
@@ -472,19 +556,20 @@ class PruneConfig(_Staged):
         return self
 
 
-# workload -> (the bench row key of its paired ratio to the reference, whether a higher ratio is better)
-WORKLOADS = results.WORKLOADS
-
 
 @dataclass(frozen=True)
 class BackendOptions(_Section):
     backend: str = "auto"
-    optimize_for: str = "decode-b1"  # what auto picks the fastest backend for: decode-b1, decode-b12, prefill-b12
+    optimize_for: str = "decode-b1"  # what auto picks the fastest backend for: a workload (effkit.workloads)
     include_head: bool = False  # also the (tied) LM head and token embeddings
-    threshold: float = 6.0  # bnb outlier threshold
-    torchao_scheme: str = "da8w8"  # da8w8 (dynamic activation + weight) or w8 (weight-only)
-    fuse: bool = False  # onnxruntime: apply ONNX Runtime's transformer fusions before quantizing
-    compute_type: str = "int8"  # ctranslate2: what CTranslate2 computes in (int8, int8_float32, float32, ...)
+
+
+class BackendParams(PluginOptions):
+    """Every quantization backend's own options (`options` in its module: bnb's threshold, torchao's scheme,
+    onnxruntime's fuse, ctranslate2's compute type, a plug-in's)."""
+
+    registry = BACKENDS
+    what = "quantize"
 
 
 @dataclass(frozen=True)
@@ -516,24 +601,21 @@ class QuantizeConfig(_Staged):
 
     inputs: Inputs = field(default_factory=Inputs)  # --from default: the newest artifact of the latest run
     method: BackendOptions = field(default_factory=BackendOptions)
+    options: BackendParams = field(default_factory=BackendParams)
     measure: QuantizeMeasure = field(default_factory=QuantizeMeasure)
     folders: Folders = field(default_factory=Folders)
 
     def validate(self) -> QuantizeConfig:
         b = self.method
-        if b.optimize_for not in WORKLOADS:
-            raise EffkitError(f"unknown --optimize-for {b.optimize_for!r}; choose one of {', '.join(WORKLOADS)}")
-        if b.backend not in (choices := ("auto", *backends.names())):
+        workloads.get(b.optimize_for)  # one line naming the choices
+        if b.backend not in (choices := ("auto", *BACKENDS.names())):
             raise EffkitError(f"unknown --backend {b.backend!r}; choose one of {', '.join(choices)}")
-        if b.torchao_scheme not in ("da8w8", "w8"):
-            raise EffkitError(f"unknown --torchao-scheme {b.torchao_scheme!r}; choose da8w8 or w8")
+        self.options.validate()
         _check_parent_measure(self.measure)
         check_device(self.inputs.device)
         check_folder_option("--reports-dir", self.folders.reports_dir)
         return self
 
-
-EXPORT_FORMATS = ("onnx", "ctranslate2")
 
 
 @dataclass(frozen=True)
@@ -554,8 +636,6 @@ class ExportConfig(_Staged):
     folders: Folders = field(default_factory=Folders)
 
     def validate(self) -> ExportConfig:
-        if self.what.format not in EXPORT_FORMATS:
-            raise EffkitError(f"unknown --format {self.what.format!r}; choose one of {', '.join(EXPORT_FORMATS)}")
         _check_parent_measure(self.measure)
         check_folder_option("--reports-dir", self.folders.reports_dir)
         return self
@@ -569,6 +649,8 @@ class BenchWhat(_Section):
     # also the dense reference through the engines a user would pick instead (CTranslate2 int8 by its converter,
     # ONNX Runtime int8 of the with-past export), in the same rounds; None = on in `effkit run`, off otherwise
     peers: bool | None = None
+    # which engines give a peer row: comma-separated engine names ("" = every engine of the registry with a peer)
+    peer_engines: str = ""
     device: str = "auto"
 
 
@@ -588,6 +670,10 @@ class BenchMeasure(Sequential):
 class BenchConfig(_Staged):
     """`effkit bench`: what (artifacts, peers, device), measure (the protocol's rounds and sizes), folders."""
 
+    @property
+    def peer_engine_names(self) -> list[str]:
+        return [n.strip() for n in self.what.peer_engines.split(",") if n.strip()]
+
     what: BenchWhat = field(default_factory=BenchWhat)
     measure: BenchMeasure = field(default_factory=BenchMeasure)
     folders: Folders = field(default_factory=Folders)
@@ -605,6 +691,10 @@ class BenchConfig(_Staged):
         check_device(self.what.device)
         if self.what.run:
             check_run_name(self.what.run, "--run")
+        for name in self.peer_engine_names:
+            if name not in ENGINES:
+                raise EffkitError(f"unknown engine {name!r} in --peer-engines; choose among "
+                                  f"{', '.join(ENGINES.names())}")
         check_folder_option("--reports-dir", self.folders.reports_dir)
         if ms.quick:
             return self.replace(rounds=min(ms.rounds, 3), repeats=min(ms.repeats, 2), fixed_rounds=True,
@@ -612,7 +702,7 @@ class BenchConfig(_Staged):
         return self
 
 
-PIPELINE = ("train", "prune", "quantize", "bench", "report")
+PIPELINE = tuple(RUN_STAGES.builtin)  # the default stages of `effkit run`, in the order they run
 
 
 @dataclass(frozen=True)
@@ -640,22 +730,22 @@ class RunConfig(_Staged):
         r = self.pipeline
         if not isinstance(r.stages, list) or not r.stages:
             raise EffkitError(f"stages must be a non-empty list, e.g. {list(PIPELINE)}")
+        known = RUN_STAGES.names()  # registered stages run after the built-in ones, in registration order
         for st in r.stages:
-            if st not in PIPELINE:
-                raise EffkitError(f"unknown stage {st!r} in stages; known: {', '.join(PIPELINE)}")
-        order = [PIPELINE.index(st) for st in r.stages]
+            if st not in known:
+                raise EffkitError(f"unknown stage {st!r} in stages; known: {', '.join(known)}")
+        order = [known.index(st) for st in r.stages]
         if order != sorted(order) or len(set(order)) != len(order):
             raise EffkitError(f"stages {r.stages} are in an impossible order; they run as "
-                              f"{' -> '.join(PIPELINE)}")
+                              f"{' -> '.join(known)}")
         if not r.quantize_from or not all(isinstance(t, str) and t for t in r.quantize_from):
             raise EffkitError(f"quantize_from must be a tag or a list of tags, e.g. [\"train\", \"best-pruned\"] "
                               f"(got {r.quantize_from!r})")
         _finite("max_loss_increase", r.max_loss_increase, 0)
-        if r.optimize_for not in WORKLOADS:
-            raise EffkitError(f"unknown optimize_for {r.optimize_for!r}; choose one of {', '.join(WORKLOADS)}")
+        workloads.get(r.optimize_for, "optimize_for")
         for m in r.prune_modes:
-            if m not in methods.names():
-                raise EffkitError(f"unknown prune mode {m!r} in prune_modes; choose among {', '.join(methods.names())}")
+            if m not in PRUNERS.names():
+                raise EffkitError(f"unknown prune mode {m!r} in prune_modes; choose among {', '.join(PRUNERS.names())}")
         check_run_name(r.run_name, "run_name")
         check_folder_option("runs_dir", self.folders.runs_dir)
         check_folder_option("reports_dir", self.folders.reports_dir)
@@ -679,6 +769,19 @@ def flat_defaults(cls: type) -> dict[str, Any]:
     return cls.flat_defaults()
 
 
+def _plugin_tables() -> dict[str, type]:
+    """Recipe tables of registered (not built-in) stages that declare options: `[toy]` -> its dataclass."""
+    return {name: opts for name in RUN_STAGES.names() if name not in RUN_STAGES.builtin
+            and (opts := getattr(RUN_STAGES.get(name), "options", None)) is not None}
+
+
+def _table_defaults(cls: type) -> dict[str, Any]:
+    """The keys of a recipe table with their defaults: a stage config's flat keys, or a plain dataclass's fields."""
+    if hasattr(cls, "flat_defaults"):
+        return cls.flat_defaults()
+    return {f.name: f.default for f in dataclasses.fields(cls)}
+
+
 def load_recipe(path: str | Path) -> dict[str, dict[str, Any]]:
     """Read a TOML recipe: `{stage: {key: value}}`. Unknown stages or keys are errors naming the file."""
     p = Path(path)
@@ -688,17 +791,26 @@ def load_recipe(path: str | Path) -> dict[str, dict[str, Any]]:
         data = tomllib.loads(p.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise EffkitError(f"recipe {p} is not valid TOML: {e}") from None
+    tables = {**STAGES, **_plugin_tables()}
     for stage, table in data.items():
-        if stage not in STAGES:
-            raise EffkitError(f"recipe {p}: unknown section [{stage}]; known sections: {', '.join(sorted(STAGES))}")
+        if stage not in tables:
+            raise EffkitError(f"recipe {p}: unknown section [{stage}]; known sections: {', '.join(sorted(tables))}")
         if not isinstance(table, dict):
             raise EffkitError(f"recipe {p}: [{stage}] must be a table of key = value")
-        names = flat_defaults(STAGES[stage])
+        names = _table_defaults(tables[stage])
         for key in table:
             if key.replace("-", "_") not in names:
                 raise EffkitError(f"recipe {p}: unknown key {key!r} in [{stage}]; "
                                   f"run `effkit {stage} --help` for the options")
     return data
+
+
+def build_section(cls: type, recipe: str | None, table: str) -> Any:
+    """A plug-in stage's options (a plain dataclass) from its recipe table `[table]`, type-checked like every
+    stage's: defaults <- recipe."""
+    where = f"recipe {recipe}: [{table}]" if recipe else f"[{table}]"
+    values = load_recipe(recipe).get(table, {}) if recipe else {}
+    return cls(**_typed(cls, {k.replace("-", "_"): v for k, v in values.items()}, where))
 
 
 def build_config(cls: type, recipe: str | None, overrides: dict[str, Any]) -> Any:
@@ -719,7 +831,7 @@ def build_config(cls: type, recipe: str | None, overrides: dict[str, Any]) -> An
 
 def _typed(cls: type, values: dict[str, Any], where: str) -> dict[str, Any]:
     """`values` (flat keys of `cls`) checked against the defaults' types, ints promoted to floats."""
-    defaults = flat_defaults(cls)
+    defaults = _table_defaults(cls)
     for key, value in values.items():
         default = defaults[key]
         if key == "quantize_from" and isinstance(value, str):  # one tag, or a list of them

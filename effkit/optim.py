@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from effkit.errors import EffkitError
+from effkit.registry import OPTIMIZERS
 
 BETAS = (0.9, 0.95)
 
@@ -77,22 +78,16 @@ def _adamw8bit(groups: list[dict[str, Any]], lr: float, sharded: bool) -> tuple[
             f"torchao {torchao.__version__} AdamW8bit (block-wise 8-bit moments, compiled step)")
 
 
-OPTIMIZERS: dict[str, OptimSpec] = {s.name: s for s in (
-    OptimSpec("adamw", "PyTorch's, fused where it runs", _adamw),
-    OptimSpec("adamw-fused", "PyTorch's fused kernel", _adamw_fused),
-    OptimSpec("adamw8bit", "8-bit moments: bitsandbytes; torchao for fsdp/tp", _adamw8bit),
-)}
+# the entries of `effkit.registry.OPTIMIZERS`
+ADAMW = OptimSpec("adamw", "PyTorch's, fused where it runs", _adamw)
+ADAMW_FUSED = OptimSpec("adamw-fused", "PyTorch's fused kernel", _adamw_fused)
+ADAMW8BIT = OptimSpec("adamw8bit", "8-bit moments: bitsandbytes; torchao for fsdp/tp", _adamw8bit)
+get = OPTIMIZERS.get
 
 
 def describe() -> str:
     """`name (help)` of every optimizer, for `--help`."""
-    return ", ".join(f"{o.name} ({o.help})" for o in OPTIMIZERS.values())
-
-
-def get(name: str) -> OptimSpec:
-    if name not in OPTIMIZERS:
-        raise EffkitError(f"--optim must be one of {', '.join(OPTIMIZERS)} (got {name!r})")
-    return OPTIMIZERS[name]
+    return ", ".join(f"{o.name} ({o.help})" for _, o in OPTIMIZERS.items())
 
 
 def build_optimizer(model, name: str, lr: float, weight_decay: float) -> tuple[Any, str]:

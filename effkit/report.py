@@ -10,10 +10,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+from effkit import workloads
 from effkit.artifacts import atomic_write_text, prune_branch
 from effkit.errors import EffkitError
 from effkit.measure import results
 from effkit.measure.results import LossDelta, PairedRatio
+from effkit.stage import Plan, RunContext, Stage, Step
 
 SUMMARY_FIELDS = ["stage", "tag", "artifact", "eval_loss", "bits_per_byte", "perplexity", "train_tokens_per_s", "mfu",
                   "peak_memory_mb", "params", "size_mb", "parallel", "world_size", "amp_dtype", "time"]
@@ -215,9 +217,9 @@ def plot_comparison(out: Path) -> Path | None:
     if not bench.is_file():
         return None
     rows = json.loads(bench.read_text())["artifacts"]
-    panels = [(key, title) for key, title in ((results.LATENCY_RATIO_B12, "prefill b12 time"),
-                                              (results.decode_ratio(1), "decode b1 tokens/s"),
-                                              (results.decode_ratio(12), "decode b12 tokens/s")) if key in rows[0]]
+    shown = sorted((w for w in workloads.all_() if w.name != "prefill-b1"), key=lambda w: w.kind != "prefill")
+    panels = [(w.ratio, f"{w.label} {'time' if w.kind == 'prefill' else 'tokens/s'}") for w in shown
+              if w.ratio in rows[0]]
     plt = pyplot()
     fig, axes = plt.subplots(1, 2 + len(panels), figsize=(4.2 * (2 + len(panels)), max(3.0, 0.4 * len(rows) + 1.4)),
                              sharey=True)
@@ -336,3 +338,26 @@ def render_run_report(reports_dir: Path, run: str) -> tuple[Path, list[Path]]:
     reports = stage_reports(out, strict=True)  # a corrupt stage report: one line, before any plot is drawn
     plots = [p for p in (plot_loss_curves(out), plot_comparison(out)) if p] + plot_prune_curves(out)
     return rebuild_summary(out, reports), plots
+
+
+# ------------------------------------------------------------------------------------- the stage in `effkit run`
+
+class ReportStep(Step):
+    key = "report"
+    records = False  # always runs: it only reads the reports
+
+    def run(self, ctx: RunContext) -> None:
+        render_run_report(Path(ctx.plan.run.folders.reports_dir), ctx.plan.run.pipeline.run_name)
+
+    def describe(self, plan: Plan) -> dict[str, Any]:
+        return {"stage": "report", "what": "summary.md with plots", "leaves": str(plan.report_dir / "summary.md")}
+
+
+class ReportStage(Stage):
+    name = "report"
+
+    def steps(self, plan: Plan) -> list[Step]:
+        return [ReportStep()]
+
+
+STAGE = ReportStage()

@@ -25,7 +25,7 @@ import torch
 from effkit import artifacts, optim
 from effkit.artifacts import RunLayout
 from effkit.checkpoint import Checkpoint, Checkpointer
-from effkit.config import OptimConfig, TrainConfig
+from effkit.config import OptimConfig, TrainConfig, build_config
 from effkit.data import BlockSampler, make_loader, prepare
 from effkit.data.blocks import check_batch
 from effkit.errors import EffkitError, Interrupted
@@ -48,6 +48,7 @@ from effkit.parallel import ParallelDims, Runtime, init_runtime
 from effkit.parallel.launch import launch, nproc_per_node
 from effkit.parallel.parallelize import parallelize_gpt2
 from effkit.report import plot_loss_curve, write_rows_csv, write_stage_report
+from effkit.stage import FORWARD, Plan, RunContext, Stage, Step, complete, fingerprint
 
 
 def resolve_amp(o: OptimConfig, device: torch.device, model: torch.nn.Module | None = None,
@@ -451,12 +452,20 @@ def train(cfg: TrainConfig, rt: Runtime | None = None, *, on_step: Callable[[int
         saved = TrainConfig.from_dict(resumed.config)
         cfg = saved.replace(run=saved.run.replace(resume=True),
                             optim=saved.optim.replace(time_budget=cfg.optim.time_budget))
-        if dims is not None and dims.mode != cfg.parallel.mode:
+        if dims is not None and _saved_degrees(cfg, dims.world_size) != dims.degrees():
             raise EffkitError(f"run {cfg.run.run_name!r} was trained with --parallel {cfg.parallel.mode}; resume it "
-                              f"with --parallel {cfg.parallel.mode} (got {dims.mode})")
+                              f"with --parallel {cfg.parallel.mode} (got {dims.mode}: {dims.describe_degrees()})")
     trainer = Trainer(cfg, rt, resumed=resumed, hooks=TrainHooks(on_step=on_step), progress=progress, dims=dims)
     trainer.fit()
     return trainer.finish()
+
+
+def _saved_degrees(cfg: TrainConfig, world_size: int) -> tuple | None:
+    """The degrees the checkpoint's layout has on `world_size` processes (None: it cannot run on them)."""
+    try:
+        return ParallelDims.build(cfg.parallel, world_size).degrees()
+    except EffkitError:
+        return None
 
 
 def train_from_dict(config: dict[str, Any]) -> dict[str, Any]:
@@ -544,3 +553,82 @@ def train_any(cfg: TrainConfig, on_step: Callable[[int, float], None] | None = N
     with artifacts.run_lock(RunLayout.for_run(cfg.run).run_dir):
         report = run(cfg)
     return attach_plan(report, plan) if plan is not None and "metrics" in report else report
+
+
+# ------------------------------------------------------------------------------------- the stage in `effkit run`
+
+class TrainStep(Step):
+    key = "train"
+    record_before_run = True  # a resumed run continues only a checkpoint of the same recipe
+    known_early = False
+
+    def fingerprint(self, plan: Plan, before: dict[str, str]) -> str:
+        t = plan.train.to_dict()
+        t["run"].pop("resume", None)  # how training is continued, not what it makes
+        return fingerprint("train", t)
+
+    def outputs(self, ctx: RunContext) -> list[Path]:
+        p = ctx.plan
+        return [p.run_dir / "train", p.run_dir / "checkpoints", p.layout.report("train")]
+
+    def complete(self, ctx: RunContext) -> bool:
+        return complete(ctx.plan.run_dir / "train")
+
+    def run(self, ctx: RunContext) -> None:
+        from effkit.memplan import predict_quietly
+
+        plan = ctx.plan
+        resume = Checkpointer(plan.layout.checkpoint_dir).exists()
+        if resume:
+            ctx.console.print("resuming training from its last checkpoint")
+        report = train_any(plan.train.replace(run=plan.train.run.replace(resume=resume)),
+                           on_step=ctx.eta.on_train_step, plan=predict_quietly(plan.train))
+        ctx.eta.step_time_from_report(report)  # a launched run, or one too short for the in-run estimate
+
+    def work(self, plan: Plan) -> float:
+        t = plan.train
+        evals = (t.optim.max_steps // t.run.eval_interval if t.run.eval_interval else 0) + 1
+        return t.optim.max_steps + evals * -(-t.data.eval_blocks // t.optim.batch_size) * FORWARD
+
+    def describe(self, plan: Plan) -> dict[str, Any]:
+        import shlex
+
+        from effkit.child import Job
+        from effkit.memplan import predict_quietly
+        from effkit.parallel.launch import launch_command
+
+        t = plan.train
+        what = (f"{t.model.name} on {t.data.source}, {t.optim.max_steps} steps, batch {t.optim.batch_size} x "
+                f"{t.data.block_size}, parallel {t.parallel.mode}, "
+                f"amp {'auto (measured)' if t.optim.amp is None else t.optim.amp_dtype if t.optim.amp else 'off'}")
+        mem = predict_quietly(t)
+        if mem is not None:
+            fits = {True: "fits", False: "does NOT fit", None: "fit unknown"}[mem["fits"]]
+            what += (f"; memory plan: {mem['total_bytes'] / 2**20:,.0f} MiB per rank at the peak, {fits} in "
+                     f"{mem['device']}" + (f" ({mem['device_bytes'] / 2**20:,.0f} MiB)" if mem["device_bytes"] else ""))
+        entry = {"stage": "train", "what": what, "leaves": str(plan.layout.artifact("train"))}
+        if t.parallel.launched:
+            p = t.parallel.replace(nproc=nproc_per_node(t.parallel))  # as resolved on this machine
+            cmd, env = launch_command(p, Job(Path("<tmp>/job")))
+            cpu = " ACCELERATE_USE_CPU=1" if env.get("ACCELERATE_USE_CPU") else ""
+            entry["launch"] = f"{cpu.strip()} {shlex.join(cmd)}".strip()
+        return entry
+
+
+class TrainStage(Stage):
+    name = "train"
+
+    def configure(self, plan: Plan) -> None:
+        f = plan.run.folders
+        plan.configs["train"] = build_config(TrainConfig, plan.recipe, {"run_name": plan.run.pipeline.run_name,
+                                                                        "runs_dir": f.runs_dir,
+                                                                        "reports_dir": f.reports_dir})
+
+    def steps(self, plan: Plan) -> list[Step]:
+        return [TrainStep()]
+
+    def fingerprints(self, plan: Plan, before: dict[str, str]) -> dict[str, str]:
+        return {"train": TrainStep().fingerprint(plan, before)}  # every later stage depends on it
+
+
+STAGE = TrainStage()

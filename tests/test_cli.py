@@ -43,7 +43,7 @@ def assert_clean_failure(code, err, tmp_path, needle):
     (["--amp", "--amp-dtype", "fp16"], "fp16 autocast does nothing on CPU"),
     (["--checkpoint-interval", "-1"], "must be >= 0 (0 = never"),
     (["--microbatches", "0"], "--microbatches must be at least 1"),
-    (["--optim", "sgd"], "--optim must be one of adamw, adamw-fused, adamw8bit (got 'sgd')"),
+    (["--optim", "sgd"], "unknown --optim 'sgd'; choose one of adamw, adamw-fused, adamw8bit"),
     (["--fit"], "--fit goes with --plan"),
 ])
 def test_bad_options(extra, needle, tmp_path, corpus_dir, capsys, monkeypatch):
@@ -237,3 +237,15 @@ def test_nested_stage_configs_keep_their_flat_keys_and_every_one_is_a_flag():
     with pytest.raises(EffkitError, match="unknown quantize option 'mode'"):
         q.replace(mode="row")
     assert set(TrainConfig.flat_defaults()) >= {"lr", "parallel", "optim"}
+
+
+def test_library_import_notices_are_silenced_at_import_and_real_errors_still_show():
+    """torchao's notices about optional CUDA kernels and its enum registration (printed after effkit's last line
+    when a library imported it late) are dropped when effkit is imported; anything else those loggers say shows."""
+    code = ("import logging\nimport effkit\nimport torch\nimport torchao\n"
+            "logging.getLogger('torchao').warning('torchao says something else')\n"
+            "logging.getLogger('torchao').error('Failed to load x.so: a real error')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert lines == ["torchao says something else", "Failed to load x.so: a real error"], out.stderr

@@ -10,13 +10,13 @@ import torch
 from conftest import verdict_matches_interval
 
 from effkit import cli
-from effkit.artifacts.loader import load_quantized, quantized_layers
+from effkit.artifacts.loader import load_any, quantized_layers
 from effkit.config import BenchConfig, ExportConfig, PruneConfig, QuantizeConfig, TrainConfig
 from effkit.data import prepare
+from effkit.engines.onnxruntime import OnnxCausalLM, onnx_unavailable
 from effkit.errors import EffkitError
 from effkit.measure import metrics
 from effkit.model import load_model
-from effkit.onnx_export import OnnxCausalLM, onnx_unavailable
 from effkit.prune.stage import run_prune
 from effkit.quantize.backends import unavailable as backend_available
 from effkit.quantize.stage import run_quantize
@@ -83,7 +83,7 @@ def test_onnx_fp32_export_gives_pytorch_logits(trained):
 def test_parity_gate_scales_with_the_logits(trained, monkeypatch):
     """fp32 rounding grows with the logits: a difference of 3e-4 passes on logits scaled to about 30 (1e-5 of the
     scale, as ONNX Runtime gives a trained model) and fails on logits below 1; a difference of 0.1 fails on both."""
-    import effkit.onnx_export as ox
+    import effkit.engines.onnxruntime as ox
 
     _, artifact, _ = trained
     model = load_model(artifact).eval()
@@ -145,6 +145,34 @@ def test_ctranslate2_export_gives_pytorch_greedy_tokens_and_loss(trained, tmp_pa
     assert load_command(moved).startswith("ctranslate2.Generator(")
 
 
+def test_a_tokenizer_without_an_unknown_token_exports_to_ctranslate2_with_its_own_load_line(trained, tmp_path,
+                                                                                            capsys, monkeypatch):
+    """CTranslate2's converter writes `unk_token: null` for such a tokenizer and its loader then fails ("type must
+    be string, but is null"); effkit fills it with end-of-text, as GPT-2's own tokenizer does. The line that says
+    how to load the export is the engine's own (it once printed onnxruntime's for a CTranslate2 folder)."""
+    _, artifact, _ = trained
+    source = tmp_path / "no-unk"
+    shutil.copytree(artifact, source)
+    tok = json.loads((source / "tokenizer_config.json").read_text())
+    tok.pop("unk_token", None)
+    (source / "tokenizer_config.json").write_text(json.dumps(tok))
+    monkeypatch.setattr(sys, "argv", ["effkit", "export", "--from", str(source), "--format", "ctranslate2",
+                                      "--fixed-rounds", "--latency-rounds", "2", "--latency-repeats", "1",
+                                      "--gen-tokens", "4", "--runs-dir", str(tmp_path / "runs"),
+                                      "--reports-dir", str(tmp_path / "reports")])
+    with pytest.raises(SystemExit) as done:
+        cli.main()
+    out = capsys.readouterr().out
+    assert done.value.code == 0, out
+    load = next(line for line in out.splitlines() if line.startswith("load it: "))
+    assert load.startswith("load it: ctranslate2.Generator(") and "onnxruntime" not in load
+    folder = Path(next(line for line in out.splitlines() if line.startswith("artifact: ")).split(": ", 1)[1])
+    assert json.loads((folder / "config.json").read_text())["unk_token"] == "<|endoftext|>"
+    import ctranslate2
+
+    assert ctranslate2.Generator(str(folder)).generate_batch([["<|endoftext|>"]], max_length=2)[0].sequences_ids
+
+
 def test_onnx_int8_reloads_from_its_folder_alone_and_generates(trained, tmp_path, capsys, monkeypatch):
     tmp, artifact, blocks = trained
     report = run_export_cfg(ecfg(tmp, artifact, int8=True))
@@ -190,7 +218,7 @@ def test_bnb_artifact_loads_with_plain_from_pretrained(trained):
                                                    reports_dir=str(tmp / "reports")))
     plain = AutoModelForCausalLM.from_pretrained(report["artifact"]).eval()  # no effkit involved
     assert quantized_layers(report["artifact"], plain) == report["metrics"]["int8_layers_reloaded"] == 2 * 4
-    assert torch.equal(logits_of(plain, blocks), logits_of(load_quantized(report["artifact"]), blocks))
+    assert torch.equal(logits_of(plain, blocks), logits_of(load_any(report["artifact"]), blocks))
     assert json.loads((Path(report["artifact"]) / "config.json").read_text())["quantization_config"]["load_in_8bit"]
 
 
@@ -230,7 +258,7 @@ def run_cli(args, capsys, monkeypatch):
 
 
 def test_bad_export_input(trained, capsys, monkeypatch):
-    import effkit.onnx_export
+    import effkit.engines.onnxruntime
 
     tmp, artifact, _ = trained
     onnx8 = tmp / "runs" / "x" / "onnx-int8"
@@ -259,7 +287,7 @@ def test_bad_export_input(trained, capsys, monkeypatch):
     def unrepresentable(*args, **kwargs):
         raise RuntimeError("Unsupported: aten::weird_op\nlong exporter trace ...")
 
-    monkeypatch.setattr(effkit.onnx_export, "EXPORT_RTOL", -1.0)  # the parity gate refuses, nothing is written
+    monkeypatch.setattr(effkit.engines.onnxruntime, "EXPORT_RTOL", -1.0)  # the parity gate refuses, nothing is written
     code, err = run_cli(["export", "--from", artifact, *dirs], capsys, monkeypatch)
     assert code == 2 and "does not reproduce the model" in err and len(err.splitlines()) == 1, err
     assert sorted(p.name for p in (tmp / "runs" / "x").iterdir()) == before
@@ -267,7 +295,7 @@ def test_bad_export_input(trained, capsys, monkeypatch):
     monkeypatch.setattr(torch.onnx, "export", unrepresentable)  # a model the exporter cannot represent
     code, err = run_cli(["export", "--from", artifact, "--int8", *dirs], capsys, monkeypatch)
     assert code == 2 and "ONNX cannot represent this model" in err and len(err.splitlines()) == 1, err
-    monkeypatch.setattr(effkit.onnx_export, "onnx_unavailable", lambda: "ModuleNotFoundError: onnxruntime")
+    monkeypatch.setattr(effkit.engines.onnxruntime, "onnx_unavailable", lambda: "ModuleNotFoundError: onnxruntime")
     code, err = run_cli(["export", "--from", artifact, *dirs], capsys, monkeypatch)
     assert code == 2 and "onnxruntime" in err and len(err.splitlines()) == 1
     assert sorted(p.name for p in (tmp / "runs" / "x").iterdir()) == before  # nothing half-written

@@ -6,7 +6,7 @@ import pytest
 from conftest import verdict_matches_interval
 
 from effkit import cli
-from effkit.artifacts.loader import load_any, load_quantized, quantized_layers
+from effkit.artifacts.loader import load_any, quantized_layers
 from effkit.config import PruneConfig, QuantizeConfig, TrainConfig
 from effkit.data import prepare
 from effkit.measure import metrics
@@ -50,7 +50,7 @@ def test_backend_quantizes_reloads_and_stays_close(backend, trained):
     assert abs(m["eval_loss_delta_vs_parent"]) < 0.02
     assert m["size_bytes"] < m["parent_fp32"]["size_bytes"]
     assert m["generation"]["new_tokens"] == 4 and m["parent_fp32"]["generation"]["text"]
-    reloaded = load_quantized(report["artifact"])  # from the folder alone
+    reloaded = load_any(report["artifact"])  # from the folder alone
     # every Linear of both blocks
     assert quantized_layers(report["artifact"], reloaded) == m["int8_layers_reloaded"] >= 2 * 4
     again = metrics.evaluate(reloaded, eval_blocks, 4)
@@ -130,7 +130,7 @@ def test_a_row_pruned_artifact_quantizes(trained, capsys, monkeypatch):
     out = capsys.readouterr().out
     assert exc.value.code == 0 and "note: generation capped at" in out  # said on the terminal, not only in the report
     report = json.loads((tmp / "reports" / "q" / "prune-row-r1+quantize-dynamic.json").read_text())
-    model = load_quantized(report["artifact"])
+    model = load_any(report["artifact"])
     assert model.config.n_inner == 128
     assert abs(report["metrics"]["eval_loss_delta_vs_parent"]) < 0.02
 

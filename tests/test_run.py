@@ -11,16 +11,16 @@ from conftest import loss_verdict_matches_interval
 from rich.console import Console
 
 from effkit import cli
+from effkit.bench import deliverable
 from effkit.pipeline import (
     BUDGET_USED,
     Eta,
-    best_pruned,
-    deliverable,
     make_plan,
     run_pipeline,
     stage_budgets,
     stage_work,
 )
+from effkit.quantize.stage import best_pruned
 
 
 def key_paths(obj, prefix=""):

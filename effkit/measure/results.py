@@ -138,7 +138,3 @@ EVAL_LOSS_DELTA = "eval_loss_delta"  # against the parent (quantize, export) or 
 EVAL_LOSS_DELTA_VS_DENSE = "eval_loss_delta_vs_dense"  # a pruning round against the dense model
 EVAL_LOSS_DELTA_VS_CONTROL = "eval_loss_delta_vs_control"  # a pruning round against its dense control
 CONTROL_DELTA_VS_DENSE = "control_eval_loss_delta_vs_dense"  # the control against the dense model
-
-# the workloads an artifact is chosen for: the metric that ranks it and whether higher is better
-WORKLOADS = {"decode-b1": (decode_ratio(1), True), "decode-b12": (decode_ratio(12), True),
-             "prefill-b12": (LATENCY_RATIO_B12, False)}

@@ -38,6 +38,15 @@ class ParallelDims:
     def from_dict(cls, d: dict[str, Any]) -> ParallelDims:
         return cls(**d)
 
+    def degrees(self) -> tuple[int, int, int, bool, bool]:
+        """What the layout does, without its name: (dp, tp, pp, dp_shard, dp_replicate)."""
+        return self.dp, self.tp, self.pp, self.dp_shard, self.dp_replicate
+
+    def describe_degrees(self) -> str:
+        """`dp 2 (sharded) x tp 1 x pp 1`."""
+        how = " (sharded)" if self.dp_shard else " (replicas)" if self.dp_replicate else ""
+        return f"dp {self.dp}{how} x tp {self.tp} x pp {self.pp}"
+
     @property
     def world_size(self) -> int:
         return self.dp * self.tp * self.pp

@@ -1,30 +1,20 @@
 """The pruning methods: one module each, one registry that the stage, the config's validation and `--help` read.
 
-A method (`Pruner`) names itself, says whether it removes whole structures (then fine-tuning distils by default
-and the pipeline treats it as structured), which `--importance` values it accepts (the first is its default),
-and how it ranks what it removes; `plan` checks the shape the last round would leave (refused in one line before
-anything is written) and `start` returns the cut that one round applies.
+A method (`Pruner`) names itself, says whether it removes whole structures (then fine-tuning distils by default and
+the pipeline treats it as structured), which `--importance` values it accepts (the first is its default), and how it
+ranks what it removes; `plan` checks the shape the last round would leave (refused in one line before anything is
+written) and `start` returns the cut that one round applies.
 
-Adding a method: write `effkit/prune/<name>.py` with a module-level `PRUNER` and add one line to `BUILTIN`; a
-test or a plug-in can also `register()` one at run time. `names()` imports no method module (`--help` reads it
-without torch); `get()` imports the one asked for.
-"""
+Adding a method: write `effkit/prune/<name>.py` with a module-level `PRUNER` and add one line to
+`effkit.registry.PRUNERS`; a test or a plug-in can also `register()` one at run time. `names()` imports no method
+module (`--help` reads it without torch); `get()` imports the one asked for."""
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from effkit.errors import EffkitError
-
-BUILTIN: dict[str, str] = {
-    "weight": "effkit.prune.weight",
-    "row": "effkit.prune.row",
-    "width": "effkit.prune.width",
-    "depth": "effkit.prune.depth",
-}
-_REGISTERED: dict[str, Pruner] = {}
+from effkit.registry import PRUNERS
 
 # one round's cut: (model, fraction removed in all after this round, calibration batches) ->
 # (the pruned model, what this round measured, a hook re-applied after each fine-tuning step or None)
@@ -46,22 +36,7 @@ class Pruner(Protocol):
     def start(self, cfg, model) -> Cut: ...
 
 
-def register(pruner: Pruner) -> Pruner:
-    _REGISTERED[pruner.name] = pruner
-    return pruner
-
-
-def unregister(name: str) -> None:
-    _REGISTERED.pop(name, None)
-
-
-def names() -> tuple[str, ...]:
-    return tuple(dict.fromkeys([*BUILTIN, *_REGISTERED]))
-
-
-def get(name: str) -> Pruner:
-    if name in _REGISTERED:
-        return _REGISTERED[name]
-    if name not in BUILTIN:
-        raise EffkitError(f"unknown --mode {name!r}; choose one of {', '.join(names())}")
-    return importlib.import_module(BUILTIN[name]).PRUNER
+register = PRUNERS.register
+unregister = PRUNERS.unregister
+names = PRUNERS.names
+get = PRUNERS.get

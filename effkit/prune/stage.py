@@ -18,8 +18,8 @@ import torch
 
 from effkit import artifacts
 from effkit.artifacts import RunLayout, prune_tag
-from effkit.artifacts.loader import kind
-from effkit.config import DataConfig, ModelConfig, ParallelConfig, PruneConfig, TrainConfig
+from effkit.artifacts.loader import engine_of, kind
+from effkit.config import DataConfig, ModelConfig, ParallelConfig, PruneConfig, TrainConfig, build_config
 from effkit.data import prepare
 from effkit.errors import EffkitError
 from effkit.measure import metrics, results, stats, stopping
@@ -29,6 +29,7 @@ from effkit.prune import methods
 from effkit.prune.distill import Distiller
 from effkit.prune.structure import prunable_linears, sparsity
 from effkit.report import atomic_write_text, plot_prune_curves, write_rows_csv
+from effkit.stage import FORWARD, Plan, RunContext, Stage, Step, complete, fingerprint
 from effkit.train import finetune, lr_lambda
 
 LAT_BATCHES = (1, 12)
@@ -132,7 +133,7 @@ class ControlArm:
 def _check_source(path: Path) -> dict[str, Any]:
     meta = artifacts.read_meta(path)
     if meta["stage"] == "quantize" or kind(path) != "pytorch":
-        name = {"onnx": "an ONNX", "ctranslate2": "a CTranslate2"}.get(kind(path), "a quantized")
+        name = "a quantized" if kind(path) in ("quantized", "pytorch") else engine_of(path).noun
         raise EffkitError(f"{path} is {name} artifact; prune the model it came from "
                           f"({meta.get('parent') or 'its parent'}) and quantize afterwards")
     return meta
@@ -357,3 +358,75 @@ def flat_curve_row(row: dict[str, Any]) -> dict[str, Any]:
 
 
 __all__ = ["forward_flops_per_token", "run_prune"]
+
+
+# ------------------------------------------------------------------------------------- the stage in `effkit run`
+PRUNE_ROUND = 25.0  # per pruning round: calibration, the paired latency, evaluations, saving (training steps)
+
+
+class PruneStep(Step):
+    """One pruning mode of the recipe (`prune row`): every round, its control, its report."""
+
+    def __init__(self, mode: str):
+        self.mode, self.key = mode, f"prune {mode}"
+
+    def cfg(self, plan: Plan) -> PruneConfig:
+        return plan.prune[self.mode]
+
+    def fingerprint(self, plan: Plan, before: dict[str, str]) -> str:
+        return fingerprint("prune", self.cfg(plan).to_dict(), before["train"])
+
+    def outputs(self, ctx: RunContext) -> list[Path]:
+        # (the control chains under controls/ are a cache keyed by their whole fine-tuning: never stale)
+        c, layout = self.cfg(ctx.plan), ctx.plan.layout
+        return [*(layout.artifact(prune_tag(c.label, r)) for r in range(1, c.method.rounds + 1)),
+                ctx.plan.report_dir / f"prune-{c.label}.json"]
+
+    def complete(self, ctx: RunContext) -> bool:
+        c = self.cfg(ctx.plan)
+        return (ctx.plan.report_dir / f"prune-{c.label}.json").is_file() and complete(
+            ctx.plan.layout.artifact(prune_tag(c.label, c.method.rounds)))
+
+    def run(self, ctx: RunContext) -> None:
+        run_prune(self.cfg(ctx.plan))
+
+    def work(self, plan: Plan) -> float:
+        c = self.cfg(plan)
+        ft = c.finetune
+        per_round = ft.finetune_steps * (1 + (FORWARD if c.distilling else 0)) * (2 if ft.control else 1)
+        return c.method.rounds * (per_round + PRUNE_ROUND)
+
+    def budget(self, plan: Plan) -> float:
+        c = self.cfg(plan)
+        return 0.0 if c.measure.fixed_rounds else c.method.rounds * c.measure.budget_s * 2  # latency b1, b12
+
+    def describe(self, plan: Plan) -> dict[str, Any]:
+        c = self.cfg(plan)
+        return {"stage": self.key, "what": f"to {c.method.target} in {c.method.rounds} rounds, "
+                f"{c.finetune.finetune_steps} fine-tuning steps each"
+                + (" (distilled from the dense model)" if c.distilling else ""),
+                "leaves": ", ".join(str(plan.layout.artifact(prune_tag(c.label, r)))
+                                    for r in range(1, c.method.rounds + 1))}
+
+
+class PruneStage(Stage):
+    name = "prune"
+
+    def configure(self, plan: Plan) -> None:
+        run, f = plan.run, plan.run.folders
+        dense = str(plan.layout.artifact("train"))
+        plan.configs["prune"] = {m: build_config(PruneConfig, plan.recipe, {"mode": m, "source": dense,
+                                                                           "runs_dir": f.runs_dir,
+                                                                           "reports_dir": f.reports_dir})
+                                 for m in run.pipeline.prune_modes}
+        if "prune" in run.pipeline.stages and not plan.prune:
+            raise EffkitError(f"recipe {plan.recipe}: [run] lists the prune stage but prune_modes is empty")
+
+    def steps(self, plan: Plan) -> list[Step]:
+        return [PruneStep(m) for m in plan.prune]
+
+    def fingerprints(self, plan: Plan, before: dict[str, str]) -> dict[str, str]:
+        return {s.key: s.fingerprint(plan, before) for s in self.steps(plan)}  # quantize's best-pruned reads them
+
+
+STAGE = PruneStage()

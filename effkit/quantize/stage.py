@@ -17,18 +17,19 @@ from typing import Any
 import torch
 from torch import nn
 
-from effkit import artifacts
-from effkit.artifacts.loader import is_quantized, kind, load_quantized, newest_artifact, quantized_layers
-from effkit.config import DataConfig, QuantizeConfig
+from effkit import artifacts, workloads
+from effkit.artifacts.loader import engine_of, is_quantized, kind, load_any, newest_artifact, quantized_layers
+from effkit.config import DataConfig, QuantizeConfig, build_config
 from effkit.data import prepare
 from effkit.errors import EffkitError
 from effkit.measure import metrics, results, stats, stopping
-from effkit.measure.compare import compare_with_parent, generate_sample, side_by_side
+from effkit.measure.compare import compare_with_parent, generate_sample
 from effkit.model import load_model
 from effkit.parallel import init_runtime
 from effkit.quantize import backends
 from effkit.quantize.backends import QUANT_FILE
 from effkit.report import write_stage_report
+from effkit.stage import Plan, RunContext, Stage, Step, complete, fingerprint
 
 AUTO_LOSS_BUDGET = 0.01  # `auto` considers backends whose held-out loss is within 1% of the parent's
 
@@ -39,8 +40,9 @@ def write_quantized(folder: Path, backend: str, parent: nn.Module, source: Path,
     its description, also written to `quantization.json`."""
     b = backends.get(backend)
     m = cfg.method
-    desc: dict[str, Any] = {"backend": backend, "include_head": m.include_head, "threshold": m.threshold,
-                            "torchao_scheme": m.torchao_scheme, "portability": b.portability}
+    # every backend's options as resolved (each reads its own), so the folder says how it was made
+    desc: dict[str, Any] = {"backend": backend, "include_head": m.include_head, **cfg.options.to_dict(),
+                            "portability": b.portability}
     written = b.write(folder, parent, source, tokenizer, cfg, device)
     layers = written.pop("layers")
     desc.update(written)
@@ -57,10 +59,9 @@ def run_quantize(cfg: QuantizeConfig) -> dict[str, Any]:
     meta = artifacts.read_meta(source)
     if meta["stage"] == "quantize" or is_quantized(source):
         raise EffkitError(f"{source} is already quantized; quantize its parent ({meta.get('parent')}) instead")
-    if kind(source) in ("onnx", "ctranslate2"):
-        engine = "an ONNX" if kind(source) == "onnx" else "a CTranslate2"
-        raise EffkitError(f"{source} is {engine} artifact; quantize its parent ({meta.get('parent')}), with "
-                          "--backend onnxruntime or ctranslate2")
+    if kind(source) != "pytorch":
+        raise EffkitError(f"{source} is {engine_of(source).noun} artifact; quantize its parent "
+                          f"({meta.get('parent')}), with --backend onnxruntime or ctranslate2")
     if cfg.method.backend != "auto":
         if reason := backends.unavailable(cfg.method.backend, device):
             raise EffkitError(f"--backend {cfg.method.backend} cannot run here: {reason}")
@@ -94,7 +95,7 @@ def pick_backend(cfg: QuantizeConfig, device: torch.device, parent: nn.Module, s
         (scratch / b).mkdir()
         try:
             write_quantized(scratch / b, b, parent, source, tokenizer, cfg, device)
-            model = load_quantized(scratch / b, device)
+            model = load_any(scratch / b, device)
         except EffkitError as e:
             table[b] = {"status": f"not run: {e}"}
             continue
@@ -111,18 +112,22 @@ def pick_backend(cfg: QuantizeConfig, device: torch.device, parent: nn.Module, s
                           f"here ({', '.join(b + ': ' + t['status'] for b, t in table.items())}); choose one "
                           "with --backend")
     models = {"parent": parent, **candidates}
-    workload, batch = cfg.method.optimize_for, int(cfg.method.optimize_for.rpartition("-b")[2])
+    w = workloads.get(cfg.method.optimize_for)
+    workload = w.name
     stop = stopping.Stopping.of(cfg.measure, "latency_rounds")
     pairs = [("parent", b) for b in candidates]  # the ratios the table reports
-    if workload.startswith("decode"):
-        new = min(metrics.generation_budget(m, tokenizer, cfg.measure.gen_tokens)[0] for m in models.values())
-        trial = stopping.measure({n: metrics.generation_timer(m, tokenizer, new, batch=batch)
+    if w.kind == "decode":
+        new = min(metrics.generation_budget(m, tokenizer, w.tokens or cfg.measure.gen_tokens)[0]
+                  for m in models.values())
+        trial = stopping.measure({n: metrics.generation_timer(m, tokenizer, new, batch=w.batch)
                                   for n, m in models.items()}, stop, 1, warmup=1, pairs=pairs)
-        how = f"greedy decoding of {new} new tokens from {batch} prompt(s), new tokens/s"
+        how = f"greedy decoding of {new} new tokens from {w.batch} prompt(s), new tokens/s"
     else:
-        trial = side_by_side({n: (m, None) for n, m in models.items()}, block, stop, 1, pairs)["b12"]
-        how = f"forward of (12, {block}) tokens, seconds"
-    higher = workload.startswith("decode")
+        tokens = w.tokens or block
+        trial = stopping.measure({n: metrics.forward_timer(m, w.batch, tokens) for n, m in models.items()}, stop, 1,
+                                 warmup=2, pairs=pairs)
+        how = f"forward of ({w.batch}, {tokens}) tokens, seconds"
+    higher = w.higher_is_better
     for b in candidates:
         table[b]["median"] = stats.median_of_rounds(trial[b])  # tokens/s (decode) or seconds (prefill)
         table[b]["ratio_to_parent"] = trial.ratio("parent", b, higher_is_better=higher)
@@ -175,7 +180,7 @@ def _write_and_measure(cfg: QuantizeConfig, device: torch.device, source: Path, 
             description = json.loads((tmp / QUANT_FILE).read_text())
         else:
             description = write_quantized(tmp, backend, parent, source, tokenizer, cfg, device)
-        model = load_quantized(tmp, device)  # what is measured: the artifact as its folder alone reloads it
+        model = load_any(tmp, device)  # what is measured: the artifact as its folder alone reloads it
         int8_layers = quantized_layers(tmp, model)
         if not int8_layers:
             raise EffkitError(f"{backend} left no int8 layer in the reloaded model: nothing was quantized")
@@ -207,3 +212,137 @@ def _write_and_measure(cfg: QuantizeConfig, device: torch.device, source: Path, 
     return report
 
 
+
+
+# ------------------------------------------------------------------------------------- the stage in `effkit run`
+QUANTIZE = 150.0  # per quantized artifact: conversion or export, loss, latency, generation (training steps)
+BEST_PRUNED = "best-pruned"
+
+
+def quantize_key(plan: Plan, wanted: str) -> str:
+    """How the run names the quantize step of `wanted` (plain `quantize` when only the dense model is)."""
+    return f"quantize {wanted}" if plan.run.pipeline.quantize_from != ["train"] else "quantize"
+
+
+def quantized_from(plan: Plan, source: Path) -> Path | None:
+    """The complete quantized artifact of the run made from `source`, if any."""
+    if not plan.run_dir.is_dir():
+        return None
+    for d in plan.run_dir.glob("*quantize-*"):
+        if complete(d) and artifacts.read_meta(d).get("parent") == str(source):
+            return d
+    return None
+
+
+def best_pruned(plan: Plan) -> tuple[Path | None, dict[str, Any]]:
+    """The most compressed pruning round (smallest artifact folder: parameters really removed; then the lowest
+    batch-12 latency) whose held-out loss is within `max_loss_increase` of the dense model it was pruned from
+    (`train`: the model the user has), with its dense control's share beside it, and the table it was chosen
+    from."""
+    budget = plan.run.pipeline.max_loss_increase
+    rows = []
+    for cfg in plan.prune.values():
+        for r in range(1, cfg.method.rounds + 1):
+            d = plan.layout.artifact(artifacts.prune_tag(cfg.label, r))
+            if not complete(d):
+                continue
+            m = artifacts.read_meta(d)["metrics"]
+            delta = results.LossDelta.of(m[results.EVAL_LOSS_DELTA_VS_DENSE])
+            control = m.get(results.EVAL_LOSS_DELTA_VS_CONTROL)
+            rows.append({"tag": d.name, "size_bytes": artifacts.dir_size(d), "loss_delta": delta.delta,
+                         "loss_delta_ci95": list(delta.ci95), "vs": "dense parent",
+                         "loss_delta_vs_control": results.LossDelta.of(control).delta if control else None,
+                         "latency_b12_s": m["latency_b12"]["p50_s"], "within_budget": delta.delta <= budget})
+    within = [r for r in rows if r["within_budget"]]
+    best = min(within, key=lambda r: (r["size_bytes"], r["latency_b12_s"])) if within else None
+    return (plan.layout.artifact(best["tag"]) if best else None), {
+        "picked": best["tag"] if best else None, "budget": budget, "rounds": rows,
+        "how": f"pruning rounds whose held-out loss is at most {budget:.1%} above the dense model they were pruned "
+               "from (relative, point estimate of the paired delta; the control's share, what the fine-tuning alone "
+               "did, is beside it); among them the smallest folder, then the lowest latency b12"}
+
+
+class QuantizeStep(Step):
+    """The recipe's quantize backend applied to one of `quantize_from`: `train`, a round, or `best-pruned`."""
+
+    known_early = False  # best-pruned is known only once the pruning rounds exist
+
+    def __init__(self, plan: Plan, wanted: str):
+        self.wanted, self.key = wanted, quantize_key(plan, wanted)
+
+    def source(self, ctx: RunContext) -> Path | None:
+        if self.wanted != BEST_PRUNED:
+            return ctx.plan.layout.artifact(self.wanted)
+        if BEST_PRUNED not in ctx.results:  # chosen once, when the step is reached
+            ctx.results[BEST_PRUNED] = best_pruned(ctx.plan)
+        return ctx.results[BEST_PRUNED][0]
+
+    def fingerprint(self, plan: Plan, before: dict[str, str]) -> str:
+        branch = artifacts.prune_branch(self.wanted)
+        pruned = [before[f"prune {m}"] for m in plan.prune] if "prune" in plan.stages else []
+        parents = ([before["train"]] if self.wanted == "train" else [*pruned, plan.run.pipeline.max_loss_increase]
+                   if self.wanted == BEST_PRUNED else [before[f"prune {m}"] for m, c in plan.prune.items()
+                                                       if branch == f"prune-{c.label}"])
+        q = {k: v for k, v in plan.quantize.to_dict().items() if k != "source"}
+        return fingerprint("quantize", q, parents)
+
+    def label(self, ctx: RunContext) -> str:
+        if self.wanted == BEST_PRUNED and (source := self.source(ctx)) is not None:
+            return f"{self.key} ({source.name})"
+        return self.key
+
+    def skip_why(self, ctx: RunContext) -> str | None:
+        if self.source(ctx) is None:
+            return (f"no pruning round is within {ctx.plan.run.pipeline.max_loss_increase:.1%} of train: nothing to "
+                    "quantize")
+        return None
+
+    def outputs(self, ctx: RunContext) -> list[Path]:
+        made = quantized_from(ctx.plan, self.source(ctx))
+        return [made] if made else []
+
+    def complete(self, ctx: RunContext) -> bool:
+        return quantized_from(ctx.plan, self.source(ctx)) is not None
+
+    def run(self, ctx: RunContext) -> None:
+        run_quantize(ctx.plan.quantize.replace(source=str(self.source(ctx))))
+
+    def work(self, plan: Plan) -> float:
+        return QUANTIZE
+
+    def budget(self, plan: Plan) -> float:
+        q = plan.quantize
+        return 0.0 if q.measure.fixed_rounds else q.measure.budget_s * (3 + (q.method.backend == "auto"))
+
+    def describe(self, plan: Plan) -> dict[str, Any]:
+        what = (f"the most compressed pruning round within {plan.run.pipeline.max_loss_increase:.1%} of train"
+                if self.wanted == BEST_PRUNED else str(plan.layout.artifact(self.wanted)))
+        return {"stage": f"quantize {self.wanted}", "what": f"{plan.quantize.method.backend} int8 of {what}",
+                "leaves": str(plan.run_dir / ("quantize-<backend>" if self.wanted == "train"
+                                              else f"<{self.wanted}>+quantize-<backend>"))}
+
+
+class QuantizeStage(Stage):
+    name = "quantize"
+
+    def configure(self, plan: Plan) -> None:
+        run, f = plan.run, plan.run.folders
+        # auto picks its backend for the workload the deliverable is chosen for
+        plan.configs["quantize"] = build_config(QuantizeConfig, plan.recipe, {
+            "source": str(plan.layout.artifact("train")), "optimize_for": run.pipeline.optimize_for,
+            "runs_dir": f.runs_dir, "reports_dir": f.reports_dir})
+        prune = plan.configs.get("prune", {})
+        pruning = bool(prune) and "prune" in run.pipeline.stages
+        valid = {"train"} | {artifacts.prune_tag(c.label, r) for c in prune.values()
+                             for r in range(1, c.method.rounds + 1)}
+        for wanted in run.pipeline.quantize_from if "quantize" in run.pipeline.stages else []:
+            if wanted not in valid | ({BEST_PRUNED} if pruning else set()):
+                raise EffkitError(f"recipe {plan.recipe}: [run] quantize_from = {wanted!r} is not an artifact this "
+                                  f"recipe makes; choose among {', '.join(sorted(valid))}"
+                                  + (f", {BEST_PRUNED}" if pruning else ""))
+
+    def steps(self, plan: Plan) -> list[Step]:
+        return [QuantizeStep(plan, w) for w in plan.run.pipeline.quantize_from]
+
+
+STAGE = QuantizeStage()

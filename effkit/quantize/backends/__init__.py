@@ -1,40 +1,26 @@
 """The quantization backends: one module each, one registry that everything else reads.
 
-A backend turns a dense or pruned PyTorch model into an artifact folder and loads it back from that folder
-alone. `effkit quantize --backend` (its choices and `--help`), `--backend auto` (its candidates, in registry
-order), the loader (`effkit.artifacts.loader.load_any`), `effkit doctor` and the delivered artifact's "load it"
-line all read this registry; nothing else switches on a backend's name.
+A backend turns a dense or pruned PyTorch model into an artifact folder and loads it back from that folder alone.
+`effkit quantize --backend` (its choices and `--help`), `--backend auto` (its candidates, in registry order), the
+loader (`effkit.artifacts.loader.load_any`), `effkit doctor` and the delivered artifact's "load it" line all read this
+registry; nothing else switches on a backend's name.
 
 Adding a backend: write `effkit/quantize/backends/<name>.py` with a module-level `BACKEND` (an object with the
-`Backend` attributes below) and add one line to `BUILTIN`. A test or a plug-in can also `register()` an object
-at run time. The registry itself imports nothing heavy: `names()` is what `effkit --help` shows without torch;
-a backend's module is imported the first time `get()` asks for it.
-"""
+`Backend` attributes below) and add one line to `effkit.registry.BACKENDS`. A test or a plug-in can also `register()`
+an object at run time. The registry itself imports nothing heavy: `names()` is what `effkit --help` shows without
+torch; a backend's module is imported the first time `get()` asks for it."""
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
-
-from effkit.errors import EffkitError
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
-QUANT_FILE = "quantization.json"  # in every quantized artifact: the backend, its format and the layers it holds
-
-# name -> module; the order is auto's order of trying them (one line per backend)
-BUILTIN: dict[str, str] = {
-    "dynamic": "effkit.quantize.backends.dynamic",
-    "torchao": "effkit.quantize.backends.torchao",
-    "bnb": "effkit.quantize.backends.bnb",
-    "onnxruntime": "effkit.quantize.backends.onnxruntime",
-    "ctranslate2": "effkit.quantize.backends.ctranslate2",
-    "onnxruntime-int4": "effkit.quantize.backends.onnxruntime_int4",
-}
-_REGISTERED: dict[str, Backend] = {}
+from effkit.artifacts.quantized import QUANT_FILE, description, is_quantized  # noqa: F401 - the format's helpers
+from effkit.registry import BACKENDS
 
 
 class Backend(Protocol):
@@ -77,48 +63,14 @@ class Backend(Protocol):
         """How a user loads the artifact outside effkit (or with it, where nothing else can)."""
 
 
-def register(backend: Backend) -> Backend:
-    """Add (or replace) a backend at run time; returns it."""
-    _REGISTERED[backend.name] = backend
-    return backend
-
-
-def unregister(name: str) -> None:
-    _REGISTERED.pop(name, None)
-
-
-def names() -> tuple[str, ...]:
-    """Every backend's name, in auto's order (no backend module is imported)."""
-    return tuple(dict.fromkeys([*BUILTIN, *_REGISTERED]))
-
-
-def get(name: str) -> Backend:
-    if name in _REGISTERED:
-        return _REGISTERED[name]
-    if name not in BUILTIN:
-        raise EffkitError(f"unknown backend {name!r}; choose one of {', '.join(names())}")
-    return importlib.import_module(BUILTIN[name]).BACKEND
+register = BACKENDS.register
+unregister = BACKENDS.unregister
+names = BACKENDS.names  # every backend's name, in auto's order (no backend module is imported)
+get = BACKENDS.get
 
 
 def unavailable(name: str, device: torch.device | None = None) -> str | None:
     """Why backend `name` cannot run on `device` (None if it can); an unknown name is a reason too."""
-    if name not in names():
+    if name not in BACKENDS:
         return f"unknown backend {name}"
     return get(name).available(device)
-
-
-def description(folder: str | Path) -> dict[str, Any]:
-    """The quantization.json of a quantized artifact (a one-line error if it is corrupt)."""
-    import json
-
-    path = Path(folder) / QUANT_FILE
-    try:
-        desc = json.loads(path.read_text())
-        desc["backend"], desc["layers"]  # noqa: B018 - the keys every description has
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
-        raise EffkitError(f"{path} is corrupt ({type(e).__name__}); quantize the parent again") from None
-    return desc
-
-
-def is_quantized(path: str | Path) -> bool:
-    return (Path(path) / QUANT_FILE).is_file()

@@ -4,13 +4,15 @@ bitsandbytes serialization (`quantization_config` in `config.json`, int8 weights
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch import nn
-
 from effkit.errors import EffkitError
+from effkit.registry import lazy_module
+
+torch = lazy_module("torch")
+nn = lazy_module("torch.nn")
 
 HEAD_REFUSED = ("--include-head with bnb: transformers' bitsandbytes format keeps the tied LM head in fp32; drop "
                 "--include-head, or use --backend dynamic or onnxruntime")
@@ -20,8 +22,16 @@ def _device_map(device: torch.device) -> str:
     return "cpu" if device.type == "cpu" else str(device)
 
 
+@dataclass(frozen=True)
+class Options:
+    """`effkit quantize --backend bnb`'s own options (flags, recipe keys and --help lines come from here)."""
+
+    threshold: float = field(default=6.0, metadata={"help": "bnb: LLM.int8 outlier threshold"})
+
+
 class BitsAndBytes:
     name = "bnb"
+    options = Options
     summary = "bitsandbytes LLM.int8"
     format = "transformers-bitsandbytes"
     devices = ("cpu", "cuda")
@@ -49,7 +59,7 @@ class BitsAndBytes:
         try:
             model = AutoModelForCausalLM.from_pretrained(
                 source, use_safetensors=True, device_map=_device_map(device),
-                quantization_config=BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=cfg.method.threshold))
+                quantization_config=BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=cfg.options.threshold))
         except Exception as e:  # noqa: BLE001
             raise EffkitError(f"bitsandbytes could not quantize {source}: {type(e).__name__}: {str(e)[:160]}") from None
         model.save_pretrained(folder)

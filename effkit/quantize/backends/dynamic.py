@@ -8,10 +8,13 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch import nn
+from effkit.registry import lazy_module
 
-from effkit.quantize.backends import rowwise
+torch = lazy_module("torch")
+nn = lazy_module("torch.nn")
+rowwise = lazy_module("effkit.quantize.backends.rowwise")
+
+
 
 
 class Dynamic:

@@ -1,24 +1,38 @@
-"""`onnxruntime`: the model exported to ONNX and quantized by ONNX Runtime (`effkit.onnx_export`): `model.onnx`
+"""`onnxruntime`: the model exported to ONNX and quantized by ONNX Runtime (`effkit.engines.onnxruntime`): `model.onnx`
 with int8 operators, loadable by any ONNX Runtime."""
 
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch import nn
+from effkit.registry import lazy_module
 
-from effkit import onnx_export
+torch = lazy_module("torch")
+nn = lazy_module("torch.nn")
+onnx_export = lazy_module("effkit.engines.onnxruntime")
+
+
+@dataclass(frozen=True)
+class Options:
+    """`effkit quantize --backend onnxruntime`'s own options (flags, recipe keys and --help lines come from here)."""
+
+    fuse: bool = field(default=False, metadata={
+        "help": "onnxruntime: ONNX Runtime's transformer fusions before quantizing"})
 
 
 class OnnxRuntime:
     name = "onnxruntime"
+    options = Options
     summary = "ONNX Runtime int8 of the ONNX export"
     format = "onnx"
     devices = ("cpu",)
-    portability = onnx_export.PORTABILITY
+
+    @property
+    def portability(self) -> str:
+        return onnx_export.PORTABILITY
 
     def available(self, device: torch.device | None = None) -> str | None:
         if device is not None and device.type != "cpu":
@@ -33,7 +47,7 @@ class OnnxRuntime:
 
     def write(self, folder: Path, parent: nn.Module, source: Path, tokenizer, cfg, device) -> dict[str, Any]:
         onnx = onnx_export.write_artifact(folder, copy.deepcopy(parent).cpu(), tokenizer, int8=True,
-                                          fused=cfg.method.fuse)
+                                          fused=cfg.options.fuse)
         return {"format": self.format, "include_head": True, "layers": sorted(onnx["int8"]), "onnx": onnx,
                 "storage": "ONNX graph with int8 operators (model.onnx); ONNX Runtime quantizes every MatMul (per "
                            "channel) and the embedding lookups (per tensor), the LM head included"}

@@ -9,11 +9,12 @@ import copy
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch import nn
-
-from effkit import onnx_export
 from effkit.quantize.backends.onnxruntime import OnnxRuntime
+from effkit.registry import lazy_module
+
+torch = lazy_module("torch")
+nn = lazy_module("torch.nn")
+onnx_export = lazy_module("effkit.engines.onnxruntime")
 
 
 class OnnxRuntimeInt4(OnnxRuntime):

@@ -4,17 +4,28 @@ only `nn.Linear`, and GPT-2's saved layers are `Conv1D`, so a plain `from_pretra
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch import nn
+from effkit.registry import lazy_module
 
-from effkit.quantize.backends import rowwise
+torch = lazy_module("torch")
+nn = lazy_module("torch.nn")
+rowwise = lazy_module("effkit.quantize.backends.rowwise")
+
+
+@dataclass(frozen=True)
+class Options:
+    """`effkit quantize --backend torchao`'s own options (flags, recipe keys and --help lines come from here)."""
+
+    torchao_scheme: str = field(default="da8w8", metadata={
+        "help": "torchao: da8w8 (int8 activations + weights) or w8 (weight-only)", "choices": ("da8w8", "w8")})
 
 
 class TorchAO:
     name = "torchao"
+    options = Options
     summary = "torchao int8 (da8w8 or w8)"
     format = "effkit"
     devices = ("cpu", "cuda")
@@ -33,7 +44,7 @@ class TorchAO:
         return None
 
     def tag(self, cfg) -> str:
-        return f"quantize-torchao-{cfg.method.torchao_scheme}" + ("-head" if cfg.method.include_head else "")
+        return f"quantize-torchao-{cfg.options.torchao_scheme}" + ("-head" if cfg.method.include_head else "")
 
     def apply(self, model: nn.Module, names: list[str], scheme: str) -> nn.Module:
         from torchao.quantization import Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig, quantize_

@@ -45,6 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from effkit.engines import Engine
 from effkit.errors import EffkitError
 
 ONNX_FILE = "model.onnx"
@@ -567,3 +568,57 @@ def write_artifact(folder: Path, model: nn.Module, tokenizer, int8: bool, fused:
     desc["generation"] = "greedy or sampled decoding with the KV cache (the graph's past/present key/values)"
     (folder / ONNX_DESC).write_text(json.dumps(desc, indent=2))
     return desc
+
+
+class OnnxRuntimeEngine(Engine):
+    """ONNX Runtime over effkit's with-past export (the layout optimum writes)."""
+
+    name = "onnxruntime"
+    marker = ONNX_DESC
+    label = "ONNX Runtime"
+    noun = "an ONNX"  # "is an ONNX artifact"
+    summary = "ONNX Runtime, with-past ONNX graph (fp32 or dynamic int8)"
+    format = "onnx"
+    portability = PORTABILITY
+    peer_tag = "peer-onnxruntime-int8"
+    peer_how = ("the with-past ONNX export of the reference (the layout optimum writes) + "
+                "onnxruntime.quantization.quantize_dynamic(weight_type=QInt8, MatMul and Gemm), per tensor")
+    settle_s = SETTLE_S
+
+    def available(self, device: torch.device | None = None, **options: Any) -> str | None:
+        if device is not None and device.type != "cpu":
+            return "effkit runs ONNX artifacts on the CPU only; use --device cpu"
+        return onnx_unavailable()
+
+    def load(self, path: Path, device: torch.device) -> OnnxCausalLM:
+        if device.type != "cpu":
+            raise EffkitError(f"{path} is an ONNX artifact, which effkit runs on the CPU only; use --device cpu")
+        return OnnxCausalLM(path)
+
+    def convert(self, folder: Path, source: Path, model: nn.Module, tokenizer, int8: bool = False,
+                fuse: bool = False, **options: Any) -> dict[str, Any]:
+        import copy
+
+        return write_artifact(folder, copy.deepcopy(model), tokenizer, int8=int8, fused=fuse)
+
+    def exported(self, desc: dict[str, Any], folder: Path, int8: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+        ran = {"precision": desc["precision"], "past_key_values": desc["past_key_values"], "runtime": desc["runtime"],
+               "exporter": desc["exporter"], "opset": desc["opset"],
+               "fused_operators": desc.get("fused_operators", "not applied (--fuse to apply)"),
+               "int8_operators": desc.get("int8", {})}
+        return ran, {"max_abs_logit_diff_vs_pytorch": desc["max_abs_logit_diff_vs_pytorch"],
+                     "parity": desc["parity"]}
+
+    def write_peer(self, folder: Path, reference: Path, model: nn.Module, tokenizer) -> dict[str, Any]:
+        import copy
+
+        return write_artifact(folder, copy.deepcopy(model), tokenizer, int8=True, fused=False, standard_int8=True)
+
+    def quantized_layers(self, model: nn.Module) -> int:
+        return quantized_layers(model)
+
+    def load_command(self, path: Path) -> str:
+        return f"onnxruntime.InferenceSession('{Path(path) / ONNX_FILE}')"
+
+
+ENGINE = OnnxRuntimeEngine()

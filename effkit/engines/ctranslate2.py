@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from effkit.engines import Engine
 from effkit.errors import EffkitError
 
 CT2_DESC = "ctranslate2.json"
@@ -72,6 +73,7 @@ def write_artifact(folder: Path, source: Path, config, tokenizer, compute_type: 
         raise EffkitError(f"CTranslate2's converter cannot convert {source}: {type(e).__name__}: {first[:160]}") \
             from None
     tokenizer.save_pretrained(folder)
+    fill_special_tokens(folder, tokenizer)
     (folder / HF_CONFIG).write_text(config.to_json_string())
     desc = {"format": "ctranslate2", "compute_type": compute_type, "weights": WEIGHT_TYPES[compute_type],
             "params": params,
@@ -79,10 +81,29 @@ def write_artifact(folder: Path, source: Path, config, tokenizer, compute_type: 
                          f"{WEIGHT_TYPES[compute_type]!r}), ctranslate2 {ctranslate2.__version__}",
             "convert_seconds": time.perf_counter() - t0,
             "runtime": "ctranslate2.Generator(path, compute_type, intra_threads measured per machine: 1 or torch's "
-                       "thread count, the faster; see ct2_export.intra_threads); logits from "
+                       "thread count, the faster; see effkit.engines.ctranslate2.intra_threads); logits from "
                        "forward_batch, generation from generate_batch (KV cache, batched)"}
     (folder / CT2_DESC).write_text(json.dumps(desc, indent=2))
     return desc
+
+
+def fill_special_tokens(folder: Path, tokenizer) -> list[str]:
+    """CTranslate2 cannot load a model whose config.json has a null special token (its converter writes
+    `unk_token: null` for a tokenizer without an unknown token, and loading then fails in its JSON reader). GPT-2's
+    own tokenizer uses end-of-text for unknown, beginning and end: a missing one is filled with end-of-text (or
+    the first special token there is). Returns the tokens it filled."""
+    path = folder / "config.json"
+    cfg = json.loads(path.read_text())
+    fallback = tokenizer.eos_token or tokenizer.bos_token or next(iter(tokenizer.all_special_tokens), None)
+    missing = [k for k in ("bos_token", "eos_token", "unk_token") if k in cfg and cfg[k] is None]
+    if missing and fallback is None:
+        raise EffkitError("the tokenizer has no special token at all, which CTranslate2 needs for unknown, "
+                          "beginning and end of text; add one (e.g. <|endoftext|>) to the tokenizer and export again")
+    for k in missing:
+        cfg[k] = fallback
+    if missing:
+        path.write_text(json.dumps(cfg, indent=2))
+    return missing
 
 
 def intra_threads(path: Path, compute_type: str, device_type: str, start: list[str],
@@ -244,3 +265,48 @@ def weight_dtypes(path: Path) -> dict[str, int]:
 def quantized_layers(model: Ct2CausalLM) -> int:
     """The int8 weight matrices of the reloaded artifact's model.bin (every Linear of the blocks, the LM head)."""
     return weight_dtypes(model.path).get("int8", 0)
+
+
+class CTranslate2Engine(Engine):
+    """CTranslate2 through its own converter."""
+
+    name = "ctranslate2"
+    marker = CT2_DESC
+    label = "CTranslate2"
+    noun = "a CTranslate2"  # "is a CTranslate2 artifact"
+    summary = "CTranslate2 (its converter; int8 or float32 weights)"
+    format = "ctranslate2"
+    portability = PORTABILITY
+    peer_tag = "peer-ctranslate2-int8"
+    peer_how = ("ctranslate2.converters.TransformersConverter(reference).convert(out, quantization='int8'), run by "
+                "ctranslate2.Generator (compute type int8)")
+
+    def available(self, device: torch.device | None = None, compute_type: str | None = None,
+                  int8: bool | None = None, **options: Any) -> str | None:
+        if compute_type is None and int8 is not None:
+            compute_type = "int8" if int8 else "float32"
+        return ct2_unavailable(device, compute_type)
+
+    def load(self, path: Path, device: torch.device) -> Ct2CausalLM:
+        return Ct2CausalLM(path, device)
+
+    def convert(self, folder: Path, source: Path, model: nn.Module, tokenizer, int8: bool = True,
+                compute_type: str | None = None, **options: Any) -> dict[str, Any]:
+        return write_artifact(folder, source, model.config, tokenizer, compute_type or ("int8" if int8 else "float32"),
+                              sum(p.numel() for p in model.parameters()))
+
+    def exported(self, desc: dict[str, Any], folder: Path, int8: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+        return {"precision": desc["compute_type"], "runtime": desc["runtime"], "exporter": desc["converter"],
+                "weights": weight_dtypes(folder)}, {}
+
+    def write_peer(self, folder: Path, reference: Path, model: nn.Module, tokenizer) -> dict[str, Any]:
+        return self.convert(folder, reference, model, tokenizer, compute_type="int8")
+
+    def quantized_layers(self, model: nn.Module) -> int:
+        return quantized_layers(model)
+
+    def load_command(self, path: Path) -> str:
+        return f"ctranslate2.Generator('{path}')"
+
+
+ENGINE = CTranslate2Engine()

@@ -1,0 +1,76 @@
+"""The README's headline table, generated from a run's reports (`bench.json`, `deliverable.json`), never typed.
+
+    python benchmarks/headline.py reports/quickstart            # print the table
+    python benchmarks/headline.py reports/quickstart --write    # replace it in README.md, between its markers
+
+Every cell comes from the bench's rows: the artifact's own median over its rounds, its paired ratio to the dense
+model (`train`) with the 95% interval, and the deliverable's line; the caption says where and when it was measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from effkit.measure import stats  # noqa: E402
+
+START, END = "<!-- headline:start (benchmarks/headline.py) -->", "<!-- headline:end -->"
+
+
+def table(report_dir: Path) -> str:
+    bench = json.loads((report_dir / "bench.json").read_text())
+    ship = json.loads((report_dir / "deliverable.json").read_text()) if (report_dir / "deliverable.json").is_file() \
+        else {}
+    ref = bench["artifacts"][0]
+    rows = ["| artifact | Δ loss vs dense | prefill b12 | decode b1 tok/s | vs dense | decode b12 tok/s | vs dense "
+            "| size |", "|---|---|---|---|---|---|---|---|"]
+    for r in bench["artifacts"]:
+        is_ref = r is ref
+        name = r["tag"] + (" (delivered)" if r["tag"] == ship.get("tag") else "")
+        name = f"**{name}**" if r["tag"] == ship.get("tag") else name
+        if r["stage"] == "peer":
+            name = f"peer: {r['tag'].removeprefix('peer-')} of {ref['tag']}"
+        loss = (f"ref ({r['eval_loss']:.4f} nats, {r['bits_per_byte']:.4f} bits/byte)" if is_ref
+                else stats.fmt_delta(r["eval_loss_delta"]))
+        cell = lambda key, r=r, is_ref=is_ref: "ref" if is_ref else stats.fmt_ratio(r[key])  # noqa: E731
+        rows.append(f"| {name} | {loss} | {cell('latency_ratio_b12')} | {r['decode_tokens_per_s_b1']:,.0f} | "
+                    f"{cell('decode_ratio_b1')} | {r['decode_tokens_per_s_b12']:,.0f} | {cell('decode_ratio_b12')} | "
+                    f"{r['size_ratio']:.2f}x |")
+    v = bench.get("versions", {})
+    caption = (f"Measured by `effkit run` on {bench['device']}, {bench['time'][:10]}; torch {v.get('torch')}, "
+               f"effkit commit {str(bench.get('git_commit'))[:7]}. Ratios are paired with {ref['tag']} in interleaved "
+               "rounds with 95% intervals (prefill: latency, below 1 is faster; decode: tokens/s, above 1 is "
+               "faster); `≈` marks an interval that contains 1, `?` one left undecided; tokens/s are each "
+               "artifact's median over its own rounds.")
+    out = [caption, "", *rows]
+    if ship.get("line"):
+        out += ["", "```", ship["line"], "```"]
+    return "\n".join(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("report_dir", type=Path)
+    ap.add_argument("--write", action="store_true", help="replace the table in README.md between its markers")
+    args = ap.parse_args()
+    text = table(args.report_dir)
+    if not args.write:
+        print(text)
+        return
+    readme = ROOT / "README.md"
+    body = readme.read_text()
+    if START not in body or END not in body:
+        sys.exit(f"README.md has no {START} ... {END} markers")
+    head, _, rest = body.partition(START)
+    _, _, tail = rest.partition(END)
+    readme.write_text(f"{head}{START}\n{text}\n{END}{tail}")
+    print(f"wrote the headline table of {args.report_dir} into {readme}")
+
+
+if __name__ == "__main__":
+    main()

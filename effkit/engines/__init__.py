@@ -1,0 +1,110 @@
+"""Inference engines: one module each (`onnxruntime.py`, `ctranslate2.py`, ...), one interface.
+
+An engine turns a dense or pruned PyTorch artifact into its own format (`convert`), loads such a folder back
+behind effkit's model interface (`load`: logits from a forward, greedy decoding with the engine's own cache),
+times the two workload kinds on it (`prefill`, `decode`: the bench asks the engine that owns each artifact) and
+says what it did (`describe`). Optional: a peer, the dense reference converted the way a user of that engine
+would do it without effkit (`effkit bench --peers`), and the line that loads an artifact outside effkit.
+
+Only `name`, `marker`, `available` and `load` are required; everything else defaults to "not supported" or to
+effkit's PyTorch timers (optimum-benchmark's backends work the same way). Adding an engine is its module with a
+module-level `ENGINE` plus one line in `effkit.registry.ENGINES`; a test or a user's package can `register()` one.
+The loader (`effkit.artifacts.loader`), the bench's peers, `effkit export` and `effkit generate` read only this.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from effkit.errors import EffkitError
+from effkit.registry import ENGINES
+
+register = ENGINES.register
+unregister = ENGINES.unregister
+names = ENGINES.names
+get = ENGINES.get
+
+
+class Engine:
+    """The base every engine extends. `marker` is the file its artifact folders hold (`onnx.json`)."""
+
+    name: str = ""
+    marker: str = ""
+    label: str = ""  # how tables name it: "ONNX Runtime"
+    noun: str = ""  # "an ONNX": how messages name its artifacts ("... is an ONNX artifact")
+    summary: str = ""
+    format: str = ""  # `effkit export --format` value ("" = not exported by effkit export)
+    portability: str = ""  # who can load its artifacts, in words (reported)
+    # the peer row: the dense reference through this engine as its users convert it; None: no peer
+    peer_tag: str | None = None
+    peer_how: str = ""
+    settle_s: float = 0.0  # idle seconds after timing one of its models (engines whose threads spin-wait)
+
+    def owns(self, path: str | Path) -> bool:
+        """Whether the artifact folder `path` is this engine's."""
+        return bool(self.marker) and (Path(path) / self.marker).is_file()
+
+    def available(self, device: Any = None, **options: Any) -> str | None:
+        """None if it runs here (on `device`, with these options), else the reason, in one line."""
+        raise NotImplementedError
+
+    def load(self, path: Path, device: Any) -> Any:
+        """The artifact at `path` as a model with effkit's interface (forward -> logits, generate)."""
+        raise NotImplementedError
+
+    def convert(self, folder: Path, source: Path, model: Any, tokenizer: Any, **options: Any) -> dict[str, Any]:
+        """Write the PyTorch artifact `source` (loaded as `model`) into `folder`; return its description."""
+        raise EffkitError(f"engine {self.name} does not convert artifacts")
+
+    def exported(self, desc: dict[str, Any], folder: Path, int8: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+        """What `effkit export` reports of an artifact it converted: (what_ran keys, extra metrics)."""
+        return {}, {}
+
+    def write_peer(self, folder: Path, reference: Path, model: Any, tokenizer: Any) -> dict[str, Any]:
+        """The dense `reference` converted as this engine's users would do it (the bench's peer row)."""
+        raise EffkitError(f"engine {self.name} has no peer")
+
+    def prefill(self, model: Any, batch: int, tokens: int):
+        """A no-argument timer of one forward of (batch, tokens) fixed random tokens."""
+        from effkit.measure import metrics
+
+        return metrics.forward_timer(model, batch, tokens)
+
+    def decode(self, model: Any, tokenizer: Any, batch: int, new_tokens: int,
+               generate_kwargs: dict[str, Any] | None = None):
+        """A no-argument timer of greedy decoding of `new_tokens` from `batch` prompts (returns tokens/s)."""
+        from effkit.measure import metrics
+
+        return metrics.generation_timer(model, tokenizer, new_tokens, generate_kwargs, batch=batch)
+
+    def quantized_layers(self, model: Any) -> int:
+        """The quantized layers a loaded model really holds."""
+        return 0
+
+    def load_command(self, path: Path) -> str:
+        """How a user loads the artifact outside effkit."""
+        return f"effkit generate --from {path}"
+
+    def describe(self, path: Path) -> dict[str, Any]:
+        """What the engine says of an artifact (its description file)."""
+        import json
+
+        try:
+            return json.loads((Path(path) / self.marker).read_text())
+        except (OSError, ValueError):
+            return {}
+
+
+def owner(path: str | Path) -> Engine | None:
+    """The engine whose artifact `path` is (None: a PyTorch artifact)."""
+    for name in ENGINES.names():
+        engine = ENGINES.get(name)
+        if engine.owns(path):
+            return engine
+    return None
+
+
+def peers() -> list[Engine]:
+    """The engines that offer a peer row, in registry order."""
+    return [e for _, e in ENGINES.items() if e.peer_tag]

@@ -1,0 +1,156 @@
+"""The stage protocol `effkit run` loops over.
+
+A `Stage` (train, prune, quantize, bench, report, or one a user registers in `effkit.registry.STAGES`) reads its
+recipe table into the plan (`configure`) and gives the run its `steps`: the units the run prints, fingerprints,
+skips when complete, times and runs (`prune row`, `quantize best-pruned`, ...). A step declares its inputs (the
+fingerprints of the steps it depends on), its outputs (the folders it leaves), its fingerprint, its estimate (work
+in training steps and a time budget for sequential rounds) and its run; `effkit.pipeline` never names a stage.
+Adding a stage: a module with a `STAGE` object and one line in `effkit.registry.STAGES` (or `STAGES.register`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from effkit.artifacts import META, RunLayout
+
+# Work is counted in training steps of the recipe (one forward + backward + AdamW step at its batch x block), times
+# the step time measured on this machine after the first training steps: exact for training and fine-tuning; the
+# measuring work (evaluations, timed rounds, exports) is counted by the operations it runs, with per-operation
+# weights (step equivalents) read off one quickstart on a 2-core Xeon, which `effkit run` rescales as stages finish.
+FORWARD = 1 / 3  # a forward pass at the training batch, in training steps
+
+
+def fingerprint(*parts: Any) -> str:
+    """A short hash of JSON-able parts (a recipe section as resolved, the parents' fingerprints)."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def complete(path: Path) -> bool:
+    """An artifact folder is complete when its effkit.json exists (folders appear by an atomic rename)."""
+    return (path / META).is_file()
+
+
+@dataclass
+class Plan:
+    """The whole recipe, read and validated before anything runs: `run` is its [run] table; `configs` holds each
+    stage's config under the stage's name (`plan.configs["prune"]`), as its `configure` made it."""
+
+    recipe: str
+    run: Any  # RunConfig
+    configs: dict[str, Any] = field(default_factory=dict)
+
+    def __getattr__(self, name: str) -> Any:  # plan.train, plan.prune, ...: a stage's config
+        configs = self.__dict__.get("configs", {})
+        if name in configs:
+            return configs[name]
+        raise AttributeError(name)
+
+    @property
+    def stages(self) -> list[str]:
+        return self.run.pipeline.stages
+
+    @property
+    def layout(self) -> RunLayout:
+        return RunLayout.of(self.run.folders.runs_dir, self.run.folders.reports_dir, self.run.pipeline.run_name)
+
+    @property
+    def run_dir(self) -> Path:
+        return self.layout.run_dir
+
+    @property
+    def report_dir(self) -> Path:
+        return self.layout.report_dir
+
+
+@dataclass
+class RunContext:
+    """What the steps of one `effkit run` share while it runs: the plan, the console, the expected-time tracker,
+    and what earlier steps left for later ones (`results`: e.g. the bench's report, the best-pruned choice)."""
+
+    plan: Plan
+    console: Any
+    eta: Any
+    results: dict[str, Any] = field(default_factory=dict)
+
+
+class Step:
+    """One unit of `effkit run`. Subclasses set `key` (the name the run prints and records) and override what
+    applies; the defaults are a step that leaves nothing and always runs."""
+
+    key: str = ""
+    record_before_run = False  # record the fingerprint before running (a resumed training continues only a
+    # checkpoint of the same recipe)
+    known_early = True  # whether `complete` can be asked before the steps before it ran (for the estimate)
+    records = True  # whether it has a fingerprint in pipeline.json (a step that always runs has none)
+
+    def fingerprint(self, plan: Plan, before: dict[str, str]) -> str | None:
+        """Its fingerprint from its config and `before` (the fingerprints of the steps before it); None: none."""
+        return None
+
+    def outputs(self, ctx: RunContext) -> list[Path]:
+        """What it leaves (removed when it must run again under another fingerprint)."""
+        return []
+
+    def complete(self, ctx: RunContext) -> bool:
+        """Whether what it leaves is all there (then a fresh fingerprint skips it)."""
+        return False
+
+    def label(self, ctx: RunContext) -> str:
+        """The header the run prints (the key, or more once inputs are known)."""
+        return self.key
+
+    def skip_why(self, ctx: RunContext) -> str | None:
+        """A reason not to run at all this time (printed), e.g. no pruning round within the loss budget."""
+        return None
+
+    def run(self, ctx: RunContext) -> None:
+        raise NotImplementedError
+
+    def reuse(self, ctx: RunContext) -> None:
+        """Called when a complete step is skipped: load what later steps need from what it left."""
+
+    def recorded_outputs(self, ctx: RunContext) -> list[Path]:
+        """The folders recorded with its fingerprint after it ran."""
+        return self.outputs(ctx)
+
+    def work(self, plan: Plan) -> float | None:
+        """Its expected work in training steps of the recipe (None: not estimated)."""
+        return None
+
+    def budget(self, plan: Plan) -> float:
+        """Seconds of sequential rounds after the first look it may spend (0 with fixed rounds)."""
+        return 0.0
+
+    def describe(self, plan: Plan) -> dict[str, Any]:
+        """What `effkit run --dry-run` prints for it: stage, what, leaves."""
+        return {"stage": self.key, "what": "", "leaves": ""}
+
+
+class Stage:
+    """A stage of `effkit run`: its name (the recipe's `stages` entry and its [table]), how it reads the recipe,
+    and its steps."""
+
+    name: str = ""
+
+    def configure(self, plan: Plan) -> None:
+        """Read and check this stage's recipe table into `plan.configs[self.name]` (before anything runs)."""
+
+    def steps(self, plan: Plan) -> list[Step]:
+        """The steps it runs when the recipe lists it."""
+        return []
+
+    def fingerprints(self, plan: Plan, before: dict[str, str]) -> dict[str, str]:
+        """Fingerprints of its steps (even when the recipe leaves it out, if later stages depend on them)."""
+        if self.name not in plan.stages:
+            return {}
+        out = {}
+        for s in self.steps(plan):
+            fp = s.fingerprint(plan, {**before, **out})
+            if fp is not None:
+                out[s.key] = fp
+        return out

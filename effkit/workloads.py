@@ -1,0 +1,105 @@
+"""Workloads: what the bench times, what the results are keyed by, what the deliverable is chosen for.
+
+A workload is data (optimum-benchmark's way), not code: a name, a kind (`prefill`: one forward of (batch,
+tokens); `decode`: greedy generation with the KV cache from `batch` prompts), a batch and, optionally, a token
+count. Its name is its one spelling on the command line and in recipes (`--optimize-for decode-b12`); every key
+derived from it (the bench's measure, a row's figure and its paired ratio, the peer table's column) comes from the
+properties below, so the bench, the results, the reports, the deliverable's choice and the CLI agree by
+construction. Adding a workload is one `register(Workload(...))` line: the bench measures it for every artifact
+and peer, its ratios land in bench.json, and `optimize_for` accepts it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from effkit.errors import EffkitError
+from effkit.registry import load_plugins
+
+KINDS = ("prefill", "decode")
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str  # decode-b12: the one spelling
+    kind: str  # prefill | decode
+    batch: int
+    tokens: int | None = None  # prefill: tokens per row (None: the model's block); decode: new tokens (None: the
+    # bench's --gen-tokens)
+
+    def __post_init__(self):
+        if self.kind not in KINDS or self.batch < 1 or (self.tokens is not None and self.tokens < 1):
+            raise EffkitError(f"workload {self.name!r}: kind must be one of {', '.join(KINDS)}, batch and tokens at "
+                              f"least 1 (got {self.kind!r}, {self.batch}, {self.tokens})")
+
+    @property
+    def key(self) -> str:
+        """`decode_b12`: the name as a JSON key (the peer table's column)."""
+        return self.name.replace("-", "_")
+
+    @property
+    def measure(self) -> str:
+        """The bench's measure (its rounds, its stopping record): `latency_b12` for prefill, `decode_b12`."""
+        return f"{'latency' if self.kind == 'prefill' else 'decode'}_b{self.batch}"
+
+    @property
+    def figure(self) -> str:
+        """A bench row's own figure: `latency_b12` (p50/p90/p99 seconds) or `decode_tokens_per_s_b12`."""
+        return self.measure if self.kind == "prefill" else f"decode_tokens_per_s_b{self.batch}"
+
+    @property
+    def ratio(self) -> str:
+        """A row's paired ratio to the reference: `latency_ratio_b12` or `decode_ratio_b12`."""
+        return f"{'latency' if self.kind == 'prefill' else 'decode'}_ratio_b{self.batch}"
+
+    @property
+    def higher_is_better(self) -> bool:
+        """Decode is tokens/s (higher is faster); prefill is seconds (lower is faster)."""
+        return self.kind == "decode"
+
+    @property
+    def label(self) -> str:
+        """`decode b12`, as tables print it."""
+        return self.name.replace("-", " ", 1)
+
+
+_TABLE: dict[str, Workload] = {}
+
+
+def register(w: Workload) -> Workload:
+    """Add (or replace) a workload; the bench measures every registered one."""
+    _TABLE[w.name] = w
+    return w
+
+
+def unregister(name: str) -> None:
+    if name in BUILTIN:
+        raise EffkitError(f"workload {name} is built in")
+    _TABLE.pop(name, None)
+
+
+def names() -> tuple[str, ...]:
+    load_plugins()
+    return tuple(_TABLE)
+
+
+def all_() -> tuple[Workload, ...]:
+    load_plugins()
+    return tuple(_TABLE.values())
+
+
+def of_kind(kind: str) -> tuple[Workload, ...]:
+    return tuple(w for w in all_() if w.kind == kind)
+
+
+def get(name: str, what: str = "--optimize-for") -> Workload:
+    load_plugins()
+    if name not in _TABLE:
+        raise EffkitError(f"unknown {what} {name!r}; choose one of {', '.join(_TABLE)}")
+    return _TABLE[name]
+
+
+BUILTIN = ("prefill-b1", "prefill-b12", "decode-b1", "decode-b12")
+for _w in (Workload("prefill-b1", "prefill", 1), Workload("prefill-b12", "prefill", 12),
+           Workload("decode-b1", "decode", 1), Workload("decode-b12", "decode", 12)):
+    register(_w)

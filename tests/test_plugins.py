@@ -1,0 +1,100 @@
+"""Plug-ins from outside the package (`tests/plugins/toy_plugin.py`, named in $EFFKIT_PLUGINS as a user would):
+a toy engine, a toy workload and a toy stage reach `effkit run` and its bench, and a toy backend's options reach
+`--help` and recipe validation, with no line of effkit changed."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+PLUGINS = Path(__file__).parent / "plugins"
+
+
+def plugin_env(tmp_path, **extra):
+    path = os.pathsep.join([str(PLUGINS), os.environ.get("PYTHONPATH", "")]).strip(os.pathsep)
+    return {**os.environ, "EFFKIT_PLUGINS": "toy_plugin", "PYTHONPATH": path, "COLUMNS": "250",
+            "TOY_CALLS_DIR": str(tmp_path), **extra}
+
+
+def effkit(args, env, timeout=600):
+    return subprocess.run([sys.executable, "-m", "effkit", *args], capture_output=True, text=True, env=env,
+                          timeout=timeout)
+
+
+def test_a_plugin_engine_workload_and_stage_run_in_effkit_run_and_its_bench(tmp_path, corpus_dir):
+    recipe = tmp_path / "toy.toml"
+    recipe.write_text(f"""
+[run]
+run_name = "toy"
+stages = ["train", "bench", "toy"]
+optimize_for = "decode-b2"
+runs_dir = "{tmp_path / 'runs'}"
+reports_dir = "{tmp_path / 'reports'}"
+
+[train]
+model = "gpt2-nano"
+data = "{corpus_dir}"
+vocab_size = 512
+block_size = 32
+eval_blocks = 4
+batch_size = 4
+max_steps = 3
+warmup_steps = 1
+eval_interval = 0
+checkpoint_interval = 0
+
+[bench]
+quick = true
+peer_engines = "toy"  # the built-in peers are covered by test_run; here only the plug-in's
+
+[toy]
+greeting = "hi"
+""")
+    env = plugin_env(tmp_path)
+    out = effkit(["run", str(recipe)], env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    reports = tmp_path / "reports" / "toy"
+    bench = json.loads((reports / "bench.json").read_text())
+    rows = {r["tag"]: r for r in bench["artifacts"]}
+    assert rows["peer-toy"]["stage"] == "peer"  # the toy engine's peer
+    assert list(rows) == ["train", "peer-toy"]
+    assert "decode_b2" in bench["stopping"]  # the toy workload was timed for every contender
+    for tag, r in rows.items():
+        assert r["decode_tokens_per_s_b2"] > 0
+        if tag != "train":
+            assert r["decode_ratio_b2"]["ci95"][0] <= r["decode_ratio_b2"]["ratio"] <= r["decode_ratio_b2"]["ci95"][1]
+    assert "decode_b2" in rows["train"]["vs_peers"]["peer-toy"]
+    assert int((tmp_path / "decode_b2.calls").read_text()) >= 2  # through the toy engine's own decode timer
+    assert "decode b2" in (reports / "bench.md").read_text()  # the peer table's column
+    ship = json.loads((reports / "deliverable.json").read_text())
+    assert ship["optimize_for"] == "decode-b2" and "decode-b2" in ship["line"]
+    toy = json.loads((reports / "toy.json").read_text())
+    assert toy == {"greeting": "hi", "benched": list(rows), "deliverable": "train"}
+    again = effkit(["run", str(recipe)], env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "stage 3/3: toy skipped: already complete" in again.stdout
+
+
+def test_a_plugin_backends_options_reach_help_and_recipe_validation(tmp_path):
+    env = plugin_env(tmp_path)
+    helped = effkit(["quantize", "--help"], env, timeout=120)
+    assert "--toy-bits" in helped.stdout and "toyq: bits per toy weight" in helped.stdout and "toyq" in helped.stdout
+    check = ("import sys\nfrom effkit.config import QuantizeConfig, build_config\n"
+             "from effkit.errors import EffkitError\n"
+             "try:\n    print(build_config(QuantizeConfig, sys.argv[1], {}).options.toy_bits)\n"
+             "except EffkitError as e:\n    print('refused:', e)\n")
+    recipe = tmp_path / "q.toml"
+    for table, says in (("toy_bits = 5", "5"), ('toy_bits = "x"', "toy_bits must be int (got 'x')"),
+                        ("toy_bitz = 5", "unknown key 'toy_bitz' in [quantize]")):
+        recipe.write_text(f"[quantize]\n{table}\n")
+        out = subprocess.run([sys.executable, "-c", check, str(recipe)], capture_output=True, text=True, env=env,
+                             timeout=120)
+        assert says in out.stdout, out.stdout + out.stderr
+    recipe.write_text("[toy]\ngreting = 1\n")  # a plug-in stage's table is checked the same way
+    out = subprocess.run([sys.executable, "-c", check, str(recipe)], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert "unknown key 'greting' in [toy]" in out.stdout
+    without = subprocess.run([sys.executable, "-c", check, str(recipe)], capture_output=True, text=True,
+                             timeout=120, env={**os.environ, "EFFKIT_PLUGINS": ""})
+    assert "unknown section [toy]" in without.stdout
