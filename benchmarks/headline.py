@@ -17,6 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from effkit.bench import same_rounds_note  # noqa: E402
 from effkit.measure import stats  # noqa: E402
 
 START, END = "<!-- headline:start (benchmarks/headline.py) -->", "<!-- headline:end -->"
@@ -37,7 +38,8 @@ def table(report_dir: Path) -> str:
             name = f"peer: {r['tag'].removeprefix('peer-')} of {ref['tag']}"
         loss = (f"ref ({r['eval_loss']:.4f} nats, {r['bits_per_byte']:.4f} bits/byte)" if is_ref
                 else stats.fmt_delta(r["eval_loss_delta"]))
-        cell = lambda key, r=r, is_ref=is_ref: "ref" if is_ref else stats.fmt_ratio(r[key])  # noqa: E731
+        cell = lambda key, r=r, is_ref=is_ref: ("ref" if is_ref  # noqa: E731
+                                                else stats.fmt_ratio(r[key]) + same_rounds_note(bench, r, key))
         rows.append(f"| {name} | {loss} | {cell('latency_ratio_b12')} | {r['decode_tokens_per_s_b1']:,.0f} | "
                     f"{cell('decode_ratio_b1')} | {r['decode_tokens_per_s_b12']:,.0f} | {cell('decode_ratio_b12')} | "
                     f"{r['size_ratio']:.2f}x |")
@@ -46,7 +48,8 @@ def table(report_dir: Path) -> str:
                f"effkit commit {str(bench.get('git_commit'))[:7]}. Ratios are paired with {ref['tag']} in interleaved "
                "rounds with 95% intervals (prefill: latency, below 1 is faster; decode: tokens/s, above 1 is "
                "faster); `≈` marks an interval that contains 1, `?` one left undecided; tokens/s are each "
-               "artifact's median over its own rounds.")
+               "artifact's median over its own rounds, and where an artifact settled before the reference stopped "
+               "(fewer rounds) the reference's figure over those same rounds is beside its ratio.")
     out = [caption, "", *rows]
     if ship.get("line"):
         out += ["", "```", ship["line"], "```"]

@@ -11,6 +11,7 @@ interval and a verdict (`effkit.measure.stats`).
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import tempfile
 import time
@@ -111,9 +112,11 @@ def make_peers(reference: Path, scratch: Path, only: list[str] | None = None) ->
 
 
 def bench_one(path: Path, cfg: BenchConfig, tokenizer, eval_blocks: torch.Tensor, block: int,
-              device: torch.device, eval_bytes: int = 0, docs: tuple[int, ...] = ()) -> dict[str, Any]:
+              device: torch.device, eval_bytes: int = 0, docs: tuple[int, ...] = (),
+              data: dict[str, Any] | None = None) -> dict[str, Any]:
     """One artifact alone: held-out loss (per block, for paired deltas), a greedy sample, size, parameters, and
-    the peak memory of loading it and running every measured workload once."""
+    the peak memory of loading it and running every measured workload once. `data`: the data section the blocks
+    come from (None: the artifact's own)."""
     meta = artifacts.read_meta(path)
     with metrics.PeakMemory(device) as mem:
         model = load_any(path, device).eval()
@@ -130,9 +133,11 @@ def bench_one(path: Path, cfg: BenchConfig, tokenizer, eval_blocks: torch.Tensor
                 once()
     r["peak_memory_bytes"] = mem.peak_bytes
     if (control := dense_control_of(path)) is not None:  # after the peak: the control is not part of the footprint
-        if results.EVAL_LOSS_DELTA_VS_CONTROL in meta["metrics"]:  # measured by the prune stage on the same blocks
+        same_blocks = data is None or data == artifacts.data_section(path)  # what the prune stage evaluated on
+        if results.EVAL_LOSS_DELTA_VS_CONTROL in meta["metrics"] and same_blocks:  # the prune stage's, same blocks
             r[results.EVAL_LOSS_DELTA_VS_CONTROL] = meta["metrics"][results.EVAL_LOSS_DELTA_VS_CONTROL]
-        else:  # a descendant (int8, ONNX) of a pruned round: against the same control, paired on the same blocks
+        else:  # a descendant (int8, ONNX) of a pruned round, or other blocks (--data): against the same control,
+            # paired on these blocks
             ctrl = metrics.evaluate(load_any(control, device).eval(), eval_blocks, cfg.measure.batch_size)
             r[results.EVAL_LOSS_DELTA_VS_CONTROL] = stats.paired_delta(ctrl["block_losses"], r["block_losses"],
                                                                        r["block_docs"])
@@ -147,7 +152,7 @@ def bench_in_this_process(path: str, cfg: dict[str, Any], data: dict[str, Any], 
     prepared = prepare(data_cfg, tokenizer_from=tokenizer_from)
     return bench_one(Path(path), BenchConfig.from_dict(cfg), prepared.tokenizer, prepared.blocks.eval,
                      data_cfg.block_size, resolve_device(device), prepared.blocks.eval_bytes,
-                     prepared.blocks.eval_docs)
+                     prepared.blocks.eval_docs, data)
 
 
 def bench_isolated(path: Path, cfg: BenchConfig, data: dict[str, Any], tokenizer_from: Path) -> dict[str, Any]:
@@ -184,7 +189,8 @@ def timed_side_by_side(paths: list[Path], cfg: BenchConfig, tokenizer, block: in
     prefill_batches = tuple(w.batch for w in workloads.of_kind("prefill"))
     if cfg.measure.compile:
         for tag, m in models.items():
-            compiled, status[tag] = metrics.compile_for_inference(m, prefill_batches, block)
+            compiled, status[tag] = metrics.compile_for_inference(m, prefill_batches, block,
+                                                                  **engine[tag].prefill_kwargs)
             if compiled is not None:
                 forward[tag + COMPILED] = compiled
             kwargs, gen_status[tag] = metrics.compiled_generation(m)
@@ -232,6 +238,11 @@ def compared(names: list[str], peers: list[str]) -> list[tuple[str, str]]:
     return pairs
 
 
+def figure(w: workloads.Workload, rounds: list[list[float]]) -> Any:
+    """A workload's own figure over `rounds`: latency statistics (prefill) or the median tokens/s (decode)."""
+    return metrics.latency_stats(rounds) if w.kind == "prefill" else stats.median_of_rounds(rounds)
+
+
 def combine(static: list[dict[str, Any]], timed: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per artifact: its own figures, and paired comparisons with the first (the reference)."""
     ref = static[0]
@@ -246,9 +257,12 @@ def combine(static: list[dict[str, Any]], timed: dict[str, dict[str, Any]]) -> l
         row["size_ratio"] = r["size_bytes"] / ref["size_bytes"]
         for w in workloads.all_():
             samples = timed[w.measure]
-            row[w.figure] = (metrics.latency_stats(samples[tag]) if w.kind == "prefill"
-                             else stats.median_of_rounds(samples[tag]))
+            row[w.figure] = figure(w, samples[tag])
             row[w.ratio] = samples.ratio(ref["tag"], tag, higher_is_better=w.higher_is_better)
+            if tag != ref["tag"]:  # a contender that settled early ran a prefix of the reference's rounds: the
+                n = len(samples[tag])  # reference's figure over those same rounds, so the row can be recomputed
+                row.setdefault("same_rounds", {})[w.key] = {"rounds": n,
+                                                            "reference": figure(w, samples[ref["tag"]][:n])}
         row["generation"]["tokens_per_s"] = row["decode_tokens_per_s_b1"]  # the b1 decode, under its old names
         row[results.GENERATION_RATIO] = row[results.decode_ratio(1)]
         for b in TRAIN_BATCHES:
@@ -259,6 +273,11 @@ def combine(static: list[dict[str, Any]], timed: dict[str, dict[str, Any]]) -> l
             else:
                 row[f"train_tokens_per_s_b{b}"] = f"not run: {r['stage']} artifacts (int8 or ONNX) do not train"
         row["flags"] = [row["generation"]["note"]] if "note" in row["generation"] else []
+        invalid = [k for k, v in row.items() if isinstance(v, dict) and v.get("verdict") == results.INVALID]
+        if not math.isfinite(r["eval_loss"]) or invalid:
+            row["invalid"] = ("non-finite held-out loss" if not math.isfinite(r["eval_loss"]) else
+                              "non-finite measurements in " + ", ".join(invalid))
+            row["flags"].append(f"invalid: {row['invalid']} (never delivered; no verdict printed)")
         if tag in timed.get("compile_status", {}):
             row["compiled"] = compiled_row(timed, tag, ref["tag"])
         if r["stage"] != "peer":
@@ -407,6 +426,8 @@ def _bench(cfg: BenchConfig, device: torch.device, run_name: str, paths: list[Pa
         "git_commit": artifacts.git_commit(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "wall_s": time.perf_counter() - t0,
         "verdicts": verdicts(rows), "not_run": not_run or {}, "stopping": timed["stopping"],
+        # every timing of every round, per measure and contender: every ratio above can be recomputed from these
+        "samples": {m: dict(timed[m]) for m in timed["stopping"]},
         "protocol": {
             "eval_loss": metrics.EVAL_PROTOCOL + f"; the blocks of {paths[0].name}'s data "
                          f"({len(prepared.blocks.eval)} blocks, {prepared.blocks.eval[:, 1:].numel()} predicted "
@@ -488,7 +509,9 @@ def table_rows(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         is_ref = r["tag"] == ref
 
         def vs(key: str, is_ref: bool = is_ref, r: dict = r) -> str:
-            return "ref" if is_ref else (stats.fmt_ratio(r[key]) if key in r else "n/a")
+            if is_ref:
+                return "ref"
+            return (stats.fmt_ratio(r[key]) + same_rounds_note(report, r, key)) if key in r else "n/a"
 
         lo, hi = r["eval_loss_ci95"]
         train = r["train_tokens_per_s_b12"]
@@ -505,6 +528,19 @@ def table_rows(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     return cols, rows
 
 
+def same_rounds_note(report: dict[str, Any], row: dict[str, Any], ratio_key: str) -> str:
+    """`; ref 278 in these 6 rounds` beside a ratio whose contender stopped before the reference did (settled
+    early): its figure and the ratio are over fewer rounds than the reference's own figure in the first row."""
+    w = next((w for w in workloads.all_() if w.ratio == ratio_key), None)
+    same = row.get("same_rounds", {}).get(w.key) if w else None
+    total = report.get("stopping", {}).get(w.measure, {}).get("rounds") if w else None
+    if not same or not total or same["rounds"] >= total:
+        return ""
+    ref = same["reference"]
+    value = f"{ref['p50_s'] * 1e3:.1f} ms" if isinstance(ref, dict) else f"{ref:,.0f}"
+    return f"; ref {value} in these {same['rounds']} rounds"
+
+
 def bench_markdown(report: dict[str, Any]) -> str:
     cols, rows = table_rows(report)
     lines = [f"# effkit bench: {report['run']}", "", f"Device: {report['device']}; torch "
@@ -513,7 +549,10 @@ def bench_markdown(report: dict[str, Any]) -> str:
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     lines += ["", "Ratios are paired with the reference and carry 95% intervals (at least 95% under the sequential "
               "stopping below); ≈ marks an interval that contains 1 (no difference shown) and ? one that also "
-              "stopped wider than the precision asked for (undecided: more rounds could still decide it).", ""]
+              "stopped wider than the precision asked for (undecided: more rounds could still decide it). A "
+              "contender whose ratios settled early ran fewer rounds than the reference: its figure and ratio are "
+              "over its own rounds, and the reference's figure over those same rounds is beside the ratio (`ref ... "
+              "in these N rounds`).", ""]
     lines += stopping_lines(report.get("stopping", {}))
     lines += peer_lines(report)
     lines += compiled_lines(report)
@@ -577,7 +616,8 @@ def deliverable(plan: Plan, bench: dict[str, Any]) -> dict[str, Any]:
     budget, chosen = plan.run.pipeline.max_loss_increase, workloads.get(plan.run.pipeline.optimize_for)
     rows = [r for r in bench["artifacts"] if r["stage"] != "peer"]
     ref = rows[0]
-    within = [r for r in rows if r is ref or results.LossDelta.of(r[results.EVAL_LOSS_DELTA]).delta <= budget]
+    within = [r for r in rows if r is ref or (not r.get("invalid")
+                                              and results.LossDelta.of(r[results.EVAL_LOSS_DELTA]).delta <= budget)]
     speed = lambda r: 1.0 if r is ref else results.PairedRatio.of(r[chosen.ratio]).ratio  # noqa: E731 - paired
     best = max(within, key=lambda r: (speed(r) if chosen.higher_is_better else -speed(r), -r["size_ratio"]))
     path = Path(best["artifact"])

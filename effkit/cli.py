@@ -38,8 +38,12 @@ DEVICE_HELP = "auto (the first GPU if there is one, else the CPU), cpu, cuda or 
 
 
 @app.callback()
-def _root() -> None:
+def _root(remeasure: bool = typer.Option(False, "--remeasure", help="measure again what effkit caches per machine "
+                                         "(the CPU's GEMM peak, bf16 or fp32, CTranslate2's threads, the memory "
+                                         "plan's runtime) instead of reading it from the cache")) -> None:
     """effkit: train, prune, quantize and benchmark GPT-2-class models, with honest numbers."""
+    if remeasure:  # an environment variable, so that the processes effkit starts measure again too
+        os.environ["EFFKIT_REMEASURE"] = "1"
 
 
 DATA_HELP = ("corpus for calibration, fine-tuning and evaluation: builtin, or a folder / file of text (default: "
@@ -406,12 +410,15 @@ def quantize(
     _console().print(t)
     if m.get("auto"):
         a = Table(title=f"--backend auto picked {m['auto']['picked']}: {m['auto']['how']}")
-        for col in ("backend", "status", "eval loss", "loss vs parent", f"{m['auto']['optimize_for']} vs parent"):
+        w = m["auto"]["optimize_for"]
+        for col in ("backend", "status", "eval loss", "loss vs parent", f"{w} vs parent", f"{w} vs picked"):
             a.add_column(col)
         for b, row in m["auto"]["table"].items():
             a.add_row(b, row["status"], f"{row['eval_loss']:.4f}" if "eval_loss" in row else "",
                       fmt_delta(row["loss_delta"]) if "loss_delta" in row else "",
-                      fmt_ratio(row["ratio_to_parent"]) if "ratio_to_parent" in row else "")
+                      fmt_ratio(row["ratio_to_parent"]) if "ratio_to_parent" in row else "",
+                      "picked" if b == m["auto"]["picked"] else
+                      fmt_ratio(row["ratio_to_picked"]) if "ratio_to_picked" in row else "")
         _console().print(a)
     print(f"parent: {m['parent_fp32']['generation']['text'][:120]!r}")
     print(f"int8:   {m['generation']['text'][:120]!r}")

@@ -207,7 +207,7 @@ def runtime(model_config, batch: int, block: int, *, checkpointing: bool, optim:
     import os
 
     from effkit.child import run_isolated
-    from effkit.measure.metrics import describe_device, machine_cached
+    from effkit.measure.metrics import cache_note, describe_device, machine_cached
 
     mc = _one_block(model_config)
     amp = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(amp_dtype)
@@ -225,7 +225,7 @@ def runtime(model_config, batch: int, block: int, *, checkpointing: bool, optim:
     sim = simulate(mc, batch, block, checkpointing=checkpointing, optim=optim, amp_dtype=amp_dtype)
     sim_steps = sum(v for k, v in sim.items() if k not in ("params_count", "parameters", "buffers"))
     how = (f"one-block probe: {measured / 2**20:,.1f} MiB measured over {RUNTIME_STEPS} steps, "
-           f"{sim_steps / 2**20:,.1f} MiB of it tensors ({'cached' if cached else 'measured now'})")
+           f"{sim_steps / 2**20:,.1f} MiB of it tensors ({cache_note(CACHE, key) if cached else 'measured now'})")
     return max(0, int(measured) - sim_steps), how
 
 

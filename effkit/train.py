@@ -63,13 +63,9 @@ def resolve_amp(o: OptimConfig, device: torch.device, model: torch.nn.Module | N
             raise EffkitError("--amp auto on a CPU needs the model to measure; pass --amp or --no-amp")
         probe = precision.cpu_choice(model, o.batch_size, block)
         cmp = PairedRatio.of(probe["bf16_vs_fp32_time"])
-        if probe.get("decided_by_first_round"):
-            how = (f"{cmp.ratio:.2f}x of fp32 in the first paired step, more than {precision.DECISIVE:g}x apart: "
-                   "decided without more rounds")
-        else:
-            how = f"{cmp.fmt()} of fp32 on this CPU, {cmp.verdict}"
-        note = (f"auto: {probe['picked']} (bf16 autocast step time {how}; "
-                f"{'cached' if probe['cached'] else 'measured now'}, probe {probe.get('probe_seconds', 0):.1f} s)")
+        how = f"{cmp.fmt()} of fp32 on this CPU over {cmp.rounds} paired rounds, {cmp.verdict}"
+        note = (f"auto: {probe['picked']} (bf16 autocast step time {how}; {probe.get('measured', 'measured now')}, "
+                f"probe {probe.get('probe_seconds', 0):.1f} s)")
         return (torch.bfloat16 if probe["picked"] == "bf16" else None), note, probe
     if not o.amp:
         return None, "fp32 (AMP off)", None

@@ -66,3 +66,36 @@ def loss_verdict_matches_interval(d: dict) -> bool:
     """A paired loss delta's verdict is the one its 95% interval implies (same: the interval holds 0)."""
     lo, hi = d["ci95"]
     return d["verdict"] == ("same" if lo <= 0 <= hi else "better" if hi < 0 else "worse")
+
+
+def independent_ratio(ref_rounds, other_rounds, level=0.95, higher_is_better=False):
+    """A paired ratio recomputed here from raw per-round timings with numpy and scipy, not with effkit's own
+    statistics: the geometric mean of the per-round ratios of medians over the rounds both ran, a Student-t interval
+    at `level` on the log scale, and the verdict that interval implies. (ratio, (lo, hi), verdict)."""
+    import numpy as np
+    from scipy import stats as sps
+
+    n = min(len(ref_rounds), len(other_rounds))
+    logs = np.log([np.median(o) / np.median(r) for r, o in zip(ref_rounds[:n], other_rounds[:n], strict=True)])
+    m = float(logs.mean())
+    half = float(sps.t.ppf((1 + level) / 2, n - 1) * logs.std(ddof=1) / np.sqrt(n)) if n > 1 else float("inf")
+    lo, hi = float(np.exp(m - half)), float(np.exp(m + half))
+    if hi < 1:
+        verdict = "slower" if higher_is_better else "faster"
+    elif lo > 1:
+        verdict = "faster" if higher_is_better else "slower"
+    else:
+        verdict = "same"
+    return float(np.exp(m)), (lo, hi), verdict
+
+
+def assert_ratio_from_samples(reported, samples, ref, other, higher_is_better=False):
+    """The report's ratio of `other` to `ref` equals the one recomputed independently from the report's samples."""
+    import pytest
+
+    ratio, (lo, hi), verdict = independent_ratio(samples[ref], samples[other], reported.get("level") or 0.95,
+                                                 higher_is_better)
+    assert reported["ratio"] == pytest.approx(ratio, rel=1e-9), (reported, ratio)
+    # (effkit's 95% t quantiles are a table to 3 decimals, scipy's exact: bounds agree to 1e-4 relative)
+    assert reported["ci95"] == pytest.approx([lo, hi], rel=1e-3), (reported, lo, hi)
+    assert reported["verdict"] == verdict, (reported, verdict)

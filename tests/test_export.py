@@ -1,5 +1,6 @@
 """ONNX export, ONNX Runtime int8, and int8 artifacts that load outside effkit."""
 
+import copy
 import json
 import shutil
 import sys
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import verdict_matches_interval
+from conftest import assert_ratio_from_samples
 
 from effkit import cli
 from effkit.artifacts.loader import load_any, quantized_layers
@@ -131,6 +132,20 @@ def test_ctranslate2_export_gives_pytorch_greedy_tokens_and_loss(trained, tmp_pa
     threads = torch.get_num_threads()
     model, parent = load_any(moved), load_model(artifact).eval()
     assert torch.get_num_threads() == threads  # CTranslate2 sets OpenMP's thread count; PyTorch's is put back
+    from effkit.engines.ctranslate2 import settle_after
+    from effkit.measure.metrics import SETTLE_S
+
+    # #39 (3): the settle rule of every engine: a pool of spinning threads (more than one) idles the machine after
+    assert model.settle_s == settle_after(model.threads, "cpu")
+    assert settle_after(2, "cpu") == SETTLE_S and settle_after(1, "cpu") == 0.0
+    # #39 (4): the thread count is chosen per workload (it was one batch-1 decode reused for prefill and batch 12),
+    # each by a paired comparison whose interval and cache date the note gives
+    assert set(model.thread_choices) == {"decode_b1", "decode_b12", "prefill_b12"}
+    for choice in model.thread_choices.values():
+        if threads > 1:
+            assert "rounds" in choice and choice["ratio"]["verdict"] in ("faster", "slower", "same")
+            assert choice["threads"] == (threads if choice["ratio"]["verdict"] == "faster" else 1)
+            assert "measured 20" in choice["how"] or "measured now" in choice["how"]
     prompt = blocks[:2, :8]
     with torch.no_grad():
         ref = parent.generate(prompt, max_new_tokens=16, min_new_tokens=16, do_sample=False, use_cache=True,
@@ -171,6 +186,53 @@ def test_a_tokenizer_without_an_unknown_token_exports_to_ctranslate2_with_its_ow
     import ctranslate2
 
     assert ctranslate2.Generator(str(folder)).generate_batch([["<|endoftext|>"]], max_length=2)[0].sequences_ids
+
+
+def test_every_engine_decodes_the_same_text_when_end_of_text_is_the_likeliest_token(trained, tmp_path):
+    """#39 (10): PyTorch's decoding never picks end-of-text among the tokens it must make (`min_new_tokens`); ONNX
+    Runtime's loop and CTranslate2 (no end token) picked it, so the counts matched and the texts did not. A model
+    whose every next token is end-of-text by far: all three engines give the same greedy tokens, none of them it."""
+    from transformers import AutoTokenizer
+
+    from effkit.engines import ctranslate2 as ct2
+    from effkit.engines import onnxruntime as ox
+    from effkit.measure.metrics import greedy_generate
+    from effkit.model import save_model
+
+    _, artifact, blocks = trained
+    model, tok = load_model(artifact).eval(), AutoTokenizer.from_pretrained(artifact)
+    eos = tok.eos_token_id
+    with torch.no_grad():
+        t = model.transformer
+        t.wte.weight[eos] *= 20  # tied: the head's row for end-of-text too
+        t.ln_f.weight.zero_()
+        t.ln_f.bias.copy_(t.wte.weight[eos])  # every final state points at end-of-text
+    src = tmp_path / "eos"
+    save_model(model, src, tok)
+    pt = load_model(str(src)).eval()
+    with torch.no_grad():
+        assert (pt(blocks[:2, :8]).logits.argmax(-1) == eos).all()
+    (onnx := tmp_path / "onnx").mkdir()
+    ox.write_artifact(onnx, copy.deepcopy(pt), tok, int8=False, fused=False)
+    (folder := tmp_path / "ct2").mkdir()
+    ct2.write_artifact(folder, src, pt.config, tok, "float32", sum(p.numel() for p in pt.parameters()))
+    made = {name: greedy_generate(m, tok, 8, batch=2)[0].tolist()
+            for name, m in (("pytorch", pt), ("onnxruntime", ox.OnnxCausalLM(onnx)), ("ctranslate2",
+                                                                                      ct2.Ct2CausalLM(folder)))}
+    assert made["onnxruntime"] == made["pytorch"] == made["ctranslate2"], made
+    assert eos not in made["pytorch"] and len(made["pytorch"]) == 8
+
+
+def test_a_pytorch_prefill_builds_the_kv_cache_as_the_onnx_graph_does(trained):
+    """#39 (10): ONNX Runtime's prefill returns the cache (its presents); PyTorch's ran with `use_cache=False`."""
+    from effkit.registry import ENGINES
+
+    model = load_model(trained[1]).eval()
+    seen = []
+    forward = model.forward
+    model.forward = lambda *a, **kw: seen.append(kw) or forward(*a, **kw)
+    ENGINES.get("pytorch").prefill(model, 2, 8)()
+    assert seen and seen[-1].get("use_cache") is True
 
 
 def test_onnx_int8_reloads_from_its_folder_alone_and_generates(trained, tmp_path, capsys, monkeypatch):
@@ -238,13 +300,16 @@ def test_bench_measures_onnx_artifacts_beside_pytorch_ones(trained):
     assert row["tag"] == "onnx-int8" and row["stage"] == "export" and row["params"] > 0
     assert "note" not in row["generation"]  # decoding with the graph's KV cache: nothing to warn about
     assert str(row["train_tokens_per_s_b12"]).startswith("not run")
-    assert verdict_matches_interval(row["latency_ratio_b12"])
+    samples = report["samples"]
+    assert_ratio_from_samples(row["latency_ratio_b12"], samples["latency_b12"], dense["tag"], row["tag"])
     # --compile: the PyTorch artifact's compiled twin was timed in the same rounds; the ONNX one says why not
-    assert verdict_matches_interval(dense["compiled"]["ratio_vs_eager_b12"])
+    assert_ratio_from_samples(dense["compiled"]["ratio_vs_eager_b12"], samples["latency_b12"], dense["tag"],
+                              dense["tag"] + " (compiled)")
     assert dense["compiled"]["latency_b12"]["samples"] == 2
     assert row["compiled"]["status"].startswith("not run: an ONNX Runtime artifact")
     # and its compiled decoding (static KV cache) was timed in the generation rounds
-    assert verdict_matches_interval(dense["compiled"]["generation_ratio_vs_eager"], higher_is_better=True)
+    assert_ratio_from_samples(dense["compiled"]["generation_ratio_vs_eager"], samples["decode_b1"], dense["tag"],
+                              dense["tag"] + " (compiled)", higher_is_better=True)
     assert dense["compiled"]["generation_tokens_per_s"] > 0
     assert row["compiled"]["generation_status"].startswith("not run: an ONNX Runtime artifact")
     assert "Compiled (torch.compile" in (tmp / "reports" / "x" / "bench.md").read_text()

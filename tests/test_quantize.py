@@ -57,6 +57,11 @@ def test_backend_quantizes_reloads_and_stays_close(backend, trained):
     assert again["eval_loss"] == pytest.approx(m["eval_loss"], rel=1e-4)
     saved = json.loads((tmp / "runs" / "q" / report["tag"] / "effkit.json").read_text())
     assert saved["stage"] == "quantize" and saved["parent"] == artifact
+    if backend == "onnxruntime":  # the description says the granularity the quantizer was given (it said "per
+        desc = json.loads((tmp / "runs" / "q" / report["tag"] / "quantization.json").read_text())  # channel")
+        per_channel = "per_channel=True" in desc["onnx"]["quantizer"]
+        assert ("per output channel" in desc["storage"]) == per_channel
+        assert ("per tensor" in desc["storage"]) == (not per_channel) and "per channel" not in desc["storage"]
 
 
 class FakeInt8(Dynamic):
@@ -163,3 +168,26 @@ def test_an_artifact_outside_the_runs_folder_is_quantized_into_it(trained, tmp_p
     report = run_quantize(qcfg(tmp, str(outside), backend="dynamic"))
     assert Path(report["artifact"]) == tmp / "runs" / "elsewhere" / "quantize-dynamic"
     assert sorted(p.name for p in (tmp_path / "elsewhere").iterdir()) == ["model"]  # nothing written beside it
+
+
+def test_auto_chooses_by_paired_ratio_not_by_medians_of_different_rounds():
+    """#39 (2): `auto` took the lowest median of each candidate's own rounds; a candidate that settled early was
+    timed only while the machine was slow, so its median lost to a slower backend timed on a fast machine too. The
+    choice is the best paired ratio to the parent; an undecided ratio between the best two is a tie, settled by the
+    smaller folder."""
+    from effkit.measure.stopping import Measured
+    from effkit.quantize.stage import choose_backend
+
+    slow, fast = [2.0] * 6, [1.0] * 18  # the machine: 6 slow rounds, then 18 fast ones
+    level = [*slow, *fast]
+    jitter = [1 + 0.01 * ((i * 7) % 5 - 2) for i in range(24)]
+    rounds = lambda scale, n=24: [[scale * level[i] * jitter[i]] for i in range(n)]  # noqa: E731
+    samples = {"parent": rounds(1.0), "a": rounds(0.8, 6), "b": rounds(0.9)}  # a settled after the first look
+    trial = Measured(samples, {"level": 0.95})
+    medians = {b: sorted(x[0] for x in samples[b])[len(samples[b]) // 2] for b in ("a", "b")}
+    assert min(medians, key=medians.get) == "b"  # what the median rule picked
+    picked, versus = choose_backend(trial, ["a", "b"], {"a": 10, "b": 10}, higher=False)
+    assert picked == "a" and versus["b"]["verdict"] == "slower"
+    same = Measured({"parent": rounds(1.0), "a": rounds(0.9), "b": rounds(0.9)}, {"level": 0.95})
+    picked, versus = choose_backend(same, ["a", "b"], {"a": 20, "b": 10}, higher=False)
+    assert picked == "b" and versus["a"]["verdict"] == "same"  # a tie: the smaller folder

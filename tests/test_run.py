@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import loss_verdict_matches_interval
+from conftest import assert_ratio_from_samples, loss_verdict_matches_interval
 from rich.console import Console
 
 from effkit import cli
@@ -90,6 +90,14 @@ def test_tiny_recipe_end_to_end_then_skips(tmp_path, corpus_dir):
     peers = [r for r in first["bench"]["artifacts"] if r["stage"] == "peer"]
     assert all(r["decode_tokens_per_s_b1"] > 0 and r["decode_tokens_per_s_b12"] > 0 for r in peers)
     assert set(first["bench"]["artifacts"][0]["vs_peers"]) == {"peer-ctranslate2-int8", "peer-onnxruntime-int8"}
+    from effkit.bench import peer_workloads
+
+    samples = first["bench"]["samples"]  # #39 (13): each artifact against each peer, recomputed from the rounds
+    for r in first["bench"]["artifacts"][:4]:
+        for p in ("peer-ctranslate2-int8", "peer-onnxruntime-int8"):
+            for w in peer_workloads():
+                assert_ratio_from_samples(r["vs_peers"][p][w.key], samples[w.measure], p, r["tag"],
+                                          w.higher_is_better)
     assert not list((tmp_path / "runs" / "tiny").glob(".tmp-peers-*"))  # the peers' folders are gone
     tags = tags[:4]
     composed = json.loads((tmp_path / "runs" / "tiny" / tags[-1] / "effkit.json").read_text())
@@ -195,6 +203,10 @@ def test_the_deliverable_is_chosen_for_the_workload_within_the_budget_against_th
     bench["artifacts"][2] = _row("prune-row-r2+quantize-onnxruntime", 0.4, 3.0, 0.025, vs_control=0.001)
     assert deliverable(plan, bench)["tag"] == "quantize-onnxruntime"  # 2.5% over the dense model: out of budget
     bench["artifacts"][1] = _row("quantize-onnxruntime", 0.5, 4.0, 0.03)
+    assert deliverable(plan, bench)["tag"] == "train"
+    nan = _row("quantize-torchao", 0.1, 50.0, float("nan"))  # #39 (11): a non-finite loss is never delivered
+    nan["invalid"] = "non-finite held-out loss"
+    bench["artifacts"][1] = nan
     assert deliverable(plan, bench)["tag"] == "train"
 
 

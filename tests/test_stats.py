@@ -3,6 +3,7 @@
 import json
 import math
 import random
+import time
 
 import pytest
 
@@ -225,6 +226,91 @@ def test_machine_cached_keeps_what_was_measured_meanwhile(tmp_path, monkeypatch)
         return 1
 
     assert metrics.machine_cached("probe", "a", slow_a) == (1, False)
-    assert json.loads((tmp_path / "probe.json").read_text()) == {"a": 1, "b": 2}
+    saved = json.loads((tmp_path / "probe.json").read_text())
+    assert {k.rpartition("|")[2]: v["value"] for k, v in saved.items()} == {"a": 1, "b": 2}
     assert metrics.machine_cached("probe", "b", lambda: 1 / 0) == (2, True)
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_cached_measurement_belongs_to_its_machine_says_when_and_can_be_taken_again(tmp_path, monkeypatch):
+    """#39 (5): the caches were keyed by the CPU's model name and thread count only (no flags, no host) and never
+    expired, so a shared $EFFKIT_CACHE handed another host's GEMM peak over as "this CPU's"."""
+    from effkit.measure import metrics
+
+    monkeypatch.setenv("EFFKIT_CACHE", str(tmp_path))
+    monkeypatch.delenv(metrics.REMEASURE_ENV, raising=False)
+    assert metrics.machine_cached("probe", "k", lambda: 1) == (1, False)
+    assert metrics.machine_cached("probe", "k", lambda: 2) == (1, True)
+    note = metrics.cache_note("probe", "k")
+    assert note.startswith("measured 20") and "on host" in note and "machine" in note
+    monkeypatch.setattr(metrics, "cpu_flags", lambda: ["sse2"])  # the same host name, another CPU: not its figure
+    assert metrics.machine_cached("probe", "k", lambda: 3) == (3, False)
+    monkeypatch.setenv(metrics.REMEASURE_ENV, "1")  # effkit --remeasure: once in this process, then that value
+    monkeypatch.setattr(metrics, "_REMEASURED", set())
+    assert metrics.machine_cached("probe", "k", lambda: 4) == (4, False)
+    assert metrics.machine_cached("probe", "k", lambda: 6) == (4, True)
+    monkeypatch.delenv(metrics.REMEASURE_ENV)
+    path = tmp_path / "probe.json"
+    saved = json.loads(path.read_text())
+    for entry in saved.values():  # measured 40 days ago: too old to trust
+        entry["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 40 * 86400))
+    path.write_text(json.dumps(saved))
+    assert metrics.machine_cached("probe", "k", lambda: 5) == (5, False)
+
+
+def test_a_non_finite_measurement_is_invalid_never_no_difference():
+    """#39 (11): a NaN loss (a diverged model) or an infinite timing gave NaN bounds, fell through to `same` and
+    printed `≈` (no difference); it is `invalid`, printed as such."""
+    d = stats.paired_delta([1.0, 2.0, 3.0, 4.0], [1.1, math.nan, 3.0, 4.1])
+    assert d["verdict"] == "invalid" and stats.fmt_delta(d) == "invalid (non-finite loss)"
+    assert stats.paired_delta([1.0, 2.0], [math.inf, 2.0])["verdict"] == "invalid"
+    r = stats.paired_ratio([[1.0], [1.1], [0.9]], [[math.inf], [1.0], [1.0]])
+    assert r["verdict"] == "invalid" and "≈" not in stats.fmt_ratio(r)
+    assert stats.paired_ratio([[1.0], [1.1]], [[math.nan], [1.0]], higher_is_better=True)["verdict"] == "invalid"
+    assert stats.paired_delta([1.0, 2.0, 3.0], [1.0, 2.0, 3.0])["verdict"] == "same"  # finite: as before
+
+
+def test_the_rounds_shuffle_who_runs_before_whom_from_a_recorded_seed():
+    """#39 (3): rotating the order by one each round kept the cyclic order, so each contender always ran right
+    after the same one (carry-over from a spinning engine always hit the same pair). Now the order is shuffled each
+    round from a seed that the stopping record gives."""
+    from effkit.measure import stopping
+
+    calls: list[str] = []
+    contenders = {n: (lambda n=n: calls.append(n) or 1.0) for n in "abcd"}
+    measured = stopping.measure(contenders, stopping.Stopping(rounds=12, fixed=True, seed=5), repeats=1, warmup=0)
+    rounds = [calls[i * 4:(i + 1) * 4] for i in range(12)]
+    before = {n: {r[r.index(n) - 1] for r in rounds if r.index(n) > 0} for n in "abcd"}
+    assert all(len(b) >= 2 for b in before.values()), before
+    assert all(sorted(r) == list("abcd") for r in rounds)  # every contender once per round
+    assert "seed 5" in measured.record["order"]
+    calls.clear()
+    stopping.measure(contenders, stopping.Stopping(rounds=12, fixed=True, seed=5), repeats=1, warmup=0)
+    assert [calls[i * 4:(i + 1) * 4] for i in range(12)] == rounds  # the seed reproduces the orders
+
+
+def test_a_contender_that_settled_early_is_shown_beside_the_reference_over_the_same_rounds():
+    """#39 (1): a contender that settled after the first look stopped running while the reference went on; its
+    figure (its own rounds) sat next to the reference's median over all rounds and beside a ratio over the shared
+    rounds, so the columns could not be reconciled. The row now carries the reference's figure over its rounds."""
+    from effkit import workloads
+    from effkit.bench import combine, same_rounds_note
+    from effkit.measure.stopping import Measured
+
+    level = [0.5] * 6 + [1.0] * 18  # the machine: slow for 6 rounds (tokens/s halved), then fast
+    ref_rounds = [[100.0 * x] for x in level]
+    fast = [[146.0 * x] for x in level[:6]]  # settled after the first look: 6 rounds
+    record = {"level": 0.95, "rounds": 24}
+    timed = {w.measure: Measured({"ref": ref_rounds, "a": fast}, record) for w in workloads.all_()}
+    timed |= {m: Measured({}, record) for m in ("train_b4", "train_b12")}
+    static = [{"tag": t, "stage": "train" if t == "ref" else "quantize", "block_losses": [1.0, 2.0],
+               "block_docs": [0, 1], "size_bytes": 10, "generation": {}, "eval_loss": 1.5} for t in ("ref", "a")]
+    rows = combine(static, timed)
+    a = rows[1]
+    d = workloads.get("decode-b1")
+    assert a[d.figure] == 73.0 and rows[0][d.figure] == 100.0  # each over its own rounds
+    same = a["same_rounds"][d.key]
+    assert same == {"rounds": 6, "reference": 50.0}  # the reference over a's 6 rounds: 73 / 50 = the ratio
+    assert a[d.ratio]["ratio"] == pytest.approx(73.0 / 50.0)
+    note = same_rounds_note({"stopping": {d.measure: {"rounds": 24}}}, a, d.ratio)
+    assert note == "; ref 50 in these 6 rounds"

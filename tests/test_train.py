@@ -92,13 +92,16 @@ def _fake_timer(seconds: float):
 def test_amp_auto_picks_the_faster_precision_and_records_why(fp32_s, bf16_s, picked, verdict):
     from effkit.measure import precision
 
-    out = precision.choose({"fp32": _fake_timer(fp32_s), "bf16": _fake_timer(bf16_s)}, rounds=5)
+    out = precision.choose({"fp32": _fake_timer(fp32_s), "bf16": _fake_timer(bf16_s)})
     assert out["picked"] == picked and out["bf16_vs_fp32_time"]["verdict"] == verdict
     assert out["bf16_vs_fp32_time"]["ratio"] == pytest.approx(bf16_s / fp32_s, rel=0.05)
     assert out["fp32_step_s"] == pytest.approx(fp32_s, rel=0.05) and "interleaved" in out["how"]
 
 
-def test_amp_probe_stops_after_one_round_when_one_side_is_20x_slower():
+def test_amp_probe_decides_by_an_interval_never_by_one_round():
+    """#39 (7): one first round more than 2x apart decided alone, with no interval. Now a 20x slower bf16 is decided
+    at the first look (3 rounds, its interval at 1 - 0.05/3), and a first round that looks 3x faster by chance does
+    not pick bf16."""
     from effkit.measure import precision
 
     calls = {"fp32": 0, "bf16": 0}
@@ -106,13 +109,17 @@ def test_amp_probe_stops_after_one_round_when_one_side_is_20x_slower():
     def timer(name, seconds):
         def once():
             calls[name] += 1
-            return seconds
+            return seconds * (1 + 0.01 * (calls[name] % 3))
         return once
 
-    out = precision.choose({"fp32": timer("fp32", 0.1), "bf16": timer("bf16", 2.0)}, rounds=7)
-    assert out["picked"] == "fp32" and out["decided_by_first_round"] and out["bf16_vs_fp32_time"]["rounds"] == 1
-    assert calls == {"fp32": 2, "bf16": 2}  # one warm-up and one timed step each, not 7 rounds
-    assert out["probe_seconds"] == pytest.approx(2.1)
+    out = precision.choose({"fp32": timer("fp32", 0.1), "bf16": timer("bf16", 2.0)})
+    r = out["bf16_vs_fp32_time"]
+    assert out["picked"] == "fp32" and r["verdict"] == "slower" and r["rounds"] == 3
+    assert r["level"] == pytest.approx(1 - 0.05 / 3) and r["ci95"][0] > 1
+    assert calls == {"fp32": 4, "bf16": 4}  # a warm-up and three timed steps each
+    lucky = iter([1.0, 0.3] + [1.0] * 40)  # bf16's warm-up, then one fast step by chance, then as fast as fp32
+    out = precision.choose({"fp32": lambda: 1.0, "bf16": lambda: next(lucky)})
+    assert out["picked"] == "fp32" and out["bf16_vs_fp32_time"]["verdict"] != "faster"
 
 
 def test_amp_probe_is_cached_per_machine_and_model_shape(monkeypatch, tmp_path):

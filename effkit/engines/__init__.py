@@ -40,6 +40,7 @@ class Engine:
     peer_tag: str | None = None
     peer_how: str = ""
     settle_s: float = 0.0  # idle seconds after timing one of its models (engines whose threads spin-wait)
+    prefill_kwargs: dict[str, Any] = {}  # what a prefill passes to its models' forward (PyTorch: build the cache)
 
     def owns(self, path: str | Path) -> bool:
         """Whether the artifact folder `path` is this engine's."""
@@ -69,7 +70,7 @@ class Engine:
         """A no-argument timer of one forward of (batch, tokens) fixed random tokens."""
         from effkit.measure import metrics
 
-        return metrics.forward_timer(model, batch, tokens)
+        return metrics.forward_timer(model, batch, tokens, **self.prefill_kwargs)
 
     def decode(self, model: Any, tokenizer: Any, batch: int, new_tokens: int,
                generate_kwargs: dict[str, Any] | None = None):

@@ -80,8 +80,9 @@ def write_artifact(folder: Path, source: Path, config, tokenizer, compute_type: 
             "converter": f"ctranslate2.converters.TransformersConverter(source).convert(out, quantization="
                          f"{WEIGHT_TYPES[compute_type]!r}), ctranslate2 {ctranslate2.__version__}",
             "convert_seconds": time.perf_counter() - t0,
-            "runtime": "ctranslate2.Generator(path, compute_type, intra_threads measured per machine: 1 or torch's "
-                       "thread count, the faster; see effkit.engines.ctranslate2.intra_threads); logits from "
+            "runtime": "ctranslate2.Generator(path, compute_type, intra_threads chosen per workload by paired "
+                       "measurement of 1 against torch's thread count; see effkit.engines.ctranslate2.thread_choices); "
+                       "logits from "
                        "forward_batch, generation from generate_batch (KV cache, batched)"}
     (folder / CT2_DESC).write_text(json.dumps(desc, indent=2))
     return desc
@@ -106,43 +107,77 @@ def fill_special_tokens(folder: Path, tokenizer) -> list[str]:
     return missing
 
 
-def intra_threads(path: Path, compute_type: str, device_type: str, start: list[str],
-                  params: int = 0) -> tuple[int, str]:
-    """CTranslate2's OpenMP threads for this machine, measured, not assumed: on the project's 2-core machine two
-    threads decoded 10x slower than one (and their waiting threads slowed every model timed beside them 2x), so
-    effkit times a short greedy decode of this artifact from the token strings `start` with 1 thread and with
-    torch's thread count, keeps the faster, and caches the choice per CPU, thread count, CTranslate2 version,
-    compute type and model size (`params` to the nearest power of two: a small model's choice is not a large
-    one's; `~/.cache/effkit/ct2_threads.json`)."""
-    import statistics
+def settle_after(threads: int, device_type: str) -> float:
+    """The same settle rule as every engine's: a contender whose runtime keeps a pool of spin-waiting CPU threads
+    after a call (ONNX Runtime's sessions; CTranslate2's OpenMP threads when it runs more than one) leaves the
+    machine idle for `metrics.SETTLE_S` after it is timed; one that runs on the calling thread needs none."""
+    from effkit.measure.metrics import SETTLE_S
 
+    return SETTLE_S if device_type == "cpu" and threads > 1 else 0.0
+
+
+THREAD_WORKLOADS = (("decode", 1), ("decode", 12), ("prefill", 12))  # what the thread count is chosen for
+
+
+def thread_choices(path: Path, compute_type: str, device_type: str, start: list[str], params: int = 0,
+                   n_positions: int = 128) -> dict[str, dict[str, Any]]:
+    """CTranslate2's OpenMP threads for this machine, chosen per workload by measurement, never assumed: on the
+    project's 2-core machine two threads decoded 10x slower than one at batch 1 (and their waiting threads slowed
+    every model timed beside them), which says nothing of batch 12 or of a prefill. For decode at batch 1 and 12
+    (32 greedy tokens from the token strings `start`) and prefill at batch 12, one thread and torch's thread count
+    are timed interleaved and paired under the bench's sequential rule (`effkit.measure.stopping`, Bonferroni over
+    its looks); more threads are taken only where they are measurably faster. Cached per machine (host and CPU
+    flags), thread count, CTranslate2 version, compute type and model size (`params` to the nearest power of two),
+    with the date: `{"decode_b1": {"threads": 1, "ratio": <more vs one>, "measured": "..."}, ...}`."""
     import ctranslate2
 
-    from effkit.measure import metrics
+    from effkit.measure import metrics, stopping
 
     most = torch.get_num_threads()
+    keys = [f"{kind}_b{batch}" for kind, batch in THREAD_WORKLOADS]
     if device_type != "cpu" or most <= 1:
-        return max(most, 1), "torch's thread count (nothing to choose)"
-    key = f"{metrics.describe_device(torch.device('cpu'))}|{'+'.join(metrics.cpu_flags())}|threads {most}|" \
-          f"ctranslate2 {ctranslate2.__version__}|{compute_type}" + (f"|params 2^{round(math.log2(params))}"
-                                                                   if params > 0 else "")
+        return {k: {"threads": max(most, 1), "how": "torch's thread count (nothing to choose)"} for k in keys}
+    key = (f"{metrics.describe_device(torch.device('cpu'))}|threads {most}|ctranslate2 {ctranslate2.__version__}|"
+           f"{compute_type}|per workload" + (f"|params 2^{round(math.log2(params))}" if params > 0 else ""))
+    rule = stopping.Stopping(rounds=3, precision=0.03, budget_s=10.0)
 
     def measure() -> dict[str, Any]:
-        rates = {}
-        for n in (1, most):
-            g = ctranslate2.Generator(str(path), device="cpu", compute_type=compute_type, intra_threads=n)
-            times = []
-            for _ in range(4):  # the first is a warm-up
+        generators = {n: ctranslate2.Generator(str(path), device="cpu", compute_type=compute_type, intra_threads=n)
+                      for n in (1, most)}
+        block = min(128, n_positions)
+        ids = ctranslate2.StorageView.from_array(np.ones((12, block), np.int32))
+        lengths = ctranslate2.StorageView.from_array(np.full(12, block, np.int32))
+
+        def timer(g, kind: str, batch: int):
+            def once() -> float:
                 t = time.perf_counter()
-                g.generate_batch([start], max_length=32, min_length=32, include_prompt_in_result=False, end_token=[])
-                times.append(time.perf_counter() - t)
-            rates[n] = 32 / statistics.median(times[1:])
-            del g
-        return {"threads": max(rates, key=rates.get), "tokens_per_s": {str(k): v for k, v in rates.items()}}
+                if kind == "decode":
+                    g.generate_batch([start] * batch, max_length=32, min_length=32, include_prompt_in_result=False,
+                                     end_token=[])
+                    return 32 * batch / (time.perf_counter() - t)
+                g.forward_batch(ids, lengths)
+                return time.perf_counter() - t
+            return once
+
+        out = {}
+        for kind, batch in THREAD_WORKLOADS:
+            fns = {str(n): timer(g, kind, batch) for n, g in generators.items()}
+            for n, fn in fns.items():
+                fn.settle_s = settle_after(int(n), "cpu")
+            higher = kind == "decode"
+            m = stopping.measure(fns, rule, 1, warmup=1)
+            ratio = m.ratio("1", str(most), higher_is_better=higher)  # more threads against one
+            out[f"{kind}_b{batch}"] = {"threads": most if ratio["verdict"] == "faster" else 1, "ratio": ratio,
+                                       "rounds": m.record["rounds"]}
+        return out
 
     chosen, _ = metrics.machine_cached("ct2_threads", key, measure)
-    rates = ", ".join(f"{k} thread(s) {v:,.0f} tok/s" for k, v in chosen["tokens_per_s"].items())
-    return int(chosen["threads"]), f"measured on 32 greedy tokens at batch 1 ({rates}), cached per machine"
+    note = metrics.cache_note("ct2_threads", key)
+    from effkit.measure.results import PairedRatio
+
+    return {k: {**v, "how": f"{most} threads vs 1: {PairedRatio.of(v['ratio']).fmt()} over {v['rounds']} paired "
+                            f"rounds ({'faster' if v['threads'] > 1 else 'not faster: 1 thread'}); {note}"}
+            for k, v in chosen.items()}
 
 
 class Ct2CausalLM(nn.Module):
@@ -174,11 +209,13 @@ class Ct2CausalLM(nn.Module):
         start = self.tokenizer.convert_ids_to_tokens(self.tokenizer("The state of the Union").input_ids)
         torch_threads = torch.get_num_threads()
         try:
-            self.threads, how = intra_threads(path, compute_type, self.device_type, start,
-                                              int(self.description.get("params", 0)))
-            self.generation_note = f"CTranslate2 intra_threads {self.threads}: {how}"
-            self.generator = ctranslate2.Generator(str(path), device=self.device_type, compute_type=compute_type,
-                                                   intra_threads=self.threads)
+            self.thread_choices = thread_choices(path, compute_type, self.device_type, start,
+                                                 int(self.description.get("params", 0)), self.config.n_positions)
+            self.generation_note = "CTranslate2 intra_threads per workload: " + "; ".join(
+                f"{k.replace('_', ' ')} {v['threads']} ({v['how']})" for k, v in self.thread_choices.items())
+            self.generators = {n: ctranslate2.Generator(str(path), device=self.device_type, compute_type=compute_type,
+                                                        intra_threads=n)
+                               for n in sorted({v["threads"] for v in self.thread_choices.values()})}
         except Exception as e:  # noqa: BLE001 - a truncated or foreign folder
             raise EffkitError(f"CTranslate2 cannot open {path}: {type(e).__name__}: {str(e)[:160]}; write it again") \
                 from None
@@ -188,6 +225,14 @@ class Ct2CausalLM(nn.Module):
             torch.set_num_threads(torch_threads)
         self.n_params = int(self.description.get("params", 0))
         self.path = path
+        self.threads = max(self.generators)
+        self.settle_s = settle_after(self.threads, self.device_type)
+
+    def generator_for(self, kind: str, batch: int):
+        """The generator with the thread count measured best for this workload (the nearest measured batch)."""
+        measured = [(k, b) for k, b in THREAD_WORKLOADS if k == kind] or list(THREAD_WORKLOADS)
+        k, b = min(measured, key=lambda kb: abs(kb[1] - batch))
+        return self.generators[self.thread_choices[f"{k}_b{b}"]["threads"]]
 
     def _check_length(self, n: int) -> None:
         if n > self.config.n_positions:
@@ -199,17 +244,19 @@ class Ct2CausalLM(nn.Module):
         self._check_length(input_ids.shape[-1])
         ids = np.ascontiguousarray(input_ids.detach().cpu().numpy().astype(np.int32))
         lengths = np.full(ids.shape[0], ids.shape[1], np.int32)
-        out = self.generator.forward_batch(ctranslate2.StorageView.from_array(ids),
-                                           ctranslate2.StorageView.from_array(lengths))
+        out = self.generator_for("prefill", ids.shape[0]).forward_batch(ctranslate2.StorageView.from_array(ids),
+                                                                         ctranslate2.StorageView.from_array(lengths))
         if self.device_type == "cuda":
             return SimpleNamespace(logits=torch.as_tensor(out, device="cuda").float())
         return SimpleNamespace(logits=torch.from_numpy(np.array(out)).float())
 
     @torch.inference_mode()
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, do_sample: bool = False, top_k: int | None = None,
-                 temperature: float = 1.0, streamer=None, **_: Any) -> torch.Tensor:
-        """Exactly `max_new_tokens` new tokens (no end token stops it, like effkit's `min_new_tokens` calls);
-        sampling is seeded from torch's global generator."""
+                 temperature: float = 1.0, streamer=None, min_new_tokens: int = 0, **_: Any) -> torch.Tensor:
+        """Exactly `max_new_tokens` new tokens (nothing stops it early); with `min_new_tokens`, end-of-text is
+        CTranslate2's end token and `min_length` keeps it from being picked before then, as transformers'
+        `min_new_tokens` does for PyTorch (so the texts, not only the token counts, match); sampling is seeded from
+        torch's global generator."""
         ids = input_ids.cpu().long()
         self._check_length(ids.shape[1] + max_new_tokens - 1)
         starts = [self.tokenizer.convert_ids_to_tokens(row) for row in ids.tolist()]
@@ -219,8 +266,13 @@ class Ct2CausalLM(nn.Module):
 
             ctranslate2.set_random_seed(int(torch.randint(0, 2**31 - 1, (1,))))
             kwargs = {"sampling_topk": top_k or 0, "sampling_temperature": max(temperature, 1e-6)}
-        results = self.generator.generate_batch(starts, max_length=max_new_tokens, min_length=max_new_tokens,
-                                                include_prompt_in_result=False, end_token=[], **kwargs)
+        eos = self.tokenizer.eos_token
+        if min_new_tokens and eos is not None:  # suppressed until min_length; min = max here: never picked
+            kwargs |= {"end_token": eos, "min_length": max(min_new_tokens, max_new_tokens)}
+        else:  # no end token: nothing stops decoding, and end-of-text is a token like any other
+            kwargs |= {"end_token": [], "min_length": max_new_tokens}
+        results = self.generator_for("decode", len(starts)).generate_batch(
+            starts, max_length=max_new_tokens, include_prompt_in_result=False, **kwargs)
         new = torch.tensor([r.sequences_ids[0] for r in results], dtype=torch.long)
         out = torch.cat([ids, new], dim=1)
         if streamer is not None:  # CTranslate2 generates the batch at once: the text is streamed after

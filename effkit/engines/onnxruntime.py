@@ -47,6 +47,7 @@ from torch import nn
 
 from effkit.engines import Engine
 from effkit.errors import EffkitError
+from effkit.measure.metrics import SETTLE_S  # idle seconds after timing a spinning thread pool
 
 ONNX_FILE = "model.onnx"
 ONNX_DESC = "onnx.json"
@@ -61,7 +62,6 @@ PORTABILITY = "portable: any ONNX Runtime loads model.onnx (onnxruntime.Inferenc
 INT8_OPS = ("MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QGemm", "QAttention")
 INT4_OPS = ("MatMulNBits", "GatherBlockQuantized")  # ONNX Runtime's block-quantized weight-only operators
 INT4_BLOCK = 32
-SETTLE_S = 0.2  # seconds of idle machine after timing an ONNX Runtime model (its threads spin-wait after a run)
 GENERATION_NOTE = ("ONNX artifact of an older effkit, exported without past key/values: generation recomputes the "
                    "whole prefix for every new token (measured as it is); export the parent again for the KV cache")
 
@@ -215,12 +215,22 @@ def step(sess, input_ids: np.ndarray, past: dict[str, np.ndarray], past_len: int
     return out[0], dict(zip(past, out[1:], strict=True))
 
 
+def never_end(logits: np.ndarray, eos: int | None) -> np.ndarray:
+    """`logits` with end-of-text masked (a copy), as transformers' `min_new_tokens` does while tokens are owed."""
+    if eos is None or not 0 <= eos < logits.shape[-1]:
+        return logits
+    logits = logits.copy()
+    logits[..., eos] = -np.inf
+    return logits
+
+
 def greedy_with_past(sess, config, prompt: np.ndarray, new_tokens: int) -> np.ndarray:
-    """Greedy decoding through the with-past graph: prefill, then one token per run with the cache."""
+    """Greedy decoding through the with-past graph: prefill, then one token per run with the cache; end-of-text
+    never picked (as PyTorch's `min_new_tokens` decoding it is compared with)."""
     logits, past = step(sess, prompt, empty_past(config, prompt.shape[0]), 0)
     ids = [prompt]
     for k in range(new_tokens):
-        nxt = logits[:, -1].argmax(-1)[:, None].astype(np.int64)
+        nxt = never_end(logits[:, -1], config.eos_token_id).argmax(-1)[:, None].astype(np.int64)
         ids.append(nxt)
         if k + 1 < new_tokens:
             logits, past = step(sess, nxt, past, prompt.shape[1] + k)
@@ -445,25 +455,29 @@ class OnnxCausalLM(nn.Module):
 
     @torch.inference_mode()
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, do_sample: bool = False, top_k: int | None = None,
-                 temperature: float = 1.0, streamer=None, **_: Any) -> torch.Tensor:
-        """Exactly `max_new_tokens` new tokens (never stops early, like effkit's `min_new_tokens` calls), with the
-        KV cache (the prefix recomputed each step for an artifact without past inputs); sampling draws from
-        torch's global generator (seed it first). Greedy steps pick tokens in numpy: a torch operation large
-        enough to run on torch's threads (an argmax over 12 x vocabulary) would wait for a core that ONNX
-        Runtime's spinning threads hold."""
+                 temperature: float = 1.0, streamer=None, min_new_tokens: int = 0, **_: Any) -> torch.Tensor:
+        """Exactly `max_new_tokens` new tokens (never stops early), with the KV cache (the prefix recomputed each
+        step for an artifact without past inputs); end-of-text is never picked among the first `min_new_tokens`,
+        as transformers' `min_new_tokens` does for PyTorch (so the texts, not only the token counts, match);
+        sampling draws from torch's global generator (seed it first). Greedy steps pick tokens in numpy: a torch
+        operation large enough to run on torch's threads (an argmax over 12 x vocabulary) would wait for a core
+        that ONNX Runtime's spinning threads hold."""
         ids = input_ids.cpu().long().numpy()
         self._check_length(ids.shape[1] + max_new_tokens - 1)  # the last new token is not fed back
         if streamer is not None:
             streamer.put(torch.from_numpy(ids))
         past, done = (empty_past(self.config, ids.shape[0]), 0) if self.with_past else (None, 0)
         todo = ids
-        for _ in range(max_new_tokens):
+        eos = self.config.eos_token_id
+        for k in range(max_new_tokens):
             if self.with_past:
                 logits, past = step(self.session, todo, past, done)
                 done += todo.shape[1]
                 logits = logits[:, -1, :]
             else:
                 logits = self.session.run(None, {"input_ids": ids})[0][:, -1, :]
+            if k < min_new_tokens:
+                logits = never_end(logits, eos)
             if do_sample:
                 scores = torch.from_numpy(logits).float() / max(temperature, 1e-6)
                 if top_k:

@@ -18,6 +18,9 @@ class PyTorchEngine(Engine):
     label = "PyTorch"
     noun = "a PyTorch"  # "is a PyTorch artifact"
     summary = "PyTorch (transformers' GPT-2; quantized artifacts through their backend)"
+    # a prefill as decoding runs it: the forward builds the KV cache, as ONNX Runtime's with-past graph does (its
+    # presents are outputs)
+    prefill_kwargs = {"use_cache": True}
 
     def owns(self, path: str | Path) -> bool:
         return False

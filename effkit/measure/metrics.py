@@ -6,10 +6,12 @@ import json
 import math
 import os
 import platform
+import random
 import threading
 import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -122,11 +124,41 @@ def cpu_has_native_bf16() -> bool:
     return bool({"avx512_bf16", "amx_bf16"} & set(cpu_flags()))
 
 
+MAX_AGE_DAYS = 30  # a cached measurement older than this is measured again (machines and their loads change)
+REMEASURE_ENV = "EFFKIT_REMEASURE"  # set (`effkit --remeasure ...`): every cached measurement is taken again
+
+
+def machine_id() -> str:
+    """This machine, as the caches key it: its systemd machine id (or host name) and the CPU's flags, hashed, so
+    that a cache shared between hosts (a common $EFFKIT_CACHE) never hands one host's figure to another, nor to
+    the same host after its CPU changed."""
+    import hashlib
+    import socket
+
+    ident = ""
+    for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+        try:
+            ident = Path(path).read_text().strip()
+            break
+        except OSError:
+            continue
+    ident = ident or socket.gethostname()
+    flags = " ".join(sorted(cpu_flags()))
+    return hashlib.sha256(f"{ident}|{flags}".encode()).hexdigest()[:12]
+
+
+def _cache_key(key: str) -> str:
+    return f"machine {machine_id()}|{key}"
+
+
 def machine_cached(name: str, key: str, measure: Callable[[], Any] | None) -> tuple[Any, bool]:
-    """`measure()`'s result, measured once per `key` (machine, versions, shape) and kept in `<cache>/<name>.json`
-    (written atomically; a corrupt file is measured again); (result, whether it came from the cache). With no
-    `measure`, only a look-up: (None, False) when the key is not there."""
+    """`measure()`'s result, measured once per machine (`machine_id`: host and CPU flags) and `key` (versions,
+    shape) and kept in `<cache>/<name>.json` with the time it was measured (written atomically; a corrupt file is
+    measured again); (result, whether it came from the cache). An entry older than MAX_AGE_DAYS, or any entry
+    while $EFFKIT_REMEASURE is set (`effkit --remeasure`), is measured again. With no `measure`, only a look-up:
+    (None, False) when the key is not there. `cache_note` says where and when a cached value was measured."""
     path = cache_dir() / f"{name}.json"
+    full = _cache_key(key)
 
     def read() -> dict[str, Any]:
         try:
@@ -134,19 +166,49 @@ def machine_cached(name: str, key: str, measure: Callable[[], Any] | None) -> tu
         except (json.JSONDecodeError, OSError, UnicodeDecodeError):
             return {}
 
-    cache = read()
-    if key in cache:
-        return cache[key], True
+    entry = read().get(full)
+    if isinstance(entry, dict) and "value" in entry and not _stale(entry, (name, full)):
+        return entry["value"], True
     if measure is None:
         return None, False
     value = measure()
-    cache = {**read(), key: value}  # what others measured meanwhile stays
+    stamp = {"value": value, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine_id(),
+             "host": platform.node()}
+    cache = {**read(), full: stamp}  # what others measured meanwhile stays
     path.parent.mkdir(parents=True, exist_ok=True)
     # two processes (or threads) measuring at once never share a temporary
     tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.write_text(json.dumps(cache, indent=1))
     tmp.replace(path)
+    _REMEASURED.add((name, full))
     return value, False
+
+
+_REMEASURED: set[tuple[str, str]] = set()  # what this process measured again under $EFFKIT_REMEASURE
+
+
+def _stale(entry: dict[str, Any], which: tuple[str, str]) -> bool:
+    if os.environ.get(REMEASURE_ENV) and which not in _REMEASURED:  # once per process, then the new value
+        return True
+    try:
+        measured = time.mktime(time.strptime(entry["measured_at"][:19], "%Y-%m-%dT%H:%M:%S"))
+    except (KeyError, ValueError, TypeError):
+        return True
+    return time.time() - measured > MAX_AGE_DAYS * 86400
+
+
+def cache_note(name: str, key: str) -> str:
+    """`measured 2026-11-25T13:40:02+0000 on host h (machine 3f2a...; cached, kept 30 days)`: where and when the
+    cached value of `key` was measured, for the report beside it."""
+    path = cache_dir() / f"{name}.json"
+    try:
+        entry = json.loads(path.read_text()).get(_cache_key(key), {})
+    except (json.JSONDecodeError, OSError, UnicodeDecodeError, AttributeError):
+        entry = {}
+    if not isinstance(entry, dict) or "measured_at" not in entry:
+        return "not cached"
+    return (f"measured {entry['measured_at']} on host {entry.get('host', '?')} (machine {entry.get('machine', '?')}; "
+            f"cached, kept {MAX_AGE_DAYS} days; `effkit --remeasure` measures again)")
 
 
 def cpu_peak_flops(dtype: torch.dtype, n: int = 1024, repeats: int = 10) -> tuple[float, str]:
@@ -165,7 +227,8 @@ def cpu_peak_flops(dtype: torch.dtype, n: int = 1024, repeats: int = 10) -> tupl
 
     key = f"{describe_device(torch.device('cpu'))}|{dtype}|{n}|torch {torch.__version__}"
     peak, _ = machine_cached("cpu_peak", key, measure)
-    return peak, f"measured {n}x{n} {str(dtype).removeprefix('torch.')} GEMM peak on this CPU (cached)"
+    return peak, (f"measured {n}x{n} {str(dtype).removeprefix('torch.')} GEMM peak on this CPU "
+                  f"({cache_note('cpu_peak', key)})")
 
 
 def peak_flops(device: torch.device, dtype: torch.dtype, tf32: bool = False) -> tuple[float | None, str]:
@@ -314,10 +377,15 @@ def eval_summary(result: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in result.items() if k not in ("block_losses", "block_docs")}
 
 
+# seconds of idle machine after timing a contender whose runtime keeps spin-waiting threads after a call (ONNX
+# Runtime's sessions; CTranslate2 with more than one thread): measured, 50 ms lets them nearly all sleep, 200 ms all
+SETTLE_S = 0.2
 INTERLEAVED_PROTOCOL = ("paired and interleaved: after {warmup} warm-up call(s) each, rounds ({rounds}); in each round "
-                        "every contender runs {repeats} timed repeat(s), the order rotated by one each round, so "
-                        "that drift of the machine hits every contender alike; after an ONNX Runtime contender the "
-                        "machine idles 0.2 s, untimed, so its spin-waiting threads do not slow the next")
+                        "every contender runs {repeats} timed repeat(s), in an order shuffled each round from a seed "
+                        "(in the stopping record), so that drift of the machine and carry-over from the contender "
+                        "before hit every contender alike; after a contender whose runtime keeps spin-waiting "
+                        "threads (ONNX Runtime; CTranslate2 on more than one thread) the machine idles 0.2 s, "
+                        "untimed, so they do not slow the next")
 
 
 def random_tokens(model, batch: int, block: int, seed: int = 0) -> torch.Tensor:
@@ -332,9 +400,10 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def forward_timer(model, batch: int, block: int, amp_dtype: torch.dtype | None = None) -> Callable[[], float]:
-    """A function timing one forward pass of (batch, block) fixed random tokens (seconds); the model must be in
-    eval mode."""
+def forward_timer(model, batch: int, block: int, amp_dtype: torch.dtype | None = None,
+                  **kwargs: Any) -> Callable[[], float]:
+    """A function timing one forward pass of (batch, block) fixed random tokens (seconds), with `kwargs` passed to
+    the model (a prefill: `use_cache=True`); the model must be in eval mode."""
     device = model_device(model)
     x = random_tokens(model, batch, block)
 
@@ -343,7 +412,7 @@ def forward_timer(model, batch: int, block: int, amp_dtype: torch.dtype | None =
         synchronize(device)
         t = time.perf_counter()
         with autocast_ctx(device, amp_dtype):
-            model(x)
+            model(x, **kwargs)
         synchronize(device)
         return time.perf_counter() - t
 
@@ -351,9 +420,10 @@ def forward_timer(model, batch: int, block: int, amp_dtype: torch.dtype | None =
     return once
 
 
-def compile_for_inference(model, batches: tuple[int, ...], block: int) -> tuple[Any, str]:
+def compile_for_inference(model, batches: tuple[int, ...], block: int, **kwargs: Any) -> tuple[Any, str]:
     """`torch.compile` of `model` (Inductor, weights frozen as constants, static shapes), compiled and warmed up at
-    every batch size in `batches`; (None, "not run: <reason>") where it cannot be or fails."""
+    every batch size in `batches` with the forward's `kwargs` (a prefill's); (None, "not run: <reason>") where it
+    cannot be or fails."""
     if not getattr(model, "compilable", True):
         return None, "not run: an ONNX Runtime artifact (its graph is already optimized by ONNX Runtime)"
     import logging
@@ -364,7 +434,7 @@ def compile_for_inference(model, batches: tuple[int, ...], block: int) -> tuple[
     compiled = torch.compile(model, dynamic=False, options={"freezing": True})
     try:
         for b in batches:
-            forward_timer(compiled, b, block)()
+            forward_timer(compiled, b, block, **kwargs)()
     except Exception as e:  # noqa: BLE001 - modules Inductor cannot compile: reported, not fatal
         first = (str(e).strip().splitlines() or [""])[0]
         return None, f"not run: torch.compile failed ({type(e).__name__}: {first[:120]})"
@@ -378,12 +448,27 @@ def settle_time(model) -> float:
     return float(getattr(model, "settle_s", 0.0))
 
 
+def round_order(names: list[str], r: int, seed: int | None) -> list[str]:
+    """The order of round `r`: each pair of rounds shuffles the contenders from (`seed`, `r // 2`) and runs the
+    second round in the reverse order, so that no contender always runs right after the same one (carry-over from
+    spinning threads or warm caches then hits every pair alike) while every contender is as often early as late
+    in a round (drift within a round cancels, as it did under rotation); with `seed` None, the old rotation by one
+    each round (which keeps the cyclic order: each contender always follows the same one)."""
+    if seed is None:
+        k = r % len(names)
+        return names[k:] + names[:k]
+    order = list(names)
+    random.Random(f"{seed}:{r // 2}").shuffle(order)
+    return order[::-1] if r % 2 else order
+
+
 def interleaved(contenders: dict[str, Callable[[], float]], rounds: int, repeats: int,
-                warmup: int = 1, offset: int = 0) -> dict[str, list[list[float]]]:
+                warmup: int = 1, offset: int = 0, seed: int | None = None) -> dict[str, list[list[float]]]:
     """Measure every contender (a function returning one timing or rate) in `rounds` rounds of `repeats` calls,
-    the order rotated each round (`offset`: rounds already run, to go on rotating), after `warmup` calls each;
-    after a contender's calls the machine is left idle for its `settle_s` (untimed; see `settle_time`). Returns
-    {name: [[round 1 repeats], ...]}. `effkit.measure.stopping.measure` runs it until comparisons are decided."""
+    in a new order each round (`round_order`: shuffled from `seed`; `offset`: rounds already run), after `warmup`
+    calls each; after a contender's calls the machine is left idle for its `settle_s` (untimed; see
+    `settle_time`). Returns {name: [[round 1 repeats], ...]}. `effkit.measure.stopping.measure` runs it until
+    comparisons are decided."""
     names = list(contenders)
 
     def settle(name: str) -> None:
@@ -396,8 +481,7 @@ def interleaved(contenders: dict[str, Callable[[], float]], rounds: int, repeats
         settle(name)
     samples: dict[str, list[list[float]]] = {name: [] for name in names}
     for r in range(rounds):
-        k = (r + offset) % len(names)
-        for name in names[k:] + names[:k]:
+        for name in round_order(names, r + offset, seed):
             samples[name].append([contenders[name]() for _ in range(repeats)])
             settle(name)
     return samples

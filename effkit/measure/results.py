@@ -13,8 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-RATIO_VERDICTS = ("faster", "slower", "same")
-DELTA_VERDICTS = ("better", "worse", "same")
+# `invalid`: a NaN or an infinity among the measurements (a diverged loss, a timing that failed): no interval,
+# no verdict of difference, and never shown as "no difference" (≈)
+RATIO_VERDICTS = ("faster", "slower", "same", "invalid")
+DELTA_VERDICTS = ("better", "worse", "same", "invalid")
+INVALID = "invalid"
 
 
 def _parse(d: Any, kind: str, value: str, verdicts: tuple[str, ...]) -> tuple[float, tuple[float, float], str]:
@@ -65,7 +68,10 @@ class PairedRatio:
 
     def fmt(self) -> str:
         """`0.71x (0.66-0.76)`; `≈ 0.98x (0.91-1.05)` when the interval contains 1; `? 1.06x (0.99-1.13)` when it
-        does and a sequential measurement stopped before it was within its precision."""
+        does and a sequential measurement stopped before it was within its precision; `invalid (non-finite
+        measurements)` when a NaN or an infinity was measured."""
+        if self.verdict == INVALID:
+            return "invalid (non-finite measurements)"
         lo, hi = self.ci95
         mark = "? " if self.undecided else "≈ " if self.verdict == "same" else ""
         return f"{mark}{self.ratio:.2f}x ({lo:.2f}-{hi:.2f})"
@@ -101,7 +107,10 @@ class LossDelta:
 
     def fmt(self) -> str:
         """`+0.4% (+0.1 to +0.7%)`; `≈ +0.1% (-0.2 to +0.4%)` when the interval contains 0; two decimals when
-        every figure is below 0.1%, so that a small delta does not print as 0.0."""
+        every figure is below 0.1%, so that a small delta does not print as 0.0; `invalid (non-finite loss)` when a
+        NaN or an infinity was measured."""
+        if self.verdict == INVALID:
+            return "invalid (non-finite loss)"
         lo, hi = self.ci95
         places = 2 if max(abs(self.delta), abs(lo), abs(hi)) < 0.001 else 1
         return (f"{'≈ ' if self.verdict == 'same' else ''}{self.delta * 100:+.{places}f}% "

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from statistics import fmean, median, stdev
 from typing import Any
 
-from effkit.measure.results import LossDelta, PairedRatio, comparison
+from effkit.measure.results import INVALID, LossDelta, PairedRatio, comparison
 
 CONFIDENCE = 0.95
 # two-sided 95% quantiles of Student's t for 1..30 degrees of freedom (tables); beyond, the Cornish-Fisher
@@ -145,6 +145,10 @@ def paired_ratio(reference: Sequence[Sequence[float]], other: Sequence[Sequence[
     measurement, see `effkit.measure.stopping`, recorded in the result)."""
     if len(reference) != len(other) or not reference:
         raise ValueError("paired_ratio needs the same, non-zero number of rounds for both contenders")
+    samples = [x for rnd in (*reference, *other) for x in rnd]
+    if not all(math.isfinite(x) and x > 0 for x in samples):
+        return PairedRatio(math.nan, (math.nan, math.nan), INVALID, rounds=len(reference),
+                           level=None if level == CONFIDENCE else level).to_dict()
     logs = [math.log(median(o) / median(r)) for r, o in zip(reference, other, strict=True)]
     m, lo, hi = mean_ci(logs, confidence=level)
     ratio, ci = math.exp(m), [math.exp(lo), math.exp(hi)] if math.isfinite(lo) else [0.0, math.inf]
@@ -167,6 +171,9 @@ def paired_delta(reference: Sequence[float], other: Sequence[float],
         raise ValueError("paired_delta needs the same, non-zero number of blocks for both models")
     if docs is not None and len(docs) != len(reference):
         raise ValueError(f"paired_delta: {len(docs)} document ids for {len(reference)} blocks")
+    if not all(math.isfinite(x) for x in (*reference, *other)):
+        return LossDelta(math.nan, (math.nan, math.nan), INVALID, blocks=len(reference),
+                         documents=len(set(docs)) if docs is not None else None).to_dict()
     base = fmean(reference)
     m, lo, hi = mean_ci([o - r for r, o in zip(reference, other, strict=True)], clusters=docs)
     delta, ci = m / base, [lo / base, hi / base]

@@ -47,6 +47,7 @@ class Stopping:
     precision: float = 0.03  # stop once every undecided ratio's interval is within ratio x (1 +- precision)
     budget_s: float = 60.0  # seconds of measuring per comparison, beyond the first look
     looks: int = 3  # planned looks: rounds, 2 x rounds, 4 x rounds
+    seed: int = 0  # the rounds' orders are shuffled from it (written in the record)
 
     @property
     def planned(self) -> int:
@@ -137,7 +138,7 @@ def measure(contenders: dict[str, Callable[[], float]], stopping: Stopping, repe
     timed = {n: _timed(fn, spent, n, clock, warmup) for n, fn in contenders.items()}
     schedule = stopping.schedule()
     start = clock()
-    samples = metrics.interleaved(timed, schedule[0], repeats, warmup=warmup)
+    samples = metrics.interleaved(timed, schedule[0], repeats, warmup=warmup, seed=stopping.seed)
     first = clock() - start
     looks, stopped, measured = 1, "fixed", [len(names)]
     while not stopping.fixed:
@@ -156,12 +157,14 @@ def measure(contenders: dict[str, Callable[[], float]], stopping: Stopping, repe
         if clock() - start - first + per_round * (total - done) > stopping.budget_s:
             stopped = "budget"
             break
-        more = metrics.interleaved({n: timed[n] for n in active}, total - done, repeats, warmup=0, offset=done)
+        more = metrics.interleaved({n: timed[n] for n in active}, total - done, repeats, warmup=0, offset=done,
+                                   seed=stopping.seed)
         for name in active:
             samples[name] += more[name]
         looks += 1
         measured.append(len(active))
     return Measured(samples, {"rounds": schedule[looks - 1], "looks": looks, "stopped": stopped,
                               "level": stopping.level, "contenders_per_look": measured,
+                              "order": f"shuffled each round from seed {stopping.seed}",
                               **({} if stopping.fixed else {"precision": stopping.precision}),
                               "seconds": round(clock() - start, 3)})

@@ -24,6 +24,7 @@ from effkit.data import prepare
 from effkit.errors import EffkitError
 from effkit.measure import metrics, results, stats, stopping
 from effkit.measure.compare import compare_with_parent, generate_sample
+from effkit.measure.results import PairedRatio
 from effkit.model import load_model
 from effkit.parallel import init_runtime
 from effkit.quantize import backends
@@ -83,9 +84,11 @@ def pick_backend(cfg: QuantizeConfig, device: torch.device, parent: nn.Module, s
                  eval_blocks: torch.Tensor, block: int, parent_blocks: list[float],
                  scratch: Path, docs: tuple[int, ...] = ()) -> tuple[str, dict]:
     """`--backend auto`: write every backend that runs here into `scratch/<backend>` and reload it, keep those
-    within AUTO_LOSS_BUDGET of the parent's held-out loss (`parent_blocks`: its per-block losses, for a paired
-    delta), time them with the parent interleaved at batch 12, and pick the lowest median. The winner's folder is
-    left in `scratch` for the caller to move into place."""
+    whose held-out loss is within AUTO_LOSS_BUDGET of the parent's (the upper end of the paired delta's 95%
+    interval; `parent_blocks`: the parent's per-block losses), time them with the parent interleaved at the
+    workload `optimize_for` until every ratio (to the parent, and between candidates) is decided or within the
+    precision, and pick by paired ratio (`choose_backend`). The winner's folder is left in `scratch` for the caller
+    to move into place."""
     table: dict[str, dict[str, Any]] = {}
     candidates: dict[str, nn.Module] = {}
     for b in backends.names():
@@ -101,8 +104,9 @@ def pick_backend(cfg: QuantizeConfig, device: torch.device, parent: nn.Module, s
             continue
         result = metrics.evaluate(model, eval_blocks, cfg.measure.batch_size, docs=docs)
         delta = results.LossDelta.of(stats.paired_delta(parent_blocks, result["block_losses"], docs))
-        ok = delta.delta <= AUTO_LOSS_BUDGET
-        table[b] = {"status": "candidate" if ok else f"left out: loss {delta.delta:+.2%} > {AUTO_LOSS_BUDGET:.0%}",
+        ok = delta.verdict != results.INVALID and delta.ci95[1] <= AUTO_LOSS_BUDGET
+        table[b] = {"status": "candidate" if ok else f"left out: loss {delta.fmt()}, its interval reaches past "
+                                                     f"{AUTO_LOSS_BUDGET:.0%}",
                     "eval_loss": result["eval_loss"], "loss_increase": delta.delta, "loss_delta": delta.to_dict(),
                     "size_bytes": artifacts.dir_size(scratch / b)}
         if ok:
@@ -115,7 +119,8 @@ def pick_backend(cfg: QuantizeConfig, device: torch.device, parent: nn.Module, s
     w = workloads.get(cfg.method.optimize_for)
     workload = w.name
     stop = stopping.Stopping.of(cfg.measure, "latency_rounds")
-    pairs = [("parent", b) for b in candidates]  # the ratios the table reports
+    names = list(candidates)  # the ratios the choice reads: each to the parent, and every two candidates
+    pairs = [("parent", b) for b in names] + [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
     if w.kind == "decode":
         new = min(metrics.generation_budget(m, tokenizer, w.tokens or cfg.measure.gen_tokens)[0]
                   for m in models.values())
@@ -124,20 +129,41 @@ def pick_backend(cfg: QuantizeConfig, device: torch.device, parent: nn.Module, s
         how = f"greedy decoding of {new} new tokens from {w.batch} prompt(s), new tokens/s"
     else:
         tokens = w.tokens or block
-        trial = stopping.measure({n: metrics.forward_timer(m, w.batch, tokens) for n, m in models.items()}, stop, 1,
-                                 warmup=2, pairs=pairs)
+        trial = stopping.measure({n: metrics.forward_timer(m, w.batch, tokens, use_cache=True)  # a prefill
+                                  for n, m in models.items()}, stop, 1, warmup=2, pairs=pairs)
         how = f"forward of ({w.batch}, {tokens}) tokens, seconds"
     higher = w.higher_is_better
     for b in candidates:
         table[b]["median"] = stats.median_of_rounds(trial[b])  # tokens/s (decode) or seconds (prefill)
         table[b]["ratio_to_parent"] = trial.ratio("parent", b, higher_is_better=higher)
-    best = max if higher else min
-    picked = best(candidates, key=lambda b: table[b]["median"])
+    picked, versus = choose_backend(trial, names, {b: table[b]["size_bytes"] for b in names}, higher)
+    for b, r in versus.items():
+        table[b]["ratio_to_picked"] = r
+    ties = [b for b, r in versus.items() if PairedRatio.of(r).verdict == "same"]
     return picked, {"picked": picked, "table": table, "optimize_for": workload, "stopping": trial.record,
-                    "how": f"every backend that runs here written and reloaded; those within {AUTO_LOSS_BUDGET:.0%} "
-                           f"of the parent's held-out loss timed at {workload} ({how}) with the fp32 parent "
-                           f"interleaved (1 repeat per round; rounds: {stop.describe()}, until each candidate's "
-                           "ratio to the parent is settled); the best median wins"}
+                    "tied_with": ties,
+                    "how": f"every backend that runs here written and reloaded; those whose held-out loss is within "
+                           f"{AUTO_LOSS_BUDGET:.0%} of the parent's (upper end of the paired 95% interval) timed at "
+                           f"{workload} ({how}) with the fp32 parent interleaved (1 repeat per round; rounds: "
+                           f"{stop.describe()}, until every ratio to the parent and between candidates is settled); "
+                           "the best paired ratio to the parent wins, and a candidate whose paired ratio to it is "
+                           "undecided is a tie, settled by the smaller folder"}
+
+
+def choose_backend(trial: stopping.Measured, names: list[str], sizes: dict[str, int],
+                   higher: bool) -> tuple[str, dict[str, dict[str, Any]]]:
+    """The candidate with the best paired ratio to the parent (over the rounds both ran, never medians of
+    different rounds); every other candidate's paired ratio to it; among those not decided slower than it (ties),
+    the smallest folder. Returns (picked, {other: its ratio to the picked one})."""
+    def speed(b: str) -> float:
+        r = PairedRatio.of(trial.ratio("parent", b, higher_is_better=higher)).ratio
+        return r if higher else 1 / r
+
+    leader = max(names, key=speed)
+    tied = [b for b in names if b == leader or
+            PairedRatio.of(trial.ratio(leader, b, higher_is_better=higher)).verdict == "same"]
+    picked = min(tied, key=lambda b: (sizes.get(b, 0), names.index(b)))
+    return picked, {b: trial.ratio(picked, b, higher_is_better=higher) for b in names if b != picked}
 
 
 def _quantize(cfg: QuantizeConfig, device: torch.device, source: Path, run_dir: Path) -> dict[str, Any]:

@@ -48,9 +48,10 @@ class OnnxRuntime:
     def write(self, folder: Path, parent: nn.Module, source: Path, tokenizer, cfg, device) -> dict[str, Any]:
         onnx = onnx_export.write_artifact(folder, copy.deepcopy(parent).cpu(), tokenizer, int8=True,
                                           fused=cfg.options.fuse)
+        # the granularity is read from what the quantizer was told (onnx["weights"]), never typed beside it
         return {"format": self.format, "include_head": True, "layers": sorted(onnx["int8"]), "onnx": onnx,
-                "storage": "ONNX graph with int8 operators (model.onnx); ONNX Runtime quantizes every MatMul (per "
-                           "channel) and the embedding lookups (per tensor), the LM head included"}
+                "storage": "ONNX graph with int8 operators (model.onnx); ONNX Runtime quantizes every MatMul and the "
+                           f"embedding lookups, the LM head included: {onnx['weights']}"}
 
     def load(self, folder: Path, desc: dict[str, Any], device: torch.device) -> nn.Module:
         return onnx_export.OnnxCausalLM(folder)
