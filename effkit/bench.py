@@ -428,6 +428,9 @@ def _bench(cfg: BenchConfig, device: torch.device, run_name: str, paths: list[Pa
         "verdicts": verdicts(rows), "not_run": not_run or {}, "stopping": timed["stopping"],
         # every timing of every round, per measure and contender: every ratio above can be recomputed from these
         "samples": {m: dict(timed[m]) for m in timed["stopping"]},
+        # each artifact's held-out loss per block, and each block's document: every loss delta can be recomputed
+        "block_losses": {r["tag"]: r["block_losses"] for r in static},
+        "block_docs": static[0]["block_docs"],
         "protocol": {
             "eval_loss": metrics.EVAL_PROTOCOL + f"; the blocks of {paths[0].name}'s data "
                          f"({len(prepared.blocks.eval)} blocks, {prepared.blocks.eval[:, 1:].numel()} predicted "

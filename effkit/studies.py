@@ -52,6 +52,7 @@ class StudyConfig:
     memory_checkpointing: tuple[bool, ...] = (False, True)  # memory study
     memory_default_allocator: bool = True  # memory study: the first configuration again, with glibc's defaults
     memory_default_allocator_all: bool = False  # memory study: every single-process configuration again with them
+    memory_tuned_allocator: bool = True  # memory study: the configurations with the tuned (tensor-tracking) one
 
 
 def _train_cfg(s: StudyConfig, name: str, **kw) -> TrainConfig:
@@ -284,12 +285,13 @@ def study_memory(s: StudyConfig) -> dict[str, Any]:
     from effkit import memplan
 
     models = list(dict.fromkeys([s.model, *s.memory_models]))
-    grid = [(m, "none", o, ac, True) for m in models for o in s.memory_optims for ac in s.memory_checkpointing]
-    first = grid[0]
+    configs = [(m, "none", o, ac) for m in models for o in s.memory_optims for ac in s.memory_checkpointing]
+    first = (*configs[0], True)
+    grid = [(*c, True) for c in configs] if s.memory_tuned_allocator else []
     if s.memory_default_allocator_all:  # the default allocator, as users run, for every configuration
-        grid += [(*g[:4], False) for g in list(grid)]
+        grid += [(*c, False) for c in configs]
     elif s.memory_default_allocator:  # for the first one
-        grid.append((*first[:4], False))
+        grid.append((*configs[0], False))
     if s.nproc >= 2:
         grid += [(first[0], mode, first[2], first[3], True) for mode in ("ddp", "fsdp")]
     runs = []

@@ -55,13 +55,6 @@ def _train_tiny(tmp: Path, corpus_dir: Path, run_name: str) -> str:
     return train(cfg, progress=False)["artifact"]
 
 
-def verdict_matches_interval(r: dict, higher_is_better: bool = False) -> bool:
-    """A paired ratio's verdict is the one its 95% interval implies (same: the interval holds 1)."""
-    lo, hi = r["ci95"]
-    expect = "same" if lo <= 1 <= hi else "faster" if (hi < 1) != higher_is_better else "slower"
-    return r["verdict"] == expect
-
-
 def loss_verdict_matches_interval(d: dict) -> bool:
     """A paired loss delta's verdict is the one its 95% interval implies (same: the interval holds 0)."""
     lo, hi = d["ci95"]
@@ -99,3 +92,27 @@ def assert_ratio_from_samples(reported, samples, ref, other, higher_is_better=Fa
     # (effkit's 95% t quantiles are a table to 3 decimals, scipy's exact: bounds agree to 1e-4 relative)
     assert reported["ci95"] == pytest.approx([lo, hi], rel=1e-3), (reported, lo, hi)
     assert reported["verdict"] == verdict, (reported, verdict)
+
+
+def assert_delta_from_blocks(reported, ref_losses, other_losses, docs):
+    """The report's loss delta equals one recomputed here with numpy and scipy from the per-block losses: the
+    relative change of the mean, a cluster-robust (CR1) interval with documents as clusters and documents - 1
+    degrees of freedom, and the verdict that interval implies."""
+    import numpy as np
+    import pytest
+    from scipy import stats as sps
+
+    d = np.asarray(other_losses) - np.asarray(ref_losses)
+    n, m, base = len(d), float(d.mean()), float(np.mean(ref_losses))
+    groups = sorted(set(docs))
+    if len(groups) >= 2:
+        sums = np.array([sum(d[i] - m for i in range(n) if docs[i] == c) for c in groups])
+        se = float(np.sqrt(len(groups) / (len(groups) - 1) * np.sum(sums ** 2)) / n)
+        q = float(sps.t.ppf(0.975, len(groups) - 1))
+    else:
+        se, q = float(d.std(ddof=1) / np.sqrt(n)), float(sps.t.ppf(0.975, n - 1))
+    lo, hi = (m - q * se) / base, (m + q * se) / base
+    verdict = "worse" if lo > 0 else "better" if hi < 0 else "same"
+    assert reported["delta"] == pytest.approx(m / base, rel=1e-9, abs=1e-15)
+    assert reported["ci95"] == pytest.approx([lo, hi], rel=1e-3, abs=1e-12)
+    assert reported["verdict"] == verdict

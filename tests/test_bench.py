@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import assert_ratio_from_samples
+from conftest import assert_delta_from_blocks, assert_ratio_from_samples
 
 from effkit import cli
 from effkit.bench import LEADERBOARD_UNITS, run_bench
@@ -48,6 +48,8 @@ def test_every_ratio_of_the_bench_is_recomputed_from_its_samples(run_with_artifa
             assert_ratio_from_samples(r[w.ratio], report["samples"][w.measure], ref, r["tag"], w.higher_is_better)
         if "train_ratio_b12" in r:
             assert_ratio_from_samples(r["train_ratio_b12"], report["samples"]["train_b12"], ref, r["tag"], True)
+        losses = report["block_losses"]
+        assert_delta_from_blocks(r["eval_loss_delta"], losses[ref], losses[r["tag"]], report["block_docs"])
 
 
 def test_bench_measures_every_artifact_with_a_complete_schema(run_with_artifacts):

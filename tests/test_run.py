@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import assert_ratio_from_samples, loss_verdict_matches_interval
+from conftest import assert_delta_from_blocks, assert_ratio_from_samples, loss_verdict_matches_interval
 from rich.console import Console
 
 from effkit import cli
@@ -92,6 +92,10 @@ def test_tiny_recipe_end_to_end_then_skips(tmp_path, corpus_dir):
     assert set(first["bench"]["artifacts"][0]["vs_peers"]) == {"peer-ctranslate2-int8", "peer-onnxruntime-int8"}
     from effkit.bench import peer_workloads
 
+    # the peers decode exactly the tokens every artifact decodes (same prompt, same count, same end-of-text rule)
+    assert len({r["generation"]["new_tokens"] for r in first["bench"]["artifacts"]}) == 1
+    assert {r["generation"]["prompt"] for r in first["bench"]["artifacts"]} == {first["bench"]["artifacts"][0][
+        "generation"]["prompt"]}
     samples = first["bench"]["samples"]  # #39 (13): each artifact against each peer, recomputed from the rounds
     for r in first["bench"]["artifacts"][:4]:
         for p in ("peer-ctranslate2-int8", "peer-onnxruntime-int8"):
@@ -106,6 +110,9 @@ def test_tiny_recipe_end_to_end_then_skips(tmp_path, corpus_dir):
     control = rows["prune-row-distill-r1"]["control_artifact"]  # the int8 form of a round is judged by its control
     assert "/controls/" in control and rows["prune-row-distill-r1+quantize-dynamic"]["control_artifact"] == control
     assert loss_verdict_matches_interval(rows["prune-row-distill-r1+quantize-dynamic"]["eval_loss_delta_vs_control"])
+    losses, docs = first["bench"]["block_losses"], first["bench"]["block_docs"]
+    for tag, r in rows.items():  # #39 (13): every loss delta to the dense model, recomputed from the blocks
+        assert_delta_from_blocks(r["eval_loss_delta"], losses["train"], losses[tag], docs)
     assert "control_artifact" not in rows["quantize-dynamic"]
     # the seams refactor changed no report: every key path of a tiny run before it (tests/data, made by the
     # same recipe at commit 2a0791c) is still there; keys the generation work added are allowed

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import verdict_matches_interval
+from conftest import assert_ratio_from_samples
 
 from effkit.errors import EffkitError
 from effkit.train import Interrupted, train
@@ -157,4 +157,4 @@ def test_default_training_precision_is_measured_and_reported(tiny_cfg, monkeypat
     w = report["what_ran"]
     assert w["amp_note"].startswith("auto: ")
     assert {"fp32": "fp32", "bf16": "bfloat16"}[w["amp_probe"]["picked"]] == w["amp_dtype"]
-    assert verdict_matches_interval(w["amp_probe"]["bf16_vs_fp32_time"])
+    assert_ratio_from_samples(w["amp_probe"]["bf16_vs_fp32_time"], w["amp_probe"]["samples"], "fp32", "bf16")

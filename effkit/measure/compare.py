@@ -74,6 +74,8 @@ def compare_with_parent(measure, device: torch.device, parent: nn.Module, model:
         **{f"bf16_latency_ratio_b{b}": timed[f"b{b}"].ratio("fp32", "bf16") for b in (1, 12)},
         results.GENERATION_RATIO: gen.ratio("fp32", "int8", higher_is_better=True),
         "stopping": {**{f"latency_b{b}": timed[f"b{b}"].record for b in (1, 12)}, "generation": gen.record},
+        # every timing of every round: each ratio above can be recomputed from these
+        "samples": {**{f"b{b}": dict(timed[f"b{b}"]) for b in (1, 12)}, "generation": dict(gen)},
     }
     if compiled_status:
         comparisons["compiled"] = {"status": compiled_status, **{

@@ -38,6 +38,7 @@ def choose(timers: dict[str, Callable[[], float]], rule: stopping.Stopping = PRO
     cmp = measured.ratio("fp32", "bf16")
     typed = PairedRatio.of(cmp)
     return {"picked": "bf16" if typed.verdict == "faster" else "fp32", "stopping": measured.record,
+            "samples": dict(measured),  # every step time of every round: the ratio can be recomputed
             "probe_seconds": sum(t for v in measured.values() for rnd in v for t in rnd),
             "bf16_vs_fp32_time": cmp, "fp32_step_s": stats.median_of_rounds(measured["fp32"]),
             "bf16_step_s": stats.median_of_rounds(measured["bf16"]),
