@@ -1,7 +1,10 @@
 """The README's headline table, generated from a run's reports (`bench.json`, `deliverable.json`), never typed.
 
     python benchmarks/headline.py reports/quickstart            # print the table
-    python benchmarks/headline.py reports/quickstart --write    # replace it in README.md, between its markers
+    python benchmarks/headline.py reports/quickstart --write    # keep the report in docs/reports/quickstart/ and
+                                                                # replace the table in README.md (its markers)
+
+`tests/test_docs.py` checks that the README's table is exactly what this script makes of the kept report.
 
 Every cell comes from the bench's rows: the artifact's own median over its rounds, its paired ratio to the dense
 model (`train`) with the 95% interval, and the deliverable's line; the caption says where and when it was measured.
@@ -21,6 +24,8 @@ from effkit.bench import same_rounds_note  # noqa: E402
 from effkit.measure import stats  # noqa: E402
 
 START, END = "<!-- headline:start (benchmarks/headline.py) -->", "<!-- headline:end -->"
+KEPT = ROOT / "docs" / "reports"  # the reports the README's table was generated from
+FILES = ("bench.json", "deliverable.json")
 
 
 def table(report_dir: Path) -> str:
@@ -56,6 +61,11 @@ def table(report_dir: Path) -> str:
     return "\n".join(out)
 
 
+def readme_table(readme: str) -> str:
+    """The table between the README's markers."""
+    return readme.partition(START)[2].partition(END)[0].strip()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("report_dir", type=Path)
@@ -65,6 +75,12 @@ def main() -> None:
     if not args.write:
         print(text)
         return
+    kept = KEPT / args.report_dir.resolve().name
+    kept.mkdir(parents=True, exist_ok=True)
+    for name in FILES:
+        if (args.report_dir / name).is_file():
+            (kept / name).write_text((args.report_dir / name).read_text())
+    text = table(kept)
     readme = ROOT / "README.md"
     body = readme.read_text()
     if START not in body or END not in body:
