@@ -341,7 +341,11 @@ def with_plugin_options(section: type):
         sig = inspect.signature(fn)
         params = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
         hints = dict(fn.__annotations__)
-        for key, f in section.declared().items():
+        try:
+            declared = section.declared()
+        except EffkitError:  # a plug-in that does not import: said in one line when the command runs
+            declared = {}
+        for key, f in declared.items():
             kind = _TYPES.get(f.type, f.type) if isinstance(f.type, str) else f.type
             flag = key.replace("_", "-")
             decls = [f"--{flag}/--no-{flag}"] if kind is bool else []

@@ -22,13 +22,16 @@ T = TypeVar("T")
 PLUGINS_ENV = "EFFKIT_PLUGINS"  # comma-separated modules imported before any registry is read
 ENTRY_POINTS = "effkit.plugins"  # or a package's entry points in this group (each a module to import)
 _plugins_loaded = False
+_plugin_error: EffkitError | None = None  # a plug-in that failed to import: said again at every registry look-up
 
 
 def load_plugins() -> list[str]:
     """Import the user's plug-in modules once per process (each registers its engines, backends, workloads or
     stages at import): those named in $EFFKIT_PLUGINS, then those of installed packages' `effkit.plugins` entry
     points. Child processes (the bench's, launched ranks) inherit the variable, so they see the same plug-ins."""
-    global _plugins_loaded
+    global _plugins_loaded, _plugin_error
+    if _plugin_error is not None:
+        raise _plugin_error
     if _plugins_loaded:
         return []
     _plugins_loaded = True
@@ -43,8 +46,9 @@ def load_plugins() -> list[str]:
         try:
             importlib.import_module(name)
         except Exception as e:  # noqa: BLE001 - whatever the plug-in raises, the user gets one line
-            raise EffkitError(f"plug-in module {name!r} (from ${PLUGINS_ENV} or an {ENTRY_POINTS} entry point) does "
-                              f"not import: {type(e).__name__}: {e}; fix it or remove it") from None
+            _plugin_error = EffkitError(f"plug-in module {name!r} (from ${PLUGINS_ENV} or an {ENTRY_POINTS} entry "
+                                        f"point) does not import: {type(e).__name__}: {e}; fix it or remove it")
+            raise _plugin_error from None
     return names
 
 

@@ -98,3 +98,11 @@ def test_a_plugin_backends_options_reach_help_and_recipe_validation(tmp_path):
     without = subprocess.run([sys.executable, "-c", check, str(recipe)], capture_output=True, text=True,
                              timeout=120, env={**os.environ, "EFFKIT_PLUGINS": ""})
     assert "unknown section [toy]" in without.stdout
+
+
+def test_a_plugin_that_does_not_import_is_one_line_and_exit_2(tmp_path):
+    env = {**os.environ, "EFFKIT_PLUGINS": "no_such_effkit_plugin"}
+    out = subprocess.run([sys.executable, "-m", "effkit", "train", "--max-steps", "1"], capture_output=True,
+                         text=True, env=env, timeout=120)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "plug-in module 'no_such_effkit_plugin'" in out.stderr and "Traceback" not in out.stderr
