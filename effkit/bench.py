@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from effkit import artifacts, workloads
+from effkit import artifacts, engines, workloads
 from effkit.artifacts.loader import cannot_run_on, engine_of, is_quantized, kind, load_any, trainable
 from effkit.child import run_isolated
 from effkit.config import BenchConfig, DataConfig, build_config
@@ -29,7 +29,6 @@ from effkit.errors import EffkitError
 from effkit.measure import metrics, results, stats, stopping
 from effkit.measure.compare import generate_sample
 from effkit.parallel import resolve_device
-from effkit.registry import ENGINES
 from effkit.report import atomic_write_text, write_rows_csv
 from effkit.stage import Plan, RunContext, Stage, Step, fingerprint
 
@@ -87,7 +86,7 @@ def make_peers(reference: Path, scratch: Path, only: list[str] | None = None) ->
 
     from effkit.model import load_model
 
-    peers = [e for n, e in ENGINES.items() if e.peer_tag and (not only or n in only)]
+    peers = engines.peers(only)
     if kind(reference) != "pytorch":
         return [], {e.peer_tag: f"not run: the reference {reference.name} is not a PyTorch artifact" for e in peers}
     made, not_run = [], {}
@@ -684,8 +683,7 @@ class BenchStep(Step):
         n = 1 + (sum(c.method.rounds for c in plan.prune.values()) if "prune" in st else 0)
         n += len(plan.run.pipeline.quantize_from) if "quantize" in st else 0
         b = plan.bench
-        only = b.peer_engine_names
-        n += len([e for name, e in ENGINES.items() if e.peer_tag and (not only or name in only)]) if b.what.peers else 0
+        n += len(engines.peers(b.peer_engine_names)) if b.what.peers else 0
         ms = b.measure
         return n * (ms.rounds * BENCH_ARTIFACT_ROUND * ms.gen_tokens / 128 * ms.repeats / 3 + BENCH_ARTIFACT)
 

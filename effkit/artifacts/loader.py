@@ -30,11 +30,8 @@ def engine_of(path: str | Path) -> Any:
 
 
 def kind(path: str | Path) -> str:
-    """`quantized` (any backend's), an engine's name (`onnxruntime`'s artifacts are `onnx`), or `pytorch`."""
-    if is_quantized(path):
-        return "quantized"
-    name = engine_of(path).name
-    return "onnx" if name == "onnxruntime" else name
+    """`quantized` (any backend's), or the name of the engine that owns it (`pytorch`, `onnxruntime`, ...)."""
+    return "quantized" if is_quantized(path) else engine_of(path).name
 
 
 def load_any(path: str | Path, device: torch.device | None = None) -> nn.Module:
@@ -44,8 +41,7 @@ def load_any(path: str | Path, device: torch.device | None = None) -> nn.Module:
 
 def cannot_run_on(path: str | Path, device: torch.device) -> str | None:
     """Why an artifact cannot run on `device` (None if it can)."""
-    engine = engine_of(path)
-    return engine.available(device, path=Path(path)) if engine.name == "pytorch" else engine.available(device)
+    return engine_of(path).available(device, path=Path(path))
 
 
 def trainable(path: str | Path) -> bool:
@@ -55,8 +51,7 @@ def trainable(path: str | Path) -> bool:
 
 def quantized_layers(path: str | Path, model: nn.Module) -> int:
     """The quantized layers the reloaded `model` of the artifact at `path` really holds (0 for fp32 ones)."""
-    engine = engine_of(path)
-    return engine.quantized_layers(model, Path(path)) if engine.name == "pytorch" else engine.quantized_layers(model)
+    return engine_of(path).quantized_layers(model, Path(path))
 
 
 def load_command(path: Path) -> str:

@@ -46,8 +46,9 @@ class Engine:
         """Whether the artifact folder `path` is this engine's."""
         return bool(self.marker) and (Path(path) / self.marker).is_file()
 
-    def available(self, device: Any = None, **options: Any) -> str | None:
-        """None if it runs here (on `device`, with these options), else the reason, in one line."""
+    def available(self, device: Any = None, path: Path | None = None, **options: Any) -> str | None:
+        """None if it runs here (on `device`; the artifact at `path`, when given; with these options), else the
+        reason, in one line."""
         raise NotImplementedError
 
     def load(self, path: Path, device: Any) -> Any:
@@ -79,8 +80,8 @@ class Engine:
 
         return metrics.generation_timer(model, tokenizer, new_tokens, generate_kwargs, batch=batch)
 
-    def quantized_layers(self, model: Any) -> int:
-        """The quantized layers a loaded model really holds."""
+    def quantized_layers(self, model: Any, path: Path | None = None) -> int:
+        """The quantized layers a loaded model (of the artifact at `path`) really holds."""
         return 0
 
     def load_command(self, path: Path) -> str:
@@ -97,15 +98,6 @@ class Engine:
             return {}
 
 
-def owner(path: str | Path) -> Engine | None:
-    """The engine whose artifact `path` is (None: a PyTorch artifact)."""
-    for name in ENGINES.names():
-        engine = ENGINES.get(name)
-        if engine.owns(path):
-            return engine
-    return None
-
-
-def peers() -> list[Engine]:
-    """The engines that offer a peer row, in registry order."""
-    return [e for _, e in ENGINES.items() if e.peer_tag]
+def peers(only: list[str] | None = None) -> list[Engine]:
+    """The engines that offer a peer row, in registry order (`only`: these names; empty or None: all)."""
+    return [e for n, e in ENGINES.items() if e.peer_tag and (not only or n in only)]

@@ -333,7 +333,7 @@ class CTranslate2Engine(Engine):
     peer_how = ("ctranslate2.converters.TransformersConverter(reference).convert(out, quantization='int8'), run by "
                 "ctranslate2.Generator (compute type int8)")
 
-    def available(self, device: torch.device | None = None, compute_type: str | None = None,
+    def available(self, device: torch.device | None = None, path: Path | None = None, compute_type: str | None = None,
                   int8: bool | None = None, **options: Any) -> str | None:
         if compute_type is None and int8 is not None:
             compute_type = "int8" if int8 else "float32"
@@ -354,7 +354,7 @@ class CTranslate2Engine(Engine):
     def write_peer(self, folder: Path, reference: Path, model: nn.Module, tokenizer) -> dict[str, Any]:
         return self.convert(folder, reference, model, tokenizer, compute_type="int8")
 
-    def quantized_layers(self, model: nn.Module) -> int:
+    def quantized_layers(self, model: nn.Module, path: Path | None = None) -> int:
         return quantized_layers(model)
 
     def load_command(self, path: Path) -> str:

@@ -599,7 +599,7 @@ class OnnxRuntimeEngine(Engine):
                 "onnxruntime.quantization.quantize_dynamic(weight_type=QInt8, MatMul and Gemm), per tensor")
     settle_s = SETTLE_S
 
-    def available(self, device: torch.device | None = None, **options: Any) -> str | None:
+    def available(self, device: torch.device | None = None, path: Path | None = None, **options: Any) -> str | None:
         if device is not None and device.type != "cpu":
             return "effkit runs ONNX artifacts on the CPU only; use --device cpu"
         return onnx_unavailable()
@@ -628,7 +628,7 @@ class OnnxRuntimeEngine(Engine):
 
         return write_artifact(folder, copy.deepcopy(model), tokenizer, int8=True, fused=False, standard_int8=True)
 
-    def quantized_layers(self, model: nn.Module) -> int:
+    def quantized_layers(self, model: nn.Module, path: Path | None = None) -> int:
         return quantized_layers(model)
 
     def load_command(self, path: Path) -> str:
