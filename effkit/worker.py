@@ -34,3 +34,11 @@ def train_rank(config: dict[str, Any], dims: dict[str, Any], progress: bool = Tr
 
     train(TrainConfig.from_dict(config), on_step=_fault_injection(), progress=progress,
           dims=ParallelDims.from_dict(dims))
+    # leave the process group before the interpreter exits: without it gloo's worker threads can outlive it and
+    # abort the process ("terminate called without an active exception", SIGABRT) after the work was done
+    # (pytorch/pytorch#190489). Only after a success, as torchtitan does: after a failure the peers may still
+    # be inside a collective, and destroying would wait on them.
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()

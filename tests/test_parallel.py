@@ -328,3 +328,25 @@ def test_the_rank_killed_from_outside_is_named_not_the_one_the_launcher_stopped(
 """)
     with pytest.raises(WorkerFailed, match=r"^rank 1 was killed by SIGKILL; .*\(then rank 0\)"):
         raise_worker_failure(Job(tmp_path), 1, log)
+
+
+def test_a_rank_that_aborts_is_named_with_what_it_printed(tmp_path):
+    from effkit.child import Job
+    from effkit.errors import WorkerFailed
+    from effkit.parallel.launch import raise_worker_failure
+
+    log = tmp_path / "launch.log"  # a CI run's log (shortened): rank 1 aborted as it exited, rank 0 was then stopped
+    log.write_text("""terminate called without an active exception
+W1125 15:55:39.203000 3453 api.py:1028] Sending process 3456 closing signal SIGTERM
+Failures:
+[1]:
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 3456)  (SIGTERM)
+Root Cause (first observed failure):
+[0]:
+  rank      : 1 (local_rank: 1)
+  exitcode  : -6 (pid: 3457)  (SIGABRT)
+""")
+    with pytest.raises(WorkerFailed, match=r"^rank 1 was killed by SIGABRT \(terminate called without an active "
+                                           r"exception\); .*\(then rank 0\)"):
+        raise_worker_failure(Job(tmp_path), 1, log)

@@ -105,6 +105,17 @@ def killed_ranks(log: Path) -> dict[int, str]:
     return {int(rank): sig or f"signal {-int(code)}" for rank, code, sig in _FAILURE.findall(text) if int(code) < 0}
 
 
+# what a process prints as it aborts: a C++ exception nobody caught, or the interpreter's own fatal error
+_FATAL = re.compile(r"^(terminate called [^\n]*|\s*what\(\):[^\n]*|Fatal Python error:[^\n]*)$", re.M)
+
+
+def fatal_reason(log: Path) -> str:
+    """What a dying process printed about why, as ' (terminate called ...)'; empty when it printed nothing."""
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    found = [m.strip() for m in _FATAL.findall(text)]
+    return f" ({' '.join(found[-2:])})" if found else ""
+
+
 def raise_worker_failure(job: Job, code: int, log: Path) -> None:
     """Name the rank that failed first: one killed by a signal (the others then lose their peer), else the
     earliest error a rank recorded itself."""
@@ -116,8 +127,8 @@ def raise_worker_failure(job: Job, code: int, log: Path) -> None:
         first = min({r for r, sig in killed.items() if sig not in ("SIGTERM", "signal 15")} or killed)
         others = sorted({*killed, *recorded} - {first})
         tail = f" (then rank {', '.join(map(str, others))})" if others else ""
-        raise WorkerFailed(f"rank {first} was killed by {killed[first]}; the other processes were stopped{tail}; "
-                           f"launcher log in {log}")
+        raise WorkerFailed(f"rank {first} was killed by {killed[first]}{fatal_reason(log)}; the other processes "
+                           f"were stopped{tail}; launcher log in {log}")
     if not failures:
         raise WorkerFailed(f"the distributed launch failed (exit code {code}) before any rank reported an error; "
                            f"see {log}")
