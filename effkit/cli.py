@@ -444,9 +444,10 @@ def export(
     recipe: Optional[Path] = typer.Option(None, help="TOML recipe; its \\[export] table sets defaults"),
     source: str = typer.Option(_E.source, "--from", help="dense or pruned artifact (default: the latest run's train)"),
     data: str = typer.Option(_E.data, help=DATA_HELP),
-    format: str = typer.Option(_E.format, help="onnx (with past key/values, for ONNX Runtime) or ctranslate2"),
+    format: str = typer.Option(_E.format, help="onnx (with past key/values, for ONNX Runtime), ctranslate2 or "
+                                               "openvino (stateful, as optimum-cli writes it)"),
     int8: bool = typer.Option(_E.int8, "--int8/--no-int8", help="int8 weights: ONNX Runtime dynamic int8 after "
-                                                                 "export, or CTranslate2's int8"),
+                                                                 "export, CTranslate2's int8, or NNCF's int8"),
     fuse: bool = typer.Option(_E.fuse, "--fuse/--no-fuse", help="ONNX Runtime's transformer fusions first"),
     batch_size: int = typer.Option(_E.batch_size, help="evaluation batch size"),
     latency_rounds: int = typer.Option(_E.latency_rounds, help="interleaved rounds of PyTorch and ONNX timings"),
@@ -458,7 +459,8 @@ def export(
     runs_dir: str = typer.Option(_E.runs_dir, help="where runs/ are"),
     reports_dir: str = typer.Option(_E.reports_dir, help="where reports/ go"),
 ):
-    """Export an artifact to ONNX or CTranslate2 (optionally int8) and compare it with its PyTorch parent."""
+    """Export an artifact to ONNX, CTranslate2 or OpenVINO (optionally int8) and compare it with its PyTorch
+    parent."""
     quiet_libraries()
     from effkit.export import run_export
     from effkit.measure.stats import fmt_delta, fmt_ratio
@@ -625,6 +627,9 @@ def run_cmd(
     recipe: Optional[str] = typer.Argument(None, help="TOML recipe (default: recipes/quickstart.toml)"),
     force: bool = typer.Option(False, "--force", help="redo every stage, even complete ones"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the plan (stages, launch command, artifacts) only"),
+    workload: Optional[str] = typer.Option(None, help="the workload the delivered artifact (and auto's backend) is "
+                                           "chosen for, among every engine: " + ", ".join(workloads.names()) +
+                                           " (default: the recipe's [run] optimize_for, else decode-b1)"),
 ):
     """Run the whole pipeline from one recipe: train, prune, quantize, bench, report. Resumable."""
     quiet_libraries()
@@ -634,7 +639,10 @@ def run_cmd(
 
     console = _console()
     recipe = recipe or _default_recipe()
-    result = run_pipeline(recipe, force=force, dry_run=dry_run, console=console)
+    if workload:
+        workloads.get(workload, "--workload")  # a bad name is the flag's error, not the recipe's
+    result = run_pipeline(recipe, force=force, dry_run=dry_run, console=console,
+                          overrides={"optimize_for": workload} if workload else None)
     if dry_run:
         t = Table(title=f"plan of {recipe}")
         for col in ("stage", "what", "leaves"):

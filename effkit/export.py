@@ -94,7 +94,7 @@ def _export(cfg: ExportConfig, source: Path, run_dir: Path) -> dict[str, Any]:
         m.update(engine.exported(desc, tmp, cfg.what.int8)[1])
         if "parity" in desc:
             protocol["export_check"] = (f"parity gate before writing: {desc['parity']['how']}; max |logit "
-                                        f"difference| {desc['max_abs_logit_diff_vs_pytorch']:.1e}")
+                                        f"difference| {desc['parity']['max_abs_logit_diff']:.1e}")
         meta_out = artifacts.write_meta(tmp, "export", cfg.to_dict(), m, data=data_section, parent=str(source),
                                         extra={cfg.what.format: desc})
     report = {

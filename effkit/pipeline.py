@@ -31,10 +31,11 @@ RECORD = "pipeline.json"  # in the run folder: each step's fingerprint and the f
 BUDGET_USED = 0.35
 
 
-def make_plan(recipe: str) -> Plan:
-    """Read and validate the whole recipe before anything runs: [run], then every stage's table, in order."""
+def make_plan(recipe: str, overrides: dict[str, Any] | None = None) -> Plan:
+    """Read and validate the whole recipe before anything runs: [run] (with `overrides`, the command line's flat
+    keys: `optimize_for`), then every stage's table, in order."""
     load_recipe(recipe)
-    plan = Plan(recipe, build_config(RunConfig, recipe, {}))
+    plan = Plan(recipe, build_config(RunConfig, recipe, dict(overrides or {})))
     for name in STAGES.names():
         STAGES.get(name).configure(plan)
     return plan
@@ -214,9 +215,10 @@ def _mins(seconds: float) -> str:
     return f"{seconds / 60:.1f} min"
 
 
-def run_pipeline(recipe: str, force: bool = False, dry_run: bool = False, console: Console | None = None) -> dict:
+def run_pipeline(recipe: str, force: bool = False, dry_run: bool = False, console: Console | None = None,
+                 overrides: dict[str, Any] | None = None) -> dict:
     console = console or Console()
-    plan = make_plan(recipe)
+    plan = make_plan(recipe, overrides)
     rows = describe(plan)
     if dry_run:
         return {"plan": rows, "dry_run": True}

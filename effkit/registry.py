@@ -124,6 +124,7 @@ BACKENDS: Registry[Any] = Registry("backend", "--backend", {
     "onnxruntime": "effkit.quantize.backends.onnxruntime:BACKEND",
     "ctranslate2": "effkit.quantize.backends.ctranslate2:BACKEND",
     "onnxruntime-int4": "effkit.quantize.backends.onnxruntime_int4:BACKEND",
+    "openvino": "effkit.quantize.backends.openvino:BACKEND",
 })
 
 PRUNERS: Registry[Any] = Registry("pruning method", "--mode", {
@@ -137,6 +138,7 @@ ENGINES: Registry[Any] = Registry("engine", "engine", {
     "pytorch": "effkit.engines.pytorch:ENGINE",
     "ctranslate2": "effkit.engines.ctranslate2:ENGINE",
     "onnxruntime": "effkit.engines.onnxruntime:ENGINE",
+    "openvino": "effkit.engines.openvino:ENGINE",
 })
 
 OPTIMIZERS: Registry[Any] = Registry("optimizer", "--optim", {

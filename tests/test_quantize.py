@@ -97,7 +97,7 @@ def test_auto_measures_and_names_its_choice(trained, fake_backend):
     assert all(auto["table"][b]["loss_delta"]["ci95"][1] <= AUTO_LOSS_BUDGET for b in timed)
     assert not list((tmp / "runs" / "q").glob(".tmp-auto-*"))  # the candidates' scratch folder is gone
     assert set(auto["table"]) == {"dynamic", "torchao", "bnb", "onnxruntime", "ctranslate2", "onnxruntime-int4",
-                                  "fake8"}
+                                  "openvino", "fake8"}
     assert all("eval_loss" in t for t in auto["table"].values())  # every backend runs here (the dev extra)
 
 

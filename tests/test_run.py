@@ -86,10 +86,11 @@ def test_tiny_recipe_end_to_end_then_skips(tmp_path, corpus_dir):
                              "report"]
     tags = [r["tag"] for r in first["bench"]["artifacts"]]
     assert tags == ["train", "prune-row-distill-r1", "quantize-dynamic", "prune-row-distill-r1+quantize-dynamic",
-                    "peer-ctranslate2-int8", "peer-onnxruntime-int8"]  # effkit run benches the peers too
+                    "peer-ctranslate2-int8", "peer-onnxruntime-int8", "peer-openvino"]  # effkit run benches the peers
     peers = [r for r in first["bench"]["artifacts"] if r["stage"] == "peer"]
     assert all(r["decode_tokens_per_s_b1"] > 0 and r["decode_tokens_per_s_b12"] > 0 for r in peers)
-    assert set(first["bench"]["artifacts"][0]["vs_peers"]) == {"peer-ctranslate2-int8", "peer-onnxruntime-int8"}
+    assert set(first["bench"]["artifacts"][0]["vs_peers"]) == {"peer-ctranslate2-int8", "peer-onnxruntime-int8",
+                                                               "peer-openvino"}
     from effkit.bench import peer_workloads
 
     # the peers decode exactly the tokens every artifact decodes (same prompt, same count, same end-of-text rule)
@@ -98,7 +99,7 @@ def test_tiny_recipe_end_to_end_then_skips(tmp_path, corpus_dir):
         "generation"]["prompt"]}
     samples = first["bench"]["samples"]  # #39 (13): each artifact against each peer, recomputed from the rounds
     for r in first["bench"]["artifacts"][:4]:
-        for p in ("peer-ctranslate2-int8", "peer-onnxruntime-int8"):
+        for p in ("peer-ctranslate2-int8", "peer-onnxruntime-int8", "peer-openvino"):
             for w in peer_workloads():
                 assert_ratio_from_samples(r["vs_peers"][p][w.key], samples[w.measure], p, r["tag"],
                                           w.higher_is_better)

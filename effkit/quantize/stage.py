@@ -121,16 +121,17 @@ def pick_backend(cfg: QuantizeConfig, device: torch.device, parent: nn.Module, s
     stop = stopping.Stopping.of(cfg.measure, "latency_rounds")
     names = list(candidates)  # the ratios the choice reads: each to the parent, and every two candidates
     pairs = [("parent", b) for b in names] + [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
+    engine = {"parent": engine_of(source), **{b: engine_of(scratch / b) for b in candidates}}  # each times its own
     if w.kind == "decode":
         new = min(metrics.generation_budget(m, tokenizer, w.tokens or cfg.measure.gen_tokens)[0]
                   for m in models.values())
-        trial = stopping.measure({n: metrics.generation_timer(m, tokenizer, new, batch=w.batch)
-                                  for n, m in models.items()}, stop, 1, warmup=1, pairs=pairs)
+        trial = stopping.measure({n: engine[n].decode(m, tokenizer, w.batch, new) for n, m in models.items()},
+                                 stop, 1, warmup=1, pairs=pairs)
         how = f"greedy decoding of {new} new tokens from {w.batch} prompt(s), new tokens/s"
     else:
         tokens = w.tokens or block
-        trial = stopping.measure({n: metrics.forward_timer(m, w.batch, tokens, use_cache=True)  # a prefill
-                                  for n, m in models.items()}, stop, 1, warmup=2, pairs=pairs)
+        trial = stopping.measure({n: engine[n].prefill(m, w.batch, tokens) for n, m in models.items()},
+                                 stop, 1, warmup=2, pairs=pairs)
         how = f"forward of ({w.batch}, {tokens}) tokens, seconds"
     higher = w.higher_is_better
     for b in candidates:
