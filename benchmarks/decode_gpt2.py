@@ -29,8 +29,9 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
-from effkit.artifacts.loader import load_any
+from effkit.artifacts.loader import engine_of, load_any
 from effkit.bench import make_peers, run_bench
 from effkit.config import BenchConfig, DataConfig, ExportConfig
 from effkit.data import prepare
@@ -48,6 +49,8 @@ def weight_bytes_per_token(path: Path, model) -> tuple[int, str]:
     n = c.n_layer * per_layer + c.vocab_size * c.n_embd
     if "int8" in path.name:
         return n, "1 byte per block matrix and LM-head weight (int8)"
+    if getattr(model, "inference_precision", "") == "bf16":  # OpenVINO holds fp32 weights in bf16 to compute in it
+        return 2 * n, "2 bytes per block matrix and LM-head weight (fp32 stored, held in bf16 by OpenVINO)"
     return 4 * n, "4 bytes per block matrix and LM-head weight (fp32)"
 
 
@@ -90,12 +93,14 @@ def openvino_profile(path: Path, tokenizer, tokens: int, batch: int = 12) -> dic
     ids = tokenizer(metrics.GENERATION_PROMPT, return_tensors="np").input_ids.repeat(batch, 0)
     kinds: dict[str, float] = {}
 
-    def kind(t: str) -> str:
-        if t in ("FullyConnected", "MatMul", "Convolution"):
+    def kind(t: str) -> str:  # the plug-in's node types: FullyConnectedCompressed for int8 weights, ...
+        if "FullyConnected" in t or "MatMul" in t or "Convolution" in t:
             return "matrix products"
-        if "Attention" in t or t in ("ScaledDotProductAttentionWithKVCache", "SDPA"):
-            return "attention"
-        return "other operators (norms, activations, gathers, reorders)"
+        if "Attention" in t:
+            return "attention (with the KV cache)"
+        if t in ("Reorder", "Convert", "Transpose"):
+            return "reorders, conversions, transposes"
+        return "other operators (norms, activations, gathers, adds)"
 
     req.reset_state()
     t0 = time.perf_counter()
@@ -132,7 +137,7 @@ def alone(path: Path, tokenizer, tokens: int, rounds: int) -> dict:
     of the bound with its 95% interval over rounds."""
     model = load_any(path).eval()
     nbytes, how = weight_bytes_per_token(path, model)
-    timer = metrics.generation_timer(model, tokenizer, tokens, batch=1)
+    timer = engine_of(path).decode(model, tokenizer, 1, tokens)  # as the bench decodes it (OpenVINO: LLMPipeline)
     timer()  # warm-up
     rates, shares, bws = [], [], []
     settle = metrics.settle_time(model)  # spinning threads (ONNX Runtime) go idle before the bandwidth probe
@@ -194,6 +199,9 @@ def main() -> None:
         path = Path(r["artifact"])
         m = load_any(path) if path.exists() else model
         nbytes, how = weight_bytes_per_token(path if path.exists() else Path(r["tag"]), m)
+        if r["tag"] == "peer-openvino":  # its folder is gone: the plug-in's precision is in the row's notes
+            nbytes, how = weight_bytes_per_token(Path(r["tag"]), SimpleNamespace(
+                config=model.config, inference_precision="bf16" if "precision bf16" in str(r) else "f32"))
         bound = bw / nbytes
         rows.append({**{k: r[k] for k in ("tag", "stage", "decode_tokens_per_s_b1", "decode_tokens_per_s_b12")},
                      "decode_ratio_b1": r["decode_ratio_b1"], "decode_ratio_b12": r["decode_ratio_b12"],

@@ -66,10 +66,6 @@ def ov_unavailable() -> str | None:
     return None
 
 
-def is_openvino(path: str | Path) -> bool:
-    return (Path(path) / OV_DESC).is_file()
-
-
 def cpu_capabilities() -> list[str]:
     """What OpenVINO's CPU plug-in says this CPU can compute in (`OPTIMIZATION_CAPABILITIES`: FP32, BF16, INT8...)."""
     import openvino as ov
