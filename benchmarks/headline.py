@@ -49,7 +49,9 @@ def table(report_dir: Path) -> str:
                     f"{cell('decode_ratio_b1')} | {r['decode_tokens_per_s_b12']:,.0f} | {cell('decode_ratio_b12')} | "
                     f"{r['size_ratio']:.2f}x |")
     v = bench.get("versions", {})
-    caption = (f"Measured by `effkit run` on {bench['device']}, {bench['time'][:10]}; torch {v.get('torch')}, "
+    workload = ship.get("optimize_for", "decode-b1")
+    command = "effkit run" + ("" if workload == "decode-b1" else f" --workload {workload}")
+    caption = (f"Measured by `{command}` on {bench['device']}, {bench['time'][:10]}; torch {v.get('torch')}, "
                f"effkit commit {str(bench.get('git_commit'))[:7]}. Ratios are paired with {ref['tag']} in interleaved "
                "rounds with 95% intervals (prefill: latency, below 1 is faster; decode: tokens/s, above 1 is "
                "faster); `≈` marks an interval that contains 1, `?` one left undecided; tokens/s are each "
