@@ -314,13 +314,15 @@ class OpenVINOCausalLM(nn.Module):
         def measure() -> dict[str, Any]:
             rule = stopping.Stopping(rounds=3, precision=0.03, budget_s=10.0)
             out = {}
+            new = max(1, min(32, self.config.n_positions - start.shape[1]))  # within the model's context
+
             def timer(att: str, b: int):
                 ids = np.repeat(start, b, axis=0)
 
                 def once() -> float:
                     t = time.perf_counter()
-                    self.pipeline_generate(ids, 32, att)
-                    return 32 * b / (time.perf_counter() - t)
+                    self.pipeline_generate(ids, new, att)
+                    return new * b / (time.perf_counter() - t)
                 once.settle_s = self.settle_s
                 return once
 
