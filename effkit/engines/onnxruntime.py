@@ -224,6 +224,21 @@ def never_end(logits: np.ndarray, eos: int | None) -> np.ndarray:
     return logits
 
 
+def next_tokens(logits: np.ndarray, do_sample: bool = False, top_k: int | None = None,
+                temperature: float = 1.0) -> np.ndarray:
+    """The next token of each row, (batch, 1) int64, from last-position `logits` (batch, vocab): greedy in numpy, or
+    top-k / temperature sampling from torch's global generator. The decoding loops of the engines that run their own
+    (ONNX Runtime, OpenVINO's infer request) share it. Greedy stays in numpy: a torch argmax over 12 x vocabulary
+    runs on torch's threads, which wait for a core that ONNX Runtime's spinning threads hold."""
+    if not do_sample:
+        return logits.argmax(-1)[:, None].astype(np.int64)
+    scores = torch.from_numpy(np.asarray(logits, dtype=np.float32)) / max(temperature, 1e-6)
+    if top_k:
+        kth = torch.topk(scores, min(top_k, scores.shape[-1])).values[:, -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    return torch.multinomial(torch.softmax(scores, -1), 1).numpy()
+
+
 def greedy_with_past(sess, config, prompt: np.ndarray, new_tokens: int) -> np.ndarray:
     """Greedy decoding through the with-past graph: prefill, then one token per run with the cache; end-of-text
     never picked (as PyTorch's `min_new_tokens` decoding it is compared with)."""
@@ -476,16 +491,8 @@ class OnnxCausalLM(nn.Module):
                 logits = logits[:, -1, :]
             else:
                 logits = self.session.run(None, {"input_ids": ids})[0][:, -1, :]
-            if k < min_new_tokens:
-                logits = never_end(logits, eos)
-            if do_sample:
-                scores = torch.from_numpy(logits).float() / max(temperature, 1e-6)
-                if top_k:
-                    kth = torch.topk(scores, min(top_k, scores.shape[-1])).values[:, -1:]
-                    scores = scores.masked_fill(scores < kth, float("-inf"))
-                nxt = torch.multinomial(torch.softmax(scores, -1), 1).numpy()
-            else:
-                nxt = logits.argmax(-1)[:, None].astype(np.int64)
+            nxt = next_tokens(never_end(logits, eos) if k < min_new_tokens else logits, do_sample, top_k,
+                              temperature)
             ids, todo = np.concatenate([ids, nxt], axis=1), nxt
             if streamer is not None:
                 streamer.put(torch.from_numpy(nxt))

@@ -364,7 +364,7 @@ class OpenVINOCausalLM(nn.Module):
                  temperature: float = 1.0, streamer=None, min_new_tokens: int = 0, **_: Any) -> torch.Tensor:
         """Exactly `max_new_tokens` new tokens with OpenVINO's internal KV cache (the ONNX artifact's loop and
         rules: end-of-text never picked among the first `min_new_tokens`; sampling from torch's generator)."""
-        from effkit.engines.onnxruntime import never_end
+        from effkit.engines.onnxruntime import never_end, next_tokens
 
         ids = input_ids.cpu().long().numpy()
         self._check_length(ids.shape[1] + max_new_tokens - 1)
@@ -375,16 +375,8 @@ class OpenVINOCausalLM(nn.Module):
         for k in range(max_new_tokens):
             logits = self._step(todo, done)[:, -1, :]
             done += todo.shape[1]
-            if k < min_new_tokens:
-                logits = never_end(logits, eos)
-            if do_sample:
-                scores = torch.from_numpy(np.array(logits, dtype=np.float32)) / max(temperature, 1e-6)
-                if top_k:
-                    kth = torch.topk(scores, min(top_k, scores.shape[-1])).values[:, -1:]
-                    scores = scores.masked_fill(scores < kth, float("-inf"))
-                nxt = torch.multinomial(torch.softmax(scores, -1), 1).numpy()
-            else:
-                nxt = logits.argmax(-1)[:, None].astype(np.int64)
+            nxt = next_tokens(never_end(logits, eos) if k < min_new_tokens else logits, do_sample, top_k,
+                              temperature)
             ids, todo = np.concatenate([ids, nxt], axis=1), nxt
             if streamer is not None:
                 streamer.put(torch.from_numpy(nxt))
