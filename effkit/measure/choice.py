@@ -1,0 +1,244 @@
+"""Decisions by measurement: which backend, precision, thread count or attention backend effkit takes on this
+machine. Every automatic choice goes through `choose`, one rule (DESIGN.md, "Decisions"):
+
+1. **Samples long enough to measure.** After its warm-up, each contender's call is timed (the median of three)
+   and repeated within a sample until the sample lasts at least `min_sample_s`; a sample's figure is the median
+   of its calls. A 20 ms decode timed once is at the mercy of the scheduler and the timer on a busy 2-core
+   machine; a median of a dozen is not.
+2. **Screen.** Every contender runs the first look (`rounds` interleaved rounds, order shuffled from a seed).
+   Whatever is decided slower than the leader (the best paired point estimate) is dropped, and so is whatever is
+   already the same as the leader within +-`precision` (a tie).
+3. **Head to head.** The leader and the contenders still open against it run further looks (twice the rounds
+   each time, at most `looks` looks) until every one of them is decided against the leader or within the
+   precision. The budget scales with what is at stake: `budget_s` seconds for each contender still open against
+   the leader, and the second look always runs, however small the budget.
+4. **The pick.** Decided: the leader. Ties within the precision: the preferred one among the leader and its ties
+   (smaller folder, the default, fewer threads: the caller says). A leader still undecided against someone when the
+   looks or the budget end: the leader, by its paired point estimate, labelled "undecided: chosen by point
+   estimate". A contender with a non-finite or non-positive timing is never picked.
+
+Every interval is taken at 1 - 0.05 / looks (Bonferroni over the looks planned, as `stopping`). Every call of every
+sample is kept (`Choice.samples`), so each ratio and the pick can be recomputed from the report alone.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from statistics import fmean, median
+from typing import Any
+
+from effkit.errors import EffkitError
+from effkit.measure import metrics, stats
+from effkit.measure.results import PairedRatio
+from effkit.measure.stopping import ALPHA, settled
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How a choice is measured (see the module's text)."""
+
+    rounds: int = 6  # rounds of the screen, every contender
+    looks: int = 4  # planned looks: rounds, 2x, 4x, 8x (the leaders only after the first)
+    precision: float = 0.03  # a ratio undecided but with its interval within its estimate x (1 +- precision): a tie
+    budget_s: float = 20.0  # seconds of head-to-head looks per contender still open against the leader
+    min_sample_s: float = 0.2  # each sample lasts at least this long (calls repeated within it)
+    max_calls: int = 64  # at most this many calls in one sample
+    seed: int = 0  # the rounds' orders are shuffled from it
+
+    @property
+    def level(self) -> float:
+        return 1.0 - ALPHA / self.looks
+
+    def schedule(self) -> list[int]:
+        return [self.rounds * 2 ** k for k in range(self.looks)]
+
+    def describe(self) -> str:
+        return (f"samples of at least {self.min_sample_s:g} s (each the median of its calls); a screen of "
+                f"{self.rounds} interleaved rounds of every contender, shuffled from seed {self.seed}; those "
+                f"decided slower than the leader, or within +-{self.precision:.0%} of it, leave; the leader and the "
+                f"rest run on, twice the rounds each look, at most {self.looks} looks ({self.schedule()[-1]} rounds), "
+                f"{self.budget_s:g} s for each contender still open after the screen; intervals at "
+                f"{self.level:.2%} (Bonferroni over the {self.looks} looks); preference breaks only ties within "
+                "the precision; a leader still undecided at the end is taken by its paired point estimate")
+
+    @classmethod
+    def of(cls, measure: Any) -> Rule:
+        """From a stage config's measure section (`precision`, `budget_s`; `fixed_rounds` is ignored: a choice
+        always runs the rule)."""
+        return cls(precision=getattr(measure, "precision", cls.precision),
+                   budget_s=getattr(measure, "budget_s", cls.budget_s))
+
+
+DECIDED, TIE, UNDECIDED = "decided", "tie", "undecided"
+
+
+@dataclass
+class Choice:
+    """The outcome of `choose`: the pick, how firm it is (`verdict`: decided, tie or undecided), every other
+    contender's paired ratio to the pick, and every call of every sample."""
+
+    picked: str
+    verdict: str
+    leader: str  # the best paired point estimate (the pick unless a preferred tie won)
+    higher_is_better: bool
+    ratios: dict[str, dict[str, Any]]  # other -> its paired ratio to the pick (the pick as reference)
+    screened: list[str]  # decided slower than the leader
+    ties: list[str]  # within the precision of the leader
+    undecided: list[str]  # neither, when the looks or the budget ended
+    invalid: dict[str, str]  # never picked: why
+    samples: dict[str, list[list[float]]]  # every call of every sample, by contender and round
+    record: dict[str, Any] = field(default_factory=dict)  # rule, calls per sample, rounds, looks, stop, seconds
+    reference: dict[str, Any] = field(default_factory=dict)  # each contender vs the reference, over the screen
+
+    @property
+    def label(self) -> str:
+        """`decided`, `tie within +-3%: <preference>` or `undecided: chosen by point estimate`."""
+        if self.verdict == UNDECIDED:
+            return "undecided: chosen by point estimate"
+        if self.verdict == TIE:
+            return f"tie within +-{self.record.get('precision', 0):.0%}, broken by preference"
+        return DECIDED
+
+    def line(self, noun: str = "") -> str:
+        """`onnxruntime (decided; vs ctranslate2 0.71x (0.66-0.76), ...)`."""
+        vs = ", ".join(f"{n} {PairedRatio.of(r).fmt()}" for n, r in self.ratios.items())
+        return f"{noun}{self.picked} ({self.label}" + (f"; others vs it: {vs}" if vs else "") + ")"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"picked": self.picked, "verdict": self.verdict, "label": self.label, "leader": self.leader,
+                "higher_is_better": self.higher_is_better, "ratios": self.ratios, "screened": self.screened,
+                "ties": self.ties, "undecided": self.undecided, "invalid": self.invalid, "record": self.record,
+                "reference": self.reference, "samples": self.samples}
+
+
+def _valid(rounds: Sequence[Sequence[float]]) -> bool:
+    return all(math.isfinite(x) and x > 0 for rnd in rounds for x in rnd)
+
+
+def _ratio(samples: dict[str, list[list[float]]], ref: str, other: str, level: float,
+           higher: bool) -> dict[str, Any]:
+    n = min(len(samples[ref]), len(samples[other]))
+    return stats.paired_ratio(samples[ref][:n], samples[other][:n], higher, level=level)
+
+
+def leader_of(samples: dict[str, list[list[float]]], names: Sequence[str], higher: bool) -> str:
+    """The best of `names` by paired point estimate: the mean log of each round's median over the rounds all of
+    them ran (the geometric mean of paired ratios ranks the same way); the first listed on an exact tie."""
+    n = min(len(samples[x]) for x in names)
+
+    def score(x: str) -> float:
+        s = fmean(math.log(median(rnd)) for rnd in samples[x][:n])
+        return s if higher else -s
+    return max(names, key=lambda x: (score(x), -list(names).index(x)))
+
+
+def choose(contenders: dict[str, Callable[[], float]], higher_is_better: bool, rule: Rule = Rule(),
+           prefer: Callable[[str], Any] | None = None, reference: str | None = None, warmup: int = 1,
+           clock: Callable[[], float] = time.perf_counter,
+           sleep: Callable[[float], None] = time.sleep) -> Choice:
+    """Pick the fastest of `contenders` (functions returning one timing, or one rate when `higher_is_better`) by
+    the module's rule. `prefer`: a sort key; the smallest breaks ties within the precision (default: the order
+    given). `reference`: a contender timed in the screen only, never picked (e.g. the parent: every candidate's
+    ratio to it is reported over the screen's rounds). A contender's `settle_s` attribute: idle seconds after its
+    calls (runtimes whose threads spin-wait)."""
+    names = list(contenders)
+    candidates = [n for n in names if n != reference]
+    if not candidates:
+        raise EffkitError("nothing to choose from")
+    start = clock()
+    calls: dict[str, int] = {}
+
+    def settle(n: str) -> None:
+        if (pause := getattr(contenders[n], "settle_s", 0.0)) > 0:
+            sleep(pause)
+
+    invalid: dict[str, str] = {}
+    for n in names:  # warm-up, then the median of three timed calls sizes the sample
+        try:
+            for _ in range(warmup):
+                contenders[n]()
+            took = []
+            for _ in range(3):
+                t = clock()
+                contenders[n]()
+                took.append(clock() - t)
+        except Exception as e:  # noqa: BLE001 - a contender that fails is never picked, and the report says why
+            invalid[n] = f"failed: {type(e).__name__}: {str(e).strip().splitlines()[0][:160] if str(e) else ''}"
+            continue
+        calls[n] = max(1, min(rule.max_calls, math.ceil(rule.min_sample_s / max(median(took), 1e-9))))
+        settle(n)
+    samples: dict[str, list[list[float]]] = {n: [] for n in calls}
+
+    wall = {n: 0.0 for n in calls}  # seconds spent in each contender's samples, for the budget
+
+    def look(active: list[str], first: int, count: int) -> None:
+        for r in range(first, first + count):
+            for n in metrics.round_order(active, r, rule.seed):
+                t = clock()
+                samples[n].append([contenders[n]() for _ in range(calls[n])])
+                wall[n] += clock() - t
+                settle(n)
+
+    schedule = rule.schedule()
+    look(list(samples), 0, schedule[0])
+    for n in list(samples):
+        if not _valid(samples[n]):
+            invalid[n] = "non-finite or non-positive timings"
+    live = [n for n in candidates if n not in invalid]
+    if not live:
+        raise EffkitError("no contender could be timed: " + "; ".join(f"{n}: {why}" for n, why in invalid.items()))
+    level, higher = rule.level, higher_is_better
+    reference_ratios = ({n: _ratio(samples, reference, n, level, higher) for n in live}
+                        if reference is not None and reference not in invalid else {})
+    active, looks, stopped, per_look = list(live), 1, "decided", [len(samples)]
+    h2h_start = clock()
+    while True:
+        lead = leader_of(samples, active, higher)
+        still = [n for n in active if n != lead
+                 and not settled(PairedRatio.of(_ratio(samples, lead, n, level, higher)), rule.precision)]
+        if not still:
+            stopped = "decided"
+            break
+        if looks == len(schedule):
+            stopped = "max-rounds"
+            break
+        done, total = schedule[looks - 1], schedule[looks]
+        per_round = sum(wall[n] / len(samples[n]) + getattr(contenders[n], "settle_s", 0.0) for n in [lead, *still])
+        spent = clock() - h2h_start
+        if looks > 1 and spent + per_round * (total - done) > rule.budget_s * len(still):
+            stopped = "budget"
+            break
+        active = [lead, *still]
+        look(active, done, total - done)
+        looks += 1
+        per_look.append(len(active))
+    lead = leader_of(samples, active, higher)
+    to_lead = {n: PairedRatio.of(_ratio(samples, lead, n, level, higher)) for n in live if n != lead}
+    slower = "slower"
+    screened = [n for n, r in to_lead.items() if r.verdict == slower]
+    ties = [n for n, r in to_lead.items() if r.verdict == "same" and settled(r, rule.precision)]
+    open_ = [n for n in to_lead if n not in screened and n not in ties]
+    if open_:
+        verdict, picked = UNDECIDED, lead
+    elif ties:
+        key = prefer or (lambda n: names.index(n))
+        verdict, picked = TIE, min([lead, *ties], key=lambda n: (key(n), names.index(n)))
+    else:
+        verdict, picked = DECIDED, lead
+    ratios = {}
+    for n in live:
+        if n != picked:
+            r = _ratio(samples, picked, n, level, higher)
+            if n in open_:
+                r["undecided"] = True
+            ratios[n] = r
+    record = {"rule": rule.describe(), "precision": rule.precision, "level": level, "looks": looks,
+              "stopped": stopped, "contenders_per_look": per_look, "calls_per_sample": calls,
+              "rounds": {n: len(s) for n, s in samples.items()}, "seconds": round(clock() - start, 3),
+              "order": f"shuffled each round from seed {rule.seed}"}
+    return Choice(picked, verdict, lead, higher, ratios, screened, ties, open_, invalid, samples, record,
+                  reference_ratios)
+
