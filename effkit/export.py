@@ -17,7 +17,7 @@ from effkit.config import DataConfig, ExportConfig
 from effkit.data import prepare
 from effkit.errors import EffkitError
 from effkit.measure import metrics
-from effkit.measure.compare import compare_with_parent, generate_sample
+from effkit.measure.compare import bf16_not_run, compare_with_parent, generate_sample
 from effkit.model import load_model
 from effkit.registry import ENGINES
 from effkit.report import write_stage_report
@@ -74,8 +74,8 @@ def _export(cfg: ExportConfig, source: Path, run_dir: Path) -> dict[str, Any]:
     docs = prepared.blocks.eval_docs
     parent = load_model(str(source)).eval()
     parent_fp32 = metrics.evaluate(parent, eval_blocks, cfg.measure.batch_size, eval_bytes=n_bytes, docs=docs)
-    parent_bf16 = metrics.evaluate(parent, eval_blocks, cfg.measure.batch_size, torch.bfloat16, eval_bytes=n_bytes,
-                                   docs=docs)
+    parent_bf16 = None if bf16_not_run(device) else metrics.evaluate(  # not on a CPU without native bf16
+        parent, eval_blocks, cfg.measure.batch_size, torch.bfloat16, eval_bytes=n_bytes, docs=docs)
     parent_fp32["generation"] = generate_sample(parent, tokenizer, cfg.measure.gen_tokens)
     parent_fp32["size_bytes"] = artifacts.dir_size(source)
     tag = export_tag(cfg, source)
@@ -88,7 +88,7 @@ def _export(cfg: ExportConfig, source: Path, run_dir: Path) -> dict[str, Any]:
         q["generation"] = generate_sample(model, tokenizer, cfg.measure.gen_tokens)
         q["size_bytes"] = artifacts.dir_size(tmp)
         m, verdicts, protocol = compare_with_parent(cfg.measure, device, parent, model, tokenizer, block, parent_fp32,
-                                                    parent_bf16, q, label)
+                                                    parent_bf16, q, label, artifact=tmp)
         m.update(params=desc["params"], int8_layers_reloaded=quantized_layers(tmp, model) if cfg.what.int8 else 0,
                  portability=engine.portability)
         m.update(engine.exported(desc, tmp, cfg.what.int8)[1])

@@ -62,6 +62,8 @@ def resolve_amp(o: OptimConfig, device: torch.device, model: torch.nn.Module | N
         if model is None:
             raise EffkitError("--amp auto on a CPU needs the model to measure; pass --amp or --no-amp")
         probe = precision.cpu_choice(model, o.batch_size, block)
+        if "not_run" in probe:  # ruled out by the CPU's flags, nothing timed
+            return None, f"auto: fp32 ({probe['not_run']})", probe
         cmp = PairedRatio.of(probe["bf16_vs_fp32_time"])
         how = f"{cmp.fmt()} of fp32 on this CPU over {cmp.rounds} paired rounds, {cmp.verdict}"
         note = (f"auto: {probe['picked']} (bf16 autocast step time {how}; {probe.get('measured', 'measured now')}, "
@@ -77,6 +79,29 @@ def resolve_amp(o: OptimConfig, device: torch.device, model: torch.nn.Module | N
     if device.type == "cuda" and not torch.cuda.is_bf16_supported():
         raise EffkitError("this GPU has no bf16 support; use --amp-dtype fp16")
     return torch.bfloat16, "bf16 autocast", None
+
+
+def emulated_bf16_warning(device: torch.device, amp_dtype: torch.dtype | None) -> str | None:
+    """What a forced bf16 autocast on a CPU without native bf16 is told before any work starts: the slowdown to
+    expect, from the ratio of this machine's fp32 and bf16 GEMM peaks (measured once, cached per machine: cheap,
+    unlike timing training steps), and the flags that avoid it. None where bf16 is native or not asked."""
+    if amp_dtype != torch.bfloat16 or (reason := metrics.no_native_bf16(device)) is None:
+        return None
+    fp32, _ = metrics.cpu_peak_flops(torch.float32)
+    bf16, _ = metrics.cpu_peak_flops(torch.bfloat16)
+    ratio = fp32 / bf16
+    expect = f"expect about {ratio:.1f}x slower than fp32" if ratio > 1 else "it is usually slower than fp32"
+    return (f"warning: --amp forces bf16 autocast, but {reason}: PyTorch emulates bf16 here; {expect} (the "
+            f"GEMM peak ratio: this machine's measured fp32 and bf16 GEMM peaks are {fp32 / 1e9:,.1f} and "
+            f"{bf16 / 1e9:,.1f} GFLOP/s, cached per machine). Train with --no-amp (fp32), or leave --amp out "
+            "(auto: fp32 on this CPU, nothing timed)")
+
+
+def announce(msg: str) -> None:
+    """A line on the console before the work it is about (rank 0 calls it; the progress bar is not up yet)."""
+    from rich.console import Console
+
+    Console(soft_wrap=True).print(msg, style="yellow", markup=False, highlight=False)
 
 
 def make_scaler(device: torch.device, enabled: bool, distributed: bool):
@@ -172,8 +197,12 @@ class Trainer:
         self.checkpointer = Checkpointer(self.layout.checkpoint_dir)
         self._set_threads()
         self.tf32 = metrics.set_tf32(rt.device, o.tf32)
+        self.amp_warning = None
         if o.amp is not None:  # forced: fail fast on a bad combination (auto is decided on the built model)
-            resolve_amp(o, rt.device)
+            forced = resolve_amp(o, rt.device)[0]
+            self.amp_warning = emulated_bf16_warning(rt.device, forced) if rt.is_main else None
+            if self.amp_warning:  # before the data and the first step, not only in the report after the run
+                announce(self.amp_warning)
         pretrained = is_pretrained_source(cfg.model.name)
         if model is None and not pretrained:  # fail fast, before any data work
             check_block_size(d.block_size, check_preset(cfg.model.name)["n_positions"])
@@ -384,6 +413,13 @@ def build_report(tr: Trainer, stage: str, parent: str | None, final: dict[str, f
     peak, peak_source = metrics.peak_flops(rt.device, tr.amp_dtype or torch.float32, tf32=tr.tf32)
     fpt = flops_per_token(tr.model.config, cfg.data.block_size, tr.n_params)
     mfu = (fpt * tokens_per_s / (peak * rt.world_size)) if (peak and tokens_per_s) else None
+    mfu_invalid = None
+    if mfu is not None and mfu > 1.0:  # achieved FLOP/s above the peak: the peak is wrong, not the run
+        mfu_invalid = (f"MFU not reported: the achieved {fpt * tokens_per_s / 1e9:,.1f} GFLOP/s exceed the peak "
+                       f"({peak * rt.world_size / 1e9:,.1f} GFLOP/s over {rt.world_size} processes), so that peak "
+                       "measurement is wrong (a noisy or throttled GEMM timing); `effkit --remeasure` measures it "
+                       "again")
+        mfu = None
     applied = tr.par.describe()
     amp_name = str(tr.amp_dtype).removeprefix("torch.") if tr.amp_dtype else "fp32"
     what_ran = {
@@ -403,15 +439,15 @@ def build_report(tr: Trainer, stage: str, parent: str | None, final: dict[str, f
         "final_train_loss": tr.rows[-1]["loss"] if tr.rows else None, "steps": tr.step,
         "train_tokens": tr.step * tr.tokens_per_step, "train_tokens_per_s": tokens_per_s,
         "train_wall_s": tr.train_wall, "flops_per_token": fpt, "mfu": mfu, "peak_flops": peak,
+        **({"mfu_invalid": mfu_invalid} if mfu_invalid else {}),
         "peak_memory_bytes_per_rank": peak_mem, "peak_memory_absolute_bytes_per_rank": peak_abs,
         "params": tr.n_params, "time_breakdown_s": tr.clock.phases,
         "train_split_tokens": tr.data.blocks.train_tokens, "heldout_split_tokens": tr.data.blocks.heldout_tokens,
         **stage_metrics,
     }
-    verdicts = []
-    if tr.amp_dtype == torch.bfloat16 and rt.device.type == "cpu" and not metrics.cpu_has_native_bf16():
-        verdicts.append("this CPU has no native bf16 (no AVX512-BF16 / AMX): bf16 autocast is "
-                        "emulated and usually slower than fp32 here; compare with --no-amp")
+    verdicts = [tr.amp_warning.removeprefix("warning: ")] if tr.amp_warning else []
+    if mfu_invalid:
+        verdicts.append(mfu_invalid)
     return {
         "stage": stage, "tag": tr.tag, "parent": parent, "run": cfg.run.run_name,
         "what_ran": what_ran, "metrics": m, "config": cfg.to_dict(), "verdicts": verdicts,

@@ -3,6 +3,7 @@ artifact report carries. Quantize and export call these; neither imports the oth
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -42,14 +43,32 @@ def side_by_side(contenders: dict[str, tuple[nn.Module, torch.dtype | None]], bl
             for b in (1, 12)}
 
 
+def bf16_not_run(device: torch.device) -> str | None:
+    """"not run: <reason>" where the parent under bf16 autocast is neither evaluated nor timed (a CPU whose flags
+    show no native bf16: PyTorch emulates it, several times slower than fp32, and the figures would only say so),
+    else None. Callers evaluate `parent_bf16` only where this is None."""
+    reason = metrics.no_native_bf16(device)
+    return f"not run: {reason}" if reason else None
+
+
 def compare_with_parent(measure, device: torch.device, parent: nn.Module, model: nn.Module, tokenizer, block: int,
-                        parent_fp32: dict, parent_bf16: dict, q: dict, label: str) -> tuple[dict, list[str], dict]:
+                        parent_fp32: dict, parent_bf16: dict | None, q: dict, label: str,
+                        artifact: Path | None = None) -> tuple[dict, list[str], dict]:
     """A quantized or exported model (`label`) against its PyTorch parent (fp32 and under bf16 autocast), paired
     and interleaved: latency at batch 1 and 12, generation tokens/s, held-out loss per block (the `evaluate`
-    results `parent_fp32`, `parent_bf16`, `q`, which are completed in place). `measure` (the stage config's
-    measure section) gives latency_rounds, latency_repeats and, for quantize, compile. Returns metrics, verdicts
-    and the protocol. (The contender is named "int8" in the metrics.)"""
-    contenders = {"fp32": (parent, None), "bf16": (parent, torch.bfloat16), "int8": (model, None)}
+    results `parent_fp32`, `parent_bf16`, `q`, which are completed in place). `parent_bf16` is None where
+    `bf16_not_run(device)` says why: the bf16 parent is then neither timed nor evaluated, and the report says
+    "bf16 autocast: not run: <reason>" in place of its ratios and losses. `measure` (the stage config's measure
+    section) gives latency_rounds, latency_repeats and, for quantize, compile. Each model decodes with the decoder
+    of the engine that owns it (the parent: PyTorch's; `model`: the engine of its folder `artifact`), as the bench
+    times it, so that both report the same tokens/s for the same artifact. Returns metrics, verdicts and the
+    protocol. (The contender is named "int8" in the metrics.)"""
+    from effkit.artifacts.loader import engine_of  # engines are reached through the registry, from below
+    from effkit.registry import ENGINES
+
+    skipped = bf16_not_run(device) or (None if parent_bf16 is not None else "not run: not evaluated")
+    contenders = {"fp32": (parent, None), **({} if skipped else {"bf16": (parent, torch.bfloat16)}),
+                  "int8": (model, None)}
     compiled_status = {}
     if getattr(measure, "compile", False):  # the compiled twins join the same rounds
         for name, m in (("fp32", parent), ("int8", model)):
@@ -57,21 +76,25 @@ def compare_with_parent(measure, device: torch.device, parent: nn.Module, model:
             if twin is not None:
                 contenders[f"{name} compiled"] = (twin, None)
     stop = stopping.Stopping.of(measure, "latency_rounds")
-    pairs = [("fp32", "int8"), ("bf16", "int8"), ("fp32", "bf16"),
+    pairs = [("fp32", "int8"), *([] if skipped else [("bf16", "int8"), ("fp32", "bf16")]),
              *[(ref, f"{name} compiled") for name, ref in (("fp32", "fp32"), ("int8", "int8"), ("int8", "fp32"))]]
     timed = side_by_side(contenders, block, stop, measure.latency_repeats, pairs)
     new_tokens = q["generation"]["new_tokens"]
-    gen = stopping.measure({"fp32": metrics.generation_timer(parent, tokenizer, new_tokens),
-                            "int8": metrics.generation_timer(model, tokenizer, new_tokens)}, stop, 1, warmup=1)
+    pytorch = ENGINES.get("pytorch")
+    own = engine_of(artifact) if artifact is not None else pytorch
+    gen = stopping.measure({"fp32": pytorch.decode(parent, tokenizer, 1, new_tokens),
+                            "int8": own.decode(model, tokenizer, 1, new_tokens)}, stop, 1, warmup=1)
     for name, r in (("fp32", parent_fp32), ("bf16", parent_bf16), ("int8", q)):
-        for b in (1, 12):
-            r[f"latency_b{b}"] = metrics.latency_stats(timed[f"b{b}"][name])
+        if name in contenders:
+            for b in (1, 12):
+                r[f"latency_b{b}"] = metrics.latency_stats(timed[f"b{b}"][name])
     for name, r in (("fp32", parent_fp32), ("int8", q)):
         r["generation"]["tokens_per_s"] = stats.median_of_rounds(gen[name])
     comparisons = {
         **{results.latency_ratio(b): timed[f"b{b}"].ratio("fp32", "int8") for b in (1, 12)},
-        **{f"latency_ratio_b{b}_vs_bf16": timed[f"b{b}"].ratio("bf16", "int8") for b in (1, 12)},
-        **{f"bf16_latency_ratio_b{b}": timed[f"b{b}"].ratio("fp32", "bf16") for b in (1, 12)},
+        **({} if skipped else {
+            **{f"latency_ratio_b{b}_vs_bf16": timed[f"b{b}"].ratio("bf16", "int8") for b in (1, 12)},
+            **{f"bf16_latency_ratio_b{b}": timed[f"b{b}"].ratio("fp32", "bf16") for b in (1, 12)}}),
         results.GENERATION_RATIO: gen.ratio("fp32", "int8", higher_is_better=True),
         "stopping": {**{f"latency_b{b}": timed[f"b{b}"].record for b in (1, 12)}, "generation": gen.record},
         # every timing of every round: each ratio above can be recomputed from these
@@ -83,10 +106,11 @@ def compare_with_parent(measure, device: torch.device, parent: nn.Module, model:
             for name, ref in (("fp32", "fp32"), ("int8", "int8"), ("int8", "fp32")) for b in (1, 12)
             if f"{name} compiled" in timed[f"b{b}"]}}
     fp32_blocks, docs = parent_fp32.pop("block_losses"), parent_fp32.pop("block_docs", None)
-    for r in (q, parent_bf16):
-        r.pop("block_docs", None)
+    q.pop("block_docs", None)
     comparisons[results.EVAL_LOSS_DELTA] = stats.paired_delta(fp32_blocks, q.pop("block_losses"), docs)
-    comparisons["bf16_eval_loss_delta"] = stats.paired_delta(fp32_blocks, parent_bf16.pop("block_losses"), docs)
+    if not skipped:
+        parent_bf16.pop("block_docs", None)
+        comparisons["bf16_eval_loss_delta"] = stats.paired_delta(fp32_blocks, parent_bf16.pop("block_losses"), docs)
     verdicts = [stats.summary_of(comparisons[results.LATENCY_RATIO_B12], f"{label} latency b12 vs fp32"),
                 stats.summary_of(comparisons[results.EVAL_LOSS_DELTA], f"{label} loss vs fp32")]
     if LossDelta.of(comparisons[results.EVAL_LOSS_DELTA]).ci95[0] > 0.01:
@@ -95,18 +119,23 @@ def compare_with_parent(measure, device: torch.device, parent: nn.Module, model:
                       ("int8_compiled_vs_int8_b12", f"{label} compiled vs eager, b12")):
         if key in comparisons.get("compiled", {}):
             verdicts.append(stats.summary_of(comparisons["compiled"][key], what))
-    bf16 = comparisons[results.BF16_LATENCY_RATIO_B12]
-    verdicts.append(stats.summary_of(bf16, "bf16 autocast latency b12 vs fp32")
-                    + ("; this CPU has no native bf16 (AVX512-BF16/AMX)" if device.type == "cpu"
-                       and not metrics.cpu_has_native_bf16() else ""))
-    m = {**q, **comparisons, "parent_fp32": parent_fp32, "parent_bf16": parent_bf16,
+    if skipped:
+        verdicts.append(f"bf16 autocast: {skipped}")
+    else:
+        verdicts.append(stats.summary_of(comparisons[results.BF16_LATENCY_RATIO_B12],
+                                         "bf16 autocast latency b12 vs fp32"))
+    m = {**q, **comparisons, "parent_fp32": parent_fp32,
+         **({"bf16_autocast": skipped} if skipped else {"parent_bf16": parent_bf16}),
          "eval_loss_delta_vs_parent": LossDelta.of(comparisons[results.EVAL_LOSS_DELTA]).delta,
          "size_ratio_vs_parent": q["size_bytes"] / parent_fp32["size_bytes"]}
     generation = (f"greedy decoding of {new_tokens} new tokens from {PROMPT!r}, fp32 parent and {label} "
                   f"interleaved (rounds: {stop.describe()}); new tokens / wall time; each model decodes with its "
-                  "own KV cache" + (f"; {note}" if (note := getattr(model, "generation_note", None)) else ""))
+                  f"own KV cache, through the decoder of the engine that owns it (the parent: PyTorch; {label}: "
+                  f"{own.label or own.name}), as the bench times it"
+                  + (f"; {note}" if (note := getattr(model, "generation_note", None)) else ""))
+    bf16_how = f"parent under bf16 autocast ({skipped})" if skipped else "parent under bf16 autocast"
     protocol = {"eval_loss": metrics.EVAL_PROTOCOL + "; " + stats.LOSS_METHOD,
-                "latency": f"forward of (batch, {block}) random tokens: fp32 parent, parent under bf16 autocast and "
+                "latency": f"forward of (batch, {block}) random tokens: fp32 parent, {bf16_how} and "
                            f"{label} (reloaded from its folder) "
                            + metrics.INTERLEAVED_PROTOCOL.format(warmup=2, rounds=stop.describe(),
                                                                  repeats=measure.latency_repeats)

@@ -124,6 +124,18 @@ def cpu_has_native_bf16() -> bool:
     return bool({"avx512_bf16", "amx_bf16"} & set(cpu_flags()))
 
 
+def no_native_bf16(device: torch.device | None = None) -> str | None:
+    """Why bf16 is not worth running on `device` (default: this CPU), read from the CPU's flags alone (nothing
+    timed): "this CPU has no native bf16 (flags: avx2 ...)"; None on a GPU or a CPU with AVX512-BF16 / AMX. Reports
+    write it as "bf16 not run: <this>": PyTorch emulates bf16 there, many times slower than fp32."""
+    if device is not None and device.type != "cpu":
+        return None
+    if cpu_has_native_bf16():
+        return None
+    return (f"this CPU has no native bf16 (flags: {' '.join(cpu_flags()) or 'none of ' + ' '.join(CPU_FLAGS)}; "
+            "bf16 needs avx512_bf16 or amx_bf16)")
+
+
 MAX_AGE_DAYS = 30  # a cached measurement older than this is measured again (machines and their loads change)
 REMEASURE_ENV = "EFFKIT_REMEASURE"  # set (`effkit --remeasure ...`): every cached measurement is taken again
 
@@ -232,12 +244,18 @@ def cpu_peak_flops(dtype: torch.dtype, n: int = 1024, repeats: int = 10) -> tupl
 
 
 def peak_flops(device: torch.device, dtype: torch.dtype, tf32: bool = False) -> tuple[float | None, str]:
-    """Peak FLOP/s for MFU in the precision the matmuls actually run in (`dtype`; fp32 with `tf32` on counts
-    TF32's tensor-core peak)."""
+    """Peak FLOP/s for MFU. CUDA: the data-sheet peak in the precision the matmuls actually run in (`dtype`; fp32
+    with `tf32` on counts TF32's tensor-core peak). CPU: the best measured GEMM peak over the dtypes this CPU runs
+    natively (fp32 always, bf16 only with AVX512-BF16 / AMX), whatever `dtype` the run used: an emulated bf16 GEMM
+    is far below what the machine can do, and an MFU over it can pass 100%."""
     if device.type == "cuda":
         amp = None if dtype == torch.float32 else dtype
         return gpu_peak_flops(torch.cuda.get_device_name(device), matmul_precision(amp, tf32))
-    return cpu_peak_flops(dtype)
+    skipped = no_native_bf16()
+    native = {"fp32": torch.float32, **({} if skipped else {"bf16": torch.bfloat16})}
+    peak, how = max((cpu_peak_flops(d) for d in native.values()), key=lambda p: p[0])
+    return peak, (f"the best GEMM peak over the dtypes this CPU runs natively ({' and '.join(native)}): {how}"
+                  + (f"; bf16 not counted: {skipped}" if skipped else ""))
 
 
 class PeakMemory:
