@@ -695,6 +695,15 @@ class BenchConfig(_Staged):
             if name not in ENGINES:
                 raise EffkitError(f"unknown engine {name!r} in --peer-engines; choose among "
                                   f"{', '.join(ENGINES.names())}")
+        if self.peer_engine_names:  # an engine without a peer would be asked for a row it never writes
+            with_peer = [n for n, e in ENGINES.items() if e.peer_tag]  # effkit.engines.peers(), not importable here
+            if missing := [n for n in self.peer_engine_names if n not in with_peer]:
+                raise EffkitError(f"engine{'s' * (len(missing) > 1)} {', '.join(map(repr, missing))} in "
+                                  f"--peer-engines {'have' if len(missing) > 1 else 'has'} no peer row; "
+                                  f"choose among {', '.join(with_peer) or 'none: no engine has a peer here'}")
+            if self.what.peers is not True:  # off (or "auto", off outside `effkit run`): the engines would be unused
+                raise EffkitError("--peer-engines chooses among the peer rows: add --peers (peers = true in a "
+                                  "recipe)")
         check_folder_option("--reports-dir", self.folders.reports_dir)
         if ms.quick:
             return self.replace(rounds=min(ms.rounds, 3), repeats=min(ms.repeats, 2), fixed_rounds=True,
@@ -813,8 +822,11 @@ def build_section(cls: type, recipe: str | None, table: str) -> Any:
     return cls(**_typed(cls, {k.replace("-", "_"): v for k, v in values.items()}, where))
 
 
-def build_config(cls: type, recipe: str | None, overrides: dict[str, Any]) -> Any:
-    """Defaults <- recipe[stage] <- explicit CLI overrides (flat keys); then validate."""
+def build_config(cls: type, recipe: str | None, overrides: dict[str, Any],
+                 defaults: dict[str, Any] | None = None) -> Any:
+    """Defaults <- recipe[stage] <- explicit CLI overrides (flat keys); then validate. `defaults`: the caller's own
+    (flat keys), for what neither the recipe nor a flag sets or what they leave "auto" (None): `effkit run` turns
+    the bench's peers on this way, before validation, so its checks see the peers the run will measure."""
     stage = next(name for name, c in STAGES.items() if c is cls)
     where = f"recipe {recipe}: [{stage}]" if recipe else f"[{stage}]"
     values: dict[str, Any] = {}
@@ -822,6 +834,9 @@ def build_config(cls: type, recipe: str | None, overrides: dict[str, Any]) -> An
         values.update(_typed(cls, {k.replace("-", "_"): v for k, v in load_recipe(recipe).get(stage, {}).items()},
                              where))
     values.update(_typed(cls, dict(overrides), where))
+    for key, value in (defaults or {}).items():
+        if values.get(key) is None:
+            values[key] = value
     cfg = cls.from_flat(**values)
     try:
         return cfg.validate()

@@ -34,23 +34,36 @@ class Workload:
 
     @property
     def key(self) -> str:
-        """`decode_b12`: the name as a JSON key (the peer table's column)."""
+        """`decode_b12`: the name as a JSON key (the peer table's column, `same_rounds`)."""
         return self.name.replace("-", "_")
+
+    @property
+    def _tail(self) -> str:
+        """The name past its kind (`b12` of decode-b12, `b12_long` of decode-b12-long, the whole name where it does
+        not start with its kind). Every key below is `<what>_<tail>`, so two workloads' keys differ because their
+        names do (register refuses the few names that would still meet, e.g. a decode named `foo` and `decode-foo`),
+        and the built-ins, named `<kind>-b<batch>`, keep the keys their reports and readers already use."""
+        return self.key.removeprefix(f"{self.kind}_")
 
     @property
     def measure(self) -> str:
         """The bench's measure (its rounds, its stopping record): `latency_b12` for prefill, `decode_b12`."""
-        return f"{'latency' if self.kind == 'prefill' else 'decode'}_b{self.batch}"
+        return f"{'latency' if self.kind == 'prefill' else 'decode'}_{self._tail}"
 
     @property
     def figure(self) -> str:
         """A bench row's own figure: `latency_b12` (p50/p90/p99 seconds) or `decode_tokens_per_s_b12`."""
-        return self.measure if self.kind == "prefill" else f"decode_tokens_per_s_b{self.batch}"
+        return self.measure if self.kind == "prefill" else f"decode_tokens_per_s_{self._tail}"
 
     @property
     def ratio(self) -> str:
         """A row's paired ratio to the reference: `latency_ratio_b12` or `decode_ratio_b12`."""
-        return f"{'latency' if self.kind == 'prefill' else 'decode'}_ratio_b{self.batch}"
+        return f"{'latency' if self.kind == 'prefill' else 'decode'}_ratio_{self._tail}"
+
+    @property
+    def keys(self) -> frozenset[str]:
+        """Every key derived from this workload, in bench.json and the bench's plan."""
+        return frozenset((self.key, self.measure, self.figure, self.ratio))
 
     @property
     def higher_is_better(self) -> bool:
@@ -67,7 +80,12 @@ _TABLE: dict[str, Workload] = {}
 
 
 def register(w: Workload) -> Workload:
-    """Add (or replace) a workload; the bench measures every registered one."""
+    """Add (or replace, by name) a workload; the bench measures every registered one. A workload whose keys are
+    another's would overwrite that one's figures and ratios in the bench's rows, so it is refused."""
+    for other in _TABLE.values():
+        if other.name != w.name and (shared := sorted(w.keys & other.keys)):
+            raise EffkitError(f"workload {w.name!r} would write {', '.join(shared)}, which workload {other.name!r} "
+                              f"already writes; rename it (its keys come from its name past its kind)")
     _TABLE[w.name] = w
     return w
 

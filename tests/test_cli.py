@@ -1,5 +1,6 @@
 """Bad input ends in one line on stderr, exit code 2, no traceback, and no half-written artifact."""
 
+import os
 import subprocess
 import sys
 
@@ -249,3 +250,34 @@ def test_library_import_notices_are_silenced_at_import_and_real_errors_still_sho
     assert out.returncode == 0, out.stderr
     lines = out.stderr.strip().splitlines()
     assert lines == ["torchao says something else", "Failed to load x.so: a real error"], out.stderr
+
+
+@pytest.mark.parametrize("flags, needle", [
+    # the PyTorch engine has no peer row: asking for it wrote none and passed
+    (["--peers", "--peer-engines", "pytorch"],
+     "engine 'pytorch' in --peer-engines has no peer row; choose among ctranslate2, onnxruntime, openvino"),
+    # without --peers the engines were silently ignored
+    (["--peer-engines", "ctranslate2"], "--peer-engines chooses among the peer rows: add --peers"),
+    (["--no-peers", "--peer-engines", "onnxruntime"], "--peer-engines chooses among the peer rows: add --peers"),
+])
+def test_peer_engines_that_would_give_no_peer_row_are_refused(flags, needle, tmp_path, capsys, monkeypatch):
+    code, err = run_cli(["bench", *flags, "--runs-dir", str(tmp_path / "runs")], capsys, monkeypatch)
+    assert_clean_failure(code, err, tmp_path, needle)
+
+
+def test_a_recipes_peer_engines_need_peers_only_where_peers_are_off(tmp_path, capsys, monkeypatch):
+    """`effkit run` turns peers on when its recipe leaves them unset, so there `peer_engines` alone is valid; with
+    `peers = false` (and in `effkit bench`, where unset is off) it is refused like the flag."""
+    recipe = tmp_path / "r.toml"
+    head = f'[run]\nruns_dir = "{tmp_path / "runs"}"\nreports_dir = "{tmp_path / "reports"}"\n[bench]\n' \
+           'peer_engines = "ctranslate2"\n'
+    recipe.write_text(head)
+    out = subprocess.run([sys.executable, "-m", "effkit", "run", "--dry-run", str(recipe)], capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "COLUMNS": "250"})
+    assert out.returncode == 0 and "with the peer engines" in out.stdout, out.stdout + out.stderr
+    code, err = run_cli(["bench", "--recipe", str(recipe), "--runs-dir", str(tmp_path / "runs")], capsys,
+                        monkeypatch)
+    assert_clean_failure(code, err, tmp_path, "--peer-engines chooses among the peer rows: add --peers")
+    recipe.write_text(head + "peers = false\n")
+    code, err = run_cli(["run", str(recipe), "--dry-run"], capsys, monkeypatch)
+    assert_clean_failure(code, err, tmp_path, "--peer-engines chooses among the peer rows: add --peers")

@@ -106,3 +106,51 @@ def test_a_plugin_that_does_not_import_is_one_line_and_exit_2(tmp_path):
                          text=True, env=env, timeout=120)
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert "plug-in module 'no_such_effkit_plugin'" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_plugin_workload_of_a_builtins_kind_and_batch_keeps_its_own_keys_and_a_clash_is_refused():
+    """A plug-in's `decode-b12-long` (batch 12, longer decode) took decode-b12's keys (they came from kind and
+    batch only): the bench's plan and rows kept one of the two. Keys now come from the name; the built-ins keep
+    theirs, and a workload whose keys would still meet another's is refused in one line."""
+    import pytest
+
+    from effkit import workloads
+    from effkit.bench import combine
+    from effkit.errors import EffkitError
+    from effkit.measure.stopping import Measured
+
+    builtin = workloads.get("decode-b12")
+    long = workloads.Workload("decode-b12-long", "decode", 12, tokens=256)
+    try:
+        workloads.register(long)
+        for attr in ("key", "measure", "figure", "ratio"):
+            assert getattr(long, attr) != getattr(builtin, attr), attr
+        # the built-ins' keys are what reports and their readers already use
+        assert [(w.measure, w.figure, w.ratio) for w in map(workloads.get, workloads.BUILTIN)] == [
+            ("latency_b1", "latency_b1", "latency_ratio_b1"), ("latency_b12", "latency_b12", "latency_ratio_b12"),
+            ("decode_b1", "decode_tokens_per_s_b1", "decode_ratio_b1"),
+            ("decode_b12", "decode_tokens_per_s_b12", "decode_ratio_b12")]
+        # both reach a bench row, each with its own figure: 100 tokens/s (decode-b12), 40 (decode-b12-long)
+        record = {"level": 0.95, "rounds": 4}
+        rate = {long.measure: 40.0, builtin.measure: 100.0}
+        timed = {w.measure: Measured({t: [[rate.get(w.measure, 1.0)]] * 4 for t in ("ref", "a")}, record)
+                 for w in workloads.all_()}
+        timed |= {m: Measured({}, record) for m in ("train_b4", "train_b12")}
+        static = [{"tag": t, "stage": "train" if t == "ref" else "quantize", "block_losses": [1.0, 2.0],
+                   "block_docs": [0, 1], "size_bytes": 10, "generation": {}, "eval_loss": 1.5} for t in ("ref", "a")]
+        row = combine(static, timed)[1]
+        assert row[builtin.figure] == 100.0 and row[long.figure] == 40.0
+        assert builtin.ratio in row and long.ratio in row
+        # replacing a workload of the same name is allowed; a different name with the same keys is not
+        workloads.register(workloads.Workload("decode-b12-long", "decode", 12, tokens=128))
+        for clash, theirs in ((workloads.Workload("b12-long", "decode", 3), "decode-b12-long"),
+                              (workloads.Workload("b12", "decode", 12), "decode-b12"),
+                              (workloads.Workload("prefill-ratio-b12", "prefill", 12), "prefill-b12")):
+            with pytest.raises(EffkitError) as refused:
+                workloads.register(clash)
+            said = str(refused.value)
+            assert repr(clash.name) in said and repr(theirs) in said and "rename it" in said and "\n" not in said
+            assert clash.name not in workloads.names()
+    finally:
+        for name in ("decode-b12-long", "b12-long", "b12", "prefill-ratio-b12"):
+            workloads.unregister(name)
