@@ -7,7 +7,9 @@
 `tests/test_docs.py` checks that the README's table is exactly what this script makes of the kept report.
 
 Every cell comes from the bench's rows: the artifact's own median over its rounds, its paired ratio to the dense
-model (`train`) with the 95% interval, and the deliverable's line; the caption says where and when it was measured.
+model (`train`) with its interval, and the deliverable's line; the caption says where and when it was measured, and
+the level the intervals were computed at (read from the ratios: 98.3% for each look of the bench's sequential
+stopping, 95% with fixed rounds).
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ KEPT = ROOT / "docs" / "reports"  # the reports the README's table was generated
 FILES = ("bench.json", "deliverable.json")
 
 
+RATIOS = ("latency_ratio_b12", "decode_ratio_b1", "decode_ratio_b12")  # the table's ratio columns
+
+
 def table(report_dir: Path) -> str:
     bench = json.loads((report_dir / "bench.json").read_text())
     ship = json.loads((report_dir / "deliverable.json").read_text()) if (report_dir / "deliverable.json").is_file() \
@@ -37,7 +42,9 @@ def table(report_dir: Path) -> str:
             "| size |", "|---|---|---|---|---|---|---|---|"]
     for r in bench["artifacts"]:
         is_ref = r is ref
-        name = r["tag"] + (" (delivered)" if r["tag"] == ship.get("tag") else "")
+        lossless = (ship.get("lossless") or {}).get("tag")
+        name = r["tag"] + (" (delivered)" if r["tag"] == ship.get("tag") else "") \
+            + (" (lossless)" if r["tag"] == lossless else "")
         name = f"**{name}**" if r["tag"] == ship.get("tag") else name
         if r["stage"] == "peer":
             name = f"peer: {r['tag'].removeprefix('peer-')} of {ref['tag']}"
@@ -45,19 +52,26 @@ def table(report_dir: Path) -> str:
                 else stats.fmt_delta(r["eval_loss_delta"]))
         cell = lambda key, r=r, is_ref=is_ref: ("ref" if is_ref  # noqa: E731
                                                 else stats.fmt_ratio(r[key]) + same_rounds_note(bench, r, key))
-        rows.append(f"| {name} | {loss} | {cell('latency_ratio_b12')} | {r['decode_tokens_per_s_b1']:,.0f} | "
-                    f"{cell('decode_ratio_b1')} | {r['decode_tokens_per_s_b12']:,.0f} | {cell('decode_ratio_b12')} | "
+        rows.append(f"| {name} | {loss} | {cell(RATIOS[0])} | {r['decode_tokens_per_s_b1']:,.0f} | "
+                    f"{cell(RATIOS[1])} | {r['decode_tokens_per_s_b12']:,.0f} | {cell(RATIOS[2])} | "
                     f"{r['size_ratio']:.2f}x |")
     v = bench.get("versions", {})
+    levels = [r[k].get("level") for r in bench["artifacts"] if r is not ref for k in RATIOS if r.get(k)]
     workload = ship.get("optimize_for", "decode-b1")
     command = "effkit run" + ("" if workload == "decode-b1" else f" --workload {workload}")
     caption = (f"Measured by `{command}` on {bench['device']}, {bench['time'][:10]}; torch {v.get('torch')}, "
                f"effkit commit {str(bench.get('git_commit'))[:7]}. Ratios are paired with {ref['tag']} in interleaved "
-               "rounds with 95% intervals (prefill: latency, below 1 is faster; decode: tokens/s, above 1 is "
-               "faster); `≈` marks an interval that contains 1, `?` one left undecided; tokens/s are each "
-               "artifact's median over its own rounds, and where an artifact settled before the reference stopped "
-               "(fewer rounds) the reference's figure over those same rounds is beside its ratio.")
+               f"rounds with {stats.interval_words(levels)}; prefill ratios are of latency (below 1 is "
+               "faster), decode ratios of tokens/s (above 1 is faster); `≈` marks an interval that contains 1, `?` "
+               "one left undecided; tokens/s are each artifact's median over its own rounds, and where an artifact "
+               "settled before the reference stopped (fewer rounds) the reference's figure over those same rounds is "
+               "beside its ratio.")
     out = [caption, "", *rows]
+    beaten = {which: by for which, by in ship.get("beaten_by_peers", {}).items() if by}
+    for which, by in beaten.items():  # a peer that beats what effkit ships is said under the table, not only in
+        tag = ship["tag"] if which == "delivered" else ship["lossless"]["tag"]  # the line below it
+        out += ["", f"**Slower than a peer**: the {which} artifact {tag} at {workload}: "
+                + ", ".join(f"{p} is faster ({tag} vs it {stats.fmt_ratio(r)})" for p, r in by.items()) + "."]
     if ship.get("line"):
         out += ["", "```", ship["line"], "```"]
     return "\n".join(out)

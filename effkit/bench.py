@@ -170,14 +170,15 @@ def tags(paths: list[Path]) -> list[str]:
 COMPILED = " (compiled)"
 
 
-def timed_side_by_side(paths: list[Path], cfg: BenchConfig, tokenizer, block: int,
-                       device: torch.device) -> dict[str, dict[str, Any]]:
+def timed_side_by_side(paths: list[Path], cfg: BenchConfig, tokenizer, block: int, device: torch.device,
+                       contest: tuple[str, list[str]] | None = None) -> dict[str, dict[str, Any]]:
     """Every artifact loaded at once and timed in interleaved rounds: {measure: {tag: per-round samples}}.
     Measures: latency_b1, latency_b12 (prefill, seconds), decode_b1, decode_b12 (new tokens/s of greedy decoding
     with the KV cache), train_b4, train_b12 (tokens/s, dense and pruned artifacts only). With `compile`, each
     PyTorch artifact's compiled twin (`<tag> (compiled)`) joins the latency rounds, and its compiled decoding
     (static KV cache) the decode_b1 rounds; `compile_status` and `generation_compile_status` say, per artifact,
-    whether they compiled."""
+    whether they compiled. `contest`: (workload, tags) of a decision read off that workload's rounds (the
+    deliverable): its leader against each of them must settle too (`stopping.contest_pairs`)."""
     models = {tag: load_any(p, device).eval() for tag, p in zip(tags(paths), paths, strict=True)}
     engine = {tag: engine_of(p) for tag, p in zip(tags(paths), paths, strict=True)}
     new_tokens = min(metrics.generation_budget(m, tokenizer, cfg.measure.gen_tokens)[0] for m in models.values())
@@ -221,10 +222,32 @@ def timed_side_by_side(paths: list[Path], cfg: BenchConfig, tokenizer, block: in
         plan[f"train_b{b}"] = ({t: timers[b] for t, timers in steppers.items()}, cfg.measure.train_steps)
     stop = stopping.Stopping.of(cfg.measure)
     peers = [t for t, p in zip(tags(paths), paths, strict=True) if artifacts.read_meta(p)["stage"] == "peer"]
-    timed = {name: stopping.measure(fns, stop, repeats, warmup=2, pairs=compared(list(fns), peers))
+    decision = workloads.get(contest[0]) if contest else None
+    timed = {name: stopping.measure(fns, stop, repeats, warmup=2, pairs=compared(list(fns), peers),
+                                    contest=(contest[1], decision.higher_is_better)
+                                    if decision is not None and decision.measure == name else None)
              for name, (fns, repeats) in plan.items()}
     return {**timed, "compile_status": status, "generation_compile_status": gen_status, "new_tokens": new_tokens,
             "stopping": {name: m.record for name, m in timed.items()}}
+
+
+def within_budget(reference_losses: list[float], losses: list[float], docs: list[int] | None, budget: float) -> bool:
+    """Whether an artifact's held-out loss is within `budget` of the reference's: the upper end of the paired
+    delta's interval (as quantize's auto), never the point estimate alone."""
+    delta = results.LossDelta.of(stats.paired_delta(reference_losses, losses, docs))
+    return delta.verdict != results.INVALID and delta.ci95[1] <= budget
+
+
+def contest_of(static: list[dict[str, Any]], paths: list[Path],
+               deliver: tuple[str, float] | None) -> tuple[str, list[str]] | None:
+    """(workload, tags) of the deliverable's decision: the reference and the artifacts (not the peers) within the
+    loss budget."""
+    if deliver is None:
+        return None
+    ref = static[0]
+    members = [t for t, r in zip(tags(paths), static, strict=True) if r["stage"] != "peer" and (
+        r is ref or within_budget(ref["block_losses"], r["block_losses"], ref.get("block_docs"), deliver[1]))]
+    return deliver[0], members
 
 
 def compared(names: list[str], peers: list[str]) -> list[tuple[str, str]]:
@@ -366,7 +389,10 @@ def leaderboard(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "training_throughput_12": num(r["train_tokens_per_s_b12"])} for r in rows}}
 
 
-def run_bench(cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
+def run_bench(cfg: BenchConfig, progress: bool = True, deliver: tuple[str, float] | None = None) -> dict[str, Any]:
+    """Bench every artifact of the run (and the peers); `deliver`: (workload, loss budget) of the deliverable to
+    be chosen from this bench (`effkit run`): the artifacts within the budget are timed until the leader among
+    them stands decided or tied against each of the others (see `deliverable`)."""
     cfg = cfg.validate()
     device = resolve_device(cfg.what.device)
     run_name, found = find_artifacts(cfg)
@@ -378,20 +404,21 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> dict[str, Any]:
     run_dir = Path(cfg.folders.runs_dir) / run_name
     with artifacts.run_lock(run_dir):
         if not cfg.what.peers:
-            return _bench(cfg, device, run_name, paths, progress, not_run)
+            return _bench(cfg, device, run_name, paths, progress, not_run, deliver)
         # the peers live as long as this bench; removed below, or by the next run lock if the process is killed
         scratch = Path(tempfile.mkdtemp(dir=run_dir, prefix=".tmp-peers-"))
         try:
             peers, peers_not_run = make_peers(paths[0], scratch, cfg.peer_engine_names)
             peers_not_run |= {p.name: f"not run: {reason}" for p in peers if (reason := cannot_run_on(p, device))}
             peers = [p for p in peers if p.name not in peers_not_run]
-            return _bench(cfg, device, run_name, paths + peers, progress, {**not_run, **peers_not_run})
+            return _bench(cfg, device, run_name, paths + peers, progress, {**not_run, **peers_not_run}, deliver)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _bench(cfg: BenchConfig, device: torch.device, run_name: str, paths: list[Path],
-           progress: bool, not_run: dict[str, str] | None = None) -> dict[str, Any]:
+           progress: bool, not_run: dict[str, str] | None = None,
+           deliver: tuple[str, float] | None = None) -> dict[str, Any]:
     # every artifact is evaluated on the first one's held-out blocks
     data = artifacts.data_section(paths[0], cfg.what.data)
     data_cfg = DataConfig.from_dict(data)
@@ -409,11 +436,12 @@ def _bench(cfg: BenchConfig, device: torch.device, run_name: str, paths: list[Pa
                 static.append(bench_isolated(p, cfg, data, paths[0]))
                 bar.advance(task)
             bar.update(task, description=f"bench: timing {len(paths)} artifacts side by side")
-            timed = timed_side_by_side(paths, cfg, prepared.tokenizer, block, device)
+            timed = timed_side_by_side(paths, cfg, prepared.tokenizer, block, device, contest_of(static, paths,
+                                                                                                 deliver))
             bar.advance(task)
     else:
         static = [bench_isolated(p, cfg, data, paths[0]) for p in paths]
-        timed = timed_side_by_side(paths, cfg, prepared.tokenizer, block, device)
+        timed = timed_side_by_side(paths, cfg, prepared.tokenizer, block, device, contest_of(static, paths, deliver))
     for row, tag in zip(static, tags(paths), strict=True):
         row["tag"] = tag
     rows = combine(static, timed)
@@ -549,12 +577,16 @@ def bench_markdown(report: dict[str, Any]) -> str:
              f"{report['versions'].get('torch')}; {report['time']}", "", "| " + " | ".join(cols) + " |",
              "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
-    lines += ["", "Ratios are paired with the reference and carry 95% intervals (at least 95% under the sequential "
-              "stopping below); ≈ marks an interval that contains 1 (no difference shown) and ? one that also "
-              "stopped wider than the precision asked for (undecided: more rounds could still decide it). A "
-              "contender whose ratios settled early ran fewer rounds than the reference: its figure and ratio are "
-              "over its own rounds, and the reference's figure over those same rounds is beside the ratio (`ref ... "
-              "in these N rounds`).", ""]
+    # the level the printed intervals were computed at, as the ratios carry it, else the stopping records'
+    levels = [v.get("level") for r in report["artifacts"][1:] for v in r.values()
+              if isinstance(v, dict) and "ci95" in v and "ratio" in v] or [
+        s.get("level") for s in report.get("stopping", {}).values()]
+    intervals = stats.interval_words(levels)
+    lines += ["", f"Ratios are paired with the reference and carry {intervals}; ≈ marks an interval that "
+              "contains 1 (no difference shown) and ? one that also stopped wider than the precision asked for "
+              "(undecided: more rounds could still decide it). A contender whose ratios settled early ran fewer "
+              "rounds than the reference: its figure and ratio are over its own rounds, and the reference's figure "
+              "over those same rounds is beside the ratio (`ref ... in these N rounds`).", ""]
     lines += stopping_lines(report.get("stopping", {}))
     lines += peer_lines(report)
     lines += compiled_lines(report)
@@ -607,21 +639,39 @@ BENCH_ARTIFACT = 16.0  # per artifact: loading, its held-out loss, a sample, its
 BENCH_MEASURES = 6  # prefill b1/b12, decode b1/b12, training b4/b12
 
 
+LOSSLESS = 0.002  # a loss within +0.2% of the reference (the interval's upper end) counts as no loss
+
+
 def deliverable(plan: Plan, bench: dict[str, Any]) -> dict[str, Any]:
-    """The artifact to ship: among the benched artifacts (peers excluded: they are what a user has without effkit)
-    whose held-out loss is within `max_loss_increase` of the dense reference's (the model the user has; paired
-    point estimate), the best at the recipe's workload (`optimize_for`), then the smallest; with the line that says
-    so, its standing against the fastest peer at that workload, and, for a pruned artifact, its dense control's
-    attribution."""
+    """The artifact to ship, by the decision rule (`effkit.measure.choice.decide`) over the bench's own rounds at
+    the recipe's workload (`optimize_for`): among the benched artifacts (peers excluded: they are what a user has
+    without effkit) whose held-out loss is within `max_loss_increase` of the dense reference's (the upper end of
+    the paired interval), the leader by paired point estimate, decided against each of the others, or tied within
+    the precision (then the smallest), or still undecided (then labelled a point estimate). Beside it: the best
+    lossless artifact (within +0.2%) by the same rule, each one's standing against every peer at that workload
+    (a peer that beats it is named), and, for a pruned artifact, its dense control's attribution."""
     from effkit.artifacts.loader import load_command
+    from effkit.measure import choice
 
     budget, chosen = plan.run.pipeline.max_loss_increase, workloads.get(plan.run.pipeline.optimize_for)
-    rows = [r for r in bench["artifacts"] if r["stage"] != "peer"]
-    ref = rows[0]
-    within = [r for r in rows if r is ref or (not r.get("invalid")
-                                              and results.LossDelta.of(r[results.EVAL_LOSS_DELTA]).delta <= budget)]
-    speed = lambda r: 1.0 if r is ref else results.PairedRatio.of(r[chosen.ratio]).ratio  # noqa: E731 - paired
-    best = max(within, key=lambda r: (speed(r) if chosen.higher_is_better else -speed(r), -r["size_ratio"]))
+    rows = {r["tag"]: r for r in bench["artifacts"]}
+    ours = [r for r in bench["artifacts"] if r["stage"] != "peer"]
+    ref = ours[0]
+    losses, docs = bench["block_losses"], bench.get("block_docs")
+    samples, record = bench["samples"][chosen.measure], bench["stopping"][chosen.measure]
+    level, precision = record["level"], record.get("precision", plan.bench.measure.precision)
+
+    def pick(limit: float, with_ref: bool) -> choice.Choice | None:
+        members = [r["tag"] for r in ours if not r.get("invalid") and r["tag"] in samples and (
+            (r is ref and with_ref) or (r is not ref and within_budget(losses[ref["tag"]], losses[r["tag"]], docs,
+                                                                       limit)))]
+        if not members:
+            return None
+        return choice.decide({t: samples[t] for t in members}, chosen.higher_is_better, level, precision,
+                             prefer=lambda t: (rows[t]["size_ratio"], members.index(t)))
+
+    picked, lossless = pick(budget, True), pick(LOSSLESS, False)
+    best = rows[picked.picked]
     path = Path(best["artifact"])
     loss = "ref" if best is ref else stats.fmt_delta(best[results.EVAL_LOSS_DELTA]) + f" vs {ref['tag']}"
     if best.get(results.EVAL_LOSS_DELTA_VS_CONTROL):
@@ -632,14 +682,32 @@ def deliverable(plan: Plan, bench: dict[str, Any]) -> dict[str, Any]:
                      for w in shown if best is ref or w.ratio in best)
     peers = best.get("vs_peers", {})
     vs_peers = "; ".join(f"vs {p}: " + ", ".join(f"{w} {stats.fmt_ratio(r[w])}" for w in r) for p, r in peers.items())
-    line = (f"deliver {best['tag']} (chosen for {chosen.name}): {cols}; size {best['size_ratio']:.2f}x, loss {loss}"
-            + (f"; {vs_peers}" if vs_peers else "") + f"; load it: {load_command(path)}, or effkit generate --from "
-            f"{path}")
+    judged = {"delivered": best["tag"], "lossless": lossless.picked if lossless else None}
+    beaten = {name: beaten_by(rows[tag], chosen) for name, tag in judged.items() if tag}
+    warn = "; ".join(f"the {name} artifact {judged[name]} is slower at {chosen.name} than "
+                     + ", ".join(f"{p} ({stats.fmt_ratio(r)})" for p, r in by.items())
+                     for name, by in beaten.items() if by)
+    line = (f"deliver {best['tag']} (chosen for {chosen.name}: {picked.label}): {cols}; "
+            f"size {best['size_ratio']:.2f}x, loss {loss}" + (f"; {vs_peers}" if vs_peers else "")
+            + (f"; NOTE: {warn}" if warn else "")
+            + f"; load it: {load_command(path)}, or effkit generate --from {path}")
     return {"tag": best["tag"], "artifact": str(path), "line": line, "budget": budget, "optimize_for": chosen.name,
+            "verdict": picked.label, "choice": picked.to_dict(),
+            "lossless": {"tag": lossless.picked, "verdict": lossless.label, "choice": lossless.to_dict(),
+                         "limit": LOSSLESS} if lossless else None,
+            "beaten_by_peers": beaten,
             "vs_peers": {p: r[chosen.key] for p, r in peers.items() if chosen.key in r},
             "how": f"benched artifacts (not the peer rows) whose held-out loss is at most {budget:.1%} above "
-                   f"{ref['tag']}'s (paired point estimate); the best paired ratio to {ref['tag']} at {chosen.name}, "
-                   "then the smallest size"}
+                   f"{ref['tag']}'s (upper end of the paired interval), and {ref['tag']} itself; at {chosen.name}, "
+                   "over the bench's own rounds: the leader by paired point estimate, decided against each of the "
+                   f"others, or tied within +-{precision:.0%} (then the smallest), or undecided (labelled a point "
+                   f"estimate); the lossless one the same way among those within +{LOSSLESS:.1%}"}
+
+
+def beaten_by(row: dict[str, Any], w: workloads.Workload) -> dict[str, dict[str, Any]]:
+    """The peers that are decided faster than the artifact of `row` at `w` (its paired ratio to each)."""
+    return {p: r[w.key] for p, r in row.get("vs_peers", {}).items()
+            if w.key in r and results.PairedRatio.of(r[w.key]).verdict == "slower"}
 
 
 class BenchStep(Step):
@@ -664,7 +732,8 @@ class BenchStep(Step):
         return bench.stat().st_mtime >= newest
 
     def run(self, ctx: RunContext) -> None:
-        ctx.results["bench"] = run_bench(ctx.plan.bench)
+        pipeline = ctx.plan.run.pipeline
+        ctx.results["bench"] = run_bench(ctx.plan.bench, deliver=(pipeline.optimize_for, pipeline.max_loss_increase))
         self.deliver(ctx)
 
     def reuse(self, ctx: RunContext) -> None:
@@ -703,11 +772,12 @@ class BenchStage(Stage):
 
     def configure(self, plan: Plan) -> None:
         f = plan.run.folders
-        bench = build_config(BenchConfig, plan.recipe, {"run": plan.run.pipeline.run_name, "runs_dir": f.runs_dir,
-                                                       "reports_dir": f.reports_dir})
-        if bench.what.peers is None:  # `effkit run` measures the engines a user would pick instead, unless told not
-            bench = bench.replace(peers=True)
-        plan.configs["bench"] = bench
+        # `effkit run` measures the engines a user would pick instead unless told not: peers on by default, before
+        # validation, so a recipe's peer_engines with peers unset is valid here
+        plan.configs["bench"] = build_config(BenchConfig, plan.recipe, {"run": plan.run.pipeline.run_name,
+                                                                        "runs_dir": f.runs_dir,
+                                                                        "reports_dir": f.reports_dir},
+                                             defaults={"peers": True})
 
     def steps(self, plan: Plan) -> list[Step]:
         return [BenchStep()]

@@ -237,7 +237,8 @@ def _print_train_summary(report: dict) -> None:
             ("bits per byte", f"{m['bits_per_byte']:.4f}" if m.get("bits_per_byte") else "n/a"),
             ("perplexity", f"{m['perplexity']:.1f}"),
             ("steps", str(m["steps"])), ("train tokens/s", f"{m['train_tokens_per_s']:,.0f}"),
-            ("MFU", f"{m['mfu']:.1%}" if m["mfu"] else "n/a"),
+            ("MFU", f"{m['mfu']:.1%}" if m["mfu"] else f"invalid: {m['mfu_invalid']}" if m.get("mfu_invalid")
+             else "n/a"),
             ("peak memory / rank", ", ".join(f"{b / 2**20:,.0f} MiB" for b in m["peak_memory_bytes_per_rank"])),
             ("parameters", f"{m['params']:,}"), ("size on disk", f"{m['size_bytes'] / 2**20:.1f} MiB"),
             ("parallel", f"{w['parallel']} x{w['world_size']}"), ("precision", w["amp_dtype"])]
@@ -403,8 +404,10 @@ def quantize(
     t = Table(title=f"quantize ({report['what_ran']['backend']}): {report['run']}")
     for col in ("", "eval loss", "Δ loss vs fp32", "size", "latency b12 (p50)", "b12 vs fp32", "generate tok/s"):
         t.add_column(col, justify="right")
-    rows = (("parent fp32", m["parent_fp32"], None, None), ("parent bf16", m["parent_bf16"], m["bf16_eval_loss_delta"],
-            m[results.BF16_LATENCY_RATIO_B12]), ("int8", m, m[results.EVAL_LOSS_DELTA], m[results.LATENCY_RATIO_B12]))
+    rows = (("parent fp32", m["parent_fp32"], None, None),
+            *([("parent bf16", m["parent_bf16"], m["bf16_eval_loss_delta"], m[results.BF16_LATENCY_RATIO_B12])]
+              if "parent_bf16" in m else []),  # absent where the CPU has no native bf16: a note says so
+            ("int8", m, m[results.EVAL_LOSS_DELTA], m[results.LATENCY_RATIO_B12]))
     for label, r, delta, ratio in rows:
         gen = r.get("generation", {}).get("tokens_per_s")
         t.add_row(label, f"{r['eval_loss']:.4f}", fmt_delta(delta) if delta else "ref",
@@ -413,7 +416,8 @@ def quantize(
                   f"{gen:.0f}" if gen else "")
     _console().print(t)
     if m.get("auto"):
-        a = Table(title=f"--backend auto picked {m['auto']['picked']}: {m['auto']['how']}")
+        a = Table(title=f"--backend auto picked {m['auto']['picked']} ({m['auto'].get('verdict', 'decided')}): "
+                        f"{m['auto']['how']}")
         w = m["auto"]["optimize_for"]
         for col in ("backend", "status", "eval loss", "loss vs parent", f"{w} vs parent", f"{w} vs picked"):
             a.add_column(col)
@@ -704,7 +708,9 @@ def doctor():
     else:
         for dtype in (torch.float32, torch.bfloat16):
             peak, src = metrics.cpu_peak_flops(dtype)
-            t.add_row(f"peak {str(dtype).removeprefix('torch.')} (for MFU)",
+            emulated = dtype == torch.bfloat16 and metrics.no_native_bf16() is not None  # MFU is over native ones
+            use = "emulated, not for MFU" if emulated else "for MFU"
+            t.add_row(f"peak {str(dtype).removeprefix('torch.')} ({use})",
                       f"{peak / 1e9:,.0f} GFLOP/s ({src})" if peak else src)
     for k, v in versions().items():
         t.add_row(k, v)

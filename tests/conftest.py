@@ -116,3 +116,29 @@ def assert_delta_from_blocks(reported, ref_losses, other_losses, docs):
     assert reported["delta"] == pytest.approx(m / base, rel=1e-9, abs=1e-15)
     assert reported["ci95"] == pytest.approx([lo, hi], rel=1e-3, abs=1e-12)
     assert reported["verdict"] == verdict
+
+
+def assert_choice_from_samples(c: dict) -> None:
+    """A recorded decision (`effkit.measure.choice.Choice.to_dict()`) recomputed here from its raw samples with
+    numpy and scipy: every ratio to the pick, and a verdict that follows them (decided: every other decided slower;
+    a tie: the others within the precision, none decided faster; undecided: some other still open). Never a pick
+    that another contender beats, decided."""
+    higher, samples, picked = c["higher_is_better"], c["samples"], c["picked"]
+    level, precision = c["record"]["level"], c["record"]["precision"]
+    slower = "slower"
+    open_ = []
+    for other, reported in c["ratios"].items():
+        assert_ratio_from_samples(reported, samples, picked, other, higher)
+        ratio, (lo, hi), verdict = independent_ratio(samples[picked], samples[other], level, higher)
+        assert verdict != "faster" or c["verdict"] == "undecided", (other, reported)  # nothing beats the pick
+        within = lo >= ratio * (1 - precision) and hi <= ratio * (1 + precision)
+        if verdict != slower and not (verdict == "same" and within):
+            open_.append(other)
+    if c["verdict"] == "decided":
+        assert not open_ and all(independent_ratio(samples[picked], samples[o], level, higher)[2] == slower
+                                 for o in c["ratios"]), c["ratios"]
+    elif c["verdict"] == "tie":
+        assert not open_ and c["ties"], c
+    else:
+        assert c["verdict"] == "undecided" and c["label"] == "undecided: chosen by point estimate"
+    assert c["picked"] not in c["invalid"]

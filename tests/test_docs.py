@@ -21,3 +21,64 @@ def test_the_readmes_headline_table_is_what_the_script_makes_of_the_kept_report(
     assert h.readme_table(readme) == h.table(kept).strip()
     assert readme.index("## Commands") < len("\n".join(readme.splitlines()[:60]))  # within the first 60 lines
     assert len(readme.splitlines()) < 150
+
+
+def fake_bench(level):
+    """A two-row bench report (the reference and one contender) whose ratios carry `level` (None: fixed rounds,
+    95%, stored without a level), with every field the headline and bench.md read."""
+    def ratio(x):
+        return {"ratio": x, "ci95": [x - 0.1, x + 0.1], "verdict": "faster", "rounds": 24,
+                **({} if level is None else {"level": level})}
+
+    rows = [{"tag": tag, "stage": stage, "eval_loss": 4.0, "eval_loss_ci95": [3.9, 4.1], "bits_per_byte": 1.5,
+             "perplexity": 54.6, "eval_loss_delta": {"delta": 0.01, "ci95": [0.0, 0.02], "verdict": "worse"},
+             "latency_b1": {"p50_s": 0.001}, "latency_b12": {"p50_s": 0.01}, "decode_tokens_per_s_b1": 500.0,
+             "decode_tokens_per_s_b12": 3000.0, "train_tokens_per_s_b12": 9000.0, "size_bytes": 2**20,
+             "size_ratio": 1.0, "peak_memory_bytes": 2**25, "flags": [], "generation": {},
+             **{k: ratio(0.8) for k in ("latency_ratio_b1", "latency_ratio_b12", "decode_ratio_b1",
+                                        "decode_ratio_b12", "train_ratio_b12")}}
+            for tag, stage in (("train", "train"), ("quantize-dynamic", "quantize"))]
+    return {"run": "fake", "device": "CPU", "time": "2026-01-01T00:00:00", "versions": {"torch": "2.13.0"},
+            "git_commit": "0123456789", "artifacts": rows, "protocol": {}, "verdicts": [],
+            "stopping": {"decode_b1": {"rounds": 24, "looks": 3, "stopped": "max-rounds", "seconds": 1.0,
+                                       "level": 0.95 if level is None else level}}}
+
+
+def test_the_captions_name_the_level_the_intervals_were_computed_at(tmp_path):
+    """Under sequential stopping each look's interval is at 1 - 0.05 / 3 = 98.3% (Bonferroni over the 3 looks), but
+    the README's headline said "95% intervals" and bench.md "95% intervals (at least 95% under ...)": both now say
+    the level the ratios carry, and 95% only where that is what was computed (fixed rounds)."""
+    import json
+
+    from effkit.bench import bench_markdown
+
+    h = headline()
+    sequential = "98.3% intervals (Bonferroni over 3 looks: together at least 95%)"
+    for level, says, not_says in ((0.9833333333333333, sequential, "95% intervals"),
+                                  (None, "95% intervals", "98.3%")):
+        (tmp_path / "bench.json").write_text(json.dumps(fake_bench(level)))
+        caption = h.table(tmp_path).splitlines()[0]
+        assert says in caption and not_says not in caption, caption
+        md = bench_markdown(fake_bench(level))
+        caption = next(line for line in md.splitlines() if line.startswith("Ratios are paired"))
+        assert says in caption and not_says not in caption, caption
+
+
+def test_the_headline_says_when_a_peer_beats_what_effkit_ships(tmp_path):
+    """#42: a peer decided faster than the delivered (or the lossless) artifact at the chosen workload is said under
+    the README's table, and the lossless artifact is marked in it."""
+    import json
+
+    h = headline()
+    (tmp_path / "bench.json").write_text(json.dumps(fake_bench(0.98)))
+    slower = {"ratio": 0.8, "ci95": [0.7, 0.9], "verdict": "slower"}
+    ship = {"tag": "quantize-dynamic", "optimize_for": "decode-b1", "line": "deliver quantize-dynamic ...",
+            "lossless": {"tag": "quantize-dynamic"}, "beaten_by_peers": {"delivered": {"peer-x": slower},
+                                                                          "lossless": {}}}
+    (tmp_path / "deliverable.json").write_text(json.dumps(ship))
+    text = h.table(tmp_path)
+    assert "**Slower than a peer**: the delivered artifact quantize-dynamic at decode-b1: peer-x is faster" in text
+    assert "the lossless artifact" not in text and "quantize-dynamic (delivered) (lossless)" in text
+    ship["beaten_by_peers"] = {"delivered": {}, "lossless": {}}
+    (tmp_path / "deliverable.json").write_text(json.dumps(ship))
+    assert "Slower than a peer" not in h.table(tmp_path)

@@ -3,7 +3,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import assert_ratio_from_samples
+from conftest import assert_choice_from_samples, assert_ratio_from_samples
 
 from effkit import cli
 from effkit.artifacts.loader import load_any, quantized_layers
@@ -94,6 +94,8 @@ def test_auto_measures_and_names_its_choice(trained, fake_backend):
     assert auto["optimize_for"] == "decode-b1" and auto["picked"] in timed
     for b in timed:  # no candidate is measurably faster than the one picked (paired, in the same rounds)
         assert b == auto["picked"] or auto["table"][b]["ratio_to_picked"]["verdict"] != "faster"
+    assert_choice_from_samples(auto["choice"])  # the pick, recomputed from every call of every sample
+    assert auto["choice"]["picked"] == auto["picked"] and auto["verdict"] == auto["choice"]["label"]
     assert all(auto["table"][b]["loss_delta"]["ci95"][1] <= AUTO_LOSS_BUDGET for b in timed)
     assert not list((tmp / "runs" / "q").glob(".tmp-auto-*"))  # the candidates' scratch folder is gone
     assert set(auto["table"]) == {"dynamic", "torchao", "bnb", "onnxruntime", "ctranslate2", "onnxruntime-int4",
@@ -179,21 +181,18 @@ def test_an_artifact_outside_the_runs_folder_is_quantized_into_it(trained, tmp_p
 def test_auto_chooses_by_paired_ratio_not_by_medians_of_different_rounds():
     """#39 (2): `auto` took the lowest median of each candidate's own rounds; a candidate that settled early was
     timed only while the machine was slow, so its median lost to a slower backend timed on a fast machine too. The
-    choice is the best paired ratio to the parent; an undecided ratio between the best two is a tie, settled by the
+    choice reads paired ratios over the rounds both ran (`choice.decide`); a tie within the precision goes to the
     smaller folder."""
-    from effkit.measure.stopping import Measured
-    from effkit.quantize.stage import choose_backend
+    from effkit.measure import choice
 
     slow, fast = [2.0] * 6, [1.0] * 18  # the machine: 6 slow rounds, then 18 fast ones
     level = [*slow, *fast]
     jitter = [1 + 0.01 * ((i * 7) % 5 - 2) for i in range(24)]
     rounds = lambda scale, n=24: [[scale * level[i] * jitter[i]] for i in range(n)]  # noqa: E731
-    samples = {"parent": rounds(1.0), "a": rounds(0.8, 6), "b": rounds(0.9)}  # a settled after the first look
-    trial = Measured(samples, {"level": 0.95})
+    samples = {"a": rounds(0.8, 6), "b": rounds(0.9)}  # a settled after the first look
     medians = {b: sorted(x[0] for x in samples[b])[len(samples[b]) // 2] for b in ("a", "b")}
     assert min(medians, key=medians.get) == "b"  # what the median rule picked
-    picked, versus = choose_backend(trial, ["a", "b"], {"a": 10, "b": 10}, higher=False)
-    assert picked == "a" and versus["b"]["verdict"] == "slower"
-    same = Measured({"parent": rounds(1.0), "a": rounds(0.9), "b": rounds(0.9)}, {"level": 0.95})
-    picked, versus = choose_backend(same, ["a", "b"], {"a": 20, "b": 10}, higher=False)
-    assert picked == "b" and versus["a"]["verdict"] == "same"  # a tie: the smaller folder
+    c = choice.decide(samples, False, 0.95, 0.03, prefer={"a": 10, "b": 10}.get)
+    assert c.picked == "a" and c.ratios["b"]["verdict"] == "slower" and c.verdict == choice.DECIDED
+    c = choice.decide({"a": rounds(0.9), "b": rounds(0.9)}, False, 0.95, 0.03, prefer={"a": 20, "b": 10}.get)
+    assert c.picked == "b" and c.ratios["a"]["verdict"] == "same" and c.verdict == choice.TIE  # the smaller folder

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_ratio_from_samples
+from conftest import assert_choice_from_samples, assert_ratio_from_samples
 
 from effkit.errors import EffkitError
 from effkit.train import Interrupted, train
@@ -100,7 +100,7 @@ def test_amp_auto_picks_the_faster_precision_and_records_why(fp32_s, bf16_s, pic
 
 def test_amp_probe_decides_by_an_interval_never_by_one_round():
     """#39 (7): one first round more than 2x apart decided alone, with no interval. Now a 20x slower bf16 is decided
-    at the first look (3 rounds, its interval at 1 - 0.05/3), and a first round that looks 3x faster by chance does
+    at the screen (3 rounds, its interval at 1 - 0.05/4), and a first round that looks 3x faster by chance does
     not pick bf16."""
     from effkit.measure import precision
 
@@ -115,18 +115,22 @@ def test_amp_probe_decides_by_an_interval_never_by_one_round():
     out = precision.choose({"fp32": timer("fp32", 0.1), "bf16": timer("bf16", 2.0)})
     r = out["bf16_vs_fp32_time"]
     assert out["picked"] == "fp32" and r["verdict"] == "slower" and r["rounds"] == 3
-    assert r["level"] == pytest.approx(1 - 0.05 / 3) and r["ci95"][0] > 1
-    assert calls == {"fp32": 4, "bf16": 4}  # a warm-up and three timed steps each
-    lucky = iter([1.0, 0.3] + [1.0] * 40)  # bf16's warm-up, then one fast step by chance, then as fast as fp32
+    assert r["level"] == pytest.approx(1 - 0.05 / 4) and r["ci95"][0] > 1
+    # a warm-up and three sizing steps each; then three rounds of samples of at least 0.2 s (two 0.1 s fp32 steps)
+    assert calls == {"fp32": 1 + 3 + 3 * 2, "bf16": 1 + 3 + 3}
+    assert_choice_from_samples(out["choice"])
+    lucky = iter([1.0, 0.3] + [1.0] * 200)  # bf16's warm-up, then one fast step by chance, then as fast as fp32
     out = precision.choose({"fp32": lambda: 1.0, "bf16": lambda: next(lucky)})
     assert out["picked"] == "fp32" and out["bf16_vs_fp32_time"]["verdict"] != "faster"
 
 
 def test_amp_probe_is_cached_per_machine_and_model_shape(monkeypatch, tmp_path):
-    from effkit.measure import precision
+    from effkit.measure import metrics, precision
     from effkit.model import build_model
 
     monkeypatch.setenv("EFFKIT_CACHE", str(tmp_path / "cache"))
+    # a CPU with native bf16: on one without, the flags alone decide and nothing is measured or cached
+    monkeypatch.setattr(metrics, "cpu_flags", lambda: ["avx512_bf16", "avx512f", "avx2"])
     calls = []
 
     def measure():
@@ -152,7 +156,11 @@ def test_amp_probe_is_cached_per_machine_and_model_shape(monkeypatch, tmp_path):
 
 
 def test_default_training_precision_is_measured_and_reported(tiny_cfg, monkeypatch, tmp_path):
+    from effkit.measure import metrics
+
     monkeypatch.setenv("EFFKIT_CACHE", str(tmp_path / "cache"))
+    # the probe's path, on any CPU (one without native bf16 is decided by its flags: tests/test_bf16_flags.py)
+    monkeypatch.setattr(metrics, "cpu_flags", lambda: ["avx512_bf16", "avx512f", "avx2"])
     report = train(tiny_cfg(amp=None, max_steps=2), progress=False)
     w = report["what_ran"]
     assert w["amp_note"].startswith("auto: ")

@@ -119,27 +119,38 @@ def settle_after(threads: int, device_type: str) -> float:
 THREAD_WORKLOADS = (("decode", 1), ("decode", 12), ("prefill", 12))  # what the thread count is chosen for
 
 
-def thread_choices(path: Path, compute_type: str, device_type: str, start: list[str], params: int = 0,
-                   n_positions: int = 128) -> dict[str, dict[str, Any]]:
-    """CTranslate2's OpenMP threads for this machine, chosen per workload by measurement, never assumed: on the
-    project's 2-core machine two threads decoded 10x slower than one at batch 1 (and their waiting threads slowed
-    every model timed beside them), which says nothing of batch 12 or of a prefill. For decode at batch 1 and 12
-    (32 greedy tokens from the token strings `start`) and prefill at batch 12, one thread and torch's thread count
-    are timed interleaved and paired under the bench's sequential rule (`effkit.measure.stopping`, Bonferroni over
-    its looks); more threads are taken only where they are measurably faster. Cached per machine (host and CPU
-    flags), thread count, CTranslate2 version, compute type and model size (`params` to the nearest power of two),
-    with the date: `{"decode_b1": {"threads": 1, "ratio": <more vs one>, "measured": "..."}, ...}`."""
+def threads_key(compute_type: str, params: int) -> str:
+    """The machine cache's key of a thread choice: CPU, threads, CTranslate2's version, compute type, the rule's
+    version and the model's size."""
     import ctranslate2
 
-    from effkit.measure import metrics, stopping
+    from effkit.measure import choice, metrics
+
+    return (f"{metrics.describe_device(torch.device('cpu'))}|threads {torch.get_num_threads()}|ctranslate2 "
+            f"{ctranslate2.__version__}|{compute_type}|per workload|{choice.RULE_VERSION}"
+            + (f"|params 2^{round(math.log2(params))}" if params > 0 else ""))
+
+
+def thread_choices(path: Path, compute_type: str, device_type: str, start: list[str], params: int = 0,
+                   n_positions: int = 128) -> dict[str, dict[str, Any]]:
+    """CTranslate2's OpenMP threads for this machine, chosen per workload by measurement, never assumed (more
+    threads can decode far slower than one on a small machine, and their waiting threads slow every model timed
+    beside them; batch 12 and a prefill may differ). For decode at batch 1 and 12 (32 greedy tokens from the token
+    strings `start`) and prefill at batch 12, one thread and torch's thread count go through the decision rule
+    (`effkit.measure.choice`; a tie within the precision goes to one thread). Cached per machine (host and CPU
+    flags), thread count, CTranslate2 version, compute type, rule and model size (`params` to the nearest power of
+    two), with the date and every sample: `{"decode_b1": {"threads": 1, "verdict": ..., "ratio": <the other vs
+    it>, "choice": {...}}, ...}`."""
+    import ctranslate2
+
+    from effkit.measure import choice, metrics
 
     most = torch.get_num_threads()
     keys = [f"{kind}_b{batch}" for kind, batch in THREAD_WORKLOADS]
     if device_type != "cpu" or most <= 1:
         return {k: {"threads": max(most, 1), "how": "torch's thread count (nothing to choose)"} for k in keys}
-    key = (f"{metrics.describe_device(torch.device('cpu'))}|threads {most}|ctranslate2 {ctranslate2.__version__}|"
-           f"{compute_type}|per workload" + (f"|params 2^{round(math.log2(params))}" if params > 0 else ""))
-    rule = stopping.Stopping(rounds=3, precision=0.03, budget_s=10.0)
+    key = threads_key(compute_type, params)
+    rule = choice.Rule(budget_s=10.0)
 
     def measure() -> dict[str, Any]:
         generators = {n: ctranslate2.Generator(str(path), device="cpu", compute_type=compute_type, intra_threads=n)
@@ -164,19 +175,21 @@ def thread_choices(path: Path, compute_type: str, device_type: str, start: list[
             fns = {str(n): timer(g, kind, batch) for n, g in generators.items()}
             for n, fn in fns.items():
                 fn.settle_s = settle_after(int(n), "cpu")
-            higher = kind == "decode"
-            m = stopping.measure(fns, rule, 1, warmup=1)
-            ratio = m.ratio("1", str(most), higher_is_better=higher)  # more threads against one
-            out[f"{kind}_b{batch}"] = {"threads": most if ratio["verdict"] == "faster" else 1, "ratio": ratio,
-                                       "rounds": m.record["rounds"]}
+            # a tie goes to one thread: its threads do not spin and slow whatever runs beside it
+            c = choice.choose(fns, kind == "decode", rule, prefer=int)
+            out[f"{kind}_b{batch}"] = {"threads": int(c.picked), "verdict": c.label,
+                                       "vs": (vs := "1" if c.picked != "1" else str(most)),
+                                       "ratio": c.ratios.get(vs, {"ratio": math.nan, "ci95": [math.nan, math.nan],
+                                                                  "verdict": "invalid"}),
+                                       "rounds": max(c.record["rounds"].values()), "choice": c.to_dict()}
         return out
 
     chosen, _ = metrics.machine_cached("ct2_threads", key, measure)
     note = metrics.cache_note("ct2_threads", key)
     from effkit.measure.results import PairedRatio
 
-    return {k: {**v, "how": f"{most} threads vs 1: {PairedRatio.of(v['ratio']).fmt()} over {v['rounds']} paired "
-                            f"rounds ({'faster' if v['threads'] > 1 else 'not faster: 1 thread'}); {note}"}
+    return {k: {**v, "how": f"{v['threads']} thread(s), {v['verdict']}: {v['vs']} thread(s) vs it "
+                            f"{PairedRatio.of(v['ratio']).fmt()} over {v['rounds']} paired rounds; {note}"}
             for k, v in chosen.items()}
 
 
@@ -358,7 +371,25 @@ class CTranslate2Engine(Engine):
         return quantized_layers(model)
 
     def load_command(self, path: Path) -> str:
-        return f"ctranslate2.Generator('{path}')"
+        """With the thread count effkit timed it with on this machine (chosen per workload, `thread_choices`),
+        where one was measured; CTranslate2's default otherwise."""
+        from effkit.measure import metrics
+
+        line = f"ctranslate2.Generator('{path}')"
+        try:
+            desc = json.loads((Path(path) / CT2_DESC).read_text())
+            chosen, _ = metrics.machine_cached("ct2_threads", threads_key(desc["compute_type"],
+                                                                          int(desc.get("params", 0))), None)
+        except (OSError, ValueError, KeyError, ImportError):
+            chosen = None
+        if not chosen:
+            return line
+        per = {k: v["threads"] for k, v in chosen.items()}
+        line = f"ctranslate2.Generator('{path}', intra_threads={per.get('decode_b1', 1)})"
+        if len(set(per.values())) > 1:
+            line += " (timed with intra_threads " + ", ".join(f"{k.replace('_', ' ')} {n}" for k, n in per.items()) \
+                + ": one Generator per thread count)"
+        return line
 
 
 ENGINE = CTranslate2Engine()

@@ -639,7 +639,11 @@ class OnnxRuntimeEngine(Engine):
         return quantized_layers(model)
 
     def load_command(self, path: Path) -> str:
-        return f"onnxruntime.InferenceSession('{Path(path) / ONNX_FILE}')"
+        """With the session options effkit timed it with (`session`): ONNX Runtime's defaults but the thread
+        counts, which are written out so that a machine with another default runs what was measured."""
+        return (f"so = onnxruntime.SessionOptions(); so.intra_op_num_threads = {torch.get_num_threads()}; "
+                f"so.inter_op_num_threads = 1; onnxruntime.InferenceSession('{Path(path) / ONNX_FILE}', so, "
+                "providers=['CPUExecutionProvider'])")
 
 
 ENGINE = OnnxRuntimeEngine()

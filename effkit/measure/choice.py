@@ -27,13 +27,13 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from statistics import fmean, median
+from statistics import median
 from typing import Any
 
 from effkit.errors import EffkitError
 from effkit.measure import metrics, stats
 from effkit.measure.results import PairedRatio
-from effkit.measure.stopping import ALPHA, settled
+from effkit.measure.stopping import ALPHA, leader_of, settled
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,7 @@ class Rule:
 
 
 DECIDED, TIE, UNDECIDED = "decided", "tie", "undecided"
+RULE_VERSION = "choice rule 2"  # in the keys of cached choices: one made under an older rule is made again
 
 
 @dataclass
@@ -124,17 +125,6 @@ def _ratio(samples: dict[str, list[list[float]]], ref: str, other: str, level: f
     return stats.paired_ratio(samples[ref][:n], samples[other][:n], higher, level=level)
 
 
-def leader_of(samples: dict[str, list[list[float]]], names: Sequence[str], higher: bool) -> str:
-    """The best of `names` by paired point estimate: the mean log of each round's median over the rounds all of
-    them ran (the geometric mean of paired ratios ranks the same way); the first listed on an exact tie."""
-    n = min(len(samples[x]) for x in names)
-
-    def score(x: str) -> float:
-        s = fmean(math.log(median(rnd)) for rnd in samples[x][:n])
-        return s if higher else -s
-    return max(names, key=lambda x: (score(x), -list(names).index(x)))
-
-
 def choose(contenders: dict[str, Callable[[], float]], higher_is_better: bool, rule: Rule = Rule(),
            prefer: Callable[[str], Any] | None = None, reference: str | None = None, warmup: int = 1,
            clock: Callable[[], float] = time.perf_counter,
@@ -161,10 +151,10 @@ def choose(contenders: dict[str, Callable[[], float]], higher_is_better: bool, r
             for _ in range(warmup):
                 contenders[n]()
             took = []
-            for _ in range(3):
+            for _ in range(3):  # a timing contender's own figure is its call's length; a rate's is the clock's
                 t = clock()
-                contenders[n]()
-                took.append(clock() - t)
+                value = contenders[n]()
+                took.append(clock() - t if higher_is_better else value)
         except Exception as e:  # noqa: BLE001 - a contender that fails is never picked, and the report says why
             invalid[n] = f"failed: {type(e).__name__}: {str(e).strip().splitlines()[0][:160] if str(e) else ''}"
             continue
@@ -215,17 +205,40 @@ def choose(contenders: dict[str, Callable[[], float]], higher_is_better: bool, r
         look(active, done, total - done)
         looks += 1
         per_look.append(len(active))
-    lead = leader_of(samples, active, higher)
+    record = {"rule": rule.describe(), "looks": looks, "stopped": stopped, "contenders_per_look": per_look,
+              "calls_per_sample": calls, "seconds": round(clock() - start, 3),
+              "order": f"shuffled each round from seed {rule.seed}"}
+    c = decide({n: samples[n] for n in live}, higher, level, rule.precision,
+               prefer=lambda n: ((prefer or names.index)(n), names.index(n)), leader_among=active, record=record)
+    c.invalid, c.reference = invalid, reference_ratios
+    c.samples = samples
+    return c
+
+
+def decide(samples: dict[str, list[list[float]]], higher_is_better: bool, level: float, precision: float,
+           prefer: Callable[[str], Any] | None = None, leader_among: Sequence[str] | None = None,
+           record: dict[str, Any] | None = None) -> Choice:
+    """The pick among contenders already measured in interleaved rounds (`samples`: per contender, per round, its
+    calls; a contender that left early ran a prefix of the rounds): the leader by paired point estimate (among
+    `leader_among`, those measured longest; default all), then decided / tie / undecided as the module says.
+    `prefer`: the sort key that breaks a tie (default: the order of `samples`)."""
+    names = list(samples)
+    invalid = {n: "non-finite or non-positive timings" for n in names if not _valid(samples[n])}
+    live = [n for n in names if n not in invalid]
+    if not live:
+        raise EffkitError("no contender has valid timings: " + ", ".join(names))
+    higher = higher_is_better
+    among = [n for n in (leader_among or live) if n in live] or live
+    lead = leader_of(samples, among, higher)
     to_lead = {n: PairedRatio.of(_ratio(samples, lead, n, level, higher)) for n in live if n != lead}
-    slower = "slower"
-    screened = [n for n, r in to_lead.items() if r.verdict == slower]
-    ties = [n for n, r in to_lead.items() if r.verdict == "same" and settled(r, rule.precision)]
+    screened = [n for n, r in to_lead.items() if r.verdict == "slower"]
+    ties = [n for n, r in to_lead.items() if r.verdict == "same" and settled(r, precision)]
     open_ = [n for n in to_lead if n not in screened and n not in ties]
     if open_:
         verdict, picked = UNDECIDED, lead
     elif ties:
-        key = prefer or (lambda n: names.index(n))
-        verdict, picked = TIE, min([lead, *ties], key=lambda n: (key(n), names.index(n)))
+        key = prefer or names.index
+        verdict, picked = TIE, min([lead, *ties], key=key)
     else:
         verdict, picked = DECIDED, lead
     ratios = {}
@@ -235,10 +248,7 @@ def choose(contenders: dict[str, Callable[[], float]], higher_is_better: bool, r
             if n in open_:
                 r["undecided"] = True
             ratios[n] = r
-    record = {"rule": rule.describe(), "precision": rule.precision, "level": level, "looks": looks,
-              "stopped": stopped, "contenders_per_look": per_look, "calls_per_sample": calls,
-              "rounds": {n: len(s) for n, s in samples.items()}, "seconds": round(clock() - start, 3),
-              "order": f"shuffled each round from seed {rule.seed}"}
-    return Choice(picked, verdict, lead, higher, ratios, screened, ties, open_, invalid, samples, record,
-                  reference_ratios)
+    record = {**(record or {}), "precision": precision, "level": level,
+              "rounds": {n: len(s) for n, s in samples.items()}}
+    return Choice(picked, verdict, lead, higher, ratios, screened, ties, open_, invalid, dict(samples), record)
 

@@ -2,10 +2,10 @@
 
 On CUDA, auto is bf16 autocast (fp16 with GradScaler where the GPU has no bf16). On a CPU, whether bf16 autocast
 beats fp32 depends on the instructions the CPU has (AVX512-BF16, AMX) and on the model's shape, so effkit
-times training steps of both on the actual shape, interleaved and paired under the bench's sequential rule, and
-takes bf16 only when it is measurably faster (the interval of the time ratio below 1, Bonferroni-corrected over the
-looks). The result is cached per machine, thread count,
-torch version and shape, like the GEMM peak, and every report says what was measured.
+times training steps of both on the actual shape by the decision rule (`effkit.measure.choice`: a tie within the
+precision goes to fp32). The result is cached per machine, thread count,
+torch version and shape, like the GEMM peak, and every report says what was measured. A CPU whose flags show
+no native bf16 is not probed: fp32, "bf16 not run: <reason>" (`cpu_choice`).
 """
 
 from __future__ import annotations
@@ -15,37 +15,38 @@ from typing import Any
 
 import torch
 
-from effkit.measure import metrics, stats, stopping
-from effkit.measure.results import PairedRatio
+from effkit.measure import choice, metrics, stats
 
-PROBE = stopping.Stopping(rounds=3, precision=0.03, budget_s=30.0)  # the bench's rule: looks of 3, 6, 12 rounds
+PROBE = choice.Rule(rounds=3, budget_s=30.0)  # the decision rule, with a short screen: a step is long
 
 
 def probe_key(config, batch: int, block: int) -> str:
-    """Machine (CPU model, features, threads, torch) and shape (layers, width, heads, vocabulary, batch, block)."""
+    """Machine (CPU model, features, threads, torch), shape (layers, width, heads, vocabulary, batch, block) and
+    the rule's version."""
     inner = config.n_inner or 4 * config.n_embd
     shape = f"L{config.n_layer}-d{config.n_embd}-h{config.n_head}-i{inner}-v{config.vocab_size}-b{batch}-t{block}"
     machine = f"{metrics.describe_device(torch.device('cpu'))}|{'+'.join(metrics.cpu_flags()) or 'no-flags'}|" \
               f"torch {torch.__version__}"
-    return f"{machine}|{shape}"
+    return f"{machine}|{shape}|{choice.RULE_VERSION}"
 
 
-def choose(timers: dict[str, Callable[[], float]], rule: stopping.Stopping = PROBE) -> dict[str, Any]:
-    """Time `fp32` and `bf16` (functions returning seconds per step) interleaved and paired, under the bench's
-    sequential rule (looks of 3, 6 and 12 rounds, each interval at 1 - 0.05/3, a time budget); bf16 only if its
-    interval of the time ratio lies below 1. No round decides alone."""
-    measured = stopping.measure(timers, rule, 1, warmup=1, pairs=[("fp32", "bf16")])
-    cmp = measured.ratio("fp32", "bf16")
-    typed = PairedRatio.of(cmp)
-    return {"picked": "bf16" if typed.verdict == "faster" else "fp32", "stopping": measured.record,
-            "samples": dict(measured),  # every step time of every round: the ratio can be recomputed
-            "probe_seconds": sum(t for v in measured.values() for rnd in v for t in rnd),
-            "bf16_vs_fp32_time": cmp, "fp32_step_s": stats.median_of_rounds(measured["fp32"]),
-            "bf16_step_s": stats.median_of_rounds(measured["bf16"]),
+def choose(timers: dict[str, Callable[[], float]], rule: choice.Rule = PROBE) -> dict[str, Any]:
+    """`fp32` or `bf16` (functions returning seconds per step) by the decision rule (`effkit.measure.choice`); a tie
+    within the precision goes to fp32 (its loss is the one the model was built for)."""
+    c = choice.choose(timers, False, rule, prefer=lambda n: n != "fp32")
+    level = c.record["level"]
+    n = min(len(c.samples["fp32"]), len(c.samples["bf16"]))
+    cmp = stats.paired_ratio(c.samples["fp32"][:n], c.samples["bf16"][:n], level=level)
+    if c.verdict == choice.UNDECIDED:
+        cmp["undecided"] = True
+    return {"picked": c.picked, "verdict": c.label, "stopping": c.record, "choice": c.to_dict(),
+            "samples": c.samples,  # every step time of every sample: the ratio and the pick can be recomputed
+            "probe_seconds": sum(t for v in c.samples.values() for rnd in v for t in rnd),
+            "bf16_vs_fp32_time": cmp, "fp32_step_s": stats.median_of_rounds(c.samples["fp32"]),
+            "bf16_step_s": stats.median_of_rounds(c.samples["bf16"]),
             "how": f"forward + backward + AdamW of the model's shape on fixed random tokens, fp32 and bf16 autocast "
-                   f"interleaved, one step each per round after a warm-up step; rounds: {rule.describe()}; bf16 is "
-                   f"taken only when the ratio's interval (at {typed.level or 0.95:.1%}) lies below 1; probe_seconds: "
-                   "the timed steps, warm-up excluded"}
+                   f"interleaved; {rule.describe()}; a tie goes to fp32; probe_seconds: the timed steps, warm-up "
+                   "excluded"}
 
 
 def step_seconds(model: torch.nn.Module, batch: int, block: int, dtype: torch.dtype | None) -> Callable[[], float]:
@@ -57,8 +58,12 @@ def step_seconds(model: torch.nn.Module, batch: int, block: int, dtype: torch.dt
 def cpu_choice(model: torch.nn.Module, batch: int, block: int,
                measure: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
     """The cached choice for this machine and shape, measured on `model` the first time (`measure` overrides
-    the measurement, for tests)."""
+    the measurement, for tests). A CPU whose flags show no native bf16 gets fp32 with nothing timed: bf16 is
+    emulated there, and timing it costs a probe many times slower than fp32 only to confirm it."""
     key = probe_key(model.config, batch, block)
+    if reason := metrics.no_native_bf16():
+        return {"picked": "fp32", "not_run": f"bf16 not run: {reason}", "cpu_flags": metrics.cpu_flags(),
+                "probe_seconds": 0.0, "key": key, "cached": False, "measured": "nothing timed: the CPU's flags"}
     if measure is None:
         measure = lambda: choose({"fp32": step_seconds(model, batch, block, None),  # noqa: E731
                                   "bf16": step_seconds(model, batch, block, torch.bfloat16)})

@@ -184,6 +184,21 @@ def paired_delta(reference: Sequence[float], other: Sequence[float],
                      documents=len(set(docs)) if docs is not None else None).to_dict()
 
 
+def interval_words(levels: Sequence[float | None]) -> str:
+    """`98.3% intervals (Bonferroni over 3 looks: together at least 95%)`: the level the printed intervals were
+    computed at, as the ratios carry it (none: 95%), so the caption cannot claim 95% of a sequential bench's
+    wider intervals; a look count is recovered from the level, since each look is at 1 - 0.05 / looks."""
+    found = sorted({CONFIDENCE if x is None else round(x, 4) for x in levels}) or [CONFIDENCE]
+    pct = lambda x: f"{x:.1%}".replace(".0%", "%")  # noqa: E731
+    looks = {x: round((1 - CONFIDENCE) / (1 - x)) for x in found if x > CONFIDENCE}
+    words = " or ".join(map(pct, found)) + " intervals"
+    if len(found) == 1 and looks:
+        return f"{words} (Bonferroni over {looks[found[0]]} looks: together at least {pct(CONFIDENCE)})"
+    notes = [f"{pct(x)}: Bonferroni over {n} looks, together at least {pct(CONFIDENCE)}"
+             for x, n in looks.items()]
+    return words + (f" ({'; '.join(notes)})" if notes else "")
+
+
 def fmt_ratio(r: PairedRatio | dict[str, Any]) -> str:
     """`0.71x (0.66-0.76)`; `≈ 0.98x (0.91-1.05)` when the interval contains 1."""
     return PairedRatio.of(r).fmt()

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from statistics import fmean, median
 from typing import Any
 
 from effkit.measure import metrics, stats
@@ -125,12 +126,48 @@ def _timed(fn: Callable[[], float], spent: dict[str, list[float]], name: str, cl
     return call
 
 
+def leader_of(samples: dict[str, list[list[float]]], names: Sequence[str], higher: bool) -> str:
+    """The best of `names` by paired point estimate: the longest measured first, then each of the others, longest
+    first, takes the lead when its paired ratio to the leader, over the rounds both ran, favours it (a contender
+    that left early is judged over its own rounds, never by figures from rounds it did not run). Among contenders
+    measured in the same rounds this is the best geometric mean of paired ratios; the first listed on an exact
+    tie."""
+    order = sorted(names, key=lambda x: -len(samples[x]))  # stable: the order given among equals
+
+    def gain(x: str, lead: str) -> float:
+        n = min(len(samples[x]), len(samples[lead]))
+        d = fmean(math.log(median(a)) - math.log(median(b)) for a, b in zip(samples[x][:n], samples[lead][:n],
+                                                                           strict=True))
+        return d if higher else -d
+    lead = order[0]
+    for x in order[1:]:
+        if gain(x, lead) > 0:
+            lead = x
+    return lead
+
+
+def contest_pairs(samples: dict[str, list[list[float]]], members: list[str], higher_is_better: bool, level: float,
+                  precision: float) -> list[tuple[str, str]]:
+    """The open pairs of a contest among `members` (a decision read off these rounds, `effkit.measure.choice.
+    decide`): its leader (by paired point estimate, among the members still measured) against each member still
+    measured whose ratio to it is not settled. A member that left earlier keeps its ratios over its own rounds."""
+    longest = max((len(s) for s in samples.values()), default=0)  # the rounds run so far
+    live = [n for n in members if len(samples[n]) == longest and samples[n]]  # a member that left stays out
+    if len(live) < 2:
+        return []
+    lead = leader_of(samples, live, higher_is_better)
+    return [(lead, n) for n in live if n != lead
+            and not settled(PairedRatio.of(_paired(samples, lead, n, level, higher_is_better)), precision)]
+
+
 def measure(contenders: dict[str, Callable[[], float]], stopping: Stopping, repeats: int, warmup: int = 1,
             pairs: Iterable[tuple[str, str]] | None = None,
-            clock: Callable[[], float] = time.perf_counter) -> Measured:
+            clock: Callable[[], float] = time.perf_counter,
+            contest: tuple[list[str], bool] | None = None) -> Measured:
     """Interleaved rounds of `contenders` (see `metrics.interleaved`) under `stopping`; `pairs`: the
     (reference, other) comparisons that must settle (default: every contender against the first). After the
-    first look only the contenders of unsettled pairs are measured."""
+    first look only the contenders of unsettled pairs are measured. `contest`: (members, higher_is_better) of a
+    decision to be read off these rounds: its leader against every member must settle too (`contest_pairs`)."""
     names = list(contenders)
     pairs = [(a, b) for a, b in (pairs if pairs is not None else [(names[0], n) for n in names[1:]])
              if a in contenders and b in contenders and a != b]
@@ -144,6 +181,9 @@ def measure(contenders: dict[str, Callable[[], float]], stopping: Stopping, repe
     while not stopping.fixed:
         open_pairs = [(a, b) for a, b in pairs
                       if not settled(PairedRatio.of(_paired(samples, a, b, stopping.level)), stopping.precision)]
+        if contest is not None:
+            members = [n for n in contest[0] if n in samples]
+            open_pairs += contest_pairs(samples, members, contest[1], stopping.level, stopping.precision)
         if not open_pairs:
             stopped = "decided"
             break

@@ -22,9 +22,8 @@ from effkit.artifacts.loader import engine_of, is_quantized, kind, load_any, new
 from effkit.config import DataConfig, QuantizeConfig, build_config
 from effkit.data import prepare
 from effkit.errors import EffkitError
-from effkit.measure import metrics, results, stats, stopping
-from effkit.measure.compare import compare_with_parent, generate_sample
-from effkit.measure.results import PairedRatio
+from effkit.measure import choice, metrics, results, stats
+from effkit.measure.compare import bf16_not_run, compare_with_parent, generate_sample
 from effkit.model import load_model
 from effkit.parallel import init_runtime
 from effkit.quantize import backends
@@ -86,8 +85,8 @@ def pick_backend(cfg: QuantizeConfig, device: torch.device, parent: nn.Module, s
     """`--backend auto`: write every backend that runs here into `scratch/<backend>` and reload it, keep those
     whose held-out loss is within AUTO_LOSS_BUDGET of the parent's (the upper end of the paired delta's 95%
     interval; `parent_blocks`: the parent's per-block losses), time them with the parent interleaved at the
-    workload `optimize_for` until every ratio (to the parent, and between candidates) is decided or within the
-    precision, and pick by paired ratio (`choose_backend`). The winner's folder is left in `scratch` for the caller
+    workload `optimize_for` by the decision rule (`effkit.measure.choice`: a screen, then the leaders head to head;
+    a tie within the precision goes to the smaller folder). The winner's folder is left in `scratch` for the caller
     to move into place."""
     table: dict[str, dict[str, Any]] = {}
     candidates: dict[str, nn.Module] = {}
@@ -118,53 +117,36 @@ def pick_backend(cfg: QuantizeConfig, device: torch.device, parent: nn.Module, s
     models = {"parent": parent, **candidates}
     w = workloads.get(cfg.method.optimize_for)
     workload = w.name
-    stop = stopping.Stopping.of(cfg.measure, "latency_rounds")
-    names = list(candidates)  # the ratios the choice reads: each to the parent, and every two candidates
-    pairs = [("parent", b) for b in names] + [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
+    rule = choice.Rule.of(cfg.measure)
+    names = list(candidates)
     engine = {"parent": engine_of(source), **{b: engine_of(scratch / b) for b in candidates}}  # each times its own
     if w.kind == "decode":
         new = min(metrics.generation_budget(m, tokenizer, w.tokens or cfg.measure.gen_tokens)[0]
                   for m in models.values())
-        trial = stopping.measure({n: engine[n].decode(m, tokenizer, w.batch, new) for n, m in models.items()},
-                                 stop, 1, warmup=1, pairs=pairs)
+        timers = {n: engine[n].decode(m, tokenizer, w.batch, new) for n, m in models.items()}
         how = f"greedy decoding of {new} new tokens from {w.batch} prompt(s), new tokens/s"
     else:
         tokens = w.tokens or block
-        trial = stopping.measure({n: engine[n].prefill(m, w.batch, tokens) for n, m in models.items()},
-                                 stop, 1, warmup=2, pairs=pairs)
+        timers = {n: engine[n].prefill(m, w.batch, tokens) for n, m in models.items()}
         how = f"forward of ({w.batch}, {tokens}) tokens, seconds"
-    higher = w.higher_is_better
-    for b in candidates:
-        table[b]["median"] = stats.median_of_rounds(trial[b])  # tokens/s (decode) or seconds (prefill)
-        table[b]["ratio_to_parent"] = trial.ratio("parent", b, higher_is_better=higher)
-    picked, versus = choose_backend(trial, names, {b: table[b]["size_bytes"] for b in names}, higher)
-    for b, r in versus.items():
-        table[b]["ratio_to_picked"] = r
-    ties = [b for b, r in versus.items() if PairedRatio.of(r).verdict == "same"]
-    return picked, {"picked": picked, "table": table, "optimize_for": workload, "stopping": trial.record,
-                    "tied_with": ties,
-                    "how": f"every backend that runs here written and reloaded; those whose held-out loss is within "
-                           f"{AUTO_LOSS_BUDGET:.0%} of the parent's (upper end of the paired 95% interval) timed at "
-                           f"{workload} ({how}) with the fp32 parent interleaved (1 repeat per round; rounds: "
-                           f"{stop.describe()}, until every ratio to the parent and between candidates is settled); "
-                           "the best paired ratio to the parent wins, and a candidate whose paired ratio to it is "
-                           "undecided is a tie, settled by the smaller folder"}
-
-
-def choose_backend(trial: stopping.Measured, names: list[str], sizes: dict[str, int],
-                   higher: bool) -> tuple[str, dict[str, dict[str, Any]]]:
-    """The candidate with the best paired ratio to the parent (over the rounds both ran, never medians of
-    different rounds); every other candidate's paired ratio to it; among those not decided slower than it (ties),
-    the smallest folder. Returns (picked, {other: its ratio to the picked one})."""
-    def speed(b: str) -> float:
-        r = PairedRatio.of(trial.ratio("parent", b, higher_is_better=higher)).ratio
-        return r if higher else 1 / r
-
-    leader = max(names, key=speed)
-    tied = [b for b in names if b == leader or
-            PairedRatio.of(trial.ratio(leader, b, higher_is_better=higher)).verdict == "same"]
-    picked = min(tied, key=lambda b: (sizes.get(b, 0), names.index(b)))
-    return picked, {b: trial.ratio(picked, b, higher_is_better=higher) for b in names if b != picked}
+    sizes = {b: table[b]["size_bytes"] for b in names}
+    picked = choice.choose(timers, w.higher_is_better, rule, prefer=lambda b: sizes.get(b, 0), reference="parent")
+    for b in names:
+        if b in picked.samples:
+            table[b]["median"] = stats.median_of_rounds(picked.samples[b])  # tokens/s (decode) or s (prefill)
+        if b in picked.reference:
+            table[b]["ratio_to_parent"] = picked.reference[b]
+        if b in picked.ratios:
+            table[b]["ratio_to_picked"] = picked.ratios[b]
+        if b in picked.invalid:
+            table[b]["status"] = f"left out: {picked.invalid[b]}"
+    return picked.picked, {"picked": picked.picked, "verdict": picked.label, "table": table, "optimize_for": workload,
+                           "choice": picked.to_dict(), "tied_with": picked.ties,
+                           "how": f"every backend that runs here written and reloaded; those whose held-out loss is "
+                                  f"within {AUTO_LOSS_BUDGET:.0%} of the parent's (upper end of the paired 95% "
+                                  f"interval) timed at {workload} ({how}), each with its own engine, the fp32 parent "
+                                  f"in the screen; the rule: {rule.describe()}; a tie within the precision goes to "
+                                  "the smaller folder"}
 
 
 def _quantize(cfg: QuantizeConfig, device: torch.device, source: Path, run_dir: Path) -> dict[str, Any]:
@@ -175,8 +157,8 @@ def _quantize(cfg: QuantizeConfig, device: torch.device, source: Path, run_dir: 
     parent = load_model(str(source)).to(device).eval()
     docs = prepared.blocks.eval_docs
     parent_fp32 = metrics.evaluate(parent, eval_blocks, cfg.measure.batch_size, eval_bytes=n_bytes, docs=docs)
-    parent_bf16 = metrics.evaluate(parent, eval_blocks, cfg.measure.batch_size, torch.bfloat16, eval_bytes=n_bytes,
-                                   docs=docs)
+    parent_bf16 = None if bf16_not_run(device) else metrics.evaluate(  # not on a CPU without native bf16
+        parent, eval_blocks, cfg.measure.batch_size, torch.bfloat16, eval_bytes=n_bytes, docs=docs)
     parent_fp32["generation"] = generate_sample(parent, tokenizer, cfg.measure.gen_tokens)
     parent_fp32["size_bytes"] = artifacts.dir_size(source)
 
@@ -191,7 +173,7 @@ def _quantize(cfg: QuantizeConfig, device: torch.device, source: Path, run_dir: 
 
 def _write_and_measure(cfg: QuantizeConfig, device: torch.device, source: Path, run_dir: Path, scratch: Path,
                        data_section: dict, prepared, parent: nn.Module, parent_fp32: dict,
-                       parent_bf16: dict) -> dict[str, Any]:
+                       parent_bf16: dict | None) -> dict[str, Any]:
     """Choose the backend (auto), write the artifact, reload it, measure it against the parent, report."""
     tokenizer, eval_blocks, n_bytes = prepared.tokenizer, prepared.blocks.eval, prepared.blocks.eval_bytes
     block = DataConfig.from_dict(data_section).block_size
@@ -216,7 +198,7 @@ def _write_and_measure(cfg: QuantizeConfig, device: torch.device, source: Path, 
         q["generation"] = generate_sample(model, tokenizer, cfg.measure.gen_tokens)
         q["size_bytes"] = artifacts.dir_size(tmp)
         m, verdicts, protocol = compare_with_parent(cfg.measure, device, parent, model, tokenizer, block, parent_fp32,
-                                                    parent_bf16, q, f"int8 ({backend})")
+                                                    parent_bf16, q, f"int8 ({backend})", artifact=tmp)
         m.update(params=sum(p.numel() for p in parent.parameters()), quantized_layers=len(description["layers"]),
                  int8_layers_reloaded=int8_layers, portability=backends.get(backend).portability)
         if auto_note:
