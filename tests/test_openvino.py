@@ -1,14 +1,24 @@
 """OpenVINO: the export loads in plain OpenVINO and decodes PyTorch's greedy tokens; the backend and the engine come
-through the registries; the inference precision is chosen by measurement or said not run."""
+through the registries; what an artifact was measured with travels where plain OpenVINO reads it; the inference
+precision and the attention backend are chosen by the decision rule (or said not run), their raw samples kept; the
+decoder timed and sampled is the one its users run, checked against effkit's loop; the peer says how it deviates
+from the defaults, or is not run."""
 
 import json
+import math
+import random
+import shutil
+import sys
+import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import assert_choice_from_samples, assert_ratio_from_samples, independent_ratio
 
 from effkit.engines.openvino import ov_unavailable
+from effkit.errors import EffkitError
 
 pytestmark = pytest.mark.skipif(ov_unavailable() is not None, reason=f"not run: {ov_unavailable()}")
 
@@ -16,7 +26,7 @@ pytestmark = pytest.mark.skipif(ov_unavailable() is not None, reason=f"not run: 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory, train_tiny):
     """A tiny trained model exported by `effkit export --format openvino` (fp32 weights, the plug-in's own
-    inference precision), with its report."""
+    inference precision, pinned), with its report."""
     from effkit.config import ExportConfig
     from effkit.export import run_export
 
@@ -37,15 +47,26 @@ def _reference(artifact: str, prompt: torch.Tensor, new: int) -> list[int]:
     return out[0, prompt.shape[1]:].tolist()
 
 
+def _line(folder: Path, props: dict) -> str:
+    return f"openvino_genai.LLMPipeline('{folder}', 'CPU'" + "".join(f", {k}={v!r}" for k, v in props.items()) + ")"
+
+
 def test_export_loads_in_plain_openvino_and_decodes_pytorchs_greedy_tokens(exported):
     import openvino as ov
     import openvino_genai
 
     artifact, report = exported
     folder = Path(report["artifact"])
+    desc = json.loads((folder / "openvino.json").read_text())
     assert report["tag"] == "openvino" and report["what_ran"]["format"] == "openvino"
     assert report["metrics"]["parity"]["greedy_tokens_equal"] > 0  # the gate ran before anything was written
-    assert report["load_command"] == f"openvino_genai.LLMPipeline('{folder}', 'CPU')"
+    # the plug-in's own precision, pinned to what it picked on the machine that measured it; the attention backend
+    # chosen when written; both, and the threads, in the load line (the model file cannot carry them)
+    props = desc["load_properties"]
+    assert props == {"INFERENCE_PRECISION_HINT": desc["inference_precision"],
+                     "INFERENCE_NUM_THREADS": desc["threads"], "ATTENTION_BACKEND": desc["attention"]}
+    assert desc["inference_precision"] == ov.Core().get_property("CPU", "INFERENCE_PRECISION_HINT").get_type_name()
+    assert report["load_command"] == _line(folder, props)
     prompt = torch.tensor([[5, 17, 42, 9, 100, 3, 77, 250]])
     new = 20
     ref = _reference(artifact, prompt, new)
@@ -94,11 +115,55 @@ def test_backend_and_engine_come_through_the_registries(exported):
             assert '== "openvino"' not in text and "engines.openvino" not in text, path
 
 
-def test_quantize_backend_int8_chooses_its_precision_by_measurement(exported, tmp_path):
+def _stand_in_timer(rates: dict):
+    """In place of `engines.openvino.pipeline_timer`: new tokens/s around `rates[(inference precision, attention
+    backend)]` with 2% seeded noise and no time spent, so that the choices do not hang on this machine's timings."""
+
+    def make(model, ids, new_tokens, attention):
+        rng = random.Random(zlib.crc32(f"{model.inference_precision}|{attention}|{ids.shape[0]}".encode()))
+        base = rates[(model.inference_precision, attention or "PA")]
+
+        def once() -> float:
+            return base * math.exp(rng.gauss(0.0, 0.02))
+        once.settle_s = 0.0
+        return once
+    return make
+
+
+def _assert_pick_recomputes(decision: dict) -> None:
+    """A recorded choice recomputed from its raw samples with numpy and scipy: each ratio to the pick as recorded,
+    the pick the best paired point estimate unless a tie went to the preferred one, every other contender decided
+    slower where the pick says decided."""
+    samples, picked, higher = decision["samples"], decision["picked"], decision["higher_is_better"]
+    assert set(samples) == {picked, *decision["ratios"]}
+    for other, reported in decision["ratios"].items():
+        assert_ratio_from_samples(reported, samples, picked, other, higher)
+        ratio, _, verdict = independent_ratio(samples[picked], samples[other], decision["record"]["level"], higher)
+        if decision["verdict"] != "tie":  # a tie may go to one a little behind by its point estimate
+            assert (ratio < 1) if higher else (ratio > 1), (other, ratio)
+        if decision["verdict"] == "decided":
+            assert verdict == "slower", (other, verdict)
+    assert_choice_from_samples(decision)
+
+
+def test_quantize_records_what_it_measured_where_plain_openvino_reads_it(exported, tmp_path, monkeypatch):
+    """#42 (2) and the decisions: int8 weights; f32 timed faster than bf16 and SDPA than PA (a stand-in timer);
+    both choices keep their raw samples, and the picks recompute from them; plain OpenVINO runs the folder with the
+    settings measured: the KV cache's from the model file, the inference precision (which the CPU plug-in ignores in
+    rt_info, where it is kept as a record) and the threads from the load line, which also names the backend."""
+    import openvino as ov
+    import openvino_genai
+
+    from effkit.artifacts.loader import load_command
     from effkit.config import QuantizeConfig
+    from effkit.engines import openvino as ov_engine
     from effkit.engines.openvino import bf16_unavailable
     from effkit.quantize.stage import run_quantize
 
+    # a cache of its own: the backend is chosen here, and the stand-in's choice is never read by another test
+    monkeypatch.setenv("EFFKIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(ov_engine, "pipeline_timer", _stand_in_timer(
+        {("f32", "PA"): 1000.0, ("f32", "SDPA"): 1300.0, ("bf16", "PA"): 700.0, ("bf16", "SDPA"): 900.0}))
     artifact, _ = exported
     cfg = QuantizeConfig.from_flat(source=artifact, backend="openvino", fixed_rounds=True, latency_rounds=2,
                                    latency_repeats=1, gen_tokens=4, batch_size=4,
@@ -109,8 +174,194 @@ def test_quantize_backend_int8_chooses_its_precision_by_measurement(exported, tm
     desc = json.loads((folder / "openvino.json").read_text())
     assert desc["weights"] == "int8" and desc["weight_types"].get("u8", 0) > 0  # NNCF's int8, in the file
     assert report["metrics"]["int8_layers_reloaded"] == desc["weight_types"]["u8"]
-    if reason := bf16_unavailable():
+    if reason := bf16_unavailable():  # nothing timed: the CPU's flags rule bf16 out
         assert desc["inference_precision"] == "f32" and desc["precision_how"] == f"bf16 not run: {reason}"
-    else:  # measured: bf16 kept only where its paired ratio to f32 says faster
-        verdict = desc["precision_choice"]["bf16_vs_f32"]["verdict"]
-        assert desc["inference_precision"] == ("bf16" if verdict == "faster" else "f32")
+        assert "decision" not in desc["precision_choice"]
+    else:
+        decision = desc["precision_choice"]["decision"]
+        assert decision["picked"] == desc["inference_precision"] == "f32"
+        _assert_pick_recomputes(decision)
+    attention = desc["attention_choice"]["decision"]
+    assert attention["picked"] == desc["attention"] == "SDPA"
+    _assert_pick_recomputes(attention)
+
+    core = ov.Core()
+    xml = str(folder / "openvino_model.xml")
+    om = core.read_model(xml)
+    assert om.get_rt_info(["runtime_options", "INFERENCE_PRECISION_HINT"]).astype(str) == "f32"  # the record
+    bare = core.compile_model(xml, "CPU")  # plain OpenVINO, nothing passed: what the model file carries
+    assert bare.get_property("KV_CACHE_PRECISION").get_type_name() == "f16"
+    line = load_command(folder)
+    props = desc["load_properties"]
+    assert line == _line(folder, props) and "ATTENTION_BACKEND='SDPA'" in line
+    assert set(props) == {"INFERENCE_PRECISION_HINT", "INFERENCE_NUM_THREADS", "ATTENTION_BACKEND"}
+    compiled = core.compile_model(xml, "CPU", {k: v for k, v in props.items() if k != "ATTENTION_BACKEND"})
+    assert compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name() == desc["inference_precision"] == "f32"
+    assert compiled.get_property("INFERENCE_NUM_THREADS") == desc["threads"] == torch.get_num_threads()
+    assert compiled.get_property("KV_CACHE_PRECISION").get_type_name() == "f16"
+    assert eval(line, {"openvino_genai": openvino_genai}) is not None  # the printed line runs as printed
+
+
+def test_a_tie_goes_to_f32_and_to_pa(exported, tmp_path, monkeypatch):
+    """The decision rule's preference breaks only ties: two precisions, and two attention backends, timed alike (a
+    stand-in timer) are a tie within the precision, and the pick is f32 (whose loss the export gate checked) and
+    PA (LLMPipeline's default), recomputed from the recorded samples."""
+    from transformers import AutoTokenizer
+
+    from effkit.engines import openvino as ov_engine
+    from effkit.engines.openvino import OpenVINOCausalLM, bf16_unavailable, choose_attention
+    from effkit.quantize.backends.openvino import choose_precision
+
+    monkeypatch.setenv("EFFKIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(ov_engine, "pipeline_timer", _stand_in_timer(
+        {(p, a): 1000.0 for p in ("f32", "bf16") for a in ("PA", "SDPA")}))
+    folder = Path(exported[1]["artifact"])
+    tok = AutoTokenizer.from_pretrained(folder)
+    picked, how = choose_precision(folder, tok, "decode-b1")
+    if reason := bf16_unavailable():
+        assert (picked, how["how"]) == ("f32", f"bf16 not run: {reason}")
+    else:
+        decision = how["decision"]
+        assert picked == "f32" and decision["verdict"] == "tie"
+        assert {decision["leader"], *decision["ties"]} == {"f32", "bf16"}
+        assert "tie within +-3%, broken by preference" in how["how"]
+        _assert_pick_recomputes(how["decision"])
+    chosen = choose_attention(OpenVINOCausalLM(folder), tok, "decode-b1")
+    assert chosen["attention"] == "PA" and chosen["decision"]["verdict"] == "tie"
+    assert {chosen["decision"]["leader"], *chosen["decision"]["ties"]} == {"PA", "SDPA"}
+    _assert_pick_recomputes(chosen["decision"])
+
+
+def test_a_precision_picked_after_writing_is_written_into_the_model_and_its_load_line(exported, tmp_path):
+    """`--inference-precision auto` picks after the folder is written: the pick replaces the record in the model's
+    rt_info (the file rewritten beside itself, weights untouched) and the precision in the load line."""
+    import openvino as ov
+
+    from effkit.engines import openvino as ov_engine
+
+    source = Path(exported[1]["artifact"])
+    folder = tmp_path / "repicked"
+    shutil.copytree(source, folder)
+    desc = ov_engine.read_description(folder)
+    other = "f32" if desc["inference_precision"] == "bf16" else "bf16"
+    desc.update(inference_precision=other, precision_how="picked after writing (test)")
+    desc = ov_engine.record(folder, desc)
+    om = ov.Core().read_model(str(folder / "openvino_model.xml"))
+    assert om.get_rt_info(["runtime_options", "INFERENCE_PRECISION_HINT"]).astype(str) == other
+    assert om.get_rt_info(["runtime_options", "KV_CACHE_PRECISION"]).astype(str) == "f16"
+    assert desc["load_properties"]["INFERENCE_PRECISION_HINT"] == other
+    assert f"INFERENCE_PRECISION_HINT='{other}'" in ov_engine.ENGINE.load_command(folder)
+    assert not list(folder.glob(".*.tmp.*"))
+    ids = torch.tensor([[5, 17, 42, 9]])
+    before = ov_engine.OpenVINOCausalLM(source, precision="f32")(ids).logits
+    assert torch.equal(ov_engine.OpenVINOCausalLM(folder, precision="f32")(ids).logits, before)
+
+
+def test_a_pa_that_cannot_be_built_is_not_run_and_the_defaults_fallback_is_seen(exported, tmp_path, monkeypatch):
+    """#42 (3): LLMPipeline built with its default falls back from PA to SDPA silently, and says nothing; built with
+    an explicit ATTENTION_BACKEND='PA' it raises. A stateless graph (PA's transformation refuses one) makes that
+    real: effkit's choice records SDPA untimed with "PA: not run: <reason>", and what the default runs is known."""
+    import openvino as ov
+    import openvino_genai
+    from transformers import AutoTokenizer
+
+    from effkit.engines import openvino as ov_engine
+    from effkit.model import load_model
+
+    artifact, report = exported
+    folder = tmp_path / "stateless"
+    shutil.copytree(report["artifact"], folder)
+    monkeypatch.setattr(ov_engine, "_stateful", lambda *a, **k: None)
+    ov.save_model(ov_engine.convert(load_model(artifact).eval()), str(folder / "openvino_model.xml"),
+                  compress_to_fp16=False)
+    monkeypatch.undo()
+    assert openvino_genai.LLMPipeline(str(folder), "CPU") is not None  # the default builds: it fell back, unseen
+    timed = []
+    monkeypatch.setattr(ov_engine, "pipeline_timer", lambda *a: timed.append(a))
+    model = ov_engine.OpenVINOCausalLM(folder)
+    chosen = ov_engine.choose_attention(model, AutoTokenizer.from_pretrained(folder), "decode-b1")
+    assert chosen["attention"] == "SDPA" and not timed and "decision" not in chosen
+    assert chosen["how"].startswith("SDPA, untimed: PA: not run: RuntimeError:") and "stateful" in chosen["how"]
+    ran, how = model.default_attention()
+    assert ran == "SDPA" and "falls back to SDPA silently" in how
+    # the real artifact: an explicit PA builds, so its default ran PA
+    assert ov_engine.OpenVINOCausalLM(report["artifact"]).default_attention()[0] == "PA"
+
+
+def test_llmpipelines_tokens_are_checked_against_effkits_loop_and_the_samples_are_its_own(exported, monkeypatch):
+    """#42 (3): the decode timer's first call checks LLMPipeline's greedy tokens against effkit's loop over the same
+    graph (a difference in f32 is an error, never a speed); the report's greedy and sampled texts come from
+    LLMPipeline, and the check is in the generation note."""
+    from transformers import AutoTokenizer
+
+    from effkit.engines.openvino import ENGINE, OpenVINOCausalLM
+    from effkit.measure.compare import generate_sample
+
+    folder = Path(exported[1]["artifact"])
+    tok = AutoTokenizer.from_pretrained(folder)
+    model = OpenVINOCausalLM(folder, precision="f32")
+    timer = ENGINE.decode(model, tok, 2, 6)
+    assert timer() > 0 and model.decoder_checks[-1]["equal"] and model.decoder_checks[-1]["batch"] == 2
+    calls = []
+    real = model.pipeline_generate
+
+    def recorded(*args, **kwargs):
+        calls.append(kwargs.get("sampling", args[4] if len(args) > 4 else None))
+        return real(*args, **kwargs)
+    monkeypatch.setattr(model, "pipeline_generate", recorded)
+    g = generate_sample(model, tok, 6)
+    assert calls == [None, (40, 0.8, 0)]  # greedy, then seeded top-k sampling: both LLMPipeline's
+    assert "equal (batch 1, 6 tokens" in g["note"] and "openvino_genai.LLMPipeline" in g["note"]
+    # an LLMPipeline decoding other tokens than the graph (a stand-in shifts them) is refused on the first call
+    vocab = model.config.vocab_size
+    monkeypatch.setattr(model, "pipeline_generate", lambda *a, **k: (real(*a, **k) + 1) % vocab)
+    with pytest.raises(EffkitError, match="other greedy tokens than effkit's loop"):
+        ENGINE.decode(model, tok, 2, 6)()
+
+
+def test_the_peer_names_its_deviations_and_is_not_run_where_llmpipeline_cannot_run_it(exported, tmp_path,
+                                                                                      monkeypatch):
+    """#42 (5): the peer row's description lists each way it runs other than with the defaults (the threads set to
+    torch's count, ...), and says which attention backend LLMPipeline's default ran; without the tokenizer models
+    LLMPipeline needs, it is "not run: <reason>", never effkit's loop under LLMPipeline's label."""
+    from effkit.bench import make_peers
+    from effkit.engines import openvino as ov_engine
+
+    artifact, _ = exported
+    how = ov_engine.ENGINE.peer_how
+    assert f"INFERENCE_NUM_THREADS={torch.get_num_threads()}: torch's thread count" in how
+    (tmp_path / "a").mkdir()
+    made, not_run = make_peers(Path(artifact), tmp_path / "a", ["openvino"])
+    assert [p.name for p in made] == ["peer-openvino"] and not not_run
+    desc = json.loads((made[0] / "openvino.json").read_text())
+    assert desc["peer"] and desc["inference_precision"] == "default" and "load_properties" not in desc
+    assert desc["attention_ran"] == "PA" and desc["deviations"][0].startswith("INFERENCE_NUM_THREADS=")
+    assert json.loads((made[0] / "effkit.json").read_text())["config"]["how"] == how
+    monkeypatch.setattr(ov_engine, "write_tokenizer_models", lambda folder, tok: "not written: openvino_tokenizers "
+                                                                                "failed (stand-in)")
+    (tmp_path / "b").mkdir()
+    made, not_run = make_peers(Path(artifact), tmp_path / "b", ["openvino"])
+    assert made == [] and not_run["peer-openvino"].startswith(
+        "not run: LLMPipeline, which its users run, needs OpenVINO's tokenizer models: not written")
+
+
+def test_an_openvino_json_that_is_not_an_object_is_one_line_naming_the_file(exported, tmp_path, capsys,
+                                                                           monkeypatch):
+    """#42 (6): valid JSON that is not an object, through the loader and the CLI: one line naming the file and
+    the fix, exit code 2."""
+    from effkit import cli
+    from effkit.artifacts.loader import load_any
+
+    folder = tmp_path / "broken"
+    shutil.copytree(exported[1]["artifact"], folder)
+    (folder / "openvino.json").write_text("[1, 2]")
+    with pytest.raises(EffkitError) as e:
+        load_any(folder)
+    assert str(e.value) == (f"{folder / 'openvino.json'} holds a JSON list, not an object; write the artifact again "
+                            "(effkit export --format openvino, or effkit quantize --backend openvino)")
+    monkeypatch.setattr(sys, "argv", ["effkit", "generate", "--from", str(folder), "--device", "cpu",
+                                      "--max-new-tokens", "2"])
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and len(err.splitlines()) == 1 and "openvino.json holds a JSON list" in err

@@ -1,7 +1,7 @@
 """OpenVINO artifacts: the model converted by OpenVINO's own PyTorch front end (`openvino.convert_model`) into the
 stateful layout `optimum-cli export openvino` writes for a decoder, optionally with NNCF's weight compression, and
 `OpenVINOCausalLM`, which runs one on the CPU behind the few methods effkit's measurement code calls on a model
-(`model(ids).logits`, `generate` with OpenVINO's internal KV cache, `config`, `eval`).
+(`model(ids).logits`, `generate`, `config`, `eval`).
 
 The converted graph is the with-past step effkit exports to ONNX (`engines.onnxruntime._WithPast`: inputs
 `input_ids`, `attention_mask`, `position_ids`, the past keys and values; outputs `logits` and the presents),
@@ -11,14 +11,34 @@ a `beam_idx` input gathers the cache rows, and the keys and values become the mo
 `beam_idx` and the output `logits`, which `openvino_genai.LLMPipeline` and `optimum.intel.OVModelForCausalLM`
 both run. The folder also holds OpenVINO's tokenizer and detokenizer models (`openvino_tokenizers`, which
 LLMPipeline needs), the Hugging Face config, generation config and tokenizer, `openvino.json` (how it was
-written, what it computes in) and `effkit.json`.
+written, what it runs with, where each of those settings travels) and `effkit.json`.
 
 optimum-intel itself cannot be a dependency (2.2 pins transformers < 5.6 and pulls another torch); what its
 `optimum-cli export openvino` writes for a model of this size is reproduced here and named as such: weights in
 fp32 (it compresses to int8 by default only above a billion parameters), and in the model's `runtime_options`
 `KV_CACHE_PRECISION=f16` for unquantized weights and `ACTIVATIONS_SCALE_FACTOR=8.0`
-(`optimum/exporters/openvino/convert.py`, `_set_runtime_options`). OpenVINO's CPU plugin then picks bf16
+(`optimum/exporters/openvino/convert.py`, `_set_runtime_options`). OpenVINO's CPU plug-in then picks bf16
 inference wherever the CPU reports AVX-512 BF16 (its `INFERENCE_PRECISION_HINT` default), f32 elsewhere.
+
+What ships runs as it was measured. Every setting an effkit artifact is timed with is recorded in `openvino.json`
+and travels where plain OpenVINO reads it: the model's rt_info `runtime_options` for what the CPU plug-in reads
+from there (`CPU_READS_FROM_MODEL`: the KV cache's precision and group sizes, the dynamic quantization group
+size), the load command (`OpenVINOEngine.load_command`) for the rest. The CPU plug-in ignores an
+`INFERENCE_PRECISION_HINT` or `INFERENCE_NUM_THREADS` in rt_info, and LLMPipeline reads no rt_info at all (its
+`ATTENTION_BACKEND` is a constructor property), so the inference precision (stored in rt_info too, as a record),
+the thread count and the attention backend are named in the load command. The precision `default` is pinned
+when written: the one the plug-in picked on the machine that measured it.
+
+Speed and quality come from the decoder the user runs: `openvino_genai.LLMPipeline`, with the attention backend
+recorded in the artifact. Its greedy tokens are checked, on each timer's first call and on each greedy sample,
+against effkit's own loop over the same stateful graph compiled with the same settings: a difference in f32 is an
+error, one in bf16 (whose arithmetic differs between LLMPipeline's kernels and the graph's by design) is flagged in
+the generation note. The held-out loss comes from a forward of that compiled graph (LLMPipeline returns no logits).
+LLMPipeline built with its default attention backend (paged attention, "PA") falls back to SDPA silently when PA
+cannot be built, and exposes neither which one it built nor the error; built with an explicit
+`ATTENTION_BACKEND="PA"` it raises instead (openvino.genai `llm/pipeline.cpp`, 2026.x). So effkit always builds its
+own artifacts' pipelines with an explicit backend, and learns what the default ran (the peer's) by building an
+explicit PA beside it.
 
 Nothing is written unless it passes a parity gate: the fp32 graph, compiled with f32 inference, reproduces
 PyTorch's logits within `EXPORT_RTOL` of the largest logit on a probe batch and PyTorch's greedy tokens with its
@@ -43,8 +63,9 @@ from effkit.errors import EffkitError
 
 OV_DESC = "openvino.json"
 OV_MODEL = "openvino_model.xml"
-PORTABILITY = ("portable: plain OpenVINO loads the folder (openvino_genai.LLMPipeline(path, 'CPU'), "
-               "optimum.intel.OVModelForCausalLM.from_pretrained(path), or openvino.Core().read_model)")
+PORTABILITY = ("portable: plain OpenVINO loads the folder (openvino_genai.LLMPipeline(path, 'CPU', ...) with the "
+               "properties its load line names, optimum.intel.OVModelForCausalLM.from_pretrained(path), or "
+               "openvino.Core().read_model)")
 WEIGHTS = ("fp32", "int8", "int4")  # what NNCF stores the matrices in (int8: asymmetric per channel, as optimum)
 PRECISIONS = ("auto", "bf16", "f32")  # the CPU plugin's inference precision; auto: measured on this CPU
 # what `optimum-cli export openvino` stores in an unquantized text-generation model's rt_info
@@ -53,6 +74,18 @@ OPTIMUM_RUNTIME_OPTIONS = {"ACTIVATIONS_SCALE_FACTOR": "8.0", "KV_CACHE_PRECISIO
 # greedy decoding of the quickstart's pruned model through the stateful graph into repeated newlines (OpenVINO
 # 2026.4, Zen 4; f16 and f32 decoded as PyTorch does; LLMPipeline's paged cache was unaffected)
 EFFKIT_RUNTIME_OPTIONS = {"KV_CACHE_PRECISION": "f16"}
+# the runtime options OpenVINO's CPU plug-in reads from a model's rt_info (`intel_cpu::Config::applyRtInfo`, OpenVINO
+# 2026.4): only these travel in the model file. It ignores every other key there (INFERENCE_PRECISION_HINT,
+# INFERENCE_NUM_THREADS included), so those travel in the load command
+CPU_READS_FROM_MODEL = frozenset({"KV_CACHE_PRECISION", "KEY_CACHE_PRECISION", "VALUE_CACHE_PRECISION",
+                                  "KEY_CACHE_GROUP_SIZE", "VALUE_CACHE_GROUP_SIZE", "DYNAMIC_QUANTIZATION_GROUP_SIZE"})
+ATTENTION = ("PA", "SDPA")  # LLMPipeline's ATTENTION_BACKEND values; the first is its default (and wins a tie)
+# a setting of one artifact (its inference precision, its attention backend) is chosen under the decision rule with
+# at most this many seconds of head-to-head looks per open contender: it is one knob of one folder, and the
+# stage that writes it measures the folder against its parent afterwards anyway
+SETTING_BUDGET_S = 10.0
+DECODE_TOKENS = 32  # new tokens per timed call of a setting's choice (within the model's context)
+REWRITE = "write the artifact again (effkit export --format openvino, or effkit quantize --backend openvino)"
 
 
 def ov_unavailable() -> str | None:
@@ -201,10 +234,129 @@ def compile_config(precision: str, kv_cache: str | None = None) -> dict[str, str
     return cfg
 
 
+def read_description(path: str | Path) -> dict[str, Any]:
+    """The artifact's `openvino.json` as a dict, or one line naming the file and the fix."""
+    file = Path(path) / OV_DESC
+    try:
+        desc = json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError, OSError) as e:
+        raise EffkitError(f"{file} cannot be read ({type(e).__name__}); {REWRITE}") from None
+    if not isinstance(desc, dict):
+        raise EffkitError(f"{file} holds a JSON {type(desc).__name__}, not an object; {REWRITE}")
+    return desc
+
+
+def _name(value: Any) -> str:
+    """A compiled model's property as the string OpenVINO accepts back (`bf16`, not `<Type: 'bfloat16'>`)."""
+    return value.get_type_name() if hasattr(value, "get_type_name") else str(value)
+
+
+def plain_compile_settings(xml: str | Path | None = None) -> dict[str, str]:
+    """What `openvino.Core().compile_model(xml, 'CPU')` with no properties runs with here: inference precision, KV
+    cache precision, threads (`xml`: None, a one-operator model: the plug-in's defaults alone)."""
+    import openvino as ov
+
+    core = ov.Core()
+    if xml is None:
+        from openvino import opset13
+
+        x = opset13.parameter([1, 4], ov.Type.f32, name="x")
+        source: Any = ov.Model([opset13.relu(x)], [x], "probe")
+    else:
+        source = str(xml)
+    compiled = core.compile_model(source, "CPU")
+    return {k: _name(compiled.get_property(k))
+            for k in ("INFERENCE_PRECISION_HINT", "KV_CACHE_PRECISION", "INFERENCE_NUM_THREADS")}
+
+
+MODEL_FILE = "the model's rt_info runtime_options (the CPU plug-in reads it there)"
+LOAD_COMMAND = "the load command"
+
+
+def record(folder: Path, desc: dict[str, Any]) -> dict[str, Any]:
+    """Store the settings `desc` says the artifact in `folder` runs with where plain OpenVINO reads them, and write
+    `desc` as its `openvino.json`: its runtime options (the pinned inference precision among them, as a record) in
+    the model's rt_info (the model is rewritten only when they changed), and under `settings` each setting with
+    where it travels: the model file for what the CPU plug-in reads from rt_info, the load command for the rest
+    (`load_properties`)."""
+    import openvino as ov
+
+    xml = folder / OV_MODEL
+    options = {k: str(v) for k, v in (desc.get("runtime_options") or {}).items()}
+    precision = desc.get("inference_precision")
+    if precision in ("bf16", "f32"):
+        options["INFERENCE_PRECISION_HINT"] = precision
+    om = ov.Core().read_model(str(xml))
+    stored = ({k: str(v.astype(str)) for k, v in om.get_rt_info()["runtime_options"].items()}
+              if om.has_rt_info(["runtime_options"]) else {})
+    if stored != options:
+        for name, value in options.items():
+            om.set_rt_info(value, ["runtime_options", name])
+        # beside it, then over it: the model read maps its weights file, and writing into a mapped file kills the
+        # process (SIGBUS)
+        tmp = folder / f".{OV_MODEL}.tmp.xml"
+        ov.save_model(om, str(tmp), compress_to_fp16=False)
+        tmp.with_suffix(".bin").replace(xml.with_suffix(".bin"))
+        tmp.replace(xml)
+    del om
+    plain = plain_compile_settings(xml)
+    settings: dict[str, dict[str, Any]] = {}
+    for name, value in options.items():
+        if name == "INFERENCE_PRECISION_HINT":
+            settings[name] = {"value": value, "travels": LOAD_COMMAND,
+                              "why": "the CPU plug-in ignores it in rt_info (stored there too, as a record)"}
+        elif name in CPU_READS_FROM_MODEL:
+            settings[name] = {"value": value, "travels": MODEL_FILE}
+        else:
+            settings[name] = {"value": value, "travels": "the model's rt_info, as optimum-cli writes it; the CPU "
+                                                         "plug-in does not read it"}
+    threads = int(desc.get("threads") or torch.get_num_threads())
+    settings["INFERENCE_NUM_THREADS"] = {
+        "value": threads, "travels": LOAD_COMMAND,
+        "why": f"torch's thread count, which every engine was timed with (the plug-in's default here: "
+               f"{plain['INFERENCE_NUM_THREADS']}); rt_info cannot carry it, so a machine with another default "
+               "still runs what was measured"}
+    if desc.get("peer"):
+        settings["INFERENCE_NUM_THREADS"] = {"value": threads, "travels": "set by effkit's bench: a deviation from "
+                                                                         "the defaults, listed under deviations"}
+    if desc.get("attention"):
+        settings["ATTENTION_BACKEND"] = {
+            "value": desc["attention"], "travels": LOAD_COMMAND,
+            "why": "LLMPipeline reads no rt_info; named, it also refuses to fall back from PA to SDPA silently"}
+    desc["runtime_options"] = options  # what the model's rt_info holds
+    desc["threads"] = threads
+    desc["settings"] = settings
+    desc["plain_compile_here"] = plain
+    if not desc.get("peer"):
+        desc["load_properties"] = {k: s["value"] for k, s in settings.items() if s["travels"] == LOAD_COMMAND}
+        from_model = ", ".join(f"{k}={s['value']}" for k, s in settings.items() if s["travels"] == MODEL_FILE)
+        desc["runtime"] = ("openvino_genai.LLMPipeline(path, 'CPU'" +
+                           "".join(f", {k}={v}" for k, v in desc["load_properties"].items()) + ")" +
+                           (f"; from the model's rt_info: {from_model}" if from_model else ""))
+    (folder / OV_DESC).write_text(json.dumps(desc, indent=2))
+    return desc
+
+
+def load_properties(desc: dict[str, Any]) -> dict[str, Any]:
+    """The properties the load command passes: what the artifact was timed with and the model file cannot carry
+    (an artifact written before they were recorded: its pinned precision and attention backend)."""
+    if isinstance(desc.get("load_properties"), dict):
+        return desc["load_properties"]
+    props: dict[str, Any] = {}
+    if desc.get("inference_precision") in ("bf16", "f32"):
+        props["INFERENCE_PRECISION_HINT"] = desc["inference_precision"]
+    if desc.get("attention"):
+        props["ATTENTION_BACKEND"] = desc["attention"]
+    return props
+
+
 class OpenVINOCausalLM(nn.Module):
     """An OpenVINO artifact behind effkit's model interface. It holds no PyTorch parameters: `n_params` is the
     source's parameter count. `precision`: the inference precision to compile with (None: the artifact's);
-    `kv_cache`: the KV cache's (None: the plug-in's default, u8 on CPUs, or the model's runtime_options)."""
+    `kv_cache`: the KV cache's (None: the plug-in's default, u8 on CPUs, or the model's runtime_options).
+    Forward (the loss, prefill) runs the compiled stateful graph; `generate` and the bench's decode timers run
+    `openvino_genai.LLMPipeline` with the attention backend the artifact records, checked against effkit's own
+    loop over the graph (`loop_generate`)."""
 
     compilable = False  # OpenVINO compiles its own graph
 
@@ -216,31 +368,32 @@ class OpenVINOCausalLM(nn.Module):
         path = Path(path)
         if reason := ov_unavailable():
             raise EffkitError(f"{path} is an OpenVINO artifact, which cannot run here: {reason}")
+        self.description = read_description(path)
         try:
-            self.description = json.loads((path / OV_DESC).read_text())
             self.config = GPT2Config.from_pretrained(path)
-        except (json.JSONDecodeError, UnicodeDecodeError, OSError, ValueError) as e:
-            raise EffkitError(f"{path} is not a complete OpenVINO artifact ({type(e).__name__}); write it again") \
+        except (OSError, ValueError) as e:
+            raise EffkitError(f"{path} is not a complete OpenVINO artifact ({type(e).__name__}); {REWRITE}") \
                 from None
         if not (path / OV_MODEL).is_file():
-            raise EffkitError(f"{path} has no {OV_MODEL}; write it again")
+            raise EffkitError(f"{path} has no {OV_MODEL}; {REWRITE}")
         self.precision = precision or self.description.get("inference_precision", "default")
+        self.kv_cache = kv_cache
         try:
             core = ov.Core()
             self.compiled = core.compile_model(str(path / OV_MODEL), "CPU",
                                                compile_config(self.precision, kv_cache))
         except Exception as e:  # noqa: BLE001 - a truncated or foreign file, or a plug-in crash on this CPU
             raise EffkitError(f"OpenVINO cannot compile {path / OV_MODEL}: {type(e).__name__}: {str(e)[:160]}; "
-                              "write it again") from None
+                              f"{REWRITE}") from None
         self.request = self.compiled.create_infer_request()
-        self._pipelines: dict[str | None, Any] = {}
-        self.pipeline_error = ""  # why LLMPipeline could not be built, once it failed
-        self.attention_notes: dict[int, str] = {}  # decode batch -> the attention backend and how it was chosen
-        # no idle time after it is timed: 20 fp32 512x512 matmuls on torch's 2 threads right after a prefill of
-        # (12, 128) took as long as 0.2 s later (median of 8, the project's Zen 4 EPYC): its threads do not spin
+        self._pipelines: dict[str | None, Any] = {}  # by ATTENTION_BACKEND (None: LLMPipeline's default)
+        self._pipeline_errors: dict[str | None, str] = {}
+        self._decoding: tuple[str | None, str] | None = None
+        self.decoder_checks: list[dict[str, Any]] = []  # LLMPipeline's greedy tokens against effkit's loop
+        # no idle time after it is timed: its threads do not spin-wait after a call (measured; docs/benchmarks.md)
         self.settle_s = 0.0
-        self.inference_precision = str(self.compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name())
-        self.kv_cache_precision = str(self.compiled.get_property("KV_CACHE_PRECISION").get_type_name())
+        self.inference_precision = _name(self.compiled.get_property("INFERENCE_PRECISION_HINT"))
+        self.kv_cache_precision = _name(self.compiled.get_property("KV_CACHE_PRECISION"))
         self.n_params = int(self.description.get("params", 0))
         self.path = path
         self.compile_note = (f"OpenVINO {ov.__version__} CPU plug-in: inference precision "
@@ -249,20 +402,27 @@ class OpenVINOCausalLM(nn.Module):
 
     @property
     def generation_note(self) -> str:
-        """How it decodes: the plug-in's settings, and the pipelines (once the bench has built them)."""
-        if self.pipeline_error:
-            return f"{self.compile_note}; decoding: {self.pipeline_error}"
-        if not self.attention_notes:
+        """How it decodes: the plug-in's settings, the pipeline and its attention backend (once built), and how its
+        greedy tokens compared with effkit's loop over the same graph."""
+        if self._decoding is None:
             return self.compile_note
-        return (f"{self.compile_note}; decoding: openvino_genai.LLMPipeline {_genai_version()}, attention " +
-                "; ".join(f"batch {b}: {how}" for b, how in sorted(self.attention_notes.items())))
+        key, how = self._decoding
+        if self.pipeline(key) is None:
+            return (f"{self.compile_note}; decoding: not run: openvino_genai.LLMPipeline "
+                    f"({self.why_no_pipeline(key)}); decoded by effkit's Python loop over the infer request")
+        note = f"{self.compile_note}; decoding: openvino_genai.LLMPipeline {_genai_version()}, attention {how}"
+        if self.decoder_checks:
+            note += ("; its greedy tokens against effkit's loop over the same compiled graph: " +
+                     "; ".join(_check_line(c) for c in self.decoder_checks))
+        return note
 
     def pipeline(self, attention: str | None = None):
         """`openvino_genai.LLMPipeline` over this folder (its C++ decoding loop and KV cache manager), compiled with
         this model's settings and `attention` (LLMPipeline's ATTENTION_BACKEND: "PA", paged attention and
-        continuous batching, its default; "SDPA", the stateful graph; None: its default); None, with the reason in
-        `pipeline_error`, where it cannot be built (no tokenizer models, openvino_genai missing)."""
-        if attention not in self._pipelines and not self.pipeline_error:
+        continuous batching, or "SDPA", the stateful graph; None: no ATTENTION_BACKEND, its default, which falls
+        back from PA to SDPA silently); None, with the reason in `why_no_pipeline(attention)`, where it cannot be
+        built (no tokenizer models, openvino_genai missing, that backend failing)."""
+        if attention not in self._pipelines and attention not in self._pipeline_errors:
             try:
                 import openvino_genai
 
@@ -270,77 +430,89 @@ class OpenVINOCausalLM(nn.Module):
                     raise EffkitError("the folder has no openvino_tokenizer.xml")
                 extra = {"ATTENTION_BACKEND": attention} if attention else {}
                 self._pipelines[attention] = openvino_genai.LLMPipeline(
-                    str(self.path), "CPU", **compile_config(self.precision), **extra)
-            except Exception as e:  # noqa: BLE001 - the Python loop still decodes
-                self.pipeline_error = (f"not run: openvino_genai.LLMPipeline ({type(e).__name__}: {str(e)[:100]}); "
-                                      "decoded by effkit's Python loop over the infer request")
+                    str(self.path), "CPU", **compile_config(self.precision, self.kv_cache), **extra)
+            except Exception as e:  # noqa: BLE001 - the reason is reported; the caller decides
+                # OpenVINO's messages run over several lines (the check, then why): one line, both kept
+                self._pipeline_errors[attention] = f"{type(e).__name__}: {' '.join(str(e).split())[:240]}"
         return self._pipelines.get(attention)
 
-    def pipeline_generate(self, ids: np.ndarray, new_tokens: int, attention: str | None = None) -> np.ndarray:
-        """Greedy decoding of exactly `new_tokens` by LLMPipeline (end-of-text ignored): the new tokens."""
+    def why_no_pipeline(self, attention: str | None = None) -> str:
+        return self._pipeline_errors.get(attention, "")
+
+    def default_attention(self) -> tuple[str, str]:
+        """Which attention backend LLMPipeline built with its default runs here, as (backend, how). It exposes
+        neither, and falls back from PA to SDPA silently; built with an explicit ATTENTION_BACKEND="PA" it raises
+        instead, so an explicit PA pipeline that builds means the default built PA too (the same code path)."""
+        if self.pipeline("PA") is not None:
+            return "PA", ("PA (paged attention), LLMPipeline's default: an explicit ATTENTION_BACKEND='PA' builds "
+                          "here, so the default did not fall back")
+        return "SDPA", (f"SDPA: LLMPipeline's default PA does not build here ({self.why_no_pipeline('PA')}), and "
+                        "the default then falls back to SDPA silently")
+
+    def decoding(self) -> tuple[str | None, str]:
+        """(what LLMPipeline is built with to decode this artifact: its ATTENTION_BACKEND, None for its default;
+        the backend that runs and how it was set, in words). The artifact's recorded backend; the peer's: the
+        default, as its users run it, with the backend it falls to; an artifact that records none: the backend
+        the default would run, named explicitly."""
+        if self._decoding is None:
+            d = self.description
+            if d.get("attention"):
+                self._decoding = d["attention"], d.get("attention_how") or f"{d['attention']}, recorded"
+            else:
+                ran, how = self.default_attention()
+                if d.get("peer"):
+                    self._pipelines.pop("PA", None)  # the probe: the peer decodes with the default, as users do
+                    self._decoding = None, how
+                else:
+                    self._decoding = ran, f"{how}; not recorded in the artifact, named explicitly"
+        return self._decoding
+
+    def pipeline_generate(self, ids: np.ndarray, new_tokens: int, attention: str | None = None,
+                          min_new_tokens: int | None = None,
+                          sampling: tuple[int | None, float, int] | None = None) -> np.ndarray:
+        """`new_tokens` new tokens by LLMPipeline (end-of-text never ends it, and is never picked among the first
+        `min_new_tokens`, default all): greedy, or `sampling` = (top_k, temperature, seed) by its sampler."""
         import openvino as ov
         import openvino_genai
 
         cfg = openvino_genai.GenerationConfig()
-        cfg.max_new_tokens = cfg.min_new_tokens = new_tokens
+        cfg.max_new_tokens = new_tokens
+        cfg.min_new_tokens = new_tokens if min_new_tokens is None else min(min_new_tokens, new_tokens)
         cfg.ignore_eos = True
+        if sampling is not None:
+            top_k, temperature, seed = sampling
+            cfg.do_sample = True
+            cfg.temperature = float(temperature)
+            cfg.rng_seed = int(seed) % 2**32
+            if top_k:
+                cfg.top_k = int(top_k)
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         out = self.pipeline(attention).generate(
             openvino_genai.TokenizedInputs(ov.Tensor(ids), ov.Tensor(np.ones_like(ids))), cfg)
-        return np.array(out.tokens, dtype=np.int64)
+        new = np.array(out.tokens, dtype=np.int64)
+        if new.shape != (ids.shape[0], new_tokens):
+            raise EffkitError(f"LLMPipeline returned {new.shape} tokens, not ({ids.shape[0]}, {new_tokens})")
+        return new
 
-    def attention_for(self, batch: int, start: np.ndarray) -> tuple[str | None, str]:
-        """LLMPipeline's attention backend for decoding at `batch`, as (backend, how). The plain export a user
-        makes (the peer) runs LLMPipeline's default; effkit's own artifacts take "SDPA" or "PA" by measurement on
-        this machine, per decode batch of the workloads (the nearest), never assumed: on the project's Zen 4
-        EPYC SDPA decoded an int8 model 1.17x faster than PA at batch 12. Paired, interleaved, under the bench's
-        sequential rule with a 10 s budget; cached per machine, OpenVINO version, weights, precision and model
-        size, with the date. `start`: the prompt's token ids."""
-        if self.description.get("peer") or not self.description.get("choose_attention", True):
-            return None, "LLMPipeline's default attention backend (as its users run it)"
-        import openvino
-
-        from effkit import workloads
-        from effkit.measure import metrics, stopping
-        from effkit.measure.results import PairedRatio
-
-        batches = sorted({w.batch for w in workloads.all_() if w.kind == "decode"}) or [1]
-        nearest = min(batches, key=lambda b: abs(b - batch))
-        d = self.description
-        key = (f"{metrics.describe_device(torch.device('cpu'))}|threads {torch.get_num_threads()}|openvino "
-               f"{openvino.__version__}|weights {d.get('weights')}|{self.precision}|params {d.get('params', 0)}|"
-               f"batches {batches}")
-
-        def measure() -> dict[str, Any]:
-            rule = stopping.Stopping(rounds=3, precision=0.03, budget_s=10.0)
-            out = {}
-            new = max(1, min(32, self.config.n_positions - start.shape[1]))  # within the model's context
-
-            def timer(att: str, b: int):
-                ids = np.repeat(start, b, axis=0)
-
-                def once() -> float:
-                    t = time.perf_counter()
-                    self.pipeline_generate(ids, new, att)
-                    return new * b / (time.perf_counter() - t)
-                once.settle_s = self.settle_s
-                return once
-
-            for b in batches:
-                m = stopping.measure({a: timer(a, b) for a in ("PA", "SDPA")}, rule, 1, warmup=1)
-                ratio = m.ratio("PA", "SDPA", higher_is_better=True)
-                out[str(b)] = {"attention": "SDPA" if PairedRatio.of(ratio).verdict == "faster" else "PA",
-                               "ratio": ratio, "rounds": m.record["rounds"]}
-            return out
-
-        if self.pipeline("PA") is None or self.pipeline("SDPA") is None:
-            return None, self.pipeline_error or "LLMPipeline's default"
-        chosen, _ = metrics.machine_cached("openvino_attention", key, measure)
-        c = chosen[str(nearest)]
-        how = (f"{c['attention']}: SDPA vs PA at decode batch {nearest}, {PairedRatio.of(c['ratio']).fmt()} over "
-               f"{c['rounds']} paired rounds ({'faster' if c['attention'] == 'SDPA' else 'not faster: PA, the default'}"
-               f"); {metrics.cache_note('openvino_attention', key)}")
-        return c["attention"], how
+    def check_tokens(self, ids: np.ndarray, new: np.ndarray, attention: str | None,
+                     min_new_tokens: int | None = None) -> dict[str, Any]:
+        """LLMPipeline's greedy tokens `new` for the prompts `ids` against effkit's loop over the same compiled graph
+        (`loop_generate`), recorded in `decoder_checks` (and the generation note). A difference in f32 inference is
+        an error: the speed measured would not be this model's decoding. In bf16 it is flagged: LLMPipeline's
+        kernels and the graph's round differently by design, and greedy decoding amplifies a near tie."""
+        n = new.shape[1]
+        ref = self.loop_generate(ids, n, n if min_new_tokens is None else min_new_tokens)[:, ids.shape[1]:]
+        differ = np.flatnonzero((new != ref).any(axis=0))
+        entry = {"attention": attention or "LLMPipeline's default", "batch": int(new.shape[0]), "tokens": int(n),
+                 "equal": not len(differ), "first_difference": int(differ[0]) if len(differ) else None,
+                 "inference_precision": self.inference_precision}
+        self.decoder_checks.append(entry)
+        if len(differ) and self.inference_precision == "f32":
+            raise EffkitError(f"{self.path}: openvino_genai.LLMPipeline ({entry['attention']}) decodes other greedy "
+                              f"tokens than effkit's loop over the same graph in f32 inference (from new token "
+                              f"{entry['first_difference']} of {n}, batch {entry['batch']}); its speed would not be "
+                              "this model's decoding")
+        return entry
 
     def _check_length(self, n: int) -> None:
         if n > self.config.n_positions:
@@ -359,14 +531,14 @@ class OpenVINOCausalLM(nn.Module):
         logits = self._step(input_ids.detach().cpu().long().numpy(), 0)
         return SimpleNamespace(logits=torch.from_numpy(np.array(logits, dtype=np.float32)))
 
-    @torch.inference_mode()
-    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, do_sample: bool = False, top_k: int | None = None,
-                 temperature: float = 1.0, streamer=None, min_new_tokens: int = 0, **_: Any) -> torch.Tensor:
-        """Exactly `max_new_tokens` new tokens with OpenVINO's internal KV cache (the ONNX artifact's loop and
-        rules: end-of-text never picked among the first `min_new_tokens`; sampling from torch's generator)."""
+    def loop_generate(self, ids: np.ndarray, max_new_tokens: int, min_new_tokens: int = 0, do_sample: bool = False,
+                      top_k: int | None = None, temperature: float = 1.0, streamer=None) -> np.ndarray:
+        """Prompts and exactly `max_new_tokens` new tokens by effkit's own loop over the compiled stateful graph and
+        its internal KV cache (the ONNX artifact's loop and rules: end-of-text never picked among the first
+        `min_new_tokens`; sampling from torch's generator): the reference LLMPipeline is checked against."""
         from effkit.engines.onnxruntime import never_end, next_tokens
 
-        ids = input_ids.cpu().long().numpy()
+        ids = np.asarray(ids, dtype=np.int64)
         self._check_length(ids.shape[1] + max_new_tokens - 1)
         if streamer is not None:
             streamer.put(torch.from_numpy(ids))
@@ -382,14 +554,136 @@ class OpenVINOCausalLM(nn.Module):
                 streamer.put(torch.from_numpy(nxt))
         if streamer is not None:
             streamer.end()
-        return torch.from_numpy(ids)
+        return ids
+
+    @torch.inference_mode()
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, do_sample: bool = False, top_k: int | None = None,
+                 temperature: float = 1.0, streamer=None, min_new_tokens: int = 0, **_: Any) -> torch.Tensor:
+        """Prompts and exactly `max_new_tokens` new tokens by the decoder the artifact's users run: LLMPipeline with
+        its recorded attention backend (end-of-text never picked among the first `min_new_tokens`; sampling by its
+        sampler, seeded from torch's initial seed). Greedy tokens are checked against effkit's loop
+        (`check_tokens`). Where LLMPipeline cannot be built, effkit's loop decodes (the generation note says so)."""
+        ids = input_ids.cpu().long().numpy()
+        self._check_length(ids.shape[1] + max_new_tokens - 1)
+        key, _ = self.decoding()
+        if self.pipeline(key) is None:
+            return torch.from_numpy(self.loop_generate(ids, max_new_tokens, min_new_tokens, do_sample, top_k,
+                                                       temperature, streamer))
+        sampling = (top_k, temperature, torch.initial_seed()) if do_sample else None
+        new = self.pipeline_generate(ids, max_new_tokens, key, min_new_tokens, sampling)
+        if not do_sample:
+            self.check_tokens(ids, new, key, min_new_tokens)
+        if streamer is not None:  # LLMPipeline streams text, one row only: the tokens are handed over at the end
+            streamer.put(torch.from_numpy(ids))
+            streamer.put(torch.from_numpy(new))
+            streamer.end()
+        return torch.from_numpy(np.concatenate([ids, new], axis=1))
+
+
+def _check_line(c: dict[str, Any]) -> str:
+    where = f"batch {c['batch']}, {c['tokens']} tokens, {c['attention']}"
+    if c["equal"]:
+        return f"equal ({where})"
+    return (f"DIFFERENT from new token {c['first_difference']} ({where}; {c['inference_precision']} inference: "
+            "flagged, the two round differently)")
+
+
+def pipeline_timer(model: OpenVINOCausalLM, ids: np.ndarray, new_tokens: int, attention: str | None):
+    """A no-argument timer of LLMPipeline's greedy decoding of `new_tokens` from the prompts `ids`, returning new
+    tokens per second (all rows). Its first call (every caller's warm-up) also checks the tokens against effkit's
+    loop over the same graph (`OpenVINOCausalLM.check_tokens`), outside the timed span."""
+    checked: list[bool] = []
+
+    def once() -> float:
+        t = time.perf_counter()
+        new = model.pipeline_generate(ids, new_tokens, attention)
+        seconds = time.perf_counter() - t
+        if not checked:
+            model.check_tokens(ids, new, attention)
+            checked.append(True)
+        return ids.shape[0] * new_tokens / seconds
+
+    once.settle_s = model.settle_s
+    return once
+
+
+def _choice_line(decided: dict[str, Any], noun: str) -> str:
+    """`Choice.line` of a recorded choice (its `to_dict()`)."""
+    from dataclasses import fields
+
+    from effkit.measure import choice
+
+    return choice.Choice(**{f.name: decided[f.name] for f in fields(choice.Choice) if f.name in decided}).line(noun)
+
+
+def choose_attention(model: OpenVINOCausalLM, tokenizer, workload: str = "decode-b1", rule=None) -> dict[str, Any]:
+    """LLMPipeline's attention backend for the artifact `model`, decoding at the batch of `workload`: PA and SDPA,
+    each built with an explicit ATTENTION_BACKEND (so neither falls back to the other unseen), timed under the
+    decision rule (`effkit.measure.choice.choose`, `rule`: at most SETTING_BUDGET_S of head-to-head looks per open
+    contender by default; a tie goes to PA, LLMPipeline's default) and cached per machine, OpenVINO version,
+    weights, precision, model size and batch, with the date. A backend that cannot be built is "not run: <reason>"
+    and the other is taken untimed. Returns {"attention", "how", "workload", and "decision": the choice's
+    `to_dict()`, every call of every sample, where timed}."""
+    import openvino
+
+    from effkit import workloads
+    from effkit.measure import choice, metrics
+
+    w = workloads.get(workload)
+    rule = rule or choice.Rule(budget_s=SETTING_BUDGET_S)
+    missing = {a: model.why_no_pipeline(a) for a in ATTENTION if model.pipeline(a) is None}
+    if len(missing) == len(ATTENTION):
+        return {"attention": None, "workload": w.name,
+                "how": "not chosen: " + "; ".join(f"{a}: not run: {why}" for a, why in missing.items())}
+    if missing:
+        (other, why), = missing.items()
+        only = next(a for a in ATTENTION if a not in missing)
+        return {"attention": only, "workload": w.name, "not_run": {other: why},
+                "how": f"{only}, untimed: {other}: not run: {why}"}
+    start = tokenizer(_prompt(), return_tensors="np").input_ids
+    new = max(1, min(DECODE_TOKENS, model.config.n_positions - start.shape[1]))
+    ids = np.repeat(start, w.batch, axis=0)
+    d = model.description
+    key = (f"{metrics.describe_device(torch.device('cpu'))}|threads {torch.get_num_threads()}|openvino "
+           f"{openvino.__version__}|genai {_genai_version()}|weights {d.get('weights')}|{model.inference_precision}|"
+           f"params {d.get('params', 0)}|batch {w.batch}|{new} tokens|{choice.RULE_VERSION}|precision "
+           f"{rule.precision}|budget {rule.budget_s}")
+
+    def measure() -> dict[str, Any]:
+        timers = {a: pipeline_timer(model, ids, new, a) for a in ATTENTION}
+        return choice.choose(timers, True, rule, prefer=ATTENTION.index).to_dict()
+
+    decided, _ = metrics.machine_cached("openvino_attention_choice", key, measure)
+    return {"attention": decided["picked"], "workload": w.name, "decision": decided,
+            "line": f"{_choice_line(decided, '')} at {w.name}, timed when the artifact was written",
+            "how": f"{_choice_line(decided, '')} at {w.name} (greedy decoding of {new} new tokens from {w.batch} "
+                   f"prompt(s) by LLMPipeline, new tokens/s; each backend named explicitly); a tie goes to PA, "
+                   f"LLMPipeline's default; the rule: {rule.describe()}; "
+                   f"{metrics.cache_note('openvino_attention_choice', key)}"}
+
+
+def record_attention(folder: Path, tokenizer, workload: str = "decode-b1", rule=None) -> dict[str, Any]:
+    """Choose the attention backend of the artifact in `folder` (`choose_attention`) and record it (`record`): its
+    description, as written."""
+    model = OpenVINOCausalLM(folder)
+    chosen = choose_attention(model, tokenizer, workload, rule)
+    del model
+    desc = read_description(folder)
+    desc.update(attention=chosen["attention"], attention_how=chosen.get("line", chosen["how"]), attention_choice=chosen)
+    return record(folder, desc)
+
+
+def _prompt() -> str:
+    from effkit.measure import metrics
+
+    return metrics.GENERATION_PROMPT
 
 
 @torch.no_grad()
 def check_parity(model: nn.Module, folder: Path) -> dict[str, Any]:
     """The gate of an fp32 conversion, compiled with f32 inference and an f32 KV cache: logits within EXPORT_RTOL x
-    max(1, max |logit|) of PyTorch's on a (3, 24) probe batch, and PARITY_TOKENS greedy tokens equal to PyTorch's
-    with its cache."""
+    max(1, max |logit|) of PyTorch's on a (3, 24) probe batch, and PARITY_TOKENS greedy tokens of effkit's loop over
+    the stateful graph equal to PyTorch's with its cache."""
     from effkit.engines.onnxruntime import EXPORT_RTOL, PARITY_TOKENS, probe_ids
 
     ov_model = OpenVINOCausalLM(folder, precision="f32", kv_cache="f32")  # the conversion, not the u8 cache
@@ -404,7 +698,7 @@ def check_parity(model: nn.Module, folder: Path) -> dict[str, Any]:
     prompt = probe_ids(c.vocab_size, (1, min(8, c.n_positions // 2)))
     new = min(PARITY_TOKENS, c.n_positions - prompt.shape[1])
     kw = {"max_new_tokens": new, "min_new_tokens": new, "do_sample": False, "pad_token_id": 0}
-    ours = ov_model.generate(prompt, **kw)
+    ours = torch.from_numpy(ov_model.loop_generate(prompt.numpy(), new, new))
     cached = model.generate(prompt, use_cache=True, **kw)
     if not torch.equal(ours, cached):
         raise EffkitError("the converted OpenVINO model's greedy tokens with its internal KV cache differ from "
@@ -430,17 +724,19 @@ def write_tokenizer_models(folder: Path, tokenizer) -> str:
         tok, detok = convert_tokenizer(tokenizer, with_detokenizer=True)
         ov.save_model(tok, str(folder / "openvino_tokenizer.xml"))
         ov.save_model(detok, str(folder / "openvino_detokenizer.xml"))
-    except Exception as e:  # noqa: BLE001 - optional: the model itself loads without them
+    except Exception as e:  # noqa: BLE001 - optional for effkit's own artifacts: the model loads without them
         return f"not written: openvino_tokenizers failed ({type(e).__name__}: {str(e)[:100]})"
     return "openvino_tokenizer.xml, openvino_detokenizer.xml (openvino_tokenizers.convert_tokenizer)"
 
 
 def write_artifact(folder: Path, model: nn.Module, tokenizer, weights: str = "fp32", precision: str = "default",
-                   runtime_options: dict[str, str] | None = None, precision_how: str = "") -> dict[str, Any]:
+                   runtime_options: dict[str, str] | None = None, precision_how: str = "",
+                   peer: bool = False) -> dict[str, Any]:
     """Convert `model` into `folder`: the stateful IR (weights as `weights`; `runtime_options` stored in it, effkit's
-    own by default), the tokenizer models and files, the configs, and `openvino.json`, which says how and what the
-    loader compiles it with (`precision`: bf16, f32 or "default", the CPU plug-in's own choice). Refused unless the
-    fp32 conversion passes the parity gate."""
+    own by default), the tokenizer models and files, the configs, and `openvino.json`, which says how it was
+    written and what it runs with (`record`). `precision`: bf16, f32, or "default", the CPU plug-in's own choice,
+    pinned to what it picks here unless `peer` (the peer runs as its users run it). Refused unless the fp32
+    conversion passes the parity gate."""
     import copy
 
     import openvino as ov
@@ -449,11 +745,18 @@ def write_artifact(folder: Path, model: nn.Module, tokenizer, weights: str = "fp
         raise EffkitError(f"unknown OpenVINO weight format {weights!r}; choose one of {', '.join(WEIGHTS)}")
     if runtime_options is None:
         runtime_options = EFFKIT_RUNTIME_OPTIONS
+    if precision == "default" and not peer:
+        precision = plain_compile_settings()["INFERENCE_PRECISION_HINT"]
+        precision_how = precision_how or (f"the CPU plug-in's default on the CPU that measured it (OpenVINO "
+                                          f"{ov.__version__}), pinned; not chosen by measurement")
     model = copy.deepcopy(model).cpu().float().eval()
     t0 = time.perf_counter()
     om = convert(model)
     seconds = time.perf_counter() - t0
-    for name, value in (runtime_options or {}).items():
+    stored = dict(runtime_options or {})
+    if precision in ("bf16", "f32"):
+        stored["INFERENCE_PRECISION_HINT"] = precision
+    for name, value in stored.items():
         om.set_rt_info(value, ["runtime_options", name])
     model.config.use_cache = True
     model.config.save_pretrained(folder)
@@ -466,18 +769,33 @@ def write_artifact(folder: Path, model: nn.Module, tokenizer, weights: str = "fp
                             "precision_how": precision_how, "params": sum(p.numel() for p in model.parameters()),
                             "converter": f"openvino.convert_model (PyTorch front end), OpenVINO {ov.__version__}, "
                                          "made stateful as optimum-intel's patch_stateful_decoder",
-                            "convert_seconds": seconds, "runtime_options": dict(runtime_options or {})}
+                            "convert_seconds": seconds, "runtime_options": dict(runtime_options or {}),
+                            "threads": torch.get_num_threads(), **({"peer": True} if peer else {})}
     (folder / OV_DESC).write_text(json.dumps(desc, indent=2))  # the loader needs it for the gate
     desc["parity"] = check_parity(model, folder)
     if weights != "fp32":
         desc.update(compress(om, weights))
         ov.save_model(om, str(folder / OV_MODEL), compress_to_fp16=False)
     desc["weight_types"] = weight_types(om)
+    del om
     desc["tokenizer_models"] = write_tokenizer_models(folder, tokenizer)
-    desc["runtime"] = ("openvino.Core().compile_model(model, 'CPU', {INFERENCE_NUM_THREADS: torch threads" +
-                       (f", INFERENCE_PRECISION_HINT: {precision}" if precision != "default" else "") + "})")
-    (folder / OV_DESC).write_text(json.dumps(desc, indent=2))
-    return desc
+    return record(folder, desc)
+
+
+def peer_deviations() -> list[str]:
+    """How effkit runs the peer other than with LLMPipeline's and OpenVINO's defaults, one line each."""
+    threads, plain = torch.get_num_threads(), plain_compile_settings()["INFERENCE_NUM_THREADS"]
+    same = " (the same count)" if str(threads) == plain else ""
+    return [f"INFERENCE_NUM_THREADS={threads}: torch's thread count, so that every engine in the comparison gets the "
+            f"same threads; OpenVINO's own default here is {plain}{same}",
+            "the prompt handed over as token ids (openvino_genai.TokenizedInputs): tokenizing is not timed",
+            "a greedy GenerationConfig with min_new_tokens = max_new_tokens and ignore_eos=True: it decodes exactly "
+            "the tokens every other engine decodes"]
+
+
+# the default workload a setting is chosen for where the writer names none (`effkit export`): the project's default
+# `optimize_for`
+DEFAULT_WORKLOAD = "decode-b1"
 
 
 class OpenVINOEngine(Engine):
@@ -491,9 +809,18 @@ class OpenVINOEngine(Engine):
     format = "openvino"
     portability = PORTABILITY
     peer_tag = "peer-openvino"
-    peer_how = ("what `optimum-cli export openvino` writes for a model of this size (fp32 weights, stateful, "
-                "runtime_options KV_CACHE_PRECISION=f16, ACTIVATIONS_SCALE_FACTOR=8.0), compiled with OpenVINO's "
-                "defaults (bf16 inference where the CPU has AVX-512 BF16)")
+
+    @property
+    def peer_how(self) -> str:  # type: ignore[override]
+        how = ("what `optimum-cli export openvino` writes for a model of this size (fp32 weights, stateful, "
+               "runtime_options KV_CACHE_PRECISION=f16, ACTIVATIONS_SCALE_FACTOR=8.0), decoded by "
+               "openvino_genai.LLMPipeline(path, 'CPU') with OpenVINO's defaults (bf16 inference where the CPU has "
+               "AVX-512 BF16; the attention backend its default builds, named in the row's notes); held-out loss "
+               "from a forward of the same model compiled with the same settings (LLMPipeline returns no logits), "
+               "its greedy tokens checked against effkit's loop over that graph")
+        if ov_unavailable():
+            return how
+        return how + "; deviations from the defaults: " + "; ".join(peer_deviations())
 
     def available(self, device: torch.device | None = None, path: Path | None = None, **options: Any) -> str | None:
         if device is not None and device.type != "cpu":
@@ -506,51 +833,64 @@ class OpenVINOEngine(Engine):
         return OpenVINOCausalLM(path)
 
     def convert(self, folder: Path, source: Path, model: nn.Module, tokenizer, int8: bool = False,
-                weights: str | None = None, precision: str = "default", **options: Any) -> dict[str, Any]:
-        return write_artifact(folder, model, tokenizer, weights or ("int8" if int8 else "fp32"), precision)
+                weights: str | None = None, precision: str = "default", optimize_for: str | None = None,
+                **options: Any) -> dict[str, Any]:
+        write_artifact(folder, model, tokenizer, weights or ("int8" if int8 else "fp32"), precision)
+        return record_attention(folder, tokenizer, optimize_for or DEFAULT_WORKLOAD)
 
     def exported(self, desc: dict[str, Any], folder: Path, int8: bool) -> tuple[dict[str, Any], dict[str, Any]]:
         return ({"precision": f"weights {desc['weights']}, inference {desc['inference_precision']}",
-                 "runtime": desc["runtime"], "exporter": desc["converter"], "weights": desc["weight_types"]},
+                 "runtime": desc["runtime"], "exporter": desc["converter"], "weights": desc["weight_types"],
+                 "attention": desc.get("attention_how", "")},
                 {"max_abs_logit_diff_vs_pytorch": desc["parity"]["max_abs_logit_diff"], "parity": desc["parity"]})
 
     def write_peer(self, folder: Path, reference: Path, model: nn.Module, tokenizer) -> dict[str, Any]:
-        desc = write_artifact(folder, model, tokenizer, "fp32", "default", OPTIMUM_RUNTIME_OPTIONS)
-        desc["peer"] = True  # decoded with LLMPipeline's defaults, as its users run it: nothing chosen for it
+        """The reference as optimum-cli writes it, run as its users run it: LLMPipeline with its defaults. Refused
+        (EffkitError: the bench says "not run: <reason>") where LLMPipeline cannot run it: never a stand-in decoder
+        under its name."""
+        desc = write_artifact(folder, model, tokenizer, "fp32", "default", OPTIMUM_RUNTIME_OPTIONS, peer=True)
+        if desc["tokenizer_models"].startswith("not written"):
+            raise EffkitError(f"LLMPipeline, which its users run, needs OpenVINO's tokenizer models: "
+                              f"{desc['tokenizer_models']}")
+        ov_model = OpenVINOCausalLM(folder)
+        if ov_model.pipeline(None) is None:
+            raise EffkitError(f"openvino_genai.LLMPipeline(path, 'CPU') cannot be built here "
+                              f"({ov_model.why_no_pipeline(None)})")
+        ran, how = ov_model.default_attention()
+        del ov_model
+        desc.update(attention_ran=ran, attention_how=how, deviations=peer_deviations())
         (folder / OV_DESC).write_text(json.dumps(desc, indent=2))
         return desc
 
     def decode(self, model: OpenVINOCausalLM, tokenizer, batch: int, new_tokens: int,
                generate_kwargs: dict[str, Any] | None = None):
-        """Greedy decoding as OpenVINO's users run it: `openvino_genai.LLMPipeline` (its C++ loop; effkit's Python
-        loop over the infer request where the pipeline cannot be built), from `batch` copies of the prompt, with
-        the attention backend `attention_for` gives."""
-        from effkit.measure import metrics
-
-        start = tokenizer(metrics.GENERATION_PROMPT, return_tensors="np").input_ids
-        attention, how = model.attention_for(batch, start)
-        if model.pipeline(attention) is None:
+        """Greedy decoding as OpenVINO's users run it: `openvino_genai.LLMPipeline` (its C++ loop) with the attention
+        backend the artifact records (the peer: LLMPipeline's default), from `batch` copies of the prompt, its
+        tokens checked on the first call (`pipeline_timer`). Where LLMPipeline cannot be built, effkit's Python
+        loop over the infer request, said so in the generation note; the peer is refused instead."""
+        start = tokenizer(_prompt(), return_tensors="np").input_ids
+        key, _ = model.decoding()
+        if model.pipeline(key) is None:
+            if model.description.get("peer"):
+                raise EffkitError(f"the OpenVINO peer cannot decode as its users run it: openvino_genai.LLMPipeline "
+                                  f"({model.why_no_pipeline(key)})")
             return super().decode(model, tokenizer, batch, new_tokens, generate_kwargs)
-        model.attention_notes[batch] = how
-        ids = start.repeat(batch, 0)
-
-        def once() -> float:
-            t = time.perf_counter()
-            new = model.pipeline_generate(ids, new_tokens, attention)
-            seconds = time.perf_counter() - t
-            if new.shape != (batch, new_tokens):
-                raise EffkitError(f"LLMPipeline returned {new.shape} tokens, not ({batch}, {new_tokens})")
-            return batch * new_tokens / seconds
-
-        once.settle_s = model.settle_s
-        return once
+        return pipeline_timer(model, np.repeat(start, batch, axis=0), new_tokens, key)
 
     def quantized_layers(self, model: nn.Module, path: Path | None = None) -> int:
         desc = getattr(model, "description", {})
         return sum(v for k, v in desc.get("weight_types", {}).items() if k in ("u8", "i8", "u4", "i4"))
 
     def load_command(self, path: Path) -> str:
-        return f"openvino_genai.LLMPipeline('{path}', 'CPU')"
+        """LLMPipeline with the properties the artifact was timed with that its model file cannot carry (`record`);
+        where its tokenizer models are missing, the plain `compile_model` with them (LLMPipeline needs those)."""
+        desc = read_description(path)
+        props = load_properties(desc)
+        if str(desc.get("tokenizer_models", "")).startswith("not written"):
+            plain = {k: v for k, v in props.items() if k != "ATTENTION_BACKEND"}
+            return f"openvino.Core().compile_model('{Path(path) / OV_MODEL}', 'CPU'" + \
+                (f", {plain!r}" if plain else "") + ")"
+        return f"openvino_genai.LLMPipeline('{path}', 'CPU'" + "".join(f", {k}={v!r}" for k, v in props.items()) + ")"
 
 
 ENGINE = OpenVINOEngine()

@@ -1,9 +1,11 @@
 """`openvino`: the model converted by OpenVINO's PyTorch front end into the stateful layout `optimum-cli export
 openvino` writes, its weights compressed by NNCF (`--weight-format int8` by default, or `int4`), and run by
 OpenVINO's CPU plug-in in the `--inference-precision` it names: `bf16` (the matrix units: AMX, or AVX-512 BF16),
-`f32`, or `auto`, which times both on this CPU at the workload the run optimizes for and keeps bf16 only
-where it is measurably faster (a CPU without native bf16 is "f32: bf16 not run: <reason>"). The loss of whatever is
-chosen is measured like every artifact's. The folder loads in plain OpenVINO (`effkit.engines.openvino`)."""
+`f32`, or `auto`, which times both on this CPU at the workload the run optimizes for under the decision rule
+(`effkit.measure.choice`) and keeps f32 on a tie (a CPU without native bf16 is "f32: bf16 not run: <reason>"); then
+LLMPipeline's attention backend is chosen the same way (`engines.openvino.choose_attention`). The loss of whatever is
+chosen is measured like every artifact's. The folder loads in plain OpenVINO (`effkit.engines.openvino`) with the
+settings it was measured with: what the model file cannot carry is in its load command."""
 
 from __future__ import annotations
 
@@ -30,33 +32,34 @@ class Options:
         "choices": ("auto", "bf16", "f32")})
 
 
-def choose_precision(folder: Path, tokenizer, workload: str) -> tuple[str, dict[str, Any]]:
-    """bf16 or f32 for the artifact in `folder`, by paired interleaved timing of both at `workload` on this CPU
-    (the bench's sequential rule, `effkit.measure.stopping`, with a short budget); bf16 only where faster."""
+def choose_precision(folder: Path, tokenizer, workload: str, rule=None) -> tuple[str, dict[str, Any]]:
+    """bf16 or f32 for the artifact in `folder`, timed at `workload` on this CPU as its users run it (decode:
+    LLMPipeline; prefill: a forward) under the decision rule (`effkit.measure.choice.choose`; `rule`: at most
+    `SETTING_BUDGET_S` of head-to-head looks per open contender by default). A tie within the precision goes to f32,
+    the precision whose loss the export gate checked. Returns (the pick, {"choice", "workload", "how", and
+    "decision": the choice's `to_dict()`, every call of every sample}). A CPU without native bf16: f32, bf16 not
+    run, nothing timed."""
     from effkit import workloads
-    from effkit.engines.openvino import ENGINE, OpenVINOCausalLM, bf16_unavailable
-    from effkit.measure import metrics, stopping
-    from effkit.measure.results import PairedRatio
+    from effkit.engines.openvino import DECODE_TOKENS, ENGINE, SETTING_BUDGET_S, OpenVINOCausalLM, bf16_unavailable
+    from effkit.measure import choice, metrics
 
     if reason := bf16_unavailable():
         return "f32", {"choice": "f32", "how": f"bf16 not run: {reason}"}
     w = workloads.get(workload)
+    rule = rule or choice.Rule(budget_s=SETTING_BUDGET_S)
     models = {p: OpenVINOCausalLM(folder, precision=p) for p in ("f32", "bf16")}
     if w.kind == "decode":
-        new = min(32, metrics.generation_budget(models["f32"], tokenizer, w.tokens or 32)[0])
+        new = min(DECODE_TOKENS, metrics.generation_budget(models["f32"], tokenizer, w.tokens or DECODE_TOKENS)[0])
         fns = {p: ENGINE.decode(m, tokenizer, w.batch, new) for p, m in models.items()}
+        what = f"greedy decoding of {new} new tokens from {w.batch} prompt(s), new tokens/s"
     else:
-        fns = {p: ENGINE.prefill(m, w.batch, w.tokens or min(128, models["f32"].config.n_positions))
-               for p, m in models.items()}
-    rule = stopping.Stopping(rounds=3, precision=0.03, budget_s=10.0)
-    m = stopping.measure(fns, rule, 1, warmup=1)
-    ratio = m.ratio("f32", "bf16", higher_is_better=w.higher_is_better)
-    verdict = PairedRatio.of(ratio)
-    choice = "bf16" if verdict.verdict == "faster" else "f32"
-    return choice, {"choice": choice, "workload": w.name, "bf16_vs_f32": ratio, "rounds": m.record["rounds"],
-                    "how": f"bf16 vs f32 inference at {w.name}: {verdict.fmt()} over {m.record['rounds']} paired "
-                           f"rounds ({rule.describe()}); " + ("bf16: faster" if choice == "bf16" else
-                                                              "f32: bf16 not measurably faster")}
+        tokens = w.tokens or min(128, models["f32"].config.n_positions)
+        fns = {p: ENGINE.prefill(m, w.batch, tokens) for p, m in models.items()}
+        what = f"forward of ({w.batch}, {tokens}) tokens, seconds"
+    picked = choice.choose(fns, w.higher_is_better, rule, prefer=lambda p: p != "f32")
+    return picked.picked, {"choice": picked.picked, "workload": w.name, "decision": picked.to_dict(),
+                           "how": f"{picked.line('inference precision ')} at {w.name} ({what}); a tie goes to f32, "
+                                  f"whose loss the export gate checked; the rule: {rule.describe()}"}
 
 
 class OpenVINO:
@@ -99,23 +102,27 @@ class OpenVINO:
                 + ("" if o.inference_precision == "auto" else f"-{o.inference_precision}"))
 
     def write(self, folder: Path, parent: nn.Module, source: Path, tokenizer, cfg, device) -> dict[str, Any]:
-        import json
+        from dataclasses import replace
+
+        from effkit.measure import choice
 
         o = cfg.options
         asked = o.inference_precision
+        # the stage's own rule (its precision, its budget), capped: this is one setting of one folder
+        rule = replace(choice.Rule.of(cfg.measure), budget_s=min(cfg.measure.budget_s, ov_export.SETTING_BUDGET_S))
         desc = ov_export.write_artifact(folder, parent, tokenizer, o.weight_format, "f32" if asked == "auto" else asked)
         if asked == "auto":
-            choice, how = choose_precision(folder, tokenizer, cfg.method.optimize_for)
-            desc.update(inference_precision=choice, precision_how=how["how"], precision_choice=how)
-            desc["runtime"] = desc["runtime"].replace("INFERENCE_PRECISION_HINT: f32",
-                                                      f"INFERENCE_PRECISION_HINT: {choice}")
-            (folder / ov_export.OV_DESC).write_text(json.dumps(desc, indent=2))
+            picked, how = choose_precision(folder, tokenizer, cfg.method.optimize_for, rule)
+            desc.update(inference_precision=picked, precision_how=how["how"], precision_choice=how)
+            ov_export.record(folder, desc)  # the pick travels in the model and the load command
+        desc = ov_export.record_attention(folder, tokenizer, cfg.method.optimize_for, rule)
         counts = desc["weight_types"]
         return {"format": self.format, "include_head": True, "openvino": desc,
                 "layers": [f"{k} matrices: {v}" for k, v in counts.items()],
                 "storage": f"OpenVINO IR (openvino_model.xml/.bin), weights {o.weight_format} "
                            f"({desc.get('compression', 'uncompressed')}), inference in {desc['inference_precision']}"
-                           f" ({desc['precision_how'] or 'as asked'})"}
+                           f" ({desc['precision_how'] or 'as asked'}), LLMPipeline attention "
+                           f"{desc.get('attention')}"}
 
     def load(self, folder: Path, desc: dict[str, Any], device: torch.device) -> nn.Module:
         return ov_export.OpenVINOCausalLM(folder)
