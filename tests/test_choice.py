@@ -88,6 +88,8 @@ def test_non_finite_timings_are_never_picked_even_when_listed_first():
     assert c.picked == "ok" and "broken" in c.invalid
     with pytest.raises(EffkitError):
         choice.choose({"broken": lambda: float("inf")}, True, choice.Rule(), clock=m.clock, sleep=m.sleep)
+    timings = {"broken": lambda: float("nan"), "ok": m.contender(0.02)}  # seconds, as a prefill timer returns
+    assert choice.choose(timings, False, choice.Rule(), clock=m.clock, sleep=m.sleep).picked == "ok"
 
 
 def test_a_choice_recomputes_from_its_samples():

@@ -158,8 +158,11 @@ def choose(contenders: dict[str, Callable[[], float]], higher_is_better: bool, r
         except Exception as e:  # noqa: BLE001 - a contender that fails is never picked, and the report says why
             invalid[n] = f"failed: {type(e).__name__}: {str(e).strip().splitlines()[0][:160] if str(e) else ''}"
             continue
-        calls[n] = max(1, min(rule.max_calls, math.ceil(rule.min_sample_s / max(median(took), 1e-9))))
         settle(n)
+        if not all(math.isfinite(x) and x > 0 for x in took):
+            invalid[n] = "non-finite or non-positive timings"
+            continue
+        calls[n] = max(1, min(rule.max_calls, math.ceil(rule.min_sample_s / median(took))))
     samples: dict[str, list[list[float]]] = {n: [] for n in calls}
 
     wall = {n: 0.0 for n in calls}  # seconds spent in each contender's samples, for the budget
