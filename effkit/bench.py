@@ -30,7 +30,7 @@ from effkit.measure import metrics, results, stats, stopping
 from effkit.measure.compare import generate_sample
 from effkit.parallel import resolve_device
 from effkit.report import atomic_write_text, write_rows_csv
-from effkit.stage import Plan, RunContext, Stage, Step, fingerprint
+from effkit.stage import Plan, RunContext, Stage, Step, best_of_each_mode, fingerprint, pruning_rounds
 
 # the workloads (effkit.workloads: prefill and decode at batch 1 and 12, and any registered one) are timed for every
 # artifact; the batches of the prefill ones are also what a compiled twin is compiled for
@@ -389,14 +389,18 @@ def leaderboard(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "training_throughput_12": num(r["train_tokens_per_s_b12"])} for r in rows}}
 
 
-def run_bench(cfg: BenchConfig, progress: bool = True, deliver: tuple[str, float] | None = None) -> dict[str, Any]:
+def run_bench(cfg: BenchConfig, progress: bool = True, deliver: tuple[str, float] | None = None,
+              elsewhere: dict[str, str] | None = None) -> dict[str, Any]:
     """Bench every artifact of the run (and the peers); `deliver`: (workload, loss budget) of the deliverable to
     be chosen from this bench (`effkit run`): the artifacts within the budget are timed until the leader among
-    them stands decided or tied against each of the others (see `deliverable`)."""
+    them stands decided or tied against each of the others (see `deliverable`). `elsewhere`: artifacts of the run
+    left out, each with where its figures are."""
     cfg = cfg.validate()
     device = resolve_device(cfg.what.device)
     run_name, found = find_artifacts(cfg)
+    found = [p for p in found if p.name not in (elsewhere or {})]
     not_run = {p.name: f"not run: {reason}" for p in found if (reason := cannot_run_on(p, device))}
+    not_run |= {tag: f"not benched here: {where}" for tag, where in (elsewhere or {}).items()}
     paths = [p for p in found if p.name not in not_run]
     if not paths:
         raise EffkitError(f"no artifact of run {run_name} can run on {device}: "
@@ -710,6 +714,16 @@ def beaten_by(row: dict[str, Any], w: workloads.Workload) -> dict[str, dict[str,
             if w.key in r and results.PairedRatio.of(r[w.key]).verdict == "slower"}
 
 
+def other_rounds(plan: Plan) -> dict[str, str]:
+    """The pruning rounds a user would not choose between: every round but the one of each mode a user would look
+    at (`best_of_each_mode`; the prune stage timed and judged them all against the dense model and their controls),
+    each with where its figures are."""
+    keep = set(best_of_each_mode(plan).values())
+    return {r["tag"]: f"not its mode's most compressed round within the budget; its figures (loss, latency, "
+                      f"against its dense control) are in {plan.report_dir / ('prune-' + r['label'] + '.json')}"
+            for r in pruning_rounds(plan) if r["tag"] not in keep}
+
+
 class BenchStep(Step):
     key = "bench"
 
@@ -733,7 +747,8 @@ class BenchStep(Step):
 
     def run(self, ctx: RunContext) -> None:
         pipeline = ctx.plan.run.pipeline
-        ctx.results["bench"] = run_bench(ctx.plan.bench, deliver=(pipeline.optimize_for, pipeline.max_loss_increase))
+        ctx.results["bench"] = run_bench(ctx.plan.bench, deliver=(pipeline.optimize_for, pipeline.max_loss_increase),
+                                         elsewhere=other_rounds(ctx.plan))
         self.deliver(ctx)
 
     def reuse(self, ctx: RunContext) -> None:
@@ -749,7 +764,7 @@ class BenchStep(Step):
 
     def work(self, plan: Plan) -> float:
         st = plan.stages
-        n = 1 + (sum(c.method.rounds for c in plan.prune.values()) if "prune" in st else 0)
+        n = 1 + (len(plan.prune) if "prune" in st else 0)  # the round of each mode a user would look at
         n += len(plan.run.pipeline.quantize_from) if "quantize" in st else 0
         b = plan.bench
         n += len(engines.peers(b.peer_engine_names)) if b.what.peers else 0

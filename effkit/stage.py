@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from effkit import artifacts
 from effkit.artifacts import META, RunLayout
+from effkit.measure import results
 
 # Work is counted in training steps of the recipe (one forward + backward + AdamW step at its batch x block), times
 # the step time measured on this machine after the first training steps: exact for training and fine-tuning; the
@@ -154,3 +156,43 @@ class Stage:
             if fp is not None:
                 out[s.key] = fp
         return out
+
+
+# ------------------------------------------------------------------------------ the pruning rounds a run made
+def pruning_rounds(plan: Plan) -> list[dict[str, Any]]:
+    """Every complete pruning round of the run: its tag, mode label, size, loss against the dense model it was
+    pruned from (`train`: the model the user has) and whether the upper end of that paired interval is within
+    `max_loss_increase`, with its dense control's share beside it."""
+    budget = plan.run.pipeline.max_loss_increase
+    rows = []
+    for cfg in plan.prune.values():
+        for r in range(1, cfg.method.rounds + 1):
+            d = plan.layout.artifact(artifacts.prune_tag(cfg.label, r))
+            if not complete(d):
+                continue
+            m = artifacts.read_meta(d)["metrics"]
+            delta = results.LossDelta.of(m[results.EVAL_LOSS_DELTA_VS_DENSE])
+            control = m.get(results.EVAL_LOSS_DELTA_VS_CONTROL)
+            rows.append({"tag": d.name, "label": cfg.label, "size_bytes": artifacts.dir_size(d),
+                         "loss_delta": delta.delta, "loss_delta_ci95": list(delta.ci95), "vs": "dense parent",
+                         "loss_delta_vs_control": results.LossDelta.of(control).delta if control else None,
+                         "latency_b12_s": m["latency_b12"]["p50_s"],
+                         "within_budget": delta.verdict != results.INVALID and delta.ci95[1] <= budget})
+    return rows
+
+
+def most_compressed(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Among rounds within the budget: the smallest folder (parameters really removed), then the lowest latency."""
+    within = [r for r in rows if r["within_budget"]]
+    return min(within, key=lambda r: (r["size_bytes"], r["latency_b12_s"])) if within else None
+
+
+def best_of_each_mode(plan: Plan) -> dict[str, str]:
+    """Each pruning mode's most compressed round within the budget, or, where none is, its least damaged round
+    (the lowest loss): the round of that mode a user would look at."""
+    rows = pruning_rounds(plan)
+    best = {}
+    for label in dict.fromkeys(r["label"] for r in rows):
+        mine = [r for r in rows if r["label"] == label]
+        best[label] = (most_compressed(mine) or min(mine, key=lambda r: r["loss_delta"]))["tag"]
+    return best

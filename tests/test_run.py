@@ -91,11 +91,12 @@ def test_tiny_recipe_end_to_end_then_skips(tmp_path, corpus_dir):
                              "report"]
     tags = [r["tag"] for r in first["bench"]["artifacts"]]
     assert tags == ["train", "prune-row-distill-r1", "quantize-dynamic", "prune-row-distill-r1+quantize-dynamic",
-                    "peer-ctranslate2-int8", "peer-onnxruntime-int8", "peer-openvino"]  # effkit run benches the peers
+                    "peer-ctranslate2-int8", "peer-onnxruntime-int8", "peer-openvino",
+                    "peer-llamacpp"]  # effkit run benches the peers
     peers = [r for r in first["bench"]["artifacts"] if r["stage"] == "peer"]
     assert all(r["decode_tokens_per_s_b1"] > 0 and r["decode_tokens_per_s_b12"] > 0 for r in peers)
     assert set(first["bench"]["artifacts"][0]["vs_peers"]) == {"peer-ctranslate2-int8", "peer-onnxruntime-int8",
-                                                               "peer-openvino"}
+                                                               "peer-openvino", "peer-llamacpp"}
     from effkit.bench import peer_workloads
 
     # the peers decode exactly the tokens every artifact decodes (same prompt, same count, same end-of-text rule)
@@ -104,7 +105,7 @@ def test_tiny_recipe_end_to_end_then_skips(tmp_path, corpus_dir):
         "generation"]["prompt"]}
     samples = first["bench"]["samples"]  # #39 (13): each artifact against each peer, recomputed from the rounds
     for r in first["bench"]["artifacts"][:4]:
-        for p in ("peer-ctranslate2-int8", "peer-onnxruntime-int8", "peer-openvino"):
+        for p in ("peer-ctranslate2-int8", "peer-onnxruntime-int8", "peer-openvino", "peer-llamacpp"):
             for w in peer_workloads():
                 assert_ratio_from_samples(r["vs_peers"][p][w.key], samples[w.measure], p, r["tag"],
                                           w.higher_is_better)
@@ -330,3 +331,33 @@ def test_dry_run_shows_the_plan_and_the_launch_command(tmp_path, corpus_dir):
     assert "accelerate.commands.launch --num_processes 2" in out.stdout and "ACCELERATE_USE_CPU=1" in out.stdout
     assert "prune row" in out.stdout and "bench" in out.stdout
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_runs_bench_times_the_round_of_each_mode_a_user_would_look_at(tmp_path, corpus_dir):
+    """#46: the run's bench re-timed every pruning round the prune stage had already judged. It now times each
+    mode's most compressed round within the budget (by the upper end of the loss interval), or the least damaged
+    where none is, and says where the others' figures are."""
+    from effkit import artifacts
+    from effkit.bench import other_rounds
+    from effkit.stage import best_of_each_mode
+
+    plan = make_plan(str(write_recipe(tmp_path, corpus_dir, prune_rounds=2,
+                                      extra_run='prune_modes = ["row", "depth"]\nmax_loss_increase = 0.02')))
+    losses = {"row": [(0.005, 0.012), (0.015, 0.025)], "depth": [(0.03, 0.04), (0.05, 0.06)]}
+    for cfg in plan.prune.values():
+        for r in (1, 2):
+            d = plan.layout.artifact(artifacts.prune_tag(cfg.label, r))
+            d.mkdir(parents=True)
+            (d / "weights").write_bytes(b"x" * (1000 // r))  # round 2 is smaller
+            delta, hi = losses[cfg.method.mode][r - 1]
+            (d / artifacts.META).write_text(json.dumps({"stage": "prune", "metrics": {
+                "eval_loss_delta_vs_dense": {"delta": delta, "ci95": [delta - 0.005, hi], "verdict": "worse"},
+                "latency_b12": {"p50_s": 0.01}}}))
+    labels = {c.method.mode: c.label for c in plan.prune.values()}
+    tag = lambda mode, r: artifacts.prune_tag(labels[mode], r)  # noqa: E731
+    # row r2's point estimate (+1.5%) is within 2% but its interval's upper end (+2.5%) is not: r1 it is; no
+    # depth round is within the budget: its least damaged round
+    assert best_of_each_mode(plan) == {labels["row"]: tag("row", 1), labels["depth"]: tag("depth", 1)}
+    left = other_rounds(plan)
+    assert set(left) == {tag("row", 2), tag("depth", 2)}
+    assert str(plan.report_dir / f"prune-{labels['row']}.json") in left[tag("row", 2)]

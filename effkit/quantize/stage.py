@@ -29,7 +29,7 @@ from effkit.parallel import init_runtime
 from effkit.quantize import backends
 from effkit.quantize.backends import QUANT_FILE
 from effkit.report import write_stage_report
-from effkit.stage import Plan, RunContext, Stage, Step, complete, fingerprint
+from effkit.stage import Plan, RunContext, Stage, Step, complete, fingerprint, most_compressed, pruning_rounds
 
 AUTO_LOSS_BUDGET = 0.01  # `auto` considers backends whose held-out loss is within 1% of the parent's
 
@@ -244,31 +244,16 @@ def quantized_from(plan: Plan, source: Path) -> Path | None:
 
 
 def best_pruned(plan: Plan) -> tuple[Path | None, dict[str, Any]]:
-    """The most compressed pruning round (smallest artifact folder: parameters really removed; then the lowest
-    batch-12 latency) whose held-out loss is within `max_loss_increase` of the dense model it was pruned from
-    (`train`: the model the user has), with its dense control's share beside it, and the table it was chosen
-    from."""
+    """The most compressed pruning round whose held-out loss is within `max_loss_increase` of the dense model (the
+    upper end of the paired interval, as the deliverable's rule), and the table it was chosen from."""
     budget = plan.run.pipeline.max_loss_increase
-    rows = []
-    for cfg in plan.prune.values():
-        for r in range(1, cfg.method.rounds + 1):
-            d = plan.layout.artifact(artifacts.prune_tag(cfg.label, r))
-            if not complete(d):
-                continue
-            m = artifacts.read_meta(d)["metrics"]
-            delta = results.LossDelta.of(m[results.EVAL_LOSS_DELTA_VS_DENSE])
-            control = m.get(results.EVAL_LOSS_DELTA_VS_CONTROL)
-            rows.append({"tag": d.name, "size_bytes": artifacts.dir_size(d), "loss_delta": delta.delta,
-                         "loss_delta_ci95": list(delta.ci95), "vs": "dense parent",
-                         "loss_delta_vs_control": results.LossDelta.of(control).delta if control else None,
-                         "latency_b12_s": m["latency_b12"]["p50_s"], "within_budget": delta.delta <= budget})
-    within = [r for r in rows if r["within_budget"]]
-    best = min(within, key=lambda r: (r["size_bytes"], r["latency_b12_s"])) if within else None
+    rows = pruning_rounds(plan)
+    best = most_compressed(rows)
     return (plan.layout.artifact(best["tag"]) if best else None), {
         "picked": best["tag"] if best else None, "budget": budget, "rounds": rows,
         "how": f"pruning rounds whose held-out loss is at most {budget:.1%} above the dense model they were pruned "
-               "from (relative, point estimate of the paired delta; the control's share, what the fine-tuning alone "
-               "did, is beside it); among them the smallest folder, then the lowest latency b12"}
+               "from (the upper end of the paired delta's interval; the control's share, what the fine-tuning "
+               "alone did, is beside it); among them the smallest folder, then the lowest latency b12"}
 
 
 class QuantizeStep(Step):
