@@ -448,11 +448,13 @@ def export(
     recipe: Optional[Path] = typer.Option(None, help="TOML recipe; its \\[export] table sets defaults"),
     source: str = typer.Option(_E.source, "--from", help="dense or pruned artifact (default: the latest run's train)"),
     data: str = typer.Option(_E.data, help=DATA_HELP),
-    format: str = typer.Option(_E.format, help="onnx (with past key/values, for ONNX Runtime), ctranslate2 or "
-                                               "openvino (stateful, as optimum-cli writes it)"),
+    format: str = typer.Option(_E.format, help="onnx (with past key/values, for ONNX Runtime), ctranslate2, "
+                                               "openvino (stateful, as optimum-cli writes it) or gguf (llama.cpp)"),
     int8: bool = typer.Option(_E.int8, "--int8/--no-int8", help="int8 weights: ONNX Runtime dynamic int8 after "
                                                                  "export, CTranslate2's int8, or NNCF's int8"),
     fuse: bool = typer.Option(_E.fuse, "--fuse/--no-fuse", help="ONNX Runtime's transformer fusions first"),
+    type: str = typer.Option(_E.type, "--type", help="the stored weights, for a format with several: gguf f16 "
+                                                     "(default), q8_0 or q4_0 (llama.cpp's blocks of 32)"),
     batch_size: int = typer.Option(_E.batch_size, help="evaluation batch size"),
     latency_rounds: int = typer.Option(_E.latency_rounds, help="interleaved rounds of PyTorch and ONNX timings"),
     latency_repeats: int = typer.Option(_E.latency_repeats, help="timed forward passes per model per round"),

@@ -625,6 +625,7 @@ class ExportWhat(_Section):
     format: str = "onnx"
     int8: bool = False  # ONNX Runtime dynamic int8 after export
     fuse: bool = False  # ONNX Runtime's transformer fusions before quantizing
+    type: str = ""  # the stored weights, for a format with several (its engine's `types`: gguf f16, q8_0, q4_0)
 
 
 @dataclass(frozen=True)

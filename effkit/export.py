@@ -25,7 +25,7 @@ from effkit.report import write_stage_report
 
 def export_tag(cfg: ExportConfig, source: Path) -> str:
     """`onnx` / `onnx-int8` / `ctranslate2-int8` for the dense model, `prune-row-r2+onnx-int8` for a pruned one."""
-    tag = cfg.what.format + ("-int8" if cfg.what.int8 else "")
+    tag = cfg.what.format + (f"-{cfg.what.type}" if cfg.what.type else "-int8" if cfg.what.int8 else "")
     return f"{source.name}+{tag}" if artifacts.read_meta(source)["stage"] == "prune" else tag
 
 
@@ -41,7 +41,8 @@ def engine_for(fmt: str):
 def write(cfg: ExportConfig, folder: Path, source: Path, parent, tokenizer) -> tuple[dict[str, Any], Any, dict]:
     """Write the export into `folder` and reload it from there: (description, model, what_ran keys)."""
     engine = engine_for(cfg.what.format)
-    desc = engine.convert(folder, source, parent, tokenizer, int8=cfg.what.int8, fuse=cfg.what.fuse)
+    desc = engine.convert(folder, source, parent, tokenizer, int8=cfg.what.int8, fuse=cfg.what.fuse,
+                          **({"type": cfg.what.type} if cfg.what.type else {}))
     ran, _ = engine.exported(desc, folder, cfg.what.int8)
     return desc, engine.load(folder, torch.device("cpu")), ran
 
@@ -59,6 +60,12 @@ def run_export(cfg: ExportConfig) -> dict[str, Any]:
                           f"artifact (its parent: {meta.get('parent')}), with --int8 for int8")
     if cfg.what.fuse and cfg.what.format != "onnx":
         raise EffkitError("--fuse applies to --format onnx (ONNX Runtime's fusions)")
+    if cfg.what.type and cfg.what.type not in (types := getattr(engine, "types", ())):
+        with_types = [e.format for _, e in ENGINES.items() if getattr(e, "types", ())]
+        raise EffkitError(f"unknown --type {cfg.what.type!r} for --format {cfg.what.format}; choose one of "
+                          f"{', '.join(types)}" if types else
+                          f"--type applies to --format {' or '.join(with_types)}; --format {cfg.what.format} takes "
+                          "--int8")
     run_dir = Path(cfg.folders.runs_dir) / artifacts.run_of(source)
     with artifacts.run_lock(run_dir):
         return _export(cfg, source, run_dir)
@@ -80,7 +87,8 @@ def _export(cfg: ExportConfig, source: Path, run_dir: Path) -> dict[str, Any]:
     parent_fp32["size_bytes"] = artifacts.dir_size(source)
     tag = export_tag(cfg, source)
     engine = engine_for(cfg.what.format)
-    label = f"{engine.label} {'int8' if cfg.what.int8 else 'fp32'}"
+    default = (getattr(engine, "types", ()) or ("fp32",))[0]  # an engine with several weight types: its default
+    label = f"{engine.label} {cfg.what.type or ('int8' if cfg.what.int8 else default)}"
     artifact = run_dir / tag
     with artifacts.atomic_dir(artifact) as tmp:
         desc, model, ran = write(cfg, tmp, source, parent, tokenizer)  # measured as its folder alone reloads it
@@ -89,7 +97,8 @@ def _export(cfg: ExportConfig, source: Path, run_dir: Path) -> dict[str, Any]:
         q["size_bytes"] = artifacts.dir_size(tmp)
         m, verdicts, protocol = compare_with_parent(cfg.measure, device, parent, model, tokenizer, block, parent_fp32,
                                                     parent_bf16, q, label, artifact=tmp)
-        m.update(params=desc["params"], int8_layers_reloaded=quantized_layers(tmp, model) if cfg.what.int8 else 0,
+        quantized = cfg.what.int8 or cfg.what.type  # a stored type may be quantized (gguf q8_0)
+        m.update(params=desc["params"], int8_layers_reloaded=quantized_layers(tmp, model) if quantized else 0,
                  portability=engine.portability)
         m.update(engine.exported(desc, tmp, cfg.what.int8)[1])
         if "parity" in desc:
@@ -104,7 +113,8 @@ def _export(cfg: ExportConfig, source: Path, run_dir: Path) -> dict[str, Any]:
         "what_ran": {"device": metrics.describe_device(device), "format": cfg.what.format, **ran, "world_size": 1,
                      "source_model": str(source), "data": data_section["source"],
                      "tokenizer": prepared.tokenizer_source,
-                     "parallel": "none", "amp_dtype": "fp32 activations" + (", int8 weights" if cfg.what.int8 else ""),
+                     "parallel": "none", "amp_dtype": "fp32 activations" + (
+                         f", {cfg.what.type} weights" if cfg.what.type else ", int8 weights" if cfg.what.int8 else ""),
                      "cpu_flags": " ".join(metrics.cpu_flags())},
         "versions": meta_out["versions"], "git_commit": meta_out["git_commit"],
         "protocol": protocol,

@@ -125,6 +125,7 @@ BACKENDS: Registry[Any] = Registry("backend", "--backend", {
     "ctranslate2": "effkit.quantize.backends.ctranslate2:BACKEND",
     "onnxruntime-int4": "effkit.quantize.backends.onnxruntime_int4:BACKEND",
     "openvino": "effkit.quantize.backends.openvino:BACKEND",
+    "gguf": "effkit.quantize.backends.gguf:BACKEND",
 })
 
 PRUNERS: Registry[Any] = Registry("pruning method", "--mode", {
@@ -139,6 +140,7 @@ ENGINES: Registry[Any] = Registry("engine", "engine", {
     "ctranslate2": "effkit.engines.ctranslate2:ENGINE",
     "onnxruntime": "effkit.engines.onnxruntime:ENGINE",
     "openvino": "effkit.engines.openvino:ENGINE",
+    "llamacpp": "effkit.engines.llamacpp:ENGINE",
 })
 
 OPTIMIZERS: Registry[Any] = Registry("optimizer", "--optim", {

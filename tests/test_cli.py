@@ -255,7 +255,7 @@ def test_library_import_notices_are_silenced_at_import_and_real_errors_still_sho
 @pytest.mark.parametrize("flags, needle", [
     # the PyTorch engine has no peer row: asking for it wrote none and passed
     (["--peers", "--peer-engines", "pytorch"],
-     "engine 'pytorch' in --peer-engines has no peer row; choose among ctranslate2, onnxruntime, openvino"),
+     "engine 'pytorch' in --peer-engines has no peer row; choose among ctranslate2, onnxruntime, openvino, llamacpp"),
     # without --peers the engines were silently ignored
     (["--peer-engines", "ctranslate2"], "--peer-engines chooses among the peer rows: add --peers"),
     (["--no-peers", "--peer-engines", "onnxruntime"], "--peer-engines chooses among the peer rows: add --peers"),

@@ -1,0 +1,76 @@
+"""`gguf`: the model written as one GGUF file by effkit's own converter and stored in llama.cpp's block formats by
+gguf-py (`--gguf-type q8_0` by default: blocks of 32 int8 values with one f16 scale; or `q4_0`: 4-bit blocks, the tied
+embedding / LM head kept in Q8_0), run by llama.cpp (`xllamacpp`). The folder is a plain llama.cpp model: `model.gguf`
+holds the weights and the tokenizer (`effkit.engines.llamacpp`). A model whose widths are not multiples of 32 cannot
+be stored in blocks of 32: refused in one line (`quantize --backend auto` then says "not run" for it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from effkit.registry import lazy_module
+
+torch = lazy_module("torch")
+nn = lazy_module("torch.nn")
+llamacpp = lazy_module("effkit.engines.llamacpp")
+
+GGUF_TYPES = ("q8_0", "q4_0")
+
+
+@dataclass(frozen=True)
+class Options:
+    """`effkit quantize --backend gguf`'s own options (flags, recipe keys and --help lines come from here)."""
+
+    gguf_type: str = field(default="q8_0", metadata={
+        "help": "gguf: llama.cpp's block format, q8_0 or q4_0 (f16: effkit export --format gguf)",
+        "choices": GGUF_TYPES})
+
+
+class Gguf:
+    name = "gguf"
+    options = Options
+    summary = "llama.cpp GGUF (effkit's writer; Q8_0 by default, or Q4_0)"
+    format = "gguf"
+    devices = ("cpu",)
+
+    @property
+    def portability(self) -> str:
+        return llamacpp.PORTABILITY
+
+    def available(self, device: torch.device | None = None) -> str | None:
+        if device is not None and device.type != "cpu":
+            return "effkit runs llama.cpp artifacts on the CPU only; use --device cpu"
+        return llamacpp.llamacpp_unavailable()
+
+    def refuses(self, cfg) -> str | None:
+        if cfg.options.gguf_type not in GGUF_TYPES:
+            return f"unknown --gguf-type {cfg.options.gguf_type!r}; choose one of {', '.join(GGUF_TYPES)}"
+        if cfg.method.include_head:
+            return "--include-head with gguf: GGUF always stores the tied embedding / LM head quantized (in Q8_0)"
+        return None
+
+    def tag(self, cfg) -> str:
+        t = cfg.options.gguf_type
+        return "quantize-gguf" + ("" if t == "q8_0" else f"-{t}")
+
+    def write(self, folder: Path, parent: nn.Module, source: Path, tokenizer, cfg, device) -> dict[str, Any]:
+        desc = llamacpp.write_artifact(folder, parent, tokenizer, cfg.options.gguf_type)
+        counts = llamacpp.tensor_types(folder / llamacpp.GGUF_FILE)
+        return {"format": self.format, "include_head": True, "gguf": desc,
+                "layers": [f"{k} matrices: {v}" for k, v in counts.items()],
+                "storage": f"one GGUF file (model.gguf, tokenizer inside): {desc['quantizer']}; norms, biases and the "
+                           "position embedding f32"}
+
+    def load(self, folder: Path, desc: dict[str, Any], device: torch.device) -> nn.Module:
+        return llamacpp.ENGINE.load(folder, device)
+
+    def quantized_layers(self, model: nn.Module) -> int:
+        return llamacpp.ENGINE.quantized_layers(model)
+
+    def load_command(self, folder: Path) -> str:
+        return llamacpp.ENGINE.load_command(folder)
+
+
+BACKEND = Gguf()
