@@ -3,6 +3,7 @@ artifact report carries. Quantize and export call these; neither imports the oth
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,16 +32,20 @@ def generate_sample(model: nn.Module, tokenizer, max_new_tokens: int) -> dict[st
                                                          if n]) else {})}
 
 
-def side_by_side(contenders: dict[str, tuple[nn.Module, torch.dtype | None]], block: int, stop: stopping.Stopping,
+def side_by_side(contenders: dict[str, Callable[[int], Callable[[], float]]], stop: stopping.Stopping,
                  repeats: int, pairs: list[tuple[str, str]] | None = None) -> dict[str, stopping.Measured]:
-    """Forward latency of every contender (a model and its autocast dtype) at batch 1 and 12, interleaved, until
-    `pairs` (default: every contender against the first) are decided (see `stopping`). Every forward is a prefill
-    that builds the KV cache (`use_cache=True`; ONNX Runtime's with-past graph always returns it), so engines are
+    """Prefill latency of every contender (a function giving its timer at a batch size) at batch 1 and 12,
+    interleaved, until `pairs` (default: every contender against the first) are decided (see `stopping`). Every
+    timer is a prefill that builds the KV cache, each through its own engine (`Engine.prefill`), so engines are
     timed doing the same work."""
-    return {f"b{b}": stopping.measure({name: metrics.forward_timer(m, b, block, dtype, use_cache=True)
-                                       for name, (m, dtype) in contenders.items()}, stop, repeats, warmup=2,
-                                      pairs=pairs)
+    return {f"b{b}": stopping.measure({name: timer(b) for name, timer in contenders.items()}, stop, repeats,
+                                      warmup=2, pairs=pairs)
             for b in (1, 12)}
+
+
+def _pytorch_prefill(model: nn.Module, block: int, dtype: torch.dtype | None) -> Callable[[int], Callable[[], float]]:
+    """A PyTorch model's prefill timer at a batch size, under autocast `dtype`."""
+    return lambda b: metrics.forward_timer(model, b, block, dtype, use_cache=True)
 
 
 def bf16_not_run(device: torch.device) -> str | None:
@@ -67,21 +72,22 @@ def compare_with_parent(measure, device: torch.device, parent: nn.Module, model:
     from effkit.registry import ENGINES
 
     skipped = bf16_not_run(device) or (None if parent_bf16 is not None else "not run: not evaluated")
-    contenders = {"fp32": (parent, None), **({} if skipped else {"bf16": (parent, torch.bfloat16)}),
-                  "int8": (model, None)}
+    pytorch = ENGINES.get("pytorch")
+    own = engine_of(artifact) if artifact is not None else pytorch
+    contenders = {"fp32": _pytorch_prefill(parent, block, None),
+                  **({} if skipped else {"bf16": _pytorch_prefill(parent, block, torch.bfloat16)}),
+                  "int8": lambda b: own.prefill(model, b, block)}
     compiled_status = {}
     if getattr(measure, "compile", False):  # the compiled twins join the same rounds
         for name, m in (("fp32", parent), ("int8", model)):
             twin, compiled_status[name] = metrics.compile_for_inference(m, (1, 12), block, use_cache=True)
             if twin is not None:
-                contenders[f"{name} compiled"] = (twin, None)
+                contenders[f"{name} compiled"] = _pytorch_prefill(twin, block, None)
     stop = stopping.Stopping.of(measure, "latency_rounds")
     pairs = [("fp32", "int8"), *([] if skipped else [("bf16", "int8"), ("fp32", "bf16")]),
              *[(ref, f"{name} compiled") for name, ref in (("fp32", "fp32"), ("int8", "int8"), ("int8", "fp32"))]]
-    timed = side_by_side(contenders, block, stop, measure.latency_repeats, pairs)
+    timed = side_by_side(contenders, stop, measure.latency_repeats, pairs)
     new_tokens = q["generation"]["new_tokens"]
-    pytorch = ENGINES.get("pytorch")
-    own = engine_of(artifact) if artifact is not None else pytorch
     gen = stopping.measure({"fp32": pytorch.decode(parent, tokenizer, 1, new_tokens),
                             "int8": own.decode(model, tokenizer, 1, new_tokens)}, stop, 1, warmup=1)
     for name, r in (("fp32", parent_fp32), ("bf16", parent_bf16), ("int8", q)):
@@ -136,7 +142,7 @@ def compare_with_parent(measure, device: torch.device, parent: nn.Module, model:
     bf16_how = f"parent under bf16 autocast ({skipped})" if skipped else "parent under bf16 autocast"
     protocol = {"eval_loss": metrics.EVAL_PROTOCOL + "; " + stats.LOSS_METHOD,
                 "latency": f"forward of (batch, {block}) random tokens: fp32 parent, {bf16_how} and "
-                           f"{label} (reloaded from its folder) "
+                           f"{label} (reloaded from its folder, through its own engine's prefill) "
                            + metrics.INTERLEAVED_PROTOCOL.format(warmup=2, rounds=stop.describe(),
                                                                  repeats=measure.latency_repeats)
                            + f"; {stats.RATIO_METHOD}"
