@@ -99,7 +99,7 @@ def test_auto_measures_and_names_its_choice(trained, fake_backend):
     assert all(auto["table"][b]["loss_delta"]["ci95"][1] <= AUTO_LOSS_BUDGET for b in timed)
     assert not list((tmp / "runs" / "q").glob(".tmp-auto-*"))  # the candidates' scratch folder is gone
     assert set(auto["table"]) == {"dynamic", "torchao", "bnb", "onnxruntime", "ctranslate2", "onnxruntime-int4",
-                                  "openvino", "fake8"}
+                                  "openvino", "gguf", "fake8"}
     assert all("eval_loss" in t for t in auto["table"].values())  # every backend runs here (the dev extra)
 
 
@@ -196,3 +196,142 @@ def test_auto_chooses_by_paired_ratio_not_by_medians_of_different_rounds():
     assert c.picked == "a" and c.ratios["b"]["verdict"] == "slower" and c.verdict == choice.DECIDED
     c = choice.decide({"a": rounds(0.9), "b": rounds(0.9)}, False, 0.95, 0.03, prefer={"a": 20, "b": 10}.get)
     assert c.picked == "b" and c.ratios["a"]["verdict"] == "same" and c.verdict == choice.TIE  # the smaller folder
+
+
+# ------------------------------------------------------------ #45: onnxruntime-int4's measured MatMulNBits settings
+def plain_onnxruntime_loss(model_path: Path, config: dict, blocks) -> float:
+    """Token-level mean cross-entropy of `blocks` through a plain `onnxruntime.InferenceSession` of the with-past
+    graph (empty past, every position attended): nothing of effkit's loop."""
+    import numpy as np
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
+    head_dim = config["n_embd"] // config["n_head"]
+    total, count = 0.0, 0
+    for row in blocks.numpy():
+        ids = row[None].astype(np.int64)
+        feed = {"input_ids": ids, "attention_mask": np.ones_like(ids),
+                "position_ids": np.arange(ids.shape[1], dtype=np.int64)[None]}
+        for i in range(config["n_layer"]):
+            for kv in ("key", "value"):
+                feed[f"past_key_values.{i}.{kv}"] = np.zeros((1, config["n_head"], 0, head_dim), np.float32)
+        logits = sess.run(["logits"], feed)[0][0, :-1].astype(np.float64)
+        top = logits.max(-1, keepdims=True)
+        logp = logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
+        total -= logp[np.arange(len(row) - 1), row[1:]].sum()
+        count += len(row) - 1
+    return total / count
+
+
+def test_int4_measured_settings_travel_in_the_graph_and_reload_in_plain_onnxruntime(trained, monkeypatch):
+    import onnx
+    from onnx import numpy_helper
+
+    from effkit.quantize.backends import onnxruntime_int4 as int4_backend
+
+    tmp, artifact, eval_blocks = trained
+    # the nano model's 4 held-out blocks (2 documents) give intervals near +-0.17%, on the edge of the +0.2% rule;
+    # a wider budget makes both compute levels candidates, so the choice between them runs (the rule's bookkeeping
+    # is checked against whatever budget is in force)
+    monkeypatch.setattr(int4_backend, "INT4_LOSS_BUDGET", 0.02)
+    report = run_quantize(qcfg(tmp, artifact, backend="onnxruntime-int4", latency_rounds=2, latency_repeats=1))
+    folder = Path(report["artifact"])
+    int4 = json.loads((folder / "quantization.json").read_text())["onnx"]["int4"]
+    assert json.loads((folder / "onnx.json").read_text())["int4"] == int4  # the ONNX description carries it too
+    table = int4["table"]
+    # width 64: blocks of 128 cannot hold the tied embedding's rows, so they are not run, and say why
+    assert {n for n, t in table.items() if t["status"].startswith("not run")} == {"block128-level1", "block128-level4"}
+    measured = {n: t for n, t in table.items() if "loss_delta" in t}
+    assert set(measured) == {"block32-level1", "block32-level4"}
+    for t in measured.values():  # kept exactly when the upper end of the paired interval is within the budget
+        assert (t["status"] in ("candidate", "picked")) == (t["loss_delta"]["ci95"][1] <= 0.02), t
+    decision = int4["decision"]
+    assert decision is not None and set(decision["samples"]) == set(measured)  # both timed, raw samples kept
+    assert_choice_from_samples(decision)
+    assert decision["picked"] == int4["picked"] and table[int4["picked"]]["status"] == "picked"
+
+    # what was chosen is what the graph holds, read back from the file
+    picked = table[int4["picked"]]
+    graph = onnx.load(str(folder / "model.onnx")).graph
+    attrs = [{a.name: onnx.helper.get_attribute_value(a) for a in n.attribute} for n in graph.node
+             if n.op_type == "MatMulNBits"]
+    assert len(attrs) == 2 * 4 + 1  # every block's matmuls and the head
+    assert {(a["block_size"], a.get("accuracy_level", 0), a["bits"]) for a in attrs} == {
+        (picked["block_size"], picked["accuracy_level"], 4)}
+    assert int4["settings"] == {"bits": 4, "block_size": picked["block_size"],
+                                "accuracy_level": picked["accuracy_level"], "nodes": len(attrs)}
+
+    # a plain ONNX Runtime session loads it, and its loss is the one effkit reported
+    config = json.loads((folder / "config.json").read_text())
+    loss = plain_onnxruntime_loss(folder / "model.onnx", config, eval_blocks)
+    assert loss == pytest.approx(report["metrics"]["eval_loss"], rel=1e-4)
+
+    # bytes per token, recomputed: every stored tensor, less the position table, plus one of its fp32 rows
+    tensors = [*graph.initializer, *(a.t for n in graph.node if n.op_type == "Constant" for a in n.attribute
+                                     if a.name == "value")]
+    size = {t.name: numpy_helper.to_array(t).nbytes for t in tensors}
+    wpe = [t.name for t in graph.initializer if list(t.dims) == [config["n_positions"], config["n_embd"]]]
+    assert len(wpe) == 1
+    per_token = int4["weight_bytes_per_token"]
+    assert per_token["bytes_per_token"] == sum(size.values()) - size[wpe[0]] + 4 * config["n_embd"]
+    assert int4["share_of_bound"] == pytest.approx(
+        int4["decode_b1_tokens_per_s"] * per_token["bytes_per_token"] / int4["memory_bandwidth_bytes_per_s"])
+
+
+def test_int4_takes_the_lowest_loss_untimed_when_no_setting_is_within_the_budget(trained, monkeypatch):
+    from effkit.quantize.backends import onnxruntime_int4 as int4_backend
+
+    tmp, artifact, _ = trained
+    monkeypatch.setattr(int4_backend, "INT4_LOSS_BUDGET", -1.0)  # no interval ends 100% below the parent
+    report = run_quantize(qcfg(tmp, artifact, backend="onnxruntime-int4", latency_rounds=2, latency_repeats=1))
+    int4 = json.loads((Path(report["artifact"]) / "quantization.json").read_text())["onnx"]["int4"]
+    measured = {n: t for n, t in int4["table"].items() if "loss_delta" in t}
+    assert len(measured) == 2 and int4["decision"] is None  # nothing timed
+    assert int4["picked"] == min(measured, key=lambda n: measured[n]["eval_loss"])
+    assert int4["chosen"].startswith("the lowest loss")
+
+
+def test_int4_settings_asked_by_hand_are_written_as_asked(trained):
+    import onnx
+
+    tmp, artifact, _ = trained
+    report = run_quantize(qcfg(tmp, artifact, backend="onnxruntime-int4", int4_block_size="16", accuracy_level="4",
+                               latency_rounds=2, latency_repeats=1))
+    assert report["tag"] == "quantize-onnxruntime-int4-b16-level4"  # beside the measured artifact, not over it
+    folder = Path(report["artifact"])
+    int4 = json.loads((folder / "onnx.json").read_text())["int4"]
+    assert int4["decision"] is None and list(int4["table"]) == ["block16-level4"]
+    attrs = {(a.name, onnx.helper.get_attribute_value(a)) for n in onnx.load(str(folder / "model.onnx")).graph.node
+             if n.op_type == "MatMulNBits" for a in n.attribute if a.name in ("block_size", "accuracy_level")}
+    assert attrs == {("block_size", 16), ("accuracy_level", 4)}
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--accuracy-level", "2"], "unknown --accuracy-level '2'; choose one of auto, 1, 4"),
+    (["--int4-block-size", "48"], "unknown --int4-block-size '48'; choose one of auto, 16, 32, 64, 128, 256"),
+    (["--int4-block-size", "128"], "--int4-block-size 128 does not divide this model's width (64)"),
+])
+def test_int4_bad_option_is_one_line(extra, needle, trained, capsys, monkeypatch):
+    tmp, artifact, _ = trained
+    code, err = run_cli(["--from", artifact, "--backend", "onnxruntime-int4", *extra, "--runs-dir",
+                         str(tmp / "runs"), "--reports-dir", str(tmp / "reports")], capsys, monkeypatch)
+    assert code == 2 and needle in err and len(err.splitlines()) == 1 and "Traceback" not in err
+    assert not list((tmp / "runs" / "q").glob(".tmp-*onnxruntime-int4*"))  # nothing half-written left behind
+
+
+def test_int4_without_avx2_does_not_run_int8_compute(monkeypatch):
+    """ONNX Runtime runs accuracy level 4 in fp32 where MLAS has no int8 kernel (below AVX2 on x86), silently:
+    timing it there would measure fp32 under another name, so auto says it was not run."""
+    from effkit.quantize.backends import onnxruntime_int4 as int4_backend
+
+    monkeypatch.setattr(int4_backend.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(metrics, "cpu_flags", lambda: [])
+    todo, skipped = int4_backend.candidates(int4_backend.Options(), 256)
+    assert todo == [(32, 1), (128, 1)]
+    assert set(skipped) == {"block32-level4", "block128-level4"}
+    assert all(s.startswith("not run: no AVX2") for s in skipped.values())
+    asked = QuantizeConfig.from_flat(backend="onnxruntime-int4", accuracy_level="4")  # by hand: refused in one line
+    assert backends.get("onnxruntime-int4").refuses(asked).startswith("--accuracy-level 4: no AVX2")
+    monkeypatch.setattr(metrics, "cpu_flags", lambda: ["avx2"])
+    assert int4_backend.candidates(int4_backend.Options(), 256) == ([(32, 1), (32, 4), (128, 1), (128, 4)], {})
+    assert backends.get("onnxruntime-int4").refuses(asked) is None

@@ -36,6 +36,7 @@ import math
 import time
 import warnings
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -513,18 +514,22 @@ def quantize_standard(src: Path, dst: Path) -> dict[str, Any]:
                          "Gemm]), its defaults otherwise (per tensor)", "int8": int8_counts(dst)}
 
 
-def quantize_int4(src: Path, dst: Path, block_size: int = INT4_BLOCK) -> dict[str, Any]:
+def quantize_int4(src: Path, dst: Path, block_size: int = INT4_BLOCK, accuracy_level: int | None = None
+                  ) -> dict[str, Any]:
     """Weight-only 4-bit: ONNX Runtime's `MatMulNBitsQuantizer` (round-to-nearest, symmetric, blocks of
-    `block_size` along the input dimension) on every MatMul with a constant weight, the LM head included; then the
-    token-embedding lookup reads that 4-bit head through `GatherBlockQuantized` (the head's (vocab, blocks, bytes)
-    layout is one packed row per token) and the fp32 embedding table is dropped, so the tied weight is stored
-    once, in 4 bits. Refused if the file is not smaller than the fp32 graph."""
+    `block_size` along the input dimension; `accuracy_level`, MatMulNBits' attribute: 1 computes in fp32 over the
+    dequantized weights, 4 quantizes the activations to int8 per block for the int8 kernels, None writes no
+    attribute: ONNX Runtime's default 0, fp32 on the CPU) on every MatMul with a constant weight, the LM head
+    included; then the token-embedding lookup reads that 4-bit head through `GatherBlockQuantized` (the head's
+    (vocab, blocks, bytes) layout is one packed row per token) and the fp32 embedding table is dropped, so the tied
+    weight is stored once, in 4 bits. Refused if the file is not smaller than the fp32 graph."""
     import onnx
     from onnx import helper, numpy_helper
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     with _quiet_exporter():
-        quantizer = MatMulNBitsQuantizer(onnx.load(str(src)), block_size=block_size, is_symmetric=True)
+        quantizer = MatMulNBitsQuantizer(onnx.load(str(src)), block_size=block_size, is_symmetric=True,
+                                         accuracy_level=accuracy_level)
         quantizer.process()
         quantizer.model.save_model_to_file(str(dst), use_external_data_format=False)
     model = onnx.load(str(dst))
@@ -557,15 +562,20 @@ def quantize_int4(src: Path, dst: Path, block_size: int = INT4_BLOCK) -> dict[st
         raise EffkitError(f"the 4-bit graph ({dst.stat().st_size / 2**20:.1f} MiB) is not smaller than the fp32 one "
                           f"({src.stat().st_size / 2**20:.1f} MiB): something stayed in fp32; use int8")
     return {"quantizer": f"onnxruntime.quantization.matmul_nbits_quantizer.MatMulNBitsQuantizer(block_size="
-                         f"{block_size}, is_symmetric=True) (round-to-nearest, weight-only 4-bit)",
+                         f"{block_size}, is_symmetric=True, accuracy_level={accuracy_level}) (round-to-nearest, "
+                         "weight-only 4-bit)",
+            "block_size": block_size, "accuracy_level": accuracy_level or 0,
             "token_embedding": tied, "int8": int8_counts(dst)}
 
 
 def write_artifact(folder: Path, model: nn.Module, tokenizer, int8: bool, fused: bool,
-                   standard_int8: bool = False, int4: bool = False) -> dict[str, Any]:
+                   standard_int8: bool = False, int4: bool = False,
+                   int4_quantize: Callable[[Path, Path], dict[str, Any]] | None = None) -> dict[str, Any]:
     """Export `model` into `folder` (fp32, or ONNX Runtime int8 with `int8`: effkit's int8 (per tensor) with the
-    embedding tied to the int8 head, or ONNX Runtime's defaults with `standard_int8`; ORT's fusions first with
-    `fused`), with its config and tokenizer; returns the description written to `onnx.json`."""
+    embedding tied to the int8 head, or ONNX Runtime's defaults with `standard_int8`, or weight-only 4-bit with
+    `int4`: `quantize_int4`, or `int4_quantize(fp32 graph, model.onnx)`, which returns what `quantize_int4` does (the
+    backend's measured choice of its settings); ORT's fusions first with `fused`), with its config and tokenizer;
+    returns the description written to `onnx.json`."""
     model.config.use_cache = True  # how a Hugging Face folder is usually saved
     model.config.save_pretrained(folder)
     model.config.use_cache = False
@@ -577,8 +587,11 @@ def write_artifact(folder: Path, model: nn.Module, tokenizer, int8: bool, fused:
     if fused:
         desc["fused_operators"] = fuse(fp32, model.config)
     if int8 or int4:
-        quantize = quantize_int4 if int4 else quantize_standard if standard_int8 else quantize_int8
+        quantize = (int4_quantize or quantize_int4) if int4 else quantize_standard if standard_int8 else quantize_int8
         desc.update(quantize(fp32, folder / ONNX_FILE))
+        if int4:  # the settings the quantizer wrote, not the default typed above
+            desc["precision"] = (f"int4 (weight-only, blocks of {desc['block_size']}, MatMulNBits accuracy_level "
+                                 f"{desc['accuracy_level']})")
         fp32.unlink()
         for extra in fp32.parent.glob(fp32.name + "*"):  # external-data side files, if any
             extra.unlink()

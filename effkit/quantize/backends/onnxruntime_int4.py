@@ -1,11 +1,34 @@
 """`onnxruntime-int4`: weight-only 4-bit of the with-past ONNX export through ONNX Runtime's
-`MatMulNBitsQuantizer` (round-to-nearest, symmetric, blocks of 32), the tied token embedding read from the 4-bit
-LM head (`effkit.onnx_export.quantize_int4`). Batch-1 decoding reads every weight once per token, so halving the
-bytes of int8 is what can speed it up; `auto` keeps it only within its loss budget."""
+`MatMulNBitsQuantizer` (round-to-nearest, symmetric), the tied token embedding read from the 4-bit LM head
+(`effkit.engines.onnxruntime.quantize_int4`). Batch-1 decoding reads every weight once per token, so halving the
+bytes of int8 is what can speed it up; `auto` keeps it only within its loss budget.
+
+Two settings of MatMulNBits decide its speed and its loss, and both travel in the graph as the operator's
+attributes: `block_size` (weights per fp32 scale: 32 stores 0.625 bytes per weight, 128 0.53) and
+`accuracy_level` (1: fp32 compute over the dequantized weights, what ONNX Runtime's default 0 runs on a CPU; 4:
+the activations quantized to int8 per block for the int8 kernels the 4-bit format is built for, which also costs
+some loss). `--int4-block-size auto` and `--accuracy-level auto` (the defaults) measure them on this CPU: every
+combination left is written and reloaded, its held-out loss paired with the parent's on the same blocks, those whose
+loss delta's 95% interval ends within +0.2% of the parent (`INT4_LOSS_BUDGET`, stricter than the stage's
+AUTO_LOSS_BUDGET: a setting is not worth any loss) are timed at the run's `--optimize-for` under the decision rule
+(`effkit.measure.choice.choose`), a tie within the precision going to the smaller file, then to fp32 compute;
+when none reaches +0.2%, the lowest loss is taken without timing. The loss was measured inside the backend, not
+left to the stage, because accuracy level 4 quantizes activations: a choice by speed alone could ship a setting
+that the stage would only find too lossy afterwards.
+
+The decision (every setting's loss and status, the choice's `to_dict()` with its raw samples), the settings read
+back from the written graph, and the weight bytes a decoded token reads (with the memory-bandwidth bound they imply,
+measured in the same run, and the share of it batch-1 decoding reached) are in `onnx.json` (`int4`), which
+`quantization.json` holds as `onnx`."""
 
 from __future__ import annotations
 
 import copy
+import json
+import platform
+import shutil
+import statistics
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -16,21 +39,310 @@ torch = lazy_module("torch")
 nn = lazy_module("torch.nn")
 onnx_export = lazy_module("effkit.engines.onnxruntime")
 
+BLOCK_SIZES = (32, 128)  # auto's candidates: ONNX Runtime's default 128, and 32, whose finer scales lose less
+ACCURACY_LEVELS = (1, 4)  # fp32 compute (ONNX Runtime's default 0 runs the same kernels on a CPU), int8 compute
+INT4_LOSS_BUDGET = 0.002  # a setting is timed only if its paired loss delta's interval ends within +0.2%
+SETTING_BUDGET_S = 10.0  # head-to-head seconds per open contender: one setting of one folder, as openvino's
+DECODE_TOKENS = 32  # new tokens per timed call (within the model's context)
+VARIANTS = ".int4-variants"  # scratch inside the artifact folder, removed before the folder is complete
+
+
+@dataclass(frozen=True)
+class Options:
+    """`effkit quantize --backend onnxruntime-int4`'s own options (flags, recipe keys and --help lines come from
+    here)."""
+
+    int4_block_size: str = field(default="auto", metadata={
+        "help": "onnxruntime-int4: weights per scale in MatMulNBits: auto (32 or 128, measured: loss, then speed), "
+                "16, 32, 64, 128 or 256",
+        "choices": ("auto", "16", "32", "64", "128", "256")})
+    accuracy_level: str = field(default="auto", metadata={
+        "help": "onnxruntime-int4: MatMulNBits compute: auto (measured: loss, then speed), 1 (fp32, what ONNX "
+                "Runtime's default 0 runs on a CPU) or 4 (int8 activations)",
+        "choices": ("auto", "1", "4")})
+
+
+def int8_compute_unavailable() -> str | None:
+    """Why accuracy level 4 would not run int8 here (ONNX Runtime falls back to fp32 without a word), or None.
+    MLAS's x86 int8 kernels for MatMulNBits start at AVX2 (AVX-512 VNNI has its own)."""
+    from effkit.measure import metrics
+
+    if platform.machine().lower() in ("x86_64", "amd64", "i686", "x86") and "avx2" not in metrics.cpu_flags():
+        return "no AVX2 on this CPU: ONNX Runtime's int8-compute MatMulNBits kernels need it (level 4 would run fp32)"
+    return None
+
+
+def candidates(o: Options, n_embd: int) -> tuple[list[tuple[int, int]], dict[str, str]]:
+    """The (block_size, accuracy_level) settings to write for these options, and those ruled out by the CPU or the
+    model's shape: a block must divide the width, since the token embedding reads the LM head's packed rows (one
+    padded block would give it a row wider than the model)."""
+    from effkit.errors import EffkitError
+
+    sizes = BLOCK_SIZES if o.int4_block_size == "auto" else (int(o.int4_block_size),)
+    levels = ACCURACY_LEVELS if o.accuracy_level == "auto" else (int(o.accuracy_level),)
+    skipped: dict[str, str] = {}
+    for b in [b for b in sizes if n_embd % b]:
+        if o.int4_block_size != "auto":
+            raise EffkitError(f"--int4-block-size {b} does not divide this model's width ({n_embd}); choose a "
+                              "divisor of it (16, 32, 64, ...) or auto")
+        skipped.update({variant_name(b, lv): f"not run: blocks of {b} do not divide the model's width ({n_embd})"
+                        for lv in levels})
+    sizes = tuple(b for b in sizes if not n_embd % b)
+    if o.accuracy_level == "auto" and (reason := int8_compute_unavailable()):
+        levels = tuple(lv for lv in levels if lv != 4)
+        skipped.update({variant_name(b, 4): f"not run: {reason}" for b in sizes})
+    return [(b, lv) for b in sizes for lv in levels], skipped
+
+
+def variant_name(block_size: int, accuracy_level: int) -> str:
+    return f"block{block_size}-level{accuracy_level}"
+
+
+def matmulnbits_settings(path: Path) -> dict[str, Any]:
+    """The settings read back from a graph's MatMulNBits nodes (`bits`, `block_size`, `accuracy_level`, 0 where the
+    attribute is absent, as ONNX Runtime reads it): one value each when every node agrees, else the sorted list."""
+    import onnx
+
+    nodes = [n for n in onnx.load(str(path)).graph.node if n.op_type == "MatMulNBits"]
+    seen: dict[str, set[int]] = {"bits": set(), "block_size": set(), "accuracy_level": set()}
+    for n in nodes:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+        for k in seen:
+            seen[k].add(int(attrs.get(k, 0)))
+    return {**{k: (next(iter(v)) if len(v) == 1 else sorted(v)) for k, v in seen.items()}, "nodes": len(nodes)}
+
+
+LOOKUPS = ("Gather", "GatherBlockQuantized")
+
+
+def weight_bytes_per_token(path: Path) -> dict[str, Any]:
+    """Bytes of the graph's stored tensors (initializers and Constant nodes) that one decoded token reads at batch 1:
+    every tensor a compute node consumes, in full (MatMulNBits' packed weights, scales and zero points, int8
+    matrices, LayerNorm vectors, the rest), and of a table only looked up (the position embedding; the token
+    embedding where it is not the LM head's own weight) one row. The KV cache, which grows with the context, is
+    not a weight and is left out."""
+    import onnx
+    from onnx import numpy_helper
+
+    graph = onnx.load(str(path)).graph
+    tensors = {i.name: i for i in graph.initializer}
+    tensors.update({n.output[0]: a.t for n in graph.node if n.op_type == "Constant" for a in n.attribute
+                    if a.name == "value"})
+    consumers: dict[str, list] = {}
+    for n in graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+
+    def lookup_axis(name: str) -> int | None:
+        """The axis along which `name` is only ever looked up (through Reshapes), or None if anything reads all."""
+        axes = set()
+        for n in consumers.get(name, []):
+            if n.op_type == "Reshape" and n.input[0] == name:
+                axis = lookup_axis(n.output[0])
+            elif n.op_type in LOOKUPS and n.input[0] == name:
+                attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+                axis = int(attrs.get("gather_axis" if n.op_type == "GatherBlockQuantized" else "axis", 0))
+            else:
+                return None
+            if axis is None:
+                return None
+            axes.add(axis)
+        return axes.pop() if len(axes) == 1 else None
+
+    full = rows = 0
+    matmulnbits = {i for n in graph.node if n.op_type == "MatMulNBits" for i in n.input[1:]}
+    nbits_bytes = 0
+    for name, t in tensors.items():
+        size = len(t.raw_data) if t.raw_data else numpy_helper.to_array(t).nbytes
+        axis = lookup_axis(name) if consumers.get(name) else None
+        if axis is not None and len(t.dims) > axis and t.dims[axis] > 0:
+            rows += size // int(t.dims[axis])  # one row (of the packed layout) per token
+        else:
+            full += size
+            nbits_bytes += size if name in matmulnbits else 0
+    total = full + rows
+    return {"bytes_per_token": int(total), "matmulnbits_bytes": int(nbits_bytes), "looked_up_rows_bytes": int(rows),
+            "other_bytes": int(full - nbits_bytes), "file_bytes": int(Path(path).stat().st_size),
+            "how": "every stored tensor a compute node reads, in full, plus one row of each table that is only looked "
+                   "up (Gather / GatherBlockQuantized); the KV cache is not counted"}
+
+
+def _time_b1(model, tokenizer, samples: dict[str, list[list[float]]] | None, name: str, w) -> tuple[float, str]:
+    """Batch-1 decoding tokens/s of `model`: from the choice's own samples when it was timed at batch-1 decoding,
+    else timed here (the median of 5 calls after a warm-up)."""
+    from effkit.measure import metrics, stats
+
+    if samples and name in samples and w.kind == "decode" and w.batch == 1:
+        return stats.median_of_rounds(samples[name]), f"the choice's samples at {w.name} (median of its rounds)"
+    new = min(DECODE_TOKENS, metrics.generation_budget(model, tokenizer, DECODE_TOKENS)[0])
+    timer = metrics.generation_timer(model, tokenizer, new, batch=1)
+    timer()
+    return statistics.median(timer() for _ in range(5)), f"greedy decoding of {new} tokens from 1 prompt, median of " \
+                                                          "5 calls after a warm-up"
+
+
+def _load(folder: Path, artifact: Path, parent: nn.Module):
+    """An `OnnxCausalLM` of the graph written in `folder`, with the artifact's config (saved before the export)."""
+    shutil.copyfile(artifact / "config.json", folder / "config.json")
+    (folder / onnx_export.ONNX_DESC).write_text(json.dumps({"params": sum(p.numel() for p in parent.parameters())}))
+    return onnx_export.OnnxCausalLM(folder)
+
+
+def _bandwidth(graph: Path, model, tokenizer, samples, name: str, w) -> dict[str, Any]:
+    """Weight bytes per decoded token, the memory-bandwidth bound they set on batch-1 decoding (measured now, in
+    this run) and the share of it the artifact reached."""
+    from effkit.measure import metrics
+
+    per_token = weight_bytes_per_token(graph)
+    rate, rate_how = _time_b1(model, tokenizer, samples, name, w)
+    bandwidth, bw_how = metrics.memory_bandwidth()
+    bound = bandwidth / per_token["bytes_per_token"]
+    out = {"weight_bytes_per_token": per_token, "memory_bandwidth_bytes_per_s": bandwidth,
+           "memory_bandwidth_how": bw_how, "bandwidth_bound_tokens_per_s": bound,
+           "decode_b1_tokens_per_s": rate, "decode_b1_how": rate_how, "share_of_bound": rate / bound}
+    if rate > bound:  # tiny models: the weights stay in the caches and DRAM bandwidth does not bind
+        out["bound_note"] = (f"above the DRAM bound: {per_token['bytes_per_token'] / 2**20:.2f} MiB of weights "
+                             "per token fit in this CPU's caches, so memory bandwidth is not what limits it")
+    return out
+
 
 class OnnxRuntimeInt4(OnnxRuntime):
     name = "onnxruntime-int4"
-    summary = "ONNX Runtime 4-bit weight-only (MatMulNBits)"
+    options = Options
+    summary = "ONNX Runtime 4-bit weight-only (MatMulNBits; block size and compute measured)"
 
     def tag(self, cfg) -> str:
-        return "quantize-onnxruntime-int4"
+        o = cfg.options.of(Options)
+        # a setting asked for by hand is its own artifact beside the measured one
+        return ("quantize-onnxruntime-int4" + ("" if o.int4_block_size == "auto" else f"-b{o.int4_block_size}")
+                + ("" if o.accuracy_level == "auto" else f"-level{o.accuracy_level}"))
+
+    def refuses(self, cfg) -> str | None:
+        if cfg.options.accuracy_level == "4" and (reason := int8_compute_unavailable()):
+            return f"--accuracy-level 4: {reason}; use 1 or auto"
+        return None
 
     def write(self, folder: Path, parent: nn.Module, source: Path, tokenizer, cfg, device) -> dict[str, Any]:
+        def measured(src: Path, dst: Path) -> dict[str, Any]:  # write_artifact's 4-bit step: the measured settings
+            return self.choose_settings(src, dst, parent, source, tokenizer, cfg)
+
         onnx = onnx_export.write_artifact(folder, copy.deepcopy(parent).cpu(), tokenizer, int8=False, fused=False,
-                                          int4=True)
+                                          int4=True, int4_quantize=measured)
+        int4 = onnx["int4"]
+        s = int4["settings"]
         return {"format": self.format, "include_head": True, "layers": sorted(onnx["int8"]), "onnx": onnx,
-                "storage": f"ONNX graph with 4-bit block-quantized weights (model.onnx): MatMulNBits for every "
+                "storage": f"ONNX graph with 4-bit block-quantized weights (model.onnx): MatMulNBits (blocks of "
+                           f"{s['block_size']}, accuracy_level {s['accuracy_level']}; {int4['chosen']}) for every "
                            f"MatMul with a constant weight, the LM head included; token embedding: "
                            f"{onnx['token_embedding']}"}
+
+    def choose_settings(self, src: Path, dst: Path, parent: nn.Module, source: Path, tokenizer,
+                        cfg) -> dict[str, Any]:
+        """Write every candidate setting of the fp32 graph `src`, keep those within INT4_LOSS_BUDGET of the parent,
+        time them (see the module's text) and copy the pick to `dst`. Returns `quantize_int4`'s description of the
+        pick with `int4`: the record of the decision, and the settings read back from `dst`. One setting asked by
+        hand is written as asked, its loss left to the stage, which measures every artifact's."""
+        from effkit import workloads
+
+        o = cfg.options.of(Options)
+        todo, skipped = candidates(o, parent.config.n_embd)
+        table: dict[str, dict[str, Any]] = {n: {"status": why} for n, why in skipped.items()}
+        w = workloads.get(cfg.method.optimize_for)
+        scratch = dst.parent / VARIANTS
+        scratch.mkdir(exist_ok=True)
+        try:
+            descs, models = {}, {}
+            for b, lv in todo:
+                name = variant_name(b, lv)
+                (scratch / name).mkdir()
+                descs[name] = onnx_export.quantize_int4(src, scratch / name / onnx_export.ONNX_FILE, b, lv)
+                models[name] = _load(scratch / name, dst.parent, parent)
+                table[name] = {"block_size": b, "accuracy_level": lv,
+                               "size_bytes": (scratch / name / onnx_export.ONNX_FILE).stat().st_size}
+            decision, loss_rule = None, "not measured here: one setting, as asked (the stage measures the artifact's)"
+            if len(todo) == 1:
+                picked, how = next(iter(models)), "as asked (--int4-block-size, --accuracy-level)"
+                chosen = how
+            else:
+                within, loss_rule = self._within_loss(models, table, parent, source, cfg)
+                if len(within) > 1:
+                    picked, decision, how = self._time(within, models, table, tokenizer, parent, cfg, w)
+                    chosen = f"chosen at {w.name} by measurement: {decision['label']}"
+                elif within:
+                    picked, how = within[0], f"the only setting within +{INT4_LOSS_BUDGET:.1%} of the parent's loss"
+                    chosen = how
+                else:
+                    picked = min(models, key=lambda n: table[n]["eval_loss"])
+                    how = (f"no setting within +{INT4_LOSS_BUDGET:.1%} of the parent's loss: the lowest held-out "
+                           "loss, not timed")
+                    chosen = f"the lowest loss; none within +{INT4_LOSS_BUDGET:.1%}"
+            table[picked]["status"] = "picked"
+            shutil.copyfile(scratch / picked / onnx_export.ONNX_FILE, dst)
+            record = {"picked": picked, "chosen": chosen, "how_chosen": how, "loss_rule": loss_rule,
+                      "settings": matmulnbits_settings(dst),  # what travels: read back from the graph written
+                      "table": table, "decision": decision}
+            record.update(_bandwidth(dst, models[picked], tokenizer, decision and decision["samples"], picked, w))
+            return {**descs[picked], "int4": record}
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    @staticmethod
+    def _within_loss(models: dict[str, Any], table: dict[str, dict[str, Any]], parent: nn.Module, source: Path,
+                     cfg) -> tuple[list[str], str]:
+        """The settings whose held-out loss, paired by block with the parent's on the blocks the stage reads (its
+        data section, its documents), stays within INT4_LOSS_BUDGET (the upper end of the delta's 95% interval)."""
+        from effkit import artifacts
+        from effkit.config import DataConfig
+        from effkit.data import prepare
+        from effkit.measure import metrics, results, stats
+
+        prepared = prepare(DataConfig.from_dict(artifacts.data_section(source, cfg.inputs.data)),
+                           tokenizer_from=str(source))
+        blocks, docs = prepared.blocks.eval, prepared.blocks.eval_docs
+        reference = metrics.evaluate(parent, blocks, cfg.measure.batch_size, docs=docs)["block_losses"]
+        within = []
+        for name, model in models.items():
+            r = metrics.evaluate(model, blocks, cfg.measure.batch_size, docs=docs)
+            delta = results.LossDelta.of(stats.paired_delta(reference, r["block_losses"], docs))
+            ok = delta.verdict != results.INVALID and delta.ci95[1] <= INT4_LOSS_BUDGET
+            table[name].update(eval_loss=r["eval_loss"], loss_delta=delta.to_dict(), status="candidate" if ok else
+                               f"left out: loss {delta.fmt()}, its interval reaches past +{INT4_LOSS_BUDGET:.1%}")
+            if ok:
+                within.append(name)
+        return within, (f"held-out loss paired with the parent's by block ({len(blocks)} blocks, interval by "
+                        f"document): the upper end of the delta's 95% interval within +{INT4_LOSS_BUDGET:.1%}")
+
+    @staticmethod
+    def _time(within: list[str], models: dict[str, Any], table: dict[str, dict[str, Any]], tokenizer,
+              parent: nn.Module, cfg, w) -> tuple[str, dict[str, Any], str]:
+        """The fastest of `within` at the workload `w` by the decision rule: the stage's own rule (its precision),
+        its head-to-head budget capped at SETTING_BUDGET_S (one setting of one folder)."""
+        from effkit.measure import choice, metrics, stats
+
+        rule = replace(choice.Rule.of(cfg.measure), budget_s=min(cfg.measure.budget_s, SETTING_BUDGET_S))
+        if w.kind == "decode":
+            new = min(DECODE_TOKENS, *(metrics.generation_budget(models[n], tokenizer, w.tokens or DECODE_TOKENS)[0]
+                                       for n in within))
+            fns = {n: onnx_export.ENGINE.decode(models[n], tokenizer, w.batch, new) for n in within}
+            what = f"greedy decoding of {new} new tokens from {w.batch} prompt(s), new tokens/s"
+        else:
+            tokens = w.tokens or min(128, parent.config.n_positions)
+            fns = {n: onnx_export.ENGINE.prefill(models[n], w.batch, tokens) for n in within}
+            what = f"forward of ({w.batch}, {tokens}) tokens, seconds"
+        # a tie within the precision: the smaller file (fewer bytes per token), then fp32 compute (level 1: no
+        # rounding of the activations, the more accurate of two settings that run alike)
+        c = choice.choose(fns, w.higher_is_better, rule,
+                          prefer=lambda n: (table[n]["size_bytes"], table[n]["accuracy_level"]))
+        for n in within:
+            if n in c.samples:
+                table[n]["median"] = stats.median_of_rounds(c.samples[n])
+            if n in c.ratios:
+                table[n]["ratio_to_picked"] = c.ratios[n]
+            if n in c.invalid:
+                table[n]["status"] = f"left out: {c.invalid[n]}"
+        return c.picked, c.to_dict(), (f"{c.line()} at {w.name} ({what}) among the settings within "
+                                       f"+{INT4_LOSS_BUDGET:.1%} of the parent's loss; the rule: {rule.describe()}; a "
+                                       "tie goes to the smaller file, then to fp32 compute")
 
     def available(self, device: torch.device | None = None) -> str | None:
         if reason := super().available(device):
