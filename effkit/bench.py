@@ -223,6 +223,7 @@ def timed_side_by_side(paths: list[Path], cfg: BenchConfig, tokenizer, block: in
     stop = stopping.Stopping.of(cfg.measure)
     peers = [t for t, p in zip(tags(paths), paths, strict=True) if artifacts.read_meta(p)["stage"] == "peer"]
     decision = workloads.get(contest[0]) if contest else None
+    plan = {name: (fns, repeats) for name, (fns, repeats) in plan.items() if fns}  # nothing trainable: no train_b*
     timed = {name: stopping.measure(fns, stop, repeats, warmup=2, pairs=compared(list(fns), peers),
                                     contest=(contest[1], decision.higher_is_better)
                                     if decision is not None and decision.measure == name else None)
@@ -288,7 +289,7 @@ def combine(static: list[dict[str, Any]], timed: dict[str, dict[str, Any]]) -> l
         row["generation"]["tokens_per_s"] = row["decode_tokens_per_s_b1"]  # the b1 decode, under its old names
         row[results.GENERATION_RATIO] = row[results.decode_ratio(1)]
         for b in TRAIN_BATCHES:
-            train = timed[f"train_b{b}"]
+            train = timed.get(f"train_b{b}", {})
             if tag in train and ref["tag"] in train:
                 row[f"train_tokens_per_s_b{b}"] = stats.median_of_rounds(train[tag])
                 row[f"train_ratio_b{b}"] = train.ratio(ref["tag"], tag, higher_is_better=True)

@@ -313,6 +313,12 @@ def test_bench_measures_onnx_artifacts_beside_pytorch_ones(trained):
     assert dense["compiled"]["generation_tokens_per_s"] > 0
     assert row["compiled"]["generation_status"].startswith("not run: an ONNX Runtime artifact")
     assert "Compiled (torch.compile" in (tmp / "reports" / "x" / "bench.md").read_text()
+    # nothing trainable among the artifacts: no training measure, no crash (it was an IndexError)
+    alone = run_bench(BenchConfig.from_flat(fixed_rounds=True, paths=(str(onnx8),), rounds=2, repeats=1,
+                                            gen_tokens=4, batch_size=4, runs_dir=str(tmp / "runs"),
+                                            reports_dir=str(tmp / "reports")), progress=False)
+    assert not any(m.startswith("train_") for m in alone["stopping"])
+    assert str(alone["artifacts"][0]["train_tokens_per_s_b12"]).startswith("not run")
 
 
 def run_cli(args, capsys, monkeypatch):
