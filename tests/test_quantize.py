@@ -335,3 +335,35 @@ def test_int4_without_avx2_does_not_run_int8_compute(monkeypatch):
     monkeypatch.setattr(metrics, "cpu_flags", lambda: ["avx2"])
     assert int4_backend.candidates(int4_backend.Options(), 256) == ([(32, 1), (32, 4), (128, 1), (128, 4)], {})
     assert backends.get("onnxruntime-int4").refuses(asked) is None
+
+
+def test_onnxruntime_int8_takes_the_faster_form_within_its_loss_budget_and_records_why(trained):
+    """#42: the quantized dense model effkit shipped was effkit's int8 form (the LM head in int8), which decoded 0.87x
+    (0.78-0.98) as fast as ONNX Runtime's own int8 (the peer's form, head fp32) at batch 1 on the quickstart. Both
+    forms are now candidates: written, their loss paired with the parent's, timed by the decision rule (a tie to
+    the smaller file), and the record recomputes from its samples; a form asked for by hand is written as asked."""
+    import onnx
+
+    tmp, artifact, _ = trained
+    report = run_quantize(qcfg(tmp, artifact, backend="onnxruntime", latency_rounds=2, latency_repeats=1))
+    onnx_desc = json.loads((Path(report["artifact"]) / "onnx.json").read_text())
+    record = onnx_desc["int8_form"]
+    assert set(record["table"]) == {"effkit", "standard"} and record["table"][record["picked"]]["status"] == "picked"
+    if record["decision"]:
+        assert_choice_from_samples(record["decision"])
+        assert record["decision"]["picked"] == record["picked"]
+    else:
+        assert "not timed" in record["how_chosen"] or "only form" in record["how_chosen"]
+    desc = json.loads((Path(report["artifact"]) / "quantization.json").read_text())
+    assert desc["int8_form"] == record["picked"]
+
+    def embedding_from_int8_head(path: Path) -> bool:  # effkit's form: the token lookup reads the int8 head
+        graph = onnx.load(str(path / "model.onnx")).graph
+        return any(n.op_type == "Gather" and n.input[0] == "head_quantized" for n in graph.node)
+
+    assert embedding_from_int8_head(Path(report["artifact"])) == (record["picked"] == "effkit")
+    assert not list(Path(report["artifact"]).glob(".int8-forms"))
+    by_hand = run_quantize(qcfg(tmp, artifact, backend="onnxruntime", int8_form="standard", latency_rounds=2,
+                                latency_repeats=1))
+    assert by_hand["tag"] == "quantize-onnxruntime-standard"
+    assert not embedding_from_int8_head(Path(by_hand["artifact"]))  # fp32 embeddings, as quantize_dynamic leaves them

@@ -24,15 +24,14 @@ measured in the same run, and the share of it batch-1 decoding reached) are in `
 from __future__ import annotations
 
 import copy
-import json
 import platform
 import shutil
 import statistics
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from effkit.quantize.backends.onnxruntime import OnnxRuntime
+from effkit.quantize.backends.onnxruntime import OnnxRuntime, load_variant, time_settings, within_loss
 from effkit.registry import lazy_module
 
 torch = lazy_module("torch")
@@ -42,7 +41,6 @@ onnx_export = lazy_module("effkit.engines.onnxruntime")
 BLOCK_SIZES = (32, 128)  # auto's candidates: ONNX Runtime's default 128, and 32, whose finer scales lose less
 ACCURACY_LEVELS = (1, 4)  # fp32 compute (ONNX Runtime's default 0 runs the same kernels on a CPU), int8 compute
 INT4_LOSS_BUDGET = 0.002  # a setting is timed only if its paired loss delta's interval ends within +0.2%
-SETTING_BUDGET_S = 10.0  # head-to-head seconds per open contender: one setting of one folder, as openvino's
 DECODE_TOKENS = 32  # new tokens per timed call (within the model's context)
 VARIANTS = ".int4-variants"  # scratch inside the artifact folder, removed before the folder is complete
 
@@ -181,13 +179,6 @@ def _time_b1(model, tokenizer, samples: dict[str, list[list[float]]] | None, nam
                                                           "5 calls after a warm-up"
 
 
-def _load(folder: Path, artifact: Path, parent: nn.Module):
-    """An `OnnxCausalLM` of the graph written in `folder`, with the artifact's config (saved before the export)."""
-    shutil.copyfile(artifact / "config.json", folder / "config.json")
-    (folder / onnx_export.ONNX_DESC).write_text(json.dumps({"params": sum(p.numel() for p in parent.parameters())}))
-    return onnx_export.OnnxCausalLM(folder)
-
-
 def _bandwidth(graph: Path, model, tokenizer, samples, name: str, w) -> dict[str, Any]:
     """Weight bytes per decoded token, the memory-bandwidth bound they set on batch-1 decoding (measured now, in
     this run) and the share of it the artifact reached."""
@@ -256,7 +247,7 @@ class OnnxRuntimeInt4(OnnxRuntime):
                 name = variant_name(b, lv)
                 (scratch / name).mkdir()
                 descs[name] = onnx_export.quantize_int4(src, scratch / name / onnx_export.ONNX_FILE, b, lv)
-                models[name] = _load(scratch / name, dst.parent, parent)
+                models[name] = load_variant(scratch / name, dst.parent, parent)
                 table[name] = {"block_size": b, "accuracy_level": lv,
                                "size_bytes": (scratch / name / onnx_export.ONNX_FILE).stat().st_size}
             decision, loss_rule = None, "not measured here: one setting, as asked (the stage measures the artifact's)"
@@ -264,9 +255,15 @@ class OnnxRuntimeInt4(OnnxRuntime):
                 picked, how = next(iter(models)), "as asked (--int4-block-size, --accuracy-level)"
                 chosen = how
             else:
-                within, loss_rule = self._within_loss(models, table, parent, source, cfg)
+                within, loss_rule = within_loss(models, table, parent, source, cfg, INT4_LOSS_BUDGET)
                 if len(within) > 1:
-                    picked, decision, how = self._time(within, models, table, tokenizer, parent, cfg, w)
+                    # a tie within the precision: the smaller file (fewer bytes per token), then fp32 compute
+                    # (level 1: no rounding of the activations, the more accurate of two settings that run alike)
+                    picked, decision, how = time_settings(
+                        within, models, table, tokenizer, parent, cfg, w,
+                        prefer=lambda n: (table[n]["size_bytes"], table[n]["accuracy_level"]),
+                        what=f"among the settings within +{INT4_LOSS_BUDGET:.1%} of the parent's loss; a tie goes to "
+                             "the smaller file, then to fp32 compute")
                     chosen = f"chosen at {w.name} by measurement: {decision['label']}"
                 elif within:
                     picked, how = within[0], f"the only setting within +{INT4_LOSS_BUDGET:.1%} of the parent's loss"
@@ -285,64 +282,6 @@ class OnnxRuntimeInt4(OnnxRuntime):
             return {**descs[picked], "int4": record}
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
-
-    @staticmethod
-    def _within_loss(models: dict[str, Any], table: dict[str, dict[str, Any]], parent: nn.Module, source: Path,
-                     cfg) -> tuple[list[str], str]:
-        """The settings whose held-out loss, paired by block with the parent's on the blocks the stage reads (its
-        data section, its documents), stays within INT4_LOSS_BUDGET (the upper end of the delta's 95% interval)."""
-        from effkit import artifacts
-        from effkit.config import DataConfig
-        from effkit.data import prepare
-        from effkit.measure import metrics, results, stats
-
-        prepared = prepare(DataConfig.from_dict(artifacts.data_section(source, cfg.inputs.data)),
-                           tokenizer_from=str(source))
-        blocks, docs = prepared.blocks.eval, prepared.blocks.eval_docs
-        reference = metrics.evaluate(parent, blocks, cfg.measure.batch_size, docs=docs)["block_losses"]
-        within = []
-        for name, model in models.items():
-            r = metrics.evaluate(model, blocks, cfg.measure.batch_size, docs=docs)
-            delta = results.LossDelta.of(stats.paired_delta(reference, r["block_losses"], docs))
-            ok = delta.verdict != results.INVALID and delta.ci95[1] <= INT4_LOSS_BUDGET
-            table[name].update(eval_loss=r["eval_loss"], loss_delta=delta.to_dict(), status="candidate" if ok else
-                               f"left out: loss {delta.fmt()}, its interval reaches past +{INT4_LOSS_BUDGET:.1%}")
-            if ok:
-                within.append(name)
-        return within, (f"held-out loss paired with the parent's by block ({len(blocks)} blocks, interval by "
-                        f"document): the upper end of the delta's 95% interval within +{INT4_LOSS_BUDGET:.1%}")
-
-    @staticmethod
-    def _time(within: list[str], models: dict[str, Any], table: dict[str, dict[str, Any]], tokenizer,
-              parent: nn.Module, cfg, w) -> tuple[str, dict[str, Any], str]:
-        """The fastest of `within` at the workload `w` by the decision rule: the stage's own rule (its precision),
-        its head-to-head budget capped at SETTING_BUDGET_S (one setting of one folder)."""
-        from effkit.measure import choice, metrics, stats
-
-        rule = replace(choice.Rule.of(cfg.measure), budget_s=min(cfg.measure.budget_s, SETTING_BUDGET_S))
-        if w.kind == "decode":
-            new = min(DECODE_TOKENS, *(metrics.generation_budget(models[n], tokenizer, w.tokens or DECODE_TOKENS)[0]
-                                       for n in within))
-            fns = {n: onnx_export.ENGINE.decode(models[n], tokenizer, w.batch, new) for n in within}
-            what = f"greedy decoding of {new} new tokens from {w.batch} prompt(s), new tokens/s"
-        else:
-            tokens = w.tokens or min(128, parent.config.n_positions)
-            fns = {n: onnx_export.ENGINE.prefill(models[n], w.batch, tokens) for n in within}
-            what = f"forward of ({w.batch}, {tokens}) tokens, seconds"
-        # a tie within the precision: the smaller file (fewer bytes per token), then fp32 compute (level 1: no
-        # rounding of the activations, the more accurate of two settings that run alike)
-        c = choice.choose(fns, w.higher_is_better, rule,
-                          prefer=lambda n: (table[n]["size_bytes"], table[n]["accuracy_level"]))
-        for n in within:
-            if n in c.samples:
-                table[n]["median"] = stats.median_of_rounds(c.samples[n])
-            if n in c.ratios:
-                table[n]["ratio_to_picked"] = c.ratios[n]
-            if n in c.invalid:
-                table[n]["status"] = f"left out: {c.invalid[n]}"
-        return c.picked, c.to_dict(), (f"{c.line()} at {w.name} ({what}) among the settings within "
-                                       f"+{INT4_LOSS_BUDGET:.1%} of the parent's loss; the rule: {rule.describe()}; a "
-                                       "tie goes to the smaller file, then to fp32 compute")
 
     def available(self, device: torch.device | None = None) -> str | None:
         if reason := super().available(device):
