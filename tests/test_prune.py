@@ -224,3 +224,77 @@ def test_a_distilling_control_is_distilled_from_the_same_teacher_not_plainly_fin
             (tmp / f"{name}-reports" / name / f"{name}_steps.csv").open())]
     assert steps == by_hand["kd"]  # the same loss, step for step
     assert steps != by_hand["plain"]  # and not a plain fine-tune
+
+
+# ----------------------------------------------------------------- --width-multiple (#44): widths engines can store
+def with_options(mode, target, **options):
+    """A prune config for applying a method directly: the stage's own config when no option is set (the method reads
+    its defaults), else its method section with the method's options dataclass beside it."""
+    from types import SimpleNamespace
+
+    from effkit.prune.structure import Options
+
+    cfg = PruneConfig.from_flat(fixed_rounds=True, mode=mode, target=target)
+    return SimpleNamespace(method=cfg.method, options=Options(**options)) if options else cfg
+
+
+def test_row_pruning_keeps_a_multiple_of_32_mlp_channels_by_default_the_best_by_norm():
+    """llama.cpp's Q8_0/Q4_0 store c_proj's rows in blocks of 32: 30% off gpt2-nano's 256 channels leaves 179.2,
+    which is 179 unrounded and 192 at the default multiple."""
+    from effkit.model import build_model
+    from effkit.prune.row import PRUNER
+
+    torch.manual_seed(0)
+    model = build_model("gpt2-nano", 512)
+    fc0 = [b.mlp.c_fc.weight.detach().clone() for b in model.transformer.h]
+    cfg = with_options("row", 0.3)
+    assert PRUNER.plan(cfg, model)["n_inner"].startswith("256 -> 192 (a multiple of --width-multiple 32; 25.0% ")
+    model, done, _ = PRUNER.start(cfg, model)(model, 0.3, None)
+    assert model.config.n_inner == 192 and {b.mlp.c_fc.out_features for b in model.transformer.h} == {192}
+    assert {b.mlp.c_proj.in_features for b in model.transformer.h} == {192}
+    # the round's report: the rounded width and the fraction it reached (not the 30% asked)
+    assert done == {"n_inner": 192, "removed_channels": 64, "width_multiple": 32, "target": 0.3,
+                    "fraction_reached": 0.25}
+    for w0, block in zip(fc0, model.transformer.h, strict=True):  # the count is rounded, the choice is as before
+        assert torch.equal(block.mlp.c_fc.weight, w0[w0.norm(dim=1).topk(192).indices.sort().values])
+
+
+def test_a_width_multiple_of_1_gives_back_the_unrounded_mlp_width():
+    from effkit.model import build_model
+    from effkit.prune.row import PRUNER
+
+    model = build_model("gpt2-nano", 512)
+    cfg = with_options("row", 0.3, width_multiple=1)
+    model, done, _ = PRUNER.start(cfg, model)(model, 0.3, None)
+    assert model.config.n_inner == done["n_inner"] == 179 == round(256 * 0.7)  # the count effkit kept before
+
+
+@pytest.mark.parametrize("bad", [0, -32, True, 2.5])
+def test_a_bad_width_multiple_is_one_line(bad):
+    from effkit.errors import EffkitError
+    from effkit.prune.structure import Options, kept_width
+    from effkit.prune.width import valid_width
+
+    for make in (lambda: Options(width_multiple=bad), lambda: kept_width(256, 0.3, bad, "an MLP width"),
+                 lambda: valid_width(64, 2, 0.3, bad)):
+        with pytest.raises(EffkitError) as e:
+            make()
+        assert str(e.value).startswith("--width-multiple must be a whole number of channels, 1 or more (got ")
+        assert len(str(e.value).splitlines()) == 1
+
+
+@pytest.mark.parametrize("mode, target, options, says", [
+    ("row", 0.05, {}, "--target 0.05 removes no MLP channel of 256 once rounded to a multiple of 32"),  # 243.2 -> 256
+    ("row", 0.3, {"width_multiple": 512}, "an MLP width of 256 holds no multiple of 512"),
+    ("width", 0.2, {}, "--target 0.2 removes no residual channel of 64 once rounded"),  # 51.2 -> 64
+    ("width", 0.3, {"width_multiple": 128}, "a residual width of 64 holds no multiple of 128"),
+])
+def test_a_target_the_rounding_leaves_nothing_to_cut_or_nothing_to_keep_is_refused_by_the_plan(mode, target, options,
+                                                                                              says):
+    """`plan` runs before anything is written: a rounded width that cuts nothing or cannot exist is one line."""
+    from effkit.errors import EffkitError
+    from effkit.model import build_model
+
+    with pytest.raises(EffkitError) as e:
+        methods.get(mode).plan(with_options(mode, target, **options), build_model("gpt2-nano", 512))
+    assert says in str(e.value) and len(str(e.value).splitlines()) == 1

@@ -132,8 +132,10 @@ def test_structured_rounds_compose_load_in_transformers_and_distill_through_the_
         diff = (plain(ids()).logits - load_model(final).eval()(ids()).logits).abs().max()
     assert diff < 1e-5
     assert report["curve"][-1]["params"] == sum(p.numel() for p in plain.parameters())
-    assert 0 < report["curve"][1]["block_params_removed"] < report["curve"][2]["block_params_removed"] \
-        or mode == "depth"  # two blocks, 50%: round 1 removes round(0.5) = 0 blocks
+    r1, r2 = report["curve"][1]["block_params_removed"], report["curve"][2]["block_params_removed"]
+    # depth: two blocks, 50%: round 1 removes round(0.5) = 0 blocks; width: round 1 keeps 48 of 64 channels, which
+    # rounds back to 64 at the default --width-multiple 32, so it cuts nothing and round 2 cuts to 32
+    assert 0 < r1 < r2 or mode == "depth" or (mode == "width" and r1 == 0 < r2)
     assert report["curve"][2]["block_params_removed"] > 0.4
     assert (tmp / "reports" / "s" / "prune_loss.png").is_file()
 
@@ -201,3 +203,30 @@ def test_taylor_importance_needs_calibration_data_and_uses_gradients():
     assert not torch.equal(pruned.transformer.wte.weight, by_magnitude.transformer.wte.weight)  # other channels
     assert all(p.grad is None for p in model.parameters())  # the gradients were taken on a copy
     assert valid_width(64, 2, 0.3) == 44  # 44.8 rounded to a multiple of the 2 heads
+
+
+def test_width_pruning_keeps_a_multiple_of_32_residual_channels_by_default():
+    """Every projection reading the residual stream stores rows n_embd long in llama.cpp's blocks of 32: 30% off
+    gpt2-nano's 64 channels is 44 at a multiple of its 2 heads, and 32 at the default multiple."""
+    from types import SimpleNamespace
+
+    from effkit.prune.structure import Options
+    from effkit.prune.width import PRUNER
+
+    torch.manual_seed(0)
+    model = build_model("gpt2-nano", 512).eval()
+    cfg = PruneConfig.from_flat(fixed_rounds=True, mode="width", target=0.3)  # no option set: the default
+    assert PRUNER.plan(cfg, model)["n_embd"].startswith("64 -> 32 (")
+    pruned, done, _ = PRUNER.start(cfg, model)(model, 0.3, None)
+    assert (pruned.config.n_embd, pruned.transformer.wte.weight.shape[1], done["head_dim"]) == (32, 32, 16)
+    # the round's report: the rounded width and the fraction it reached (not the 30% asked)
+    assert (done["n_embd"], done["width_multiple"], done["target"], done["fraction_reached"]) == (32, 32, 0.3, 0.5)
+    # the width is rounded, the channels are the ones the group importance picks for that width, as before
+    by_hand, _ = prune_width(model, 32)
+    assert torch.equal(pruned.transformer.wte.weight, by_hand.transformer.wte.weight)
+    # 1: rounded to the heads alone, the width effkit kept before the option
+    old, done, _ = PRUNER.start(SimpleNamespace(method=cfg.method, options=Options(width_multiple=1)), model)(
+        model, 0.3, None)
+    assert old.config.n_embd == done["n_embd"] == 44 == valid_width(64, 2, 0.3)
+    # heads that do not divide 32 (gpt2-mini's 6): a multiple of both, 96; 270 unrounded
+    assert (valid_width(384, 6, 0.3, 32), valid_width(384, 6, 0.3, 1)) == (288, 270)

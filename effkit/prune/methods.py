@@ -3,7 +3,9 @@
 A method (`Pruner`) names itself, says whether it removes whole structures (then fine-tuning distils by default and
 the pipeline treats it as structured), which `--importance` values it accepts (the first is its default), and how it
 ranks what it removes; `plan` checks the shape the last round would leave (refused in one line before anything is
-written) and `start` returns the cut that one round applies.
+written) and `start` returns the cut that one round applies. A method with options of its own names their dataclass
+as `options` (field default, type, and `help` in the field's metadata, as a quantization backend's `Options`) and
+reads them with `options_of(cfg, Options)`; row and width share `structure.Options` (`--width-multiple`).
 
 Adding a method: write `effkit/prune/<name>.py` with a module-level `PRUNER` and add one line to
 `effkit.registry.PRUNERS`; a test or a plug-in can also `register()` one at run time. `names()` imports no method
@@ -34,6 +36,17 @@ class Pruner(Protocol):
     def plan(self, cfg, model) -> dict: ...
 
     def start(self, cfg, model) -> Cut: ...
+
+
+def options_of(cfg, options: type) -> Any:
+    """A method's own options from a prune config, as its dataclass: from the config's plug-in section where it has
+    one (`cfg.options`, a `config.PluginOptions`: the values its flags and recipe keys set), an instance of the
+    dataclass given as is (a test, a caller applying the method directly), else the dataclass's defaults (a config
+    without such a section has nothing that could set them)."""
+    given = getattr(cfg, "options", None)
+    if given is None:
+        return options()
+    return given if isinstance(given, options) else given.of(options)
 
 
 register = PRUNERS.register

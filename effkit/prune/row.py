@@ -5,12 +5,20 @@ disk, faster, and loadable with plain `from_pretrained`.
 Direct slicing rather than torch-pruning's dependency graph: the coupled group in a GPT-2 MLP is just
 (c_fc rows, c_fc bias, c_proj columns), and a valid GPT2Config needs the same width in every layer, which
 a global dependency-graph pruner does not guarantee. Channels are ranked by the L2 norm of their `c_fc` row.
+
+The number kept is rounded to `--width-multiple` (default 32, `structure.Options`) before the best channels are
+taken: llama.cpp's Q8_0/Q4_0 and ONNX Runtime's MatMulNBits store `c_proj`'s rows (n_inner long) in blocks, so an
+MLP width of 100 could not be exported to them at all.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from effkit.errors import EffkitError
+from effkit.prune.methods import options_of
+from effkit.prune.structure import Options, kept_width
 
 
 @torch.no_grad()
@@ -34,6 +42,7 @@ class RowPruner:
     """The same number of MLP channels removed from every layer, ranked by the L2 norm of their c_fc row."""
 
     name = "row"
+    options = Options
     structured = True
     importances = ("magnitude",)
     counts_block_params = False
@@ -45,14 +54,27 @@ class RowPruner:
         return False
 
     def plan(self, cfg, model) -> dict:
-        return {}
+        n = model.config.n_inner or 4 * model.config.n_embd
+        m, target = options_of(cfg, Options).width_multiple, cfg.method.target
+        keep = kept_width(n, target, m, "an MLP width")
+        if keep == n:  # a round that cuts nothing would still be fine-tuned, measured and saved as "pruned"
+            raise EffkitError(f"--target {target} removes no MLP channel of {n} once rounded to a multiple of {m} "
+                              "(--width-multiple); use a larger --target or a smaller --width-multiple")
+        return {"n_inner": f"{n} -> {keep} (a multiple of --width-multiple {m}; {1 - keep / n:.1%} removed for "
+                           f"--target {target})"}
 
     def start(self, cfg, model):
         n_inner0 = model.config.n_inner or 4 * model.config.n_embd
+        m = options_of(cfg, Options).width_multiple
 
         def cut(model, fraction, calib):
-            prune_mlp_channels(model, max(1, round(n_inner0 * (1 - fraction))))
-            return model, {}, None
+            # the count is rounded, then the best channels by norm are taken as before: rounding changes how
+            # many survive, never which ones rank first
+            keep = kept_width(n_inner0, fraction, m, "an MLP width")
+            before = model.config.n_inner or 4 * model.config.n_embd
+            prune_mlp_channels(model, keep)
+            return model, {"n_inner": keep, "removed_channels": before - keep, "width_multiple": m,
+                           "target": fraction, "fraction_reached": 1 - keep / n_inner0}, None
 
         return cut
 

@@ -6,16 +6,59 @@ GPT-2's modules keep sizes computed at construction (`embed_dim`, `head_dim`, `s
 therefore build a fresh model from the changed config and load the pruned state dict into it (strictly: every
 tensor must fit): the model effkit fine-tunes and measures is by construction the one plain `from_pretrained`
 builds from the saved folder.
+
+Row and width pruning keep a number of channels rounded to `--width-multiple` (`Options`, default 32): the engines
+effkit exports to store a matrix's rows in blocks (llama.cpp's Q8_0 and Q4_0: 32 weights; ONNX Runtime's
+MatMulNBits: 16 to 256), so an MLP width of 100 is a model none of them can quantize.
 """
 
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
+from effkit.errors import EffkitError
 from effkit.model.convert import conv1d_to_linear
+
+WIDTH_MULTIPLE = 32  # llama.cpp's Q8_0 / Q4_0 block: the coarsest block among the engines effkit exports to by default
+
+
+def check_multiple(multiple) -> None:
+    # bool is an int to Python; a recipe's `width_multiple = true` is a mistake, not 1
+    if isinstance(multiple, bool) or not isinstance(multiple, int) or multiple < 1:
+        raise EffkitError(f"--width-multiple must be a whole number of channels, 1 or more (got {multiple!r}); "
+                          f"{WIDTH_MULTIPLE} fits llama.cpp's Q8_0/Q4_0 blocks, 1 keeps any width")
+
+
+@dataclass(frozen=True)
+class Options:
+    """`effkit prune --mode row|width`'s own option (declared once: its flag, recipe key and --help line come from
+    here; both methods name this dataclass as their `options`)."""
+
+    width_multiple: int = field(default=WIDTH_MULTIPLE, metadata={
+        "help": "row, width: round the kept MLP (row) or residual (width) width to the nearest multiple of this, 1 or "
+                "more (never to 0, never above the original; width also to a multiple of the heads): 32 fits "
+                "llama.cpp's Q8_0/Q4_0 blocks and ONNX Runtime's MatMulNBits; 1 keeps any width"})
+
+    def __post_init__(self) -> None:
+        check_multiple(self.width_multiple)
+
+
+def kept_width(width: int, fraction: float, multiple: int, what: str, of: str = "--width-multiple") -> int:
+    """The channels of `width` kept after removing `fraction` of them, rounded to the nearest multiple of `multiple`
+    (ties to even, Python's `round`, so that a multiple of 1 gives the count effkit always kept), at least one
+    multiple (a layer of 0 channels is no model) and at most the largest multiple within `width` (rounding must never
+    grow a layer, and an original width that is no multiple must still end on one). `what` and `of` name the width
+    and the multiple in the one-line refusal."""
+    check_multiple(multiple)
+    top = width // multiple * multiple
+    if top == 0:
+        raise EffkitError(f"{what} of {width} holds no multiple of {multiple} ({of}); use a smaller --width-multiple "
+                          "(1 keeps any width)")
+    return min(max(multiple, round(width * (1 - fraction) / multiple) * multiple), top)
 
 
 def rebuild(model: nn.Module, state_dict: dict[str, torch.Tensor], **config_changes) -> nn.Module:

@@ -18,6 +18,11 @@ score highest. The kept queries are scaled by
 `sqrt(head_dim' / head_dim)` so that the attention logits of the kept dimensions keep their scale under the new
 `1/sqrt(head_dim')`. The model is then rebuilt from a `GPT2Config` with the new `n_embd` (and the MLP width made
 explicit, since `n_inner=None` means `4 * n_embd`), so plain `from_pretrained` loads the artifact.
+
+The width kept is a multiple of the heads and of `--width-multiple` (default 32, `structure.Options`): every
+projection that reads the residual stream (`c_attn`, `c_fc`, the head) stores its rows, n_embd long, in llama.cpp's
+Q8_0/Q4_0 blocks of 32 or ONNX Runtime's MatMulNBits blocks, so a width that is no multiple of the block cannot be
+exported to them.
 """
 
 from __future__ import annotations
@@ -30,16 +35,21 @@ from torch import nn
 
 from effkit.errors import EffkitError
 from effkit.measure import metrics
-from effkit.prune.structure import rebuild
+from effkit.prune.methods import options_of
+from effkit.prune.structure import Options, check_multiple, kept_width, rebuild
 
 
-def valid_width(n_embd: int, n_head: int, fraction: float) -> int:
-    """The residual width left after removing `fraction` of `n_embd`, rounded to a multiple of `n_head`."""
+def valid_width(n_embd: int, n_head: int, fraction: float, multiple: int = 1) -> int:
+    """The residual width left after removing `fraction` of `n_embd`, rounded to the nearest multiple of both `n_head`
+    (GPT2Config's heads are equal) and `multiple` (`--width-multiple`; 1: of the heads alone, as before it existed),
+    never 0 and never above `n_embd`."""
     keep = round(n_embd * (1 - fraction) / n_head) * n_head
     if keep < n_head:
         raise EffkitError(f"removing {fraction:.0%} of {n_embd} residual channels leaves less than one channel per "
                           f"head ({n_head} heads); use a smaller --target")
-    return min(keep, n_embd)
+    check_multiple(multiple)  # before lcm, which takes 0 and negative numbers without a word
+    return kept_width(n_embd, fraction, math.lcm(multiple, n_head), "a residual width",
+                      of=f"the least common multiple of --width-multiple {multiple} and the {n_head} heads")
 
 
 def _importance(kind: str):
@@ -143,6 +153,7 @@ class WidthPruner:
     """The residual-channel group cut uniformly (Torch-Pruning's dependency graph; q/k/v chosen per head)."""
 
     name = "width"
+    options = Options
     structured = True
     importances = ("magnitude", "taylor")
     counts_block_params = True
@@ -155,21 +166,28 @@ class WidthPruner:
 
     def plan(self, cfg, model) -> dict:
         c = model.config
-        width = valid_width(c.n_embd, c.n_head, cfg.method.target)
+        m = options_of(cfg, Options).width_multiple
+        width = valid_width(c.n_embd, c.n_head, cfg.method.target, m)
         if width == c.n_embd:
             raise EffkitError(f"--target {cfg.method.target} removes no residual channel of {c.n_embd} once rounded "
-                              f"to a multiple of the {c.n_head} heads; use a larger --target")
-        return {"n_embd": f"{c.n_embd} -> {width} (a multiple of n_head={c.n_head}: GPT2Config needs equal heads; "
-                          f"{1 - width / c.n_embd:.1%} removed for --target {cfg.method.target})",
+                              f"to a multiple of the {c.n_head} heads and of {m} (--width-multiple); use a larger "
+                              "--target or a smaller --width-multiple")
+        return {"n_embd": f"{c.n_embd} -> {width} (a multiple of n_head={c.n_head}, since GPT2Config needs equal "
+                          f"heads, and of --width-multiple {m}; {1 - width / c.n_embd:.1%} removed for --target "
+                          f"{cfg.method.target})",
                 "head_dim": f"{c.n_embd // c.n_head} -> {width // c.n_head}"}
 
     def start(self, cfg, model):
         n_embd0 = model.config.n_embd
+        m = options_of(cfg, Options).width_multiple
 
         def cut(model, fraction, calib):
-            model, done = prune_width(model, valid_width(n_embd0, model.config.n_head, fraction), cfg.method.importance,
-                                      calib)
-            return model, done, None
+            # the width is rounded, then the group importance picks the channels as before: rounding changes how
+            # many survive, never which ones rank first
+            width = valid_width(n_embd0, model.config.n_head, fraction, m)
+            model, done = prune_width(model, width, cfg.method.importance, calib)
+            return model, {**done, "width_multiple": m, "target": fraction,
+                           "fraction_reached": 1 - width / n_embd0}, None
 
         return cut
 
