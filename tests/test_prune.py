@@ -150,10 +150,14 @@ def test_the_control_arm_is_a_plain_finetune_of_the_parent_and_is_reused(trained
     plain = finetune(finetune_config(cfg, Path(artifact), meta, DataConfig.from_dict(meta["data"]), 1, layout),
                      load_model(artifact), init_runtime("cpu"), stage="control", tag="plain", parent=artifact,
                      progress=False)
-    assert plain["metrics"]["eval_loss"] == report["curve"][1]["control_eval_loss"]
+    # the same run to the last rounding: bitwise equality failed once (6.1422261 vs 6.1422234) with the machine
+    # loaded by a benchmark beside the suite (the BLAS's dynamic threading reorders sums); another fine-tuning
+    # (other steps, data or learning rate) moves the loss by far more than a millionth
+    assert plain["metrics"]["eval_loss"] == pytest.approx(report["curve"][1]["control_eval_loss"], rel=1e-5)
     steps = tmp / "reports" / "p" / "controls" / f"{controls[0]}_steps.csv"
     plain_steps = tmp / "plain-reports" / "plain" / "plain_steps.csv"
-    assert [r["loss"] for r in csv.DictReader(steps.open())] == [r["loss"] for r in csv.DictReader(plain_steps.open())]
+    assert [float(r["loss"]) for r in csv.DictReader(steps.open())] == pytest.approx(
+        [float(r["loss"]) for r in csv.DictReader(plain_steps.open())], rel=1e-5)
 
     # the weight mode with the same fine-tuning budget reuses the control instead of training it again
     before = {p: p.stat().st_mtime for p in (tmp / "runs" / "p" / "controls").rglob("effkit.json")}
