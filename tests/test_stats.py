@@ -129,7 +129,7 @@ def test_sequential_stopping_keeps_its_error_rate_and_decides_a_10_percent_shift
     right direction, mostly before the last look."""
     from effkit.measure import stopping
 
-    rule = stopping.Stopping(rounds=6)
+    rule = stopping.Stopping(rounds=6, min_sample_s=0)  # one call's figures, as drawn
     same = [stopping.measure(synthetic(s, 1.0), rule, repeats=3).ratio("ref", "other")["verdict"] for s in range(100)]
     assert same.count("same") >= 95
     shifted = [stopping.measure(synthetic(1000 + s, 1.1), rule, repeats=3) for s in range(100)]
@@ -176,11 +176,33 @@ def test_sequential_stopping_measures_only_what_is_undecided():
     machine = synthetic(11, 2.0)
     near = synthetic(12, 1.02)["other"]
     m = stopping.measure({"ref": machine["ref"], "far": machine["other"], "near": near},
-                         stopping.Stopping(rounds=6), repeats=3)
+                         stopping.Stopping(rounds=6, min_sample_s=0), repeats=3)
     assert len(m["far"]) == 6 and len(m["near"]) == len(m["ref"]) == m.record["rounds"] > 6
     assert m.record["contenders_per_look"][:2] == [3, 2]
     assert m.ratio("ref", "far")["rounds"] == 6 and m.ratio("ref", "far")["verdict"] == "slower"
     assert m.ratio("ref", "near")["rounds"] == m.record["rounds"]
+
+
+def test_sequential_samples_last_long_enough_and_fixed_rounds_run_as_asked():
+    """Sequential: a contender's warm-up sizes its samples to at least MIN_SAMPLE_S (a 62.5 ms call repeated 4 times
+    a round, a 0.5 s one the repeats asked for); fixed rounds run exactly the repeats asked for."""
+    from effkit.measure import stopping
+
+    now = [0.0]
+
+    def timer(seconds):
+        def call():
+            now[0] += seconds
+            return seconds
+        return call
+    contenders = {"slow": timer(0.5), "fast": timer(0.0625)}
+    m = stopping.measure(contenders, stopping.Stopping(rounds=4), repeats=2, warmup=1, clock=lambda: now[0])
+    assert m.record["calls_per_sample"] == {"slow": 2, "fast": 4}
+    assert {len(r) for r in m["fast"]} == {4} and {len(r) for r in m["slow"]} == {2}
+    fixed = stopping.measure(contenders, stopping.Stopping(rounds=4, fixed=True), repeats=2, warmup=1,
+                             clock=lambda: now[0])
+    assert fixed.record["calls_per_sample"] == {"slow": 2, "fast": 2} and {len(r) for r in fixed["fast"]} == {2}
+    assert "samples of at least 0.2 s" in stopping.Stopping().describe()
 
 
 def test_general_t_quantiles():

@@ -33,7 +33,7 @@ from typing import Any
 from effkit.errors import EffkitError
 from effkit.measure import metrics, stats
 from effkit.measure.results import PairedRatio
-from effkit.measure.stopping import ALPHA, leader_of, settled
+from effkit.measure.stopping import ALPHA, MAX_CALLS, MIN_SAMPLE_S, leader_of, settled
 
 
 @dataclass(frozen=True)
@@ -44,8 +44,8 @@ class Rule:
     looks: int = 4  # planned looks: rounds, 2x, 4x, 8x (the leaders only after the first)
     precision: float = 0.03  # a ratio undecided but with its interval within its estimate x (1 +- precision): a tie
     budget_s: float = 20.0  # seconds of head-to-head looks per contender still open against the leader
-    min_sample_s: float = 0.2  # each sample lasts at least this long (calls repeated within it)
-    max_calls: int = 64  # at most this many calls in one sample
+    min_sample_s: float = MIN_SAMPLE_S  # each sample lasts at least this long (calls repeated within it)
+    max_calls: int = MAX_CALLS  # at most this many calls in one sample
     seed: int = 0  # the rounds' orders are shuffled from it
 
     @property

@@ -399,8 +399,9 @@ def eval_summary(result: dict[str, Any]) -> dict[str, Any]:
 # Runtime's sessions; CTranslate2 with more than one thread): measured, 50 ms lets them nearly all sleep, 200 ms all
 SETTLE_S = 0.2
 INTERLEAVED_PROTOCOL = ("paired and interleaved: after {warmup} warm-up call(s) each, rounds ({rounds}); in each round "
-                        "every contender runs {repeats} timed repeat(s), in an order shuffled each round from a seed "
-                        "(in the stopping record), so that drift of the machine and carry-over from the contender "
+                        "every contender runs {repeats} timed repeat(s) (sequential rounds: more where a sample would "
+                        "last under 0.2 s, `calls_per_sample` in the stopping record), in an order shuffled each "
+                        "round from a seed (in the stopping record), so that drift of the machine and carry-over from the contender "
                         "before hit every contender alike; after a contender whose runtime keeps spin-waiting "
                         "threads (ONNX Runtime; CTranslate2 on more than one thread) the machine idles 0.2 s, "
                         "untimed, so they do not slow the next")
@@ -480,14 +481,15 @@ def round_order(names: list[str], r: int, seed: int | None) -> list[str]:
     return order[::-1] if r % 2 else order
 
 
-def interleaved(contenders: dict[str, Callable[[], float]], rounds: int, repeats: int,
+def interleaved(contenders: dict[str, Callable[[], float]], rounds: int, repeats: int | dict[str, int],
                 warmup: int = 1, offset: int = 0, seed: int | None = None) -> dict[str, list[list[float]]]:
-    """Measure every contender (a function returning one timing or rate) in `rounds` rounds of `repeats` calls,
-    in a new order each round (`round_order`: shuffled from `seed`; `offset`: rounds already run), after `warmup`
-    calls each; after a contender's calls the machine is left idle for its `settle_s` (untimed; see
+    """Measure every contender (a function returning one timing or rate) in `rounds` rounds of `repeats` calls (or
+    {name: calls}), in a new order each round (`round_order`: shuffled from `seed`; `offset`: rounds already run),
+    after `warmup` calls each; after a contender's calls the machine is left idle for its `settle_s` (untimed; see
     `settle_time`). Returns {name: [[round 1 repeats], ...]}. `effkit.measure.stopping.measure` runs it until
     comparisons are decided."""
     names = list(contenders)
+    calls = repeats if isinstance(repeats, dict) else dict.fromkeys(names, repeats)
 
     def settle(name: str) -> None:
         if (pause := getattr(contenders[name], "settle_s", 0.0)) > 0:
@@ -500,7 +502,7 @@ def interleaved(contenders: dict[str, Callable[[], float]], rounds: int, repeats
     samples: dict[str, list[list[float]]] = {name: [] for name in names}
     for r in range(rounds):
         for name in round_order(names, r + offset, seed):
-            samples[name].append([contenders[name]() for _ in range(repeats)])
+            samples[name].append([contenders[name]() for _ in range(calls[name])])
             settle(name)
     return samples
 

@@ -29,8 +29,11 @@ from effkit.measure import metrics, stats
 from effkit.measure.results import PairedRatio
 
 ALPHA = 1.0 - stats.CONFIDENCE
+MIN_SAMPLE_S = 0.2  # sequential: a round's sample of a contender lasts at least this long (calls repeated in it)
+MAX_CALLS = 64  # at most this many calls in one sample
 
-METHOD = ("sequential: looks after {first}, then twice as many rounds each time, at most {looks} looks "
+METHOD = ("sequential: samples of at least {min_sample_s:g} s (a contender's call repeated within its sample of a "
+          "round, at least the repeats asked for; the sample's figure the median of its calls); looks after {first}, then twice as many rounds each time, at most {looks} looks "
           "({max_rounds} rounds); stops when every compared ratio's interval excludes 1 or its half-width is "
           "under {precision:.0%}, or when the next look would exceed {budget_s:.0f} s; a contender whose ratios are "
           "settled is not measured in later looks (each ratio is over the rounds both of its contenders ran); each "
@@ -49,6 +52,7 @@ class Stopping:
     budget_s: float = 60.0  # seconds of measuring per comparison, beyond the first look
     looks: int = 3  # planned looks: rounds, 2 x rounds, 4 x rounds
     seed: int = 0  # the rounds' orders are shuffled from it (written in the record)
+    min_sample_s: float = MIN_SAMPLE_S  # sequential only: fixed rounds run exactly `repeats` calls a round
 
     @property
     def planned(self) -> int:
@@ -66,7 +70,7 @@ class Stopping:
     def describe(self) -> str:
         if self.fixed:
             return f"fixed: {self.rounds} rounds, 95% intervals"
-        return METHOD.format(first=self.rounds, looks=self.looks, max_rounds=self.schedule()[-1],
+        return METHOD.format(min_sample_s=self.min_sample_s, first=self.rounds, looks=self.looks, max_rounds=self.schedule()[-1],
                              precision=self.precision, budget_s=self.budget_s, level=self.level)
 
     @classmethod
@@ -126,6 +130,23 @@ def _timed(fn: Callable[[], float], spent: dict[str, list[float]], name: str, cl
     return call
 
 
+def calls_per_sample(timed: dict[str, Callable[[], float]], repeats: int, warmup: int, min_sample_s: float,
+                     clock: Callable[[], float] = time.perf_counter) -> dict[str, int]:
+    """Run each contender's warm-up (at least one call; the last one timed by the clock) and size its samples: the
+    calls that last at least `min_sample_s`, never fewer than `repeats` nor more than MAX_CALLS. A 20 ms decode
+    timed once is at the mercy of the scheduler on a busy 2-core machine; the median of a dozen is not."""
+    calls = {}
+    for name, fn in timed.items():
+        for _ in range(max(warmup, 1)):
+            t = clock()
+            fn()
+            took = clock() - t
+        if (pause := getattr(fn, "settle_s", 0.0)) > 0:
+            time.sleep(pause)
+        calls[name] = max(repeats, min(MAX_CALLS, math.ceil(min_sample_s / took) if took > 0 else MAX_CALLS))
+    return calls
+
+
 def leader_of(samples: dict[str, list[list[float]]], names: Sequence[str], higher: bool) -> str:
     """The best of `names` by paired point estimate: the longest measured first, then each of the others, longest
     first, takes the lead when its paired ratio to the leader, over the rounds both ran, favours it (a contender
@@ -169,13 +190,19 @@ def measure(contenders: dict[str, Callable[[], float]], stopping: Stopping, repe
     first look only the contenders of unsettled pairs are measured. `contest`: (members, higher_is_better) of a
     decision to be read off these rounds: its leader against every member must settle too (`contest_pairs`)."""
     names = list(contenders)
+    sized = not stopping.fixed and stopping.min_sample_s > 0
     pairs = [(a, b) for a, b in (pairs if pairs is not None else [(names[0], n) for n in names[1:]])
              if a in contenders and b in contenders and a != b]
     spent = {n: [0.0, 0] for n in names}  # seconds and calls of each contender
-    timed = {n: _timed(fn, spent, n, clock, warmup) for n, fn in contenders.items()}
+    timed = {n: _timed(fn, spent, n, clock, max(warmup, 1) if sized else warmup) for n, fn in contenders.items()}
     schedule = stopping.schedule()
     start = clock()
-    samples = metrics.interleaved(timed, schedule[0], repeats, warmup=warmup, seed=stopping.seed)
+    if sized:  # sequential: the warm-up sizes each contender's samples
+        calls = calls_per_sample(timed, repeats, warmup, stopping.min_sample_s, clock)
+        samples = metrics.interleaved(timed, schedule[0], calls, warmup=0, seed=stopping.seed)
+    else:
+        calls = dict.fromkeys(names, repeats)
+        samples = metrics.interleaved(timed, schedule[0], repeats, warmup=warmup, seed=stopping.seed)
     first = clock() - start
     looks, stopped, measured = 1, "fixed", [len(names)]
     while not stopping.fixed:
@@ -192,12 +219,13 @@ def measure(contenders: dict[str, Callable[[], float]], stopping: Stopping, repe
             break
         active = [n for n in names if any(n in pair for pair in open_pairs)]
         done, total = schedule[looks - 1], schedule[looks]
-        per_round = sum(spent[n][0] / max(spent[n][1], 1) * repeats + getattr(contenders[n], "settle_s", 0.0)
+        per_round = sum(spent[n][0] / max(spent[n][1], 1) * calls[n] + getattr(contenders[n], "settle_s", 0.0)
                         for n in active)  # each active contender's calls and its settling pause
         if clock() - start - first + per_round * (total - done) > stopping.budget_s:
             stopped = "budget"
             break
-        more = metrics.interleaved({n: timed[n] for n in active}, total - done, repeats, warmup=0, offset=done,
+        more = metrics.interleaved({n: timed[n] for n in active}, total - done, {n: calls[n] for n in active},
+                                   warmup=0, offset=done,
                                    seed=stopping.seed)
         for name in active:
             samples[name] += more[name]
@@ -206,5 +234,6 @@ def measure(contenders: dict[str, Callable[[], float]], stopping: Stopping, repe
     return Measured(samples, {"rounds": schedule[looks - 1], "looks": looks, "stopped": stopped,
                               "level": stopping.level, "contenders_per_look": measured,
                               "order": f"shuffled each round from seed {stopping.seed}",
+                              "calls_per_sample": calls,
                               **({} if stopping.fixed else {"precision": stopping.precision}),
                               "seconds": round(clock() - start, 3)})
