@@ -33,7 +33,8 @@ MIN_SAMPLE_S = 0.2  # sequential: a round's sample of a contender lasts at least
 MAX_CALLS = 64  # at most this many calls in one sample
 
 METHOD = ("sequential: samples of at least {min_sample_s:g} s (a contender's call repeated within its sample of a "
-          "round, at least the repeats asked for; the sample's figure the median of its calls); looks after {first}, then twice as many rounds each time, at most {looks} looks "
+          "round, at least the repeats asked for; the sample's figure the median of its calls); looks after {first}, "
+          "then twice as many rounds each time, at most {looks} looks "
           "({max_rounds} rounds); stops when every compared ratio's interval excludes 1 or its half-width is "
           "under {precision:.0%}, or when the next look would exceed {budget_s:.0f} s; a contender whose ratios are "
           "settled is not measured in later looks (each ratio is over the rounds both of its contenders ran); each "
@@ -70,8 +71,8 @@ class Stopping:
     def describe(self) -> str:
         if self.fixed:
             return f"fixed: {self.rounds} rounds, 95% intervals"
-        return METHOD.format(min_sample_s=self.min_sample_s, first=self.rounds, looks=self.looks, max_rounds=self.schedule()[-1],
-                             precision=self.precision, budget_s=self.budget_s, level=self.level)
+        return METHOD.format(min_sample_s=self.min_sample_s, first=self.rounds, looks=self.looks,
+                             max_rounds=self.schedule()[-1], precision=self.precision, budget_s=self.budget_s, level=self.level)
 
     @classmethod
     def of(cls, measure: Any, rounds_key: str = "rounds") -> Stopping:
