@@ -402,9 +402,9 @@ INTERLEAVED_PROTOCOL = ("paired and interleaved: after {warmup} warm-up call(s) 
                         "every contender runs {repeats} timed repeat(s) (sequential rounds: more where a sample would "
                         "last under 0.2 s, `calls_per_sample` in the stopping record), in an order shuffled each "
                         "round from a seed (in the stopping record), so that drift of the machine and carry-over "
-                        "from the contender before hit every contender alike; after a contender whose runtime keeps spin-waiting "
-                        "threads (ONNX Runtime; CTranslate2 on more than one thread) the machine idles 0.2 s, "
-                        "untimed, so they do not slow the next")
+                        "from the contender before hit every contender alike; after a contender whose runtime keeps "
+                        "spin-waiting threads (ONNX Runtime; CTranslate2 on more than one thread) the machine idles "
+                        "0.2 s, untimed, so they do not slow the next")
 
 
 def random_tokens(model, batch: int, block: int, seed: int = 0) -> torch.Tensor:

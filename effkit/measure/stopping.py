@@ -72,7 +72,8 @@ class Stopping:
         if self.fixed:
             return f"fixed: {self.rounds} rounds, 95% intervals"
         return METHOD.format(min_sample_s=self.min_sample_s, first=self.rounds, looks=self.looks,
-                             max_rounds=self.schedule()[-1], precision=self.precision, budget_s=self.budget_s, level=self.level)
+                             max_rounds=self.schedule()[-1], precision=self.precision, budget_s=self.budget_s,
+                             level=self.level)
 
     @classmethod
     def of(cls, measure: Any, rounds_key: str = "rounds") -> Stopping:
