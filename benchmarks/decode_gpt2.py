@@ -36,7 +36,7 @@ from effkit.bench import make_peers, run_bench
 from effkit.config import BenchConfig, DataConfig, ExportConfig
 from effkit.data import prepare
 from effkit.export import run_export
-from effkit.measure import metrics, stats
+from effkit.measure import generation, roofline, stats, timing
 from effkit.model import build_model, save_model
 
 
@@ -90,7 +90,7 @@ def openvino_profile(path: Path, tokenizer, tokens: int, batch: int = 12) -> dic
     compiled = ov.Core().compile_model(str(path / OV_MODEL), "CPU", {
         **compile_config(desc.get("inference_precision", "default")), "PERF_COUNT": "YES"})
     req = compiled.create_infer_request()
-    ids = tokenizer(metrics.GENERATION_PROMPT, return_tensors="np").input_ids.repeat(batch, 0)
+    ids = tokenizer(generation.GENERATION_PROMPT, return_tensors="np").input_ids.repeat(batch, 0)
     kinds: dict[str, float] = {}
 
     def kind(t: str) -> str:  # the plug-in's node types: FullyConnectedCompressed for int8 weights, ...
@@ -140,13 +140,13 @@ def alone(path: Path, tokenizer, tokens: int, rounds: int) -> dict:
     timer = engine_of(path).decode(model, tokenizer, 1, tokens)  # as the bench decodes it (OpenVINO: LLMPipeline)
     timer()  # warm-up
     rates, shares, bws = [], [], []
-    settle = metrics.settle_time(model)  # spinning threads (ONNX Runtime) go idle before the bandwidth probe
+    settle = timing.settle_time(model)  # spinning threads (ONNX Runtime) go idle before the bandwidth probe
     for _ in range(rounds):
         time.sleep(settle)
-        before = metrics.memory_bandwidth()[0]
+        before = roofline.memory_bandwidth()[0]
         rate = timer()
         time.sleep(settle)
-        bw = (before + metrics.memory_bandwidth()[0]) / 2
+        bw = (before + roofline.memory_bandwidth()[0]) / 2
         rates.append(rate)
         bws.append(bw)
         shares.append(rate * nbytes / bw)
@@ -184,7 +184,7 @@ def main() -> None:
                 for f in formats]
     import torch
 
-    bw, bw_how = metrics.memory_bandwidth()
+    bw, bw_how = roofline.memory_bandwidth()
     peaks = {"fp32": gemm_peak(torch.float32), "bf16": gemm_peak(torch.bfloat16)}
     report = run_bench(BenchConfig.from_flat(paths=(str(folder), *exported), peers=True, rounds=args.rounds, repeats=2,
                                              gen_tokens=args.tokens, train_steps=1, **dirs), progress=False)
@@ -226,7 +226,7 @@ def main() -> None:
         lines.append(f"| {tag} | {a['decode_tokens_per_s_b1']:.1f} | {min(a['bandwidth_bytes_per_s']) / 1e9:.1f}-"
                      f"{max(a['bandwidth_bytes_per_s']) / 1e9:.1f} | {a['weight_bytes_per_token'] / 1e6:.0f} MB | "
                      f"{a['share_of_bound']:.0%} ({a['share_ci95'][0]:.0%}-{a['share_ci95'][1]:.0%}) |")
-    bw_after, _ = metrics.memory_bandwidth()
+    bw_after, _ = roofline.memory_bandwidth()
     fastest = max(rows, key=lambda r: r["decode_tokens_per_s_b12"])
     flops12 = step_flops(model, 12)
     limits = {}

@@ -19,7 +19,7 @@ import time
 import torch
 
 from effkit import optim
-from effkit.measure.metrics import lm_loss
+from effkit.measure.evaluation import lm_loss
 from effkit.model.gpt2 import build_model, enable_activation_checkpointing
 
 PAGE = os.sysconf("SC_PAGE_SIZE")

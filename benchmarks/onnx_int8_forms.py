@@ -25,7 +25,7 @@ import onnxruntime.quantization as q
 from transformers import AutoTokenizer
 
 from effkit.engines import onnxruntime as eo
-from effkit.measure import metrics
+from effkit.measure import generation
 from effkit.model import load_model
 
 
@@ -53,7 +53,7 @@ def main() -> None:
         (folder / "onnx.json").write_text(json.dumps({"params": sum(p.numel() for p in model.parameters())}))
         models[name] = eo.OnnxCausalLM(folder)
     for batch in (1, 12):
-        timers = {n: metrics.generation_timer(m, tok, args.tokens, batch=batch) for n, m in models.items()}
+        timers = {n: generation.generation_timer(m, tok, args.tokens, batch=batch) for n, m in models.items()}
         rates: dict[str, list[float]] = {n: [] for n in timers}
         for _ in range(args.rounds):
             for n, fn in timers.items():

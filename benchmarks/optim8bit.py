@@ -23,7 +23,7 @@ import torch
 from effkit import artifacts, memplan
 from effkit.config import TrainConfig, build_config
 from effkit.data import prepare
-from effkit.measure import metrics, stats
+from effkit.measure import evaluation, hardware, stats
 from effkit.model import load_model
 from effkit.quiet import quiet_libraries
 from effkit.report import atomic_write_text, pyplot
@@ -61,7 +61,7 @@ def main() -> None:
     block_losses = {}
     for name in OPTIMS:
         model = load_model(reports[name]["artifact"]).eval()
-        block_losses[name] = metrics.evaluate(model, data.blocks.eval, cfg.optim.batch_size)["block_losses"]
+        block_losses[name] = evaluation.evaluate(model, data.blocks.eval, cfg.optim.batch_size)["block_losses"]
     delta = stats.paired_delta(block_losses["adamw"], block_losses["adamw8bit"])
     table = []
     for name in OPTIMS:
@@ -75,7 +75,7 @@ def main() -> None:
                       "plan_optimizer_mib": p.per_rank["optimizer"] / 2**20})
     result = {"recipe": a.recipe, "steps": reports["adamw"]["metrics"]["steps"], "rows": table,
               "eval_loss_delta_8bit_vs_adamw": delta, "delta": stats.fmt_delta(delta),
-              "device": metrics.describe_device(torch.device("cpu")), "versions": artifacts.versions(),
+              "device": hardware.describe_device(torch.device("cpu")), "versions": artifacts.versions(),
               "protocol": ("two trainings of the recipe's [train] section in fp32, same seed and data order, "
                            "differing only in --optim; delta: relative change of the mean held-out loss, paired "
                            f"by block over the same {delta['blocks']} held-out blocks, 95% t-interval; one run "

@@ -20,7 +20,7 @@ from pathlib import Path
 from effkit import artifacts
 from effkit.config import DataConfig, PruneConfig
 from effkit.data import prepare
-from effkit.measure import metrics, stats
+from effkit.measure import evaluation, stats, timing
 from effkit.model import load_model
 from effkit.prune.stage import run_prune
 from effkit.quiet import quiet_libraries
@@ -58,7 +58,7 @@ def main() -> None:
 
     def block_losses(path: str):
         if path not in losses:
-            losses[path] = metrics.evaluate(load_model(path).eval(), blocks, 8)["block_losses"]
+            losses[path] = evaluation.evaluate(load_model(path).eval(), blocks, 8)["block_losses"]
         return losses[path]
 
     lines = ["| mode | level | block params removed | fine-tuning | held-out loss | Δ vs dense control | "
@@ -77,7 +77,7 @@ def main() -> None:
           f"Dense parent: {a.dense}; {a.steps} fine-tuning steps per round, 2 rounds; control: the dense parent "
           "fine-tuned alike. Held-out loss on the same blocks for every row; 'distill vs plain' is the paired "
           "per-block delta of the distilled model against the plain one (negative = distillation better), "
-          f"{stats.LOSS_METHOD}. Latency: {metrics.INTERLEAVED_PROTOCOL.format(warmup=2, rounds=8, repeats=3)}.\n\n"
+          f"{stats.LOSS_METHOD}. Latency: {timing.INTERLEAVED_PROTOCOL.format(warmup=2, rounds=8, repeats=3)}.\n\n"
           + "\n".join(lines) + "\n\nversions: " + json.dumps(artifacts.versions()) + "\n")
     path = out / "reports" / "structured" / "structured.md"
     path.write_text(md)

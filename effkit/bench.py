@@ -26,7 +26,7 @@ from effkit.child import run_isolated
 from effkit.config import BenchConfig, DataConfig, build_config
 from effkit.data import prepare
 from effkit.errors import EffkitError
-from effkit.measure import metrics, results, stats, stopping
+from effkit.measure import evaluation, generation, hardware, memory, results, stats, stopping, timing
 from effkit.measure.compare import generate_sample
 from effkit.parallel import resolve_device
 from effkit.report import atomic_write_text, write_rows_csv
@@ -117,18 +117,18 @@ def bench_one(path: Path, cfg: BenchConfig, tokenizer, eval_blocks: torch.Tensor
     the peak memory of loading it and running every measured workload once. `data`: the data section the blocks
     come from (None: the artifact's own)."""
     meta = artifacts.read_meta(path)
-    with metrics.PeakMemory(device) as mem:
+    with memory.PeakMemory(device) as mem:
         model = load_any(path, device).eval()
         r: dict[str, Any] = {"artifact": str(path), "tag": path.name, "stage": meta["stage"],
                              "params": getattr(model, "n_params", None) or sum(p.numel() for p in model.parameters()),
                              "size_bytes": artifacts.dir_size(path), "quantized": is_quantized(path)}
-        r.update(metrics.evaluate(model, eval_blocks, cfg.measure.batch_size, eval_bytes=eval_bytes, docs=docs))
+        r.update(evaluation.evaluate(model, eval_blocks, cfg.measure.batch_size, eval_bytes=eval_bytes, docs=docs))
         r["generation"] = generate_sample(model, tokenizer, cfg.measure.gen_tokens)
         engine = engine_of(path)
         for w in workloads.of_kind("prefill"):
             engine.prefill(model, w.batch, w.tokens or block)()
         if trainable(path):
-            for once in metrics.train_step_timers(model, TRAIN_BATCHES, block).values():
+            for once in timing.train_step_timers(model, TRAIN_BATCHES, block).values():
                 once()
     r["peak_memory_bytes"] = mem.peak_bytes
     if (control := dense_control_of(path)) is not None:  # after the peak: the control is not part of the footprint
@@ -137,7 +137,7 @@ def bench_one(path: Path, cfg: BenchConfig, tokenizer, eval_blocks: torch.Tensor
             r[results.EVAL_LOSS_DELTA_VS_CONTROL] = meta["metrics"][results.EVAL_LOSS_DELTA_VS_CONTROL]
         else:  # a descendant (int8, ONNX) of a pruned round, or other blocks (--data): against the same control,
             # paired on these blocks
-            ctrl = metrics.evaluate(load_any(control, device).eval(), eval_blocks, cfg.measure.batch_size)
+            ctrl = evaluation.evaluate(load_any(control, device).eval(), eval_blocks, cfg.measure.batch_size)
             r[results.EVAL_LOSS_DELTA_VS_CONTROL] = stats.paired_delta(ctrl["block_losses"], r["block_losses"],
                                                                        r["block_docs"])
         r["control_artifact"] = str(control)
@@ -181,7 +181,7 @@ def timed_side_by_side(paths: list[Path], cfg: BenchConfig, tokenizer, block: in
     deliverable): its leader against each of them must settle too (`stopping.contest_pairs`)."""
     models = {tag: load_any(p, device).eval() for tag, p in zip(tags(paths), paths, strict=True)}
     engine = {tag: engine_of(p) for tag, p in zip(tags(paths), paths, strict=True)}
-    new_tokens = min(metrics.generation_budget(m, tokenizer, cfg.measure.gen_tokens)[0] for m in models.values())
+    new_tokens = min(generation.generation_budget(m, tokenizer, cfg.measure.gen_tokens)[0] for m in models.values())
     forward = dict(models)
     status: dict[str, str] = {}
     compiled_decoding: dict[str, tuple[dict[str, Any], Any]] = {}  # tag -> its compiled twin's (kwargs, timer)
@@ -189,11 +189,11 @@ def timed_side_by_side(paths: list[Path], cfg: BenchConfig, tokenizer, block: in
     prefill_batches = tuple(w.batch for w in workloads.of_kind("prefill"))
     if cfg.measure.compile:
         for tag, m in models.items():
-            compiled, status[tag] = metrics.compile_for_inference(m, prefill_batches, block,
+            compiled, status[tag] = timing.compile_for_inference(m, prefill_batches, block,
                                                                   **engine[tag].prefill_kwargs)
             if compiled is not None:
                 forward[tag + COMPILED] = compiled
-            kwargs, gen_status[tag] = metrics.compiled_generation(m)
+            kwargs, gen_status[tag] = generation.compiled_generation(m)
             if kwargs is not None:
                 timer = engine[tag].decode(m, tokenizer, 1, new_tokens, kwargs)
                 try:
@@ -209,14 +209,14 @@ def timed_side_by_side(paths: list[Path], cfg: BenchConfig, tokenizer, block: in
             plan[w.measure] = ({t: engine[t.removesuffix(COMPILED)].prefill(m, w.batch, w.tokens or block)
                                 for t, m in forward.items()}, cfg.measure.repeats)
             continue
-        n = new_tokens if w.tokens is None else min(metrics.generation_budget(m, tokenizer, w.tokens)[0]
+        n = new_tokens if w.tokens is None else min(generation.generation_budget(m, tokenizer, w.tokens)[0]
                                                     for m in models.values())
         fns = {t: engine[t].decode(m, tokenizer, w.batch, n) for t, m in models.items()}
         if w.batch == 1:  # compiled decoding (static KV cache) joins the batch-1 rounds
             fns |= {t + COMPILED: timer if n == new_tokens else engine[t].decode(models[t], tokenizer, 1, n, kw)
                     for t, (kw, timer) in compiled_decoding.items()}
         plan[w.measure] = (fns, 1)
-    steppers = {tag: metrics.train_step_timers(models[tag], TRAIN_BATCHES, block)
+    steppers = {tag: timing.train_step_timers(models[tag], TRAIN_BATCHES, block)
                 for tag, p in zip(tags(paths), paths, strict=True) if trainable(p)}
     for b in TRAIN_BATCHES:
         plan[f"train_b{b}"] = ({t: timers[b] for t, timers in steppers.items()}, cfg.measure.train_steps)
@@ -263,7 +263,7 @@ def compared(names: list[str], peers: list[str]) -> list[tuple[str, str]]:
 
 def figure(w: workloads.Workload, rounds: list[list[float]]) -> Any:
     """A workload's own figure over `rounds`: latency statistics (prefill) or the median tokens/s (decode)."""
-    return metrics.latency_stats(rounds) if w.kind == "prefill" else stats.median_of_rounds(rounds)
+    return timing.latency_stats(rounds) if w.kind == "prefill" else stats.median_of_rounds(rounds)
 
 
 def combine(static: list[dict[str, Any]], timed: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -347,7 +347,7 @@ def compiled_row(timed: dict[str, Any], tag: str, ref: str) -> dict[str, Any]:
     if prefill and tag + COMPILED in timed[prefill[0].measure]:
         for w in prefill:
             samples = timed[w.measure]
-            out[w.figure] = metrics.latency_stats(samples[tag + COMPILED])
+            out[w.figure] = timing.latency_stats(samples[tag + COMPILED])
             out[f"ratio_vs_eager_b{w.batch}"] = samples.ratio(tag, tag + COMPILED)
             out[w.ratio] = samples.ratio(ref, tag + COMPILED)
     gen = timed["decode_b1"]
@@ -450,11 +450,11 @@ def _bench(cfg: BenchConfig, device: torch.device, run_name: str, paths: list[Pa
     for row, tag in zip(static, tags(paths), strict=True):
         row["tag"] = tag
     rows = combine(static, timed)
-    interleave = metrics.INTERLEAVED_PROTOCOL.format(warmup=2, rounds=stopping.Stopping.of(cfg.measure).describe(),
+    interleave = timing.INTERLEAVED_PROTOCOL.format(warmup=2, rounds=stopping.Stopping.of(cfg.measure).describe(),
                                                      repeats="{repeats}")
     report = {
         "stage": "bench", "run": run_name, "config": cfg.to_dict(), "artifacts": rows, "reference": rows[0]["tag"],
-        "device": metrics.describe_device(device), "versions": artifacts.versions(),
+        "device": hardware.describe_device(device), "versions": artifacts.versions(),
         "git_commit": artifacts.git_commit(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "wall_s": time.perf_counter() - t0,
         "verdicts": verdicts(rows), "not_run": not_run or {}, "stopping": timed["stopping"],
@@ -464,7 +464,7 @@ def _bench(cfg: BenchConfig, device: torch.device, run_name: str, paths: list[Pa
         "block_losses": {r["tag"]: r["block_losses"] for r in static},
         "block_docs": static[0]["block_docs"],
         "protocol": {
-            "eval_loss": metrics.EVAL_PROTOCOL + f"; the blocks of {paths[0].name}'s data "
+            "eval_loss": evaluation.EVAL_PROTOCOL + f"; the blocks of {paths[0].name}'s data "
                          f"({len(prepared.blocks.eval)} blocks, {prepared.blocks.eval[:, 1:].numel()} predicted "
                          f"tokens); {stats.LOSS_METHOD}",
             "latency": f"forward of (batch, {block}) fixed random tokens under torch.inference_mode; "
@@ -481,7 +481,7 @@ def _bench(cfg: BenchConfig, device: torch.device, run_name: str, paths: list[Pa
                           + interleave.format(repeats=1) + "; the b1 decode is also reported as `generation`",
             "training_throughput": f"one forward+backward+AdamW step on a private copy, batch x {block} tokens, "
                                    "tokens / wall time; " + interleave.format(repeats=cfg.measure.train_steps),
-            "peak_memory": metrics.PeakMemory(device).method + ", while loading the artifact, evaluating it and "
+            "peak_memory": memory.PeakMemory(device).method + ", while loading the artifact, evaluating it and "
                            "running each timed workload once, each artifact in a fresh process",
             "reference": f"ratios and deltas are relative to the first artifact ({rows[0]['tag']})",
         },

@@ -9,6 +9,21 @@ the model reads; every artifact carries its data section in `effkit.json`), `mod
 `run` (where things go and how often). Its flat keys (`lr`, `parallel`, ...) map onto those sections, so the
 command line and recipes stay flat. The other stage configs are nested by concern too (`_Staged`: inputs,
 method, finetune, measure, folders), and their flat keys, `to_dict()` and `replace()` are what they always were.
+
+Every option is declared once, as a field of a section: its default, its type (the annotation: what recipes and
+flags are checked against) and, in the field's `metadata` (`opt(default, help, ...)` writes it), everything the
+command line shows of it. The CLI builds each command's flags from these fields (`flat_fields`), so a new option
+is one field here. The metadata keys:
+
+- `help`: the `--help` line, or a zero-argument callable making it (text built from a registry, read when the
+  CLI builds its flags, so plug-ins registered before that are listed and nothing heavy is imported here). A
+  `{choices}` in it is replaced by the choices, joined by ", ".
+- `choices`: the accepted values (a tuple, or a zero-argument callable); listed after the help as "(one of ...)"
+  unless the help places them itself with `{choices}`.
+- `flag`: the flag's declaration where it is not `--the-key` (`--the-key/--no-the-key` for a boolean):
+  `--from` for `source`, `--resume` (a boolean without its `--no-` form), `--fixed-rounds/--sequential`.
+- `show_default`: what `--help` shows as the default instead of the value (`"auto"` for a None that means auto).
+- `cli`: False for a recipe-only key (no flag); `argument`: True for a positional argument (bench's paths).
 """
 
 from __future__ import annotations
@@ -16,6 +31,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import types
+import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +51,74 @@ from effkit.registry import STAGES as RUN_STAGES
 PARALLEL_MODES = ("none", "ddp", "fsdp", "tp", "fsdp+tp", "pp", "pp+fsdp")
 PP_SCHEDULES = ("gpipe", "1f1b")
 SYNC_MODES = ("ddp", "all-reduce", "gather-scatter")
+DATA_HELP = ("corpus for calibration, fine-tuning and evaluation: builtin, or a folder / file of text (default: "
+             "the artifact's own; builtin for a plain Hugging Face folder)")
+DEVICE_HELP = "auto (the first GPU if there is one, else the CPU), cpu, cuda or cuda:N"
+
+
+def opt(default: Any = dataclasses.MISSING, help: str | Callable[[], str] = "", *,
+        factory: Callable[[], Any] | Any = dataclasses.MISSING, **meta: Any) -> Any:
+    """A field that is a flag and a recipe key: its default (or `factory`), its `--help` line and the rest of what
+    the command line shows of it (`flag`, `choices`, `show_default`, `cli`, `argument`: see the module's
+    docstring)."""
+    return field(default=default, default_factory=factory, metadata={"help": help, **meta})
+
+
+def field_choices(f: dataclasses.Field) -> tuple[str, ...]:
+    """The values a field accepts, where it declares a fixed set (else empty)."""
+    choices = f.metadata.get("choices") or ()
+    return tuple(choices() if callable(choices) else choices)
+
+
+def field_help(f: dataclasses.Field) -> str:
+    """A field's `--help` line: its help (made now, where it is a callable) with its choices."""
+    text = f.metadata.get("help", "")
+    text = text() if callable(text) else text
+    choices = field_choices(f)
+    if "{choices}" in text:
+        return text.replace("{choices}", ", ".join(choices))
+    return text + (f" (one of {', '.join(choices)})" if choices else "")
+
+
+def field_flag(key: str, f: dataclasses.Field, kind: Any) -> list[str]:
+    """A field's flag declarations: its `flag` metadata, `--key/--no-key` for a boolean, else none (Typer's
+    `--key`)."""
+    if "flag" in f.metadata:
+        return [f.metadata["flag"]]
+    dashed = key.replace("_", "-")
+    return [f"--{dashed}/--no-{dashed}"] if bool_field(kind) else []
+
+
+def bool_field(kind: Any) -> bool:
+    """Whether a field's type is a boolean: `bool`, or `bool | None` (None: auto)."""
+    return kind is bool or _optional_bool(kind)
+
+
+def _optional_bool(kind: Any) -> bool:
+    return typing.get_origin(kind) in (typing.Union, types.UnionType) and set(typing.get_args(kind)) == {
+        bool, type(None)}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    """A dataclass's field types, resolved (a plug-in's annotations that do not resolve: {}, then each default's
+    type stands in)."""
+    try:
+        return typing.get_type_hints(cls)
+    except Exception:  # noqa: BLE001 - a plug-in's forward reference: checked by its defaults' types instead
+        return {}
+
+
+def _section_fields(section: type) -> dict[str, tuple[dataclasses.Field, Any]]:
+    """flat key -> (field, type) of one section: a dataclass's fields, or what the plug-ins of a
+    `PluginOptions` section declare."""
+    if issubclass(section, PluginOptions):
+        return section.declared_fields()
+    hints = _hints(section)
+    return {f.name: (f, hints.get(f.name, type(_default(f)))) for f in dataclasses.fields(section)}
+
+
+def _default(f: dataclasses.Field) -> Any:
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
 
 
 class _Section:
@@ -70,14 +156,19 @@ class PluginOptions:
     @classmethod
     def declared(cls) -> dict[str, dataclasses.Field]:
         """flat key -> its field, over every plug-in of the registry (in registry order)."""
-        out: dict[str, dataclasses.Field] = {}
+        return {key: f for key, (f, _) in cls.declared_fields().items()}
+
+    @classmethod
+    def declared_fields(cls) -> dict[str, tuple[dataclasses.Field, Any]]:
+        """flat key -> (its field, its type), over every plug-in of the registry (in registry order)."""
+        out: dict[str, tuple[dataclasses.Field, Any]] = {}
         for name in cls.registry.names():
             options = getattr(cls.registry.get(name), "options", None)
-            for f in dataclasses.fields(options) if options is not None else ():
-                if f.name in out and out[f.name].default != f.default:
-                    raise EffkitError(f"{cls.what} {name} declares option {f.name!r} with another default than an "
+            for key, (f, kind) in _section_fields(options).items() if options is not None else ():
+                if key in out and out[key][0].default != f.default:
+                    raise EffkitError(f"{cls.what} {name} declares option {key!r} with another default than an "
                                       "earlier one; rename it")
-                out.setdefault(f.name, f)
+                out.setdefault(key, (f, kind))
         return out
 
     @classmethod
@@ -130,7 +221,7 @@ class PluginOptions:
     def validate(self) -> None:
         """Choices declared in a field's metadata are checked here, in one line naming them."""
         for key, f in self.declared().items():
-            choices = f.metadata.get("choices")
+            choices = field_choices(f)
             if choices and self._values[key] not in choices:
                 raise EffkitError(f"unknown --{key.replace('_', '-')} {self._values[key]!r}; choose one of "
                                   f"{', '.join(choices)}")
@@ -187,74 +278,96 @@ def _stage_name(cls: type) -> str:
 class Folders(_Section):
     """Where a stage finds runs and writes reports: the same two keys in every stage."""
 
-    runs_dir: str = "runs"
-    reports_dir: str = "reports"
+    runs_dir: str = opt("runs", "where runs/ are")
+    reports_dir: str = opt("reports", "where reports/ go")
 
 
 @dataclass(frozen=True)
 class Inputs(_Section):
-    """What a stage reads and where it runs."""
+    """What a stage reads and where it runs (a stage's own subclass says its `--from` default)."""
 
-    source: str = ""  # --from: an effkit artifact folder (default: per stage)
-    data: str = ""  # --data: calibration / fine-tuning / evaluation corpus (default: the artifact's own; builtin)
-    device: str = "auto"
+    source: str = opt("", "an effkit artifact or a Hugging Face GPT-2 folder", flag="--from")
+    data: str = opt("", DATA_HELP)
+    device: str = opt("auto", DEVICE_HELP)
+
+
+@dataclass(frozen=True)
+class PruneInputs(Inputs):
+    source: str = opt("", "artifact or Hugging Face GPT-2 folder to prune (default: runs/latest/train)", flag="--from")
+
+
+@dataclass(frozen=True)
+class QuantizeInputs(Inputs):
+    source: str = opt("", "artifact or Hugging Face GPT-2 folder (default: newest of the latest run)", flag="--from")
 
 
 # ------------------------------------------------------------------------------------------- train sections
 
 @dataclass(frozen=True)
 class DataConfig(_Section):
-    source: str = "builtin"  # flag --data
-    vocab_size: int = 8192
-    block_size: int = 128
-    heldout_fraction: float = 0.05
-    eval_blocks: int = 64
-    workers: int = 0
+    source: str = opt("builtin", "builtin (State of the Union speeches), wikitext-103, wikitext-2, or a .txt / "
+                      "folder / .jsonl path")  # flag --data
+    vocab_size: int = opt(8192, "BPE vocabulary size (ignored for pretrained models)")
+    block_size: int = opt(128, "tokens per training block (<= model context)")
+    heldout_fraction: float = opt(0.05, "fraction of documents held out")
+    eval_blocks: int = opt(64, "number of held-out blocks in every evaluation")
+    workers: int = opt(0, "DataLoader worker processes")
 
 
 @dataclass(frozen=True)
 class ModelConfig(_Section):
-    name: str = "gpt2-mini"  # flag --model: a preset, a model folder, or a hub id
-    dropout: float = 0.0
-    activation_checkpointing: bool = False
+    name: str = opt("gpt2-mini", "preset (gpt2-nano, gpt2-micro, gpt2-mini, gpt2, gpt2-medium, gpt2-large, "
+                    "gpt2-xl), a Hugging Face model folder, or a hub id (online)")  # flag --model
+    dropout: float = opt(0.0, "dropout probability")
+    activation_checkpointing: bool = opt(False, "recompute each block in backward to save memory")
+
+
+def _optimizers() -> str:
+    """`--optim`'s help: `name (help)` of every optimizer (imports effkit.optim, which is light)."""
+    return "optimizer: " + ", ".join(f"{o.name} ({o.help})" for _, o in OPTIMIZERS.items())
 
 
 @dataclass(frozen=True)
 class OptimConfig(_Section):
-    max_steps: int = 200
-    max_tokens: int = 0  # 0 = no limit
-    time_budget: float = 0.0  # seconds, 0 = no limit
-    batch_size: int = 8  # per data-parallel rank, per micro-step
-    grad_accum: int = 1
-    lr: float = 1e-3
-    min_lr: float = 1e-4
-    warmup_steps: int = 20
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
-    seed: int = 1337
-    amp: bool | None = None  # None = auto: bf16 on CUDA; on a CPU whichever measures faster (measure.precision)
-    amp_dtype: str = "bf16"  # bf16 | fp16 (fp16 only on CUDA)
-    optim: str = "adamw"  # adamw | adamw-fused | adamw8bit (effkit.optim)
-    tf32: bool = True  # CUDA (Ampere and newer): fp32 matmuls on TF32 tensor cores
+    max_steps: int = opt(200, "optimizer steps (0 = bounded by tokens/time)")
+    max_tokens: int = opt(0, "stop after this many training tokens (0 = no limit)")
+    time_budget: float = opt(0.0, "stop after this many seconds (0 = no limit)")
+    batch_size: int = opt(8, "blocks per micro-step per data-parallel rank")
+    grad_accum: int = opt(1, "micro-steps per optimizer step")
+    lr: float = opt(1e-3, "peak learning rate")
+    min_lr: float = opt(1e-4, "learning rate at the end of the cosine")
+    warmup_steps: int = opt(20, "linear warm-up steps")
+    weight_decay: float = opt(0.1, "AdamW weight decay (matrices only)")
+    grad_clip: float = opt(1.0, "gradient norm clip (0 = off)")
+    seed: int = opt(1337, "random seed (model init and data order)")
+    # None = auto: bf16 on CUDA; on a CPU whichever measures faster (measure.precision)
+    amp: bool | None = opt(None, "force mixed precision autocast (--amp-dtype) on or off; default: bf16 on CUDA, on "
+                           "a CPU whichever of fp32 and bf16 measures faster for the model's shape (measured once "
+                           "per machine and shape)", show_default="auto")
+    amp_dtype: str = opt("bf16", "bf16, or fp16 (CUDA only, with GradScaler)")
+    optim: str = opt("adamw", _optimizers)  # the names of registry.OPTIMIZERS (effkit.optim)
+    tf32: bool = opt(True, "CUDA (Ampere+): fp32 matmuls on TF32 tensor cores")
 
 
 @dataclass(frozen=True)
 class ParallelConfig(_Section):
-    mode: str = "none"  # flag --parallel
-    nproc: int = 0  # 0 = number of GPUs, or 2 on CPU when a parallel mode is asked for
-    tp_size: int = 0  # fsdp+tp: tensor-parallel size (0 = min(world, 2))
-    pp_size: int = 0  # pp+fsdp: pipeline stages (0 = 2); pp: every process is a stage
-    pp_schedule: str = "1f1b"  # gpipe | 1f1b
-    microbatches: int = 4  # pipeline micro-batches per micro-step (they split --batch-size)
-    sync: str = "ddp"  # gradient sync of plain data parallelism: ddp | all-reduce | gather-scatter
-    nnodes: int = 1
-    node_rank: int = 0
-    master_addr: str = "127.0.0.1"
-    master_port: int = 29500
-    connect_timeout: float = 120.0  # seconds a node other than 0 waits for node 0 to listen
-    reshard_after_forward: bool = True
-    cpu_offload: bool = False
-    threads: int = 0  # torch intra-op threads per process, 0 = torch default
+    mode: str = opt("none", "{choices}", choices=PARALLEL_MODES)  # flag --parallel
+    # 0 = number of GPUs, or 2 on CPU when a parallel mode is asked for
+    nproc: int = opt(0, "processes per node (0 = number of GPUs, or 2 on CPU)")
+    tp_size: int = opt(0, "tensor-parallel size for fsdp+tp (0 = 2)")  # 0 = min(world, 2)
+    pp_size: int = opt(0, "pipeline stages for pp+fsdp (0 = 2; pp: every process)")
+    pp_schedule: str = opt("1f1b", "pipeline schedule: gpipe or 1f1b")
+    microbatches: int = opt(4, "pipeline micro-batches per micro-step (divide --batch-size; 1f1b: at least the "
+                            "number of stages)")
+    sync: str = opt("ddp", "gradient sync for --parallel ddp: {choices}", choices=SYNC_MODES)
+    nnodes: int = opt(1, "number of machines")
+    node_rank: int = opt(0, "rank of this machine")
+    master_addr: str = opt("127.0.0.1", "address of the rank-0 machine")
+    master_port: int = opt(29500, "port of the rank-0 machine (on one machine, --nnodes 1, a free port is taken)")
+    connect_timeout: float = opt(120.0, "seconds a node other than 0 waits for node 0")
+    reshard_after_forward: bool = opt(True, "fsdp: free gathered parameters after forward")
+    cpu_offload: bool = opt(False, "fsdp: keep parameters on CPU (GPU only)", flag="--cpu-offload")
+    threads: int = opt(0, "torch threads per process (0 = torch default)")
 
     @property
     def launched(self) -> bool:
@@ -264,14 +377,15 @@ class ParallelConfig(_Section):
 
 @dataclass(frozen=True)
 class RunSection(_Section):
-    run_name: str = ""
-    runs_dir: str = "runs"
-    reports_dir: str = "reports"
-    resume: bool = False
-    eval_interval: int = 50
-    checkpoint_interval: int = 100
-    warmup_steps_excluded: int = 5  # steps left out of the steady-state tokens/s
-    profile: bool = False  # synchronise CUDA around each phase so the time breakdown is exact
+    run_name: str = opt("", "run folder name (default: timestamp-model)")
+    runs_dir: str = opt("runs", "where runs/<run>/<stage>/ artifacts go")
+    reports_dir: str = opt("reports", "where reports/<run>/ go")
+    resume: bool = opt(False, "continue the run (--run-name, default: latest) from its last checkpoint",
+                       flag="--resume")
+    eval_interval: int = opt(50, "steps between held-out evaluations (0 = end only)")
+    checkpoint_interval: int = opt(100, "steps between checkpoints (0 = never)")
+    warmup_steps_excluded: int = opt(5, "steps left out of the steady-state tokens/s", cli=False)
+    profile: bool = opt(False, "synchronise CUDA around each phase so the time breakdown is exact", cli=False)
 
 
 MAX_VOCAB = 1_000_000  # beyond any GPT-2-class vocabulary; larger values crash the BPE trainer
@@ -283,15 +397,10 @@ RENAMED = {"data": ("data", "source"), "model": ("model", "name"), "parallel": (
 
 
 def _flat_keys() -> dict[str, tuple[str, str]]:
-    """flat key (flag / recipe key) -> (section, field)."""
-    out: dict[str, tuple[str, str]] = {}
-    for section, cls in SECTIONS.items():
-        for f in dataclasses.fields(cls):
-            out[f.name] = (section, f.name)
-    for key, where in RENAMED.items():
-        out.pop(where[1], None)
-        out[key] = where
-    return out
+    """flat key (flag / recipe key) -> (section, field), in the sections' order (a renamed field in its place)."""
+    renamed = {where: key for key, where in RENAMED.items()}
+    return {renamed.get((section, f.name), f.name): (section, f.name)
+            for section, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
 
 
 FLAT_KEYS = _flat_keys()
@@ -346,8 +455,6 @@ class TrainConfig(_Section):
             if key not in FLAT_KEYS:
                 raise EffkitError(f"unknown train option {key!r}")
             section, name = FLAT_KEYS[key]
-            if key == "amp" and value == "auto":  # recipes may say amp = "auto"
-                value = None
             per_section.setdefault(section, {})[name] = value
         return dataclasses.replace(self, **{s: getattr(self, s).replace(**v) for s, v in per_section.items()})
 
@@ -445,38 +552,50 @@ class TrainConfig(_Section):
 
 @dataclass(frozen=True)
 class PruneMethod(_Section):
-    mode: str = "row"  # weight | row (MLP channels) | width (residual channels) | depth (whole blocks)
-    target: float = 0.5  # fraction removed at the last round: of weights, MLP channels, residual channels, blocks
-    rounds: int = 3
-    importance: str = "magnitude"  # weight: magnitude | wanda; width: magnitude | taylor
-    scope: str = "global"  # weight mode, magnitude: global | layer
-    calib_batches: int = 4
+    # weight | row (MLP channels) | width (residual channels) | depth (whole blocks): the names of registry.PRUNERS
+    mode: str = opt("row", "a pruning method: {choices} (row: MLP channels, width: residual channels, depth: whole "
+                    "blocks, weight: unstructured)", choices=PRUNERS.names)
+    target: float = opt(0.5, "fraction removed by the last round (0-1): of the weights, MLP channels, residual "
+                        "channels or blocks")
+    rounds: int = opt(3, "prune in this many steps up to the target")
+    importance: str = opt("magnitude", "weight mode: magnitude, or wanda (|W| x input norm); width mode: magnitude, "
+                          "or taylor (|W x gradient|)")
+    scope: str = opt("global", "weight mode, magnitude: rank globally or per layer")
+    calib_batches: int = opt(4, "wanda, taylor, depth: calibration batches")
 
 
 @dataclass(frozen=True)
 class PruneFinetune(_Section):
-    finetune_steps: int = 40  # per round; 0 = no fine-tuning
-    batch_size: int = 8
-    lr: float = 0.0  # fine-tuning peak learning rate; 0 = where the parent's training ended (its final lr)
-    warmup_steps: int = 5
-    seed: int = 1337
-    control: bool = True  # fine-tune the unpruned parent with the same steps: the fair baseline for the loss
+    finetune_steps: int = opt(40, "fine-tuning steps after each round (0 = none)")
+    batch_size: int = opt(8, "fine-tuning batch size (blocks)")
+    lr: float = opt(0.0, "fine-tuning peak learning rate (0: the parent's final learning rate, where its training "
+                    "ended)")
+    warmup_steps: int = opt(5, "fine-tuning warm-up steps")
+    seed: int = opt(1337, "random seed")
+    control: bool = opt(True, "also fine-tune the unpruned parent with the same steps (the fair baseline)")
     # fine-tune with a KL term to the frozen dense parent's logits; None = auto: on for the structured modes (it
     # measured better than plain fine-tuning for row, width and depth on the quickstart), off for weight
-    distill: bool | None = None
-    distill_alpha: float = 0.5  # weight of the KL term; 1 - alpha on the next-token cross-entropy
-    distill_temperature: float = 2.0
+    distill: bool | None = opt(None, "fine-tune toward the frozen dense parent's logits (KL); auto: on for row, width "
+                               "and depth, off for weight", show_default="auto")
+    # weight of the KL term; 1 - alpha on the next-token cross-entropy
+    distill_alpha: float = opt(0.5, "weight of the KL term (0-1)")
+    distill_temperature: float = opt(2.0, "softmax temperature of the KL term")
 
 
 @dataclass(frozen=True)
 class Sequential(_Section):
     """How long a paired timing comparison runs (effkit.measure.stopping): rounds until every ratio is decided
     or within +-precision, in at most 3 looks (rounds, 2x, 4x) and `budget_s` seconds beyond the first look;
-    `fixed_rounds` runs the rounds once, as before."""
+    `fixed_rounds` runs the rounds once, as before. The same three flags on prune, quantize, export and bench."""
 
-    fixed_rounds: bool = False
-    precision: float = 0.03  # half-width, relative, under which an undecided ratio counts as settled
-    budget_s: float = 60.0  # seconds of further rounds per comparison after the first look
+    fixed_rounds: bool = opt(False, "exactly the given rounds (95% intervals), or rounds until each ratio is decided "
+                             "or within --precision (at most 4x, Bonferroni-corrected)",
+                             flag="--fixed-rounds/--sequential")
+    # half-width, relative, under which an undecided ratio counts as settled
+    precision: float = opt(0.03, "sequential: an undecided ratio is settled once its interval is within +-this "
+                           "fraction")
+    # seconds of further rounds per comparison after the first look
+    budget_s: float = opt(60.0, "sequential: seconds of further rounds per comparison")
 
 
 def check_sequential(ms: Sequential) -> None:
@@ -488,8 +607,8 @@ def check_sequential(ms: Sequential) -> None:
 
 @dataclass(frozen=True)
 class LatencyMeasure(Sequential):
-    latency_rounds: int = 5  # interleaved rounds of the paired latency against the parent
-    latency_repeats: int = 3  # timed forward passes per model per round
+    latency_rounds: int = opt(5, "interleaved rounds of the latency against dense")
+    latency_repeats: int = opt(3, "timed forward passes per model per round")
 
 
 @dataclass(frozen=True)
@@ -497,7 +616,7 @@ class PruneConfig(_Staged):
     """`effkit prune`: method (what is cut), finetune (between rounds, and the control arm), measure (the
     paired latency), inputs, folders."""
 
-    inputs: Inputs = field(default_factory=Inputs)  # --from default: runs/latest/train
+    inputs: PruneInputs = field(default_factory=PruneInputs)  # --from default: runs/latest/train
     method: PruneMethod = field(default_factory=PruneMethod)
     finetune: PruneFinetune = field(default_factory=PruneFinetune)
     measure: LatencyMeasure = field(default_factory=LatencyMeasure)
@@ -559,9 +678,13 @@ class PruneConfig(_Staged):
 
 @dataclass(frozen=True)
 class BackendOptions(_Section):
-    backend: str = "auto"
-    optimize_for: str = "decode-b1"  # what auto picks the fastest backend for: a workload (effkit.workloads)
-    include_head: bool = False  # also the (tied) LM head and token embeddings
+    backend: str = opt("auto", lambda: "auto (the fastest within 1% of the parent's loss) or a backend: "
+                       + ", ".join(BACKENDS.names()))
+    # what auto picks the fastest backend for: a workload (effkit.workloads)
+    optimize_for: str = opt("decode-b1", "the workload auto picks the fastest backend for: {choices} (decode: greedy "
+                            "tokens/s; prefill: latency)", choices=workloads.names)
+    # also the (tied) LM head and token embeddings
+    include_head: bool = opt(False, "also quantize the tied LM head / token embedding")
 
 
 class BackendParams(PluginOptions):
@@ -576,15 +699,22 @@ class BackendParams(PluginOptions):
 class ParentMeasure(Sequential):
     """How a quantized or exported model is measured against its PyTorch parent."""
 
-    batch_size: int = 8  # evaluation batch
-    latency_rounds: int = 5  # interleaved rounds: the parent (fp32, and bf16 for quantize) and the model in each
-    latency_repeats: int = 3  # timed forward passes per model per round
-    gen_tokens: int = 64
+    batch_size: int = opt(8, "evaluation batch size")
+    # interleaved rounds: the parent (fp32, and bf16 for quantize) and the model in each
+    latency_rounds: int = opt(5, "interleaved rounds of the parent's and the model's timings")
+    latency_repeats: int = opt(3, "timed forward passes per model per round")
+    gen_tokens: int = opt(64, "new tokens in the generation sample")
 
 
 @dataclass(frozen=True)
 class QuantizeMeasure(ParentMeasure):
-    compile: bool = False  # also time the parent and the int8 model under torch.compile (Inductor, freezing)
+    latency_rounds: int = opt(5, "interleaved rounds of fp32, bf16 and int8 timings")
+    compile: bool = opt(False, "also time parent and int8 under torch.compile (Inductor, freezing)")
+
+
+@dataclass(frozen=True)
+class ExportMeasure(ParentMeasure):
+    latency_rounds: int = opt(5, "interleaved rounds of PyTorch and ONNX timings")
 
 
 def _check_parent_measure(ms: ParentMeasure) -> None:
@@ -599,7 +729,7 @@ def _check_parent_measure(ms: ParentMeasure) -> None:
 class QuantizeConfig(_Staged):
     """`effkit quantize`: method (the backend and its knobs), measure (against the parent), inputs, folders."""
 
-    inputs: Inputs = field(default_factory=Inputs)  # --from default: the newest artifact of the latest run
+    inputs: QuantizeInputs = field(default_factory=QuantizeInputs)  # --from default: the newest of the latest run
     method: BackendOptions = field(default_factory=BackendOptions)
     options: BackendParams = field(default_factory=BackendParams)
     measure: QuantizeMeasure = field(default_factory=QuantizeMeasure)
@@ -620,12 +750,16 @@ class QuantizeConfig(_Staged):
 
 @dataclass(frozen=True)
 class ExportWhat(_Section):
-    source: str = ""  # --from: a dense or pruned effkit artifact (default: the latest run's train artifact)
-    data: str = ""  # --data: calibration / fine-tuning / evaluation corpus (default: the artifact's own; builtin)
-    format: str = "onnx"
-    int8: bool = False  # ONNX Runtime dynamic int8 after export
-    fuse: bool = False  # ONNX Runtime's transformer fusions before quantizing
-    type: str = ""  # the stored weights, for a format with several (its engine's `types`: gguf f16, q8_0, q4_0)
+    source: str = opt("", "dense or pruned artifact (default: the latest run's train)", flag="--from")
+    data: str = opt("", DATA_HELP)
+    format: str = opt("onnx", "onnx (with past key/values, for ONNX Runtime), ctranslate2, openvino (stateful, as "
+                      "optimum-cli writes it) or gguf (llama.cpp)")
+    int8: bool = opt(False, "int8 weights: ONNX Runtime dynamic int8 after export, CTranslate2's int8, or NNCF's "
+                     "int8")
+    fuse: bool = opt(False, "ONNX Runtime's transformer fusions first")  # before quantizing
+    # the stored weights, for a format with several (its engine's `types`: gguf f16, q8_0, q4_0)
+    type: str = opt("", "the stored weights, for a format with several: gguf f16 (default), q8_0 or q4_0 "
+                    "(llama.cpp's blocks of 32)")
 
 
 @dataclass(frozen=True)
@@ -633,7 +767,7 @@ class ExportConfig(_Staged):
     """`effkit export`: what (the artifact, the format), measure (against the parent), folders."""
 
     what: ExportWhat = field(default_factory=ExportWhat)
-    measure: ParentMeasure = field(default_factory=ParentMeasure)
+    measure: ExportMeasure = field(default_factory=ExportMeasure)
     folders: Folders = field(default_factory=Folders)
 
     def validate(self) -> ExportConfig:
@@ -644,27 +778,31 @@ class ExportConfig(_Staged):
 
 @dataclass(frozen=True)
 class BenchWhat(_Section):
-    paths: tuple[str, ...] = ()  # artifacts to measure (default: every artifact of the run)
-    data: str = ""  # --data: calibration / fine-tuning / evaluation corpus (default: the artifact's own; builtin)
-    run: str = ""  # run name under runs_dir (default: the latest run)
+    paths: tuple[str, ...] = opt((), "artifact folders (default: every artifact of the run)", argument=True)
+    data: str = opt("", DATA_HELP)
+    run: str = opt("", "run name under --runs-dir (default: the latest run)")
     # also the dense reference through the engines a user would pick instead (CTranslate2 int8 by its converter,
     # ONNX Runtime int8 of the with-past export), in the same rounds; None = on in `effkit run`, off otherwise
-    peers: bool | None = None
+    peers: bool | None = opt(None, "also the dense reference through the engines a user would pick instead "
+                             "(CTranslate2 int8, ONNX Runtime int8 with past, ...), in the same rounds (default: on "
+                             "in effkit run)")
     # which engines give a peer row: comma-separated engine names ("" = every engine of the registry with a peer)
-    peer_engines: str = ""
-    device: str = "auto"
+    peer_engines: str = opt("", "with --peers: comma-separated engines giving a peer row (default: every engine "
+                            "that has one)")
+    device: str = opt("auto", DEVICE_HELP)
 
 
 @dataclass(frozen=True)
 class BenchMeasure(Sequential):
-    quick: bool = False  # fewer rounds, repeats and tokens, for a fast look (fixed rounds)
-    rounds: int = 8  # interleaved rounds of the first look (of the only one with fixed_rounds): every artifact
-    # is timed in each, the order rotated
-    repeats: int = 3  # timed forward passes per artifact per round
-    gen_tokens: int = 128
-    train_steps: int = 1  # timed optimizer steps per artifact per round
-    compile: bool = False  # also time every PyTorch artifact under torch.compile (Inductor, freezing)
-    batch_size: int = 8  # evaluation batch
+    # fewer rounds, repeats and tokens, for a fast look (fixed rounds)
+    quick: bool = opt(False, "3 rounds, fewer repeats and tokens: a fast, wider look", flag="--quick")
+    # interleaved rounds of the first look (of the only one with fixed_rounds)
+    rounds: int = opt(8, "interleaved rounds of the first look (every artifact timed in each, order rotated)")
+    repeats: int = opt(3, "timed forward passes per artifact per round")
+    gen_tokens: int = opt(128, "new tokens per generation (capped by the context)")
+    train_steps: int = opt(1, "timed training steps per artifact per round")
+    compile: bool = opt(False, "also time each PyTorch artifact under torch.compile (Inductor, freezing)")
+    batch_size: int = opt(8, "evaluation batch size")
 
 
 @dataclass(frozen=True)
@@ -717,16 +855,23 @@ PIPELINE = tuple(RUN_STAGES.builtin)  # the default stages of `effkit run`, in t
 
 @dataclass(frozen=True)
 class RunPlan(_Section):
-    stages: list = field(default_factory=lambda: list(PIPELINE))
-    run_name: str = "quickstart"
-    prune_modes: list = field(default_factory=lambda: ["row", "weight"])
+    """`effkit run`'s [run] table: recipe keys only (a list key takes one value as a list of one)."""
+
+    stages: list[str] = opt(factory=lambda: list(PIPELINE), help="the stages to run, in their order: "
+                            + ", ".join(PIPELINE) + " (and registered ones)")
+    run_name: str = opt("quickstart", "the run's folder name under runs_dir")
+    prune_modes: list[str] = opt(factory=lambda: ["row", "weight"], help="the pruning methods to run, each its own "
+                                 "rounds")
     # artifact tags to quantize: train, a round (prune-row-r2), or best-pruned: the most compressed round (smallest
     # folder) whose held-out loss is within max_loss_increase of train, the model it was pruned from (relative)
-    quantize_from: list = field(default_factory=lambda: ["train"])
-    max_loss_increase: float = 0.02
+    quantize_from: list[str] = opt(factory=lambda: ["train"], help="artifact tags to quantize: train, a round "
+                                   "(prune-row-r2), or best-pruned")
+    max_loss_increase: float = opt(0.02, "best-pruned and the deliverable: the held-out loss allowed over train's "
+                                   "(relative)")
     # the workload the delivered artifact is chosen for: decode-b1, decode-b12 (greedy tokens/s with the KV cache)
     # or prefill-b12 (one forward of 12 x block); every table shows all three
-    optimize_for: str = "decode-b1"
+    optimize_for: str = opt("decode-b1", "the workload the delivered artifact is chosen for: {choices}",
+                            choices=workloads.names)
 
 
 @dataclass(frozen=True)
@@ -785,11 +930,24 @@ def _plugin_tables() -> dict[str, type]:
             and (opts := getattr(RUN_STAGES.get(name), "options", None)) is not None}
 
 
-def _table_defaults(cls: type) -> dict[str, Any]:
-    """The keys of a recipe table with their defaults: a stage config's flat keys, or a plain dataclass's fields."""
-    if hasattr(cls, "flat_defaults"):
-        return cls.flat_defaults()
-    return {f.name: f.default for f in dataclasses.fields(cls)}
+def flat_fields(cls: type, skip_broken_plugins: bool = False) -> dict[str, tuple[dataclasses.Field, Any]]:
+    """Every flat key of a stage config (its flags and recipe keys), or every field of a plug-in stage's options
+    dataclass -> (its field, its type): what the flags, `--help`, recipe keys and type checks derive from.
+    `skip_broken_plugins`: leave out the options of plug-ins that do not import (the CLI says so when the command
+    runs) instead of raising."""
+    if issubclass(cls, TrainConfig):
+        per_section = {name: _section_fields(section) for name, section in SECTIONS.items()}
+        return {key: per_section[section][name] for key, (section, name) in FLAT_KEYS.items()}
+    if not issubclass(cls, _Staged):
+        return _section_fields(cls)
+    out: dict[str, tuple[dataclasses.Field, Any]] = {}
+    for section in cls.sections().values():
+        try:
+            out.update(_section_fields(section))
+        except EffkitError:
+            if not (skip_broken_plugins and issubclass(section, PluginOptions)):
+                raise
+    return out
 
 
 def load_recipe(path: str | Path) -> dict[str, dict[str, Any]]:
@@ -807,7 +965,7 @@ def load_recipe(path: str | Path) -> dict[str, dict[str, Any]]:
             raise EffkitError(f"recipe {p}: unknown section [{stage}]; known sections: {', '.join(sorted(tables))}")
         if not isinstance(table, dict):
             raise EffkitError(f"recipe {p}: [{stage}] must be a table of key = value")
-        names = _table_defaults(tables[stage])
+        names = flat_fields(tables[stage])
         for key in table:
             if key.replace("-", "_") not in names:
                 raise EffkitError(f"recipe {p}: unknown key {key!r} in [{stage}]; "
@@ -846,28 +1004,36 @@ def build_config(cls: type, recipe: str | None, overrides: dict[str, Any],
 
 
 def _typed(cls: type, values: dict[str, Any], where: str) -> dict[str, Any]:
-    """`values` (flat keys of `cls`) checked against the defaults' types, ints promoted to floats."""
-    defaults = _table_defaults(cls)
+    """`values` (flat keys of `cls`) checked against their fields' types (None passes: a default or auto)."""
+    fields = flat_fields(cls)
     for key, value in values.items():
-        default = defaults[key]
-        if key == "quantize_from" and isinstance(value, str):  # one tag, or a list of them
-            values[key] = [value]
-            continue
-        if key in ("amp", "distill", "peers"):  # true, false, or "auto" (None)
-            if value not in (True, False, None, "auto"):
-                raise EffkitError(f"{where}: {key} must be true, false or \"auto\" (got {value!r})")
-            if key in ("distill", "peers") and value == "auto":
-                values[key] = None
-            continue
-        if value is not None:
-            want = type(default)
-            if want is float and isinstance(value, int) and not isinstance(value, bool):
-                values[key] = float(value)
-            elif not isinstance(value, want) or (want is int and isinstance(value, bool)):
-                raise EffkitError(f"{where}: {key} must be {want.__name__} (got {value!r})")
+        if value is not None and key in fields:  # an unknown key is refused by `from_flat`, naming the stage
+            values[key] = _coerce(fields[key][1], value, f"{where}: {key}")
     return values
+
+
+def _coerce(kind: Any, value: Any, what: str) -> Any:
+    """`value` as a field of type `kind` takes it: a `bool | None` takes true, false or "auto" (None); a list
+    takes one value as a list of one; a tuple takes a list; a float takes an int; anything else its own type."""
+    if _optional_bool(kind):
+        if not (isinstance(value, bool) or value == "auto"):
+            raise EffkitError(f"{what} must be true, false or \"auto\" (got {value!r})")
+        return None if value == "auto" else value
+    args = [a for a in typing.get_args(kind) if a is not type(None)]
+    if typing.get_origin(kind) in (typing.Union, types.UnionType) and len(args) == 1:
+        kind = args[0]  # `X | None`: None passed already
+    want = typing.get_origin(kind) or kind
+    if want is list and isinstance(value, str):
+        return [value]
+    if want is tuple and isinstance(value, list):
+        return tuple(value)
+    if want is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(want, type) and (not isinstance(value, want) or (want is int and isinstance(value, bool))):
+        raise EffkitError(f"{what} must be {want.__name__} (got {value!r})")
+    return value
 
 
 __all__ = ["BenchConfig", "DataConfig", "ExportConfig", "ModelConfig", "OptimConfig", "ParallelConfig", "PruneConfig",
            "QuantizeConfig", "RunConfig", "RunSection", "TrainConfig", "build_config", "load_recipe",
-           "PARALLEL_MODES", "SYNC_MODES"]
+           "PARALLEL_MODES", "SYNC_MODES", "flat_fields", "field_help", "opt"]

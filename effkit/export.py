@@ -16,7 +16,7 @@ from effkit.artifacts.loader import engine_of, kind, quantized_layers
 from effkit.config import DataConfig, ExportConfig
 from effkit.data import prepare
 from effkit.errors import EffkitError
-from effkit.measure import metrics
+from effkit.measure import evaluation, hardware
 from effkit.measure.compare import bf16_not_run, compare_with_parent, generate_sample
 from effkit.model import load_model
 from effkit.registry import ENGINES
@@ -80,8 +80,8 @@ def _export(cfg: ExportConfig, source: Path, run_dir: Path) -> dict[str, Any]:
                                               prepared.blocks.eval_bytes)
     docs = prepared.blocks.eval_docs
     parent = load_model(str(source)).eval()
-    parent_fp32 = metrics.evaluate(parent, eval_blocks, cfg.measure.batch_size, eval_bytes=n_bytes, docs=docs)
-    parent_bf16 = None if bf16_not_run(device) else metrics.evaluate(  # not on a CPU without native bf16
+    parent_fp32 = evaluation.evaluate(parent, eval_blocks, cfg.measure.batch_size, eval_bytes=n_bytes, docs=docs)
+    parent_bf16 = None if bf16_not_run(device) else evaluation.evaluate(  # not on a CPU without native bf16
         parent, eval_blocks, cfg.measure.batch_size, torch.bfloat16, eval_bytes=n_bytes, docs=docs)
     parent_fp32["generation"] = generate_sample(parent, tokenizer, cfg.measure.gen_tokens)
     parent_fp32["size_bytes"] = artifacts.dir_size(source)
@@ -92,7 +92,7 @@ def _export(cfg: ExportConfig, source: Path, run_dir: Path) -> dict[str, Any]:
     artifact = run_dir / tag
     with artifacts.atomic_dir(artifact) as tmp:
         desc, model, ran = write(cfg, tmp, source, parent, tokenizer)  # measured as its folder alone reloads it
-        q = metrics.evaluate(model, eval_blocks, cfg.measure.batch_size, eval_bytes=n_bytes, docs=docs)
+        q = evaluation.evaluate(model, eval_blocks, cfg.measure.batch_size, eval_bytes=n_bytes, docs=docs)
         q["generation"] = generate_sample(model, tokenizer, cfg.measure.gen_tokens)
         q["size_bytes"] = artifacts.dir_size(tmp)
         m, verdicts, protocol = compare_with_parent(cfg.measure, device, parent, model, tokenizer, block, parent_fp32,
@@ -110,12 +110,12 @@ def _export(cfg: ExportConfig, source: Path, run_dir: Path) -> dict[str, Any]:
         "stage": "export", "tag": tag, "parent": str(source), "run": run_dir.name, "artifact": str(artifact),
         "load_command": engine.load_command(artifact),  # the engine's own way, outside effkit
         "time": meta_out["time"], "config": cfg.to_dict(), "metrics": m, "verdicts": verdicts,
-        "what_ran": {"device": metrics.describe_device(device), "format": cfg.what.format, **ran, "world_size": 1,
+        "what_ran": {"device": hardware.describe_device(device), "format": cfg.what.format, **ran, "world_size": 1,
                      "source_model": str(source), "data": data_section["source"],
                      "tokenizer": prepared.tokenizer_source,
                      "parallel": "none", "amp_dtype": "fp32 activations" + (
                          f", {cfg.what.type} weights" if cfg.what.type else ", int8 weights" if cfg.what.int8 else ""),
-                     "cpu_flags": " ".join(metrics.cpu_flags())},
+                     "cpu_flags": " ".join(hardware.cpu_flags())},
         "versions": meta_out["versions"], "git_commit": meta_out["git_commit"],
         "protocol": protocol,
     }

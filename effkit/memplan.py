@@ -118,7 +118,8 @@ def simulate(model_config, batch: int, block: int, *, checkpointing: bool, optim
     from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
     from transformers import GPT2LMHeadModel
 
-    from effkit.measure.metrics import autocast_ctx, lm_loss
+    from effkit.measure.evaluation import lm_loss
+    from effkit.measure.hardware import autocast_ctx
     from effkit.model import enable_activation_checkpointing
     from effkit.model.gpt2 import _finish
 
@@ -167,7 +168,9 @@ def probe_runtime(model_config: dict[str, Any], batch: int, block: int, checkpoi
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from effkit import optim as optimizers
-    from effkit.measure.metrics import PeakMemory, autocast_ctx, lm_loss
+    from effkit.measure.evaluation import lm_loss
+    from effkit.measure.hardware import autocast_ctx
+    from effkit.measure.memory import PeakMemory
     from effkit.model import enable_activation_checkpointing
     from effkit.model.gpt2 import _finish
 
@@ -207,7 +210,8 @@ def runtime(model_config, batch: int, block: int, *, checkpointing: bool, optim:
     import os
 
     from effkit.child import run_isolated
-    from effkit.measure.metrics import cache_note, describe_device, machine_cached
+    from effkit.measure.hardware import describe_device
+    from effkit.measure.machine_cache import cache_note, machine_cached
 
     mc = _one_block(model_config)
     amp = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(amp_dtype)

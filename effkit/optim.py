@@ -85,11 +85,6 @@ ADAMW8BIT = OptimSpec("adamw8bit", "8-bit moments: bitsandbytes; torchao for fsd
 get = OPTIMIZERS.get
 
 
-def describe() -> str:
-    """`name (help)` of every optimizer, for `--help`."""
-    return ", ".join(f"{o.name} ({o.help})" for _, o in OPTIMIZERS.items())
-
-
 def build_optimizer(model, name: str, lr: float, weight_decay: float) -> tuple[Any, str]:
     """The optimizer `name` over `model`'s trainable parameters (decay on matrices only) and the library that
     runs it."""

@@ -157,3 +157,18 @@ STAGES: Registry[Any] = Registry("stage", "stage", {
     "bench": "effkit.bench:STAGE",
     "report": "effkit.report:STAGE",
 })
+
+# `effkit study NAME`: each study is one module under effkit/studies/ (its run and its plot: a `Study`), offered
+# in this order (`effkit.studies.names()`)
+STUDIES: Registry[Any] = Registry("study", "study", {
+    "sync": "effkit.studies.sync:STUDY",
+    "scaling": "effkit.studies.scaling:STUDY",
+    "batch-size": "effkit.studies.batch_size:STUDY",
+    "amp": "effkit.studies.amp:STUDY",
+    "checkpointing": "effkit.studies.checkpointing:STUDY",
+    "dataloader": "effkit.studies.dataloader:STUDY",
+    "profile": "effkit.studies.profile:STUDY",
+    "pipeline": "effkit.studies.pipeline:STUDY",
+    "pp-memory": "effkit.studies.pp_memory:STUDY",
+    "memory": "effkit.studies.memory:STUDY",
+})

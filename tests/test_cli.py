@@ -240,6 +240,47 @@ def test_nested_stage_configs_keep_their_flat_keys_and_every_one_is_a_flag():
     assert set(TrainConfig.flat_defaults()) >= {"lr", "parallel", "optim"}
 
 
+# what a stage command declares besides its config's fields (typer's --help aside)
+NON_STAGE_PARAMS = {"train": {"recipe", "plan", "fit"}, "prune": {"recipe"}, "quantize": {"recipe"},
+                    "export": {"recipe"}, "bench": {"recipe", "json_out"}}
+
+
+def test_every_stage_flag_is_its_config_field_declared_once():
+    """#43: a stage command's flags are its config's fields, made by `with_stage_options`: the same keys as the
+    recipe's (`flat_defaults`), the flag names and boolean forms the field declares, its default and its help
+    (never empty), and nothing else but the declared extras."""
+    import typer.main
+
+    from effkit.config import STAGES, bool_field, field_help, flat_defaults, flat_fields
+
+    group = typer.main.get_command(cli.app)
+    assert set(STAGES) - {"run"} == set(NON_STAGE_PARAMS)  # `effkit run`'s table is recipe-only
+    for stage, extras in NON_STAGE_PARAMS.items():
+        cls, params = STAGES[stage], {p.name: p for p in group.commands[stage].params}
+        fields = flat_fields(cls)
+        assert set(fields) == set(flat_defaults(cls)), stage  # recipe keys and fields agree
+        flags = {key for key, (f, _) in fields.items() if f.metadata.get("cli", True)}
+        assert set(params) == flags | extras, (stage, set(params) ^ (flags | extras))
+        for key in flags:
+            (f, kind), p = fields[key], params[key]
+            assert field_help(f).strip() and p.help == field_help(f), (stage, key)
+            if f.metadata.get("argument"):
+                assert p.opts == [key] and p.nargs == -1, (stage, key)
+                continue
+            dashed = key.replace("_", "-")
+            declared = f.metadata.get("flag") or (f"--{dashed}/--no-{dashed}" if bool_field(kind) else f"--{dashed}")
+            assert "/".join([*p.opts, *p.secondary_opts]) == declared, (stage, key)
+            assert p.default == flat_defaults(cls)[key] == f.default, (stage, key)
+            assert p.show_default == f.metadata.get("show_default", True), (stage, key)
+        recipe_only = set(fields) - flags
+        assert recipe_only == ({"warmup_steps_excluded", "profile"} if stage == "train" else set()), stage
+    train, bench = group.commands["train"].params, group.commands["bench"].params
+    opts = {p.name: [*p.opts, *p.secondary_opts] for p in [*train, *bench, *group.commands["prune"].params]}
+    assert opts["resume"] == ["--resume"] and opts["cpu_offload"] == ["--cpu-offload"]  # no --no- form
+    assert opts["amp"] == ["--amp", "--no-amp"] and opts["fixed_rounds"] == ["--fixed-rounds", "--sequential"]
+    assert opts["source"] == ["--from"] and opts["model"] == ["--model"] and opts["parallel"] == ["--parallel"]
+
+
 def test_library_import_notices_are_silenced_at_import_and_real_errors_still_show():
     """torchao's notices about optional CUDA kernels and its enum registration (printed after effkit's last line
     when a library imported it late) are dropped when effkit is imported; anything else those loggers say shows."""

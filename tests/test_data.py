@@ -142,7 +142,7 @@ def test_bits_per_byte_of_a_known_text_is_the_hand_computation(corpus_dir):
     from effkit.config import DataConfig
     from effkit.data import prepare
     from effkit.data.tokenizer import token_byte_lengths
-    from effkit.measure import metrics
+    from effkit.measure import evaluation
 
     tok = prepare(DataConfig(source=str(corpus_dir), vocab_size=512, block_size=32)).tokenizer
     text = "Fellow citizens of the naïve façade, 1789: ¿qué? 日本 and the Union, the Union, the Union."
@@ -162,7 +162,7 @@ def test_bits_per_byte_of_a_known_text_is_the_hand_computation(corpus_dir):
     half = len(ids) // 2
     blocks = torch.tensor([ids[:half], ids[half:2 * half]])
     n_bytes = sum(len(tok.decode(row[1:]).encode("utf-8")) for row in blocks.tolist())
-    r = metrics.evaluate(Uniform(), blocks, 2, eval_bytes=n_bytes)
+    r = evaluation.evaluate(Uniform(), blocks, 2, eval_bytes=n_bytes)
     hand = math.log(len(tok)) * (2 * (half - 1)) / math.log(2) / n_bytes
     assert r["eval_loss"] == pytest.approx(math.log(len(tok)))
     assert r["bits_per_byte"] == pytest.approx(hand)

@@ -16,7 +16,7 @@ from effkit.config import BenchConfig, ExportConfig, PruneConfig, QuantizeConfig
 from effkit.data import prepare
 from effkit.engines.onnxruntime import OnnxCausalLM, onnx_unavailable
 from effkit.errors import EffkitError
-from effkit.measure import metrics
+from effkit.measure import evaluation
 from effkit.model import load_model
 from effkit.prune.stage import run_prune
 from effkit.quantize.backends import unavailable as backend_available
@@ -133,7 +133,7 @@ def test_ctranslate2_export_gives_pytorch_greedy_tokens_and_loss(trained, tmp_pa
     model, parent = load_any(moved), load_model(artifact).eval()
     assert torch.get_num_threads() == threads  # CTranslate2 sets OpenMP's thread count; PyTorch's is put back
     from effkit.engines.ctranslate2 import settle_after
-    from effkit.measure.metrics import SETTLE_S
+    from effkit.measure.timing import SETTLE_S
 
     # #39 (3): the settle rule of every engine: a pool of spinning threads (more than one) idles the machine after
     assert model.settle_s == settle_after(model.threads, "cpu")
@@ -151,8 +151,8 @@ def test_ctranslate2_export_gives_pytorch_greedy_tokens_and_loss(trained, tmp_pa
         ref = parent.generate(prompt, max_new_tokens=16, min_new_tokens=16, do_sample=False, use_cache=True,
                               pad_token_id=0)
     assert torch.equal(model.generate(prompt, 16), ref)  # batched greedy decoding, CTranslate2's KV cache
-    assert abs(metrics.evaluate(model, blocks, 4)["eval_loss"] - metrics.evaluate(parent, blocks, 4)["eval_loss"]) \
-        < 1e-3
+    assert abs(evaluation.evaluate(model, blocks, 4)["eval_loss"]
+               - evaluation.evaluate(parent, blocks, 4)["eval_loss"]) < 1e-3
     import ctranslate2
 
     plain = ctranslate2.Generator(str(moved))  # plain CTranslate2 loads the folder
@@ -196,7 +196,7 @@ def test_every_engine_decodes_the_same_text_when_end_of_text_is_the_likeliest_to
 
     from effkit.engines import ctranslate2 as ct2
     from effkit.engines import onnxruntime as ox
-    from effkit.measure.metrics import greedy_generate
+    from effkit.measure.generation import greedy_generate
     from effkit.model import save_model
 
     _, artifact, blocks = trained
@@ -245,8 +245,8 @@ def test_onnx_int8_reloads_from_its_folder_alone_and_generates(trained, tmp_path
     assert quantized_layers(moved, model) > 0
     assert model.description["int8"]["MatMulInteger"] >= 2 * 4 + 1  # every Linear of both blocks, and the head
     assert model.description["token_embedding"].startswith("read from the int8 LM head")  # stored once
-    parent = metrics.evaluate(load_model(artifact).eval(), blocks, 4)["eval_loss"]
-    assert abs(metrics.evaluate(model, blocks, 4)["eval_loss"] / parent - 1) < 0.02
+    parent = evaluation.evaluate(load_model(artifact).eval(), blocks, 4)["eval_loss"]
+    assert abs(evaluation.evaluate(model, blocks, 4)["eval_loss"] / parent - 1) < 0.02
     monkeypatch.setattr(sys, "argv", ["effkit", "generate", "--from", str(moved), "--max-new-tokens", "5"])
     with pytest.raises(SystemExit) as exc:
         cli.main()

@@ -131,7 +131,7 @@ def test_a_row_pruned_model_exports_with_pytorchs_greedy_tokens(exported):
     from effkit.config import DataConfig, PruneConfig
     from effkit.data import prepare
     from effkit.engines import llamacpp as ll
-    from effkit.measure import metrics
+    from effkit.measure import evaluation
     from effkit.model import load_model
     from effkit.prune.stage import run_prune
 
@@ -153,7 +153,7 @@ def test_a_row_pruned_model_exports_with_pytorchs_greedy_tokens(exported):
             assert gguf_model.generate(prompt, 16, min_new_tokens=16)[:, 8:].tolist() == reference(pruned, prompt, 16)
         else:
             blocks = prepare(DataConfig.from_dict(data_section(Path(pruned))), tokenizer_from=pruned).blocks.eval
-            ours, theirs = (metrics.evaluate(m, blocks, 4)["eval_loss"] for m in (gguf_model, model))
+            ours, theirs = (evaluation.evaluate(m, blocks, 4)["eval_loss"] for m in (gguf_model, model))
             assert abs(ours / theirs - 1) < 0.01
         assert ll.tensor_types(folder / "model.gguf")[{"f16": "F16", "q8_0": "Q8_0"}[wtype]] == 2 * 4 + 1
 

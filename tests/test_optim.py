@@ -11,7 +11,7 @@ import torch
 from effkit import optim
 from effkit.checkpoint import _flatten_optimizer, _unflatten_optimizer, load_checkpoint, save_checkpoint
 from effkit.errors import EffkitError, Interrupted
-from effkit.measure import metrics
+from effkit.measure import hardware, roofline
 from effkit.train import make_scaler, train
 
 pytest.importorskip("bitsandbytes")  # the dev extra installs it: a broken install fails below instead
@@ -160,36 +160,36 @@ def test_checkpoint_round_trips_the_scaler_state(tmp_path):
 # ---------------------------------------------------------------------------------------------- TF32 and peaks
 
 def test_mfu_peak_follows_the_precision_and_the_exact_gpu_name(monkeypatch):
-    assert metrics.matmul_precision(None, tf32=True) == "tf32"
-    assert metrics.matmul_precision(None, tf32=False) == "fp32"
-    assert metrics.matmul_precision(torch.bfloat16, tf32=False) == "bf16"
-    sxm, src = metrics.gpu_peak_flops("NVIDIA H100 80GB HBM3", "bf16")
-    pcie, _ = metrics.gpu_peak_flops("NVIDIA H100 PCIe", "bf16")
+    assert roofline.matmul_precision(None, tf32=True) == "tf32"
+    assert roofline.matmul_precision(None, tf32=False) == "fp32"
+    assert roofline.matmul_precision(torch.bfloat16, tf32=False) == "bf16"
+    sxm, src = roofline.gpu_peak_flops("NVIDIA H100 80GB HBM3", "bf16")
+    pcie, _ = roofline.gpu_peak_flops("NVIDIA H100 PCIe", "bf16")
     assert sxm > pcie and "data sheet" in src and "NVIDIA H100 80GB HBM3" in src
-    assert metrics.gpu_peak_flops("NVIDIA L40", "bf16")[0] != metrics.gpu_peak_flops("NVIDIA L4", "bf16")[0]
-    tf32, _ = metrics.gpu_peak_flops("NVIDIA A100-SXM4-80GB", "tf32")
-    fp32, _ = metrics.gpu_peak_flops("NVIDIA A100-SXM4-80GB", "fp32")
+    assert roofline.gpu_peak_flops("NVIDIA L40", "bf16")[0] != roofline.gpu_peak_flops("NVIDIA L4", "bf16")[0]
+    tf32, _ = roofline.gpu_peak_flops("NVIDIA A100-SXM4-80GB", "tf32")
+    fp32, _ = roofline.gpu_peak_flops("NVIDIA A100-SXM4-80GB", "fp32")
     assert tf32 == 8 * fp32
-    assert metrics.gpu_peak_flops("NVIDIA H100", "bf16")[0] is None  # a prefix is not a name
-    assert metrics.gpu_peak_flops("Tesla T4", "tf32")[0] is None
+    assert roofline.gpu_peak_flops("NVIDIA H100", "bf16")[0] is None  # a prefix is not a name
+    assert roofline.gpu_peak_flops("Tesla T4", "tf32")[0] is None
 
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "NVIDIA A100-SXM4-80GB")
     dev = torch.device("cuda", 0)
-    assert metrics.peak_flops(dev, torch.float32, tf32=True)[0] == tf32
-    assert metrics.peak_flops(dev, torch.float32, tf32=False)[0] == fp32
+    assert roofline.peak_flops(dev, torch.float32, tf32=True)[0] == tf32
+    assert roofline.peak_flops(dev, torch.float32, tf32=False)[0] == fp32
 
 
 def test_tf32_is_set_only_where_the_gpu_has_it(monkeypatch):
-    assert metrics.set_tf32(torch.device("cpu"), True) is False
+    assert hardware.set_tf32(torch.device("cpu"), True) is False
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (7, 0))
-    assert metrics.tf32_supported(torch.device("cuda", 0)) is False
+    assert hardware.tf32_supported(torch.device("cuda", 0)) is False
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 0))
-    assert metrics.tf32_supported(torch.device("cuda", 0)) is True
+    assert hardware.tf32_supported(torch.device("cuda", 0)) is True
     before = torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision
     try:
-        assert metrics.set_tf32(torch.device("cuda", 0), True) is True
+        assert hardware.set_tf32(torch.device("cuda", 0), True) is True
         assert torch.backends.cuda.matmul.fp32_precision == "tf32"
-        assert metrics.set_tf32(torch.device("cuda", 0), False) is False
+        assert hardware.set_tf32(torch.device("cuda", 0), False) is False
         assert torch.backends.cuda.matmul.fp32_precision == "ieee"
     finally:  # process-wide switches: later tests (torch.export) must see them as they were
         torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision = before

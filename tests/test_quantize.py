@@ -9,7 +9,7 @@ from effkit import cli
 from effkit.artifacts.loader import load_any, quantized_layers
 from effkit.config import PruneConfig, QuantizeConfig, TrainConfig
 from effkit.data import prepare
-from effkit.measure import metrics
+from effkit.measure import evaluation, hardware
 from effkit.prune.stage import run_prune
 from effkit.quantize import backends
 from effkit.quantize.backends import unavailable as backend_available
@@ -57,7 +57,7 @@ def test_backend_quantizes_reloads_and_stays_close(backend, trained):
     reloaded = load_any(report["artifact"])  # from the folder alone
     # every Linear of both blocks
     assert quantized_layers(report["artifact"], reloaded) == m["int8_layers_reloaded"] >= 2 * 4
-    again = metrics.evaluate(reloaded, eval_blocks, 4)
+    again = evaluation.evaluate(reloaded, eval_blocks, 4)
     assert again["eval_loss"] == pytest.approx(m["eval_loss"], rel=1e-4)
     saved = json.loads((tmp / "runs" / "q" / report["tag"] / "effkit.json").read_text())
     assert saved["stage"] == "quantize" and saved["parent"] == artifact
@@ -325,14 +325,14 @@ def test_int4_without_avx2_does_not_run_int8_compute(monkeypatch):
     from effkit.quantize.backends import onnxruntime_int4 as int4_backend
 
     monkeypatch.setattr(int4_backend.platform, "machine", lambda: "x86_64")
-    monkeypatch.setattr(metrics, "cpu_flags", lambda: [])
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: [])
     todo, skipped = int4_backend.candidates(int4_backend.Options(), 256)
     assert todo == [(32, 1), (128, 1)]
     assert set(skipped) == {"block32-level4", "block128-level4"}
     assert all(s.startswith("not run: no AVX2") for s in skipped.values())
     asked = QuantizeConfig.from_flat(backend="onnxruntime-int4", accuracy_level="4")  # by hand: refused in one line
     assert backends.get("onnxruntime-int4").refuses(asked).startswith("--accuracy-level 4: no AVX2")
-    monkeypatch.setattr(metrics, "cpu_flags", lambda: ["avx2"])
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: ["avx2"])
     assert int4_backend.candidates(int4_backend.Options(), 256) == ([(32, 1), (32, 4), (128, 1), (128, 4)], {})
     assert backends.get("onnxruntime-int4").refuses(asked) is None
 

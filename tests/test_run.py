@@ -124,7 +124,7 @@ def test_tiny_recipe_end_to_end_then_skips(tmp_path, corpus_dir):
     # the seams refactor changed no report: every key path of a tiny run before it (tests/data, made by the
     # same recipe at commit 2a0791c) is still there; keys the generation work added are allowed
     before = json.loads((Path(__file__).parent / "data" / "report_keys_before_seams.json").read_text())
-    from effkit.measure.metrics import no_native_bf16
+    from effkit.measure.hardware import no_native_bf16
 
     for name, paths in before.items():
         now = set(key_paths(json.loads((tmp_path / name).read_text())))

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from effkit.measure import metrics, stats
+from effkit.measure import stats, timing
 
 
 def rounds(rng, scale, n_rounds=8, repeats=3, drift=0.25, noise=0.05):
@@ -76,7 +76,7 @@ def test_formatting_marks_what_is_not_a_difference():
 def test_interleaving_rotates_the_order():
     calls = []
     contenders = {name: (lambda name=name: calls.append(name) or 1.0) for name in "abc"}
-    samples = metrics.interleaved(contenders, rounds=3, repeats=2, warmup=1)
+    samples = timing.interleaved(contenders, rounds=3, repeats=2, warmup=1)
     assert calls[:3] == ["a", "b", "c"]  # warm-up
     assert calls[3:] == ["a", "a", "b", "b", "c", "c", "b", "b", "c", "c", "a", "a", "c", "c", "a", "a", "b", "b"]
     assert {k: len(v) for k, v in samples.items()} == {"a": 3, "b": 3, "c": 3}
@@ -239,45 +239,45 @@ def test_a_loss_interval_by_document_is_wider_when_blocks_of_a_document_agree():
 def test_machine_cached_keeps_what_was_measured_meanwhile(tmp_path, monkeypatch):
     """Two measurements that overlap (one finishes while the other runs) both stay in the cache file; a key
     already there is returned without measuring."""
-    from effkit.measure import metrics
+    from effkit.measure import machine_cache
 
     monkeypatch.setenv("EFFKIT_CACHE", str(tmp_path))
 
     def slow_a():
-        metrics.machine_cached("probe", "b", lambda: 2)  # another measurement lands while this one runs
+        machine_cache.machine_cached("probe", "b", lambda: 2)  # another measurement lands while this one runs
         return 1
 
-    assert metrics.machine_cached("probe", "a", slow_a) == (1, False)
+    assert machine_cache.machine_cached("probe", "a", slow_a) == (1, False)
     saved = json.loads((tmp_path / "probe.json").read_text())
     assert {k.rpartition("|")[2]: v["value"] for k, v in saved.items()} == {"a": 1, "b": 2}
-    assert metrics.machine_cached("probe", "b", lambda: 1 / 0) == (2, True)
+    assert machine_cache.machine_cached("probe", "b", lambda: 1 / 0) == (2, True)
     assert not list(tmp_path.glob("*.tmp"))
 
 
 def test_a_cached_measurement_belongs_to_its_machine_says_when_and_can_be_taken_again(tmp_path, monkeypatch):
     """#39 (5): the caches were keyed by the CPU's model name and thread count only (no flags, no host) and never
     expired, so a shared $EFFKIT_CACHE handed another host's GEMM peak over as "this CPU's"."""
-    from effkit.measure import metrics
+    from effkit.measure import hardware, machine_cache
 
     monkeypatch.setenv("EFFKIT_CACHE", str(tmp_path))
-    monkeypatch.delenv(metrics.REMEASURE_ENV, raising=False)
-    assert metrics.machine_cached("probe", "k", lambda: 1) == (1, False)
-    assert metrics.machine_cached("probe", "k", lambda: 2) == (1, True)
-    note = metrics.cache_note("probe", "k")
+    monkeypatch.delenv(machine_cache.REMEASURE_ENV, raising=False)
+    assert machine_cache.machine_cached("probe", "k", lambda: 1) == (1, False)
+    assert machine_cache.machine_cached("probe", "k", lambda: 2) == (1, True)
+    note = machine_cache.cache_note("probe", "k")
     assert note.startswith("measured 20") and "on host" in note and "machine" in note
-    monkeypatch.setattr(metrics, "cpu_flags", lambda: ["sse2"])  # the same host name, another CPU: not its figure
-    assert metrics.machine_cached("probe", "k", lambda: 3) == (3, False)
-    monkeypatch.setenv(metrics.REMEASURE_ENV, "1")  # effkit --remeasure: once in this process, then that value
-    monkeypatch.setattr(metrics, "_REMEASURED", set())
-    assert metrics.machine_cached("probe", "k", lambda: 4) == (4, False)
-    assert metrics.machine_cached("probe", "k", lambda: 6) == (4, True)
-    monkeypatch.delenv(metrics.REMEASURE_ENV)
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: ["sse2"])  # the same host name, another CPU: not its figure
+    assert machine_cache.machine_cached("probe", "k", lambda: 3) == (3, False)
+    monkeypatch.setenv(machine_cache.REMEASURE_ENV, "1")  # effkit --remeasure: once in this process, then that value
+    monkeypatch.setattr(machine_cache, "_REMEASURED", set())
+    assert machine_cache.machine_cached("probe", "k", lambda: 4) == (4, False)
+    assert machine_cache.machine_cached("probe", "k", lambda: 6) == (4, True)
+    monkeypatch.delenv(machine_cache.REMEASURE_ENV)
     path = tmp_path / "probe.json"
     saved = json.loads(path.read_text())
     for entry in saved.values():  # measured 40 days ago: too old to trust
         entry["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 40 * 86400))
     path.write_text(json.dumps(saved))
-    assert metrics.machine_cached("probe", "k", lambda: 5) == (5, False)
+    assert machine_cache.machine_cached("probe", "k", lambda: 5) == (5, False)
 
 
 def test_a_non_finite_measurement_is_invalid_never_no_difference():

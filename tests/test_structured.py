@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM
 
 from effkit.config import PruneConfig, TrainConfig
 from effkit.errors import EffkitError
-from effkit.measure import metrics
+from effkit.measure import evaluation
 from effkit.model import build_model, load_model, save_model
 from effkit.prune.depth import block_importance, prune_blocks
 from effkit.prune.distill import Distiller, kl_to_teacher
@@ -109,7 +109,7 @@ def test_kl_is_zero_when_the_teacher_is_the_student():
     d = Distiller(model, alpha=0.5, temperature=2.0)
     loss = d(logits, batch)
     assert d.last["kl"] == pytest.approx(0.0, abs=1e-6)
-    assert float(loss) == pytest.approx(0.5 * float(metrics.lm_loss(logits, batch)), rel=1e-6)
+    assert float(loss) == pytest.approx(0.5 * float(evaluation.lm_loss(logits, batch)), rel=1e-6)
     other = build_model("gpt2-nano", 512).eval()  # another initialisation: a real KL term
     d2 = Distiller(other, alpha=0.5, temperature=2.0)
     loss2 = d2(logits, batch)

@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from effkit import cli
-from effkit.studies import STUDIES, StudyConfig, run_study
+from effkit.studies import StudyConfig, names, run_study
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -17,7 +17,7 @@ def tiny_study(tmp_path, corpus_dir):
                        batch_sizes=(2,), block_sizes=(32,), max_workers=1, microbatches=(1, 2))
 
 
-@pytest.mark.parametrize("name", list(STUDIES))
+@pytest.mark.parametrize("name", names())
 def test_study_writes_consistent_json_markdown_and_png(name, tiny_study, tmp_path):
     if name == "memory":  # #39 (6): gpt2-mini, whose own tensors are most of its peak (on gpt2-nano the plan was
         # mostly its one-block runtime probe, compared with itself), with glibc's default allocator, as users run

@@ -125,12 +125,12 @@ def test_amp_probe_decides_by_an_interval_never_by_one_round():
 
 
 def test_amp_probe_is_cached_per_machine_and_model_shape(monkeypatch, tmp_path):
-    from effkit.measure import metrics, precision
+    from effkit.measure import hardware, precision
     from effkit.model import build_model
 
     monkeypatch.setenv("EFFKIT_CACHE", str(tmp_path / "cache"))
     # a CPU with native bf16: on one without, the flags alone decide and nothing is measured or cached
-    monkeypatch.setattr(metrics, "cpu_flags", lambda: ["avx512_bf16", "avx512f", "avx2"])
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: ["avx512_bf16", "avx512f", "avx2"])
     calls = []
 
     def measure():
@@ -156,11 +156,11 @@ def test_amp_probe_is_cached_per_machine_and_model_shape(monkeypatch, tmp_path):
 
 
 def test_default_training_precision_is_measured_and_reported(tiny_cfg, monkeypatch, tmp_path):
-    from effkit.measure import metrics
+    from effkit.measure import hardware
 
     monkeypatch.setenv("EFFKIT_CACHE", str(tmp_path / "cache"))
     # the probe's path, on any CPU (one without native bf16 is decided by its flags: tests/test_bf16_flags.py)
-    monkeypatch.setattr(metrics, "cpu_flags", lambda: ["avx512_bf16", "avx512f", "avx2"])
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: ["avx512_bf16", "avx512f", "avx2"])
     report = train(tiny_cfg(amp=None, max_steps=2), progress=False)
     w = report["what_ran"]
     assert w["amp_note"].startswith("auto: ")

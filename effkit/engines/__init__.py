@@ -69,16 +69,16 @@ class Engine:
 
     def prefill(self, model: Any, batch: int, tokens: int):
         """A no-argument timer of one forward of (batch, tokens) fixed random tokens."""
-        from effkit.measure import metrics
+        from effkit.measure import timing
 
-        return metrics.forward_timer(model, batch, tokens, **self.prefill_kwargs)
+        return timing.forward_timer(model, batch, tokens, **self.prefill_kwargs)
 
     def decode(self, model: Any, tokenizer: Any, batch: int, new_tokens: int,
                generate_kwargs: dict[str, Any] | None = None):
         """A no-argument timer of greedy decoding of `new_tokens` from `batch` prompts (returns tokens/s)."""
-        from effkit.measure import metrics
+        from effkit.measure import generation
 
-        return metrics.generation_timer(model, tokenizer, new_tokens, generate_kwargs, batch=batch)
+        return generation.generation_timer(model, tokenizer, new_tokens, generate_kwargs, batch=batch)
 
     def quantized_layers(self, model: Any, path: Path | None = None) -> int:
         """The quantized layers a loaded model (of the artifact at `path`) really holds."""

@@ -110,8 +110,8 @@ def fill_special_tokens(folder: Path, tokenizer) -> list[str]:
 def settle_after(threads: int, device_type: str) -> float:
     """The same settle rule as every engine's: a contender whose runtime keeps a pool of spin-waiting CPU threads
     after a call (ONNX Runtime's sessions; CTranslate2's OpenMP threads when it runs more than one) leaves the
-    machine idle for `metrics.SETTLE_S` after it is timed; one that runs on the calling thread needs none."""
-    from effkit.measure.metrics import SETTLE_S
+    machine idle for `timing.SETTLE_S` after it is timed; one that runs on the calling thread needs none."""
+    from effkit.measure.timing import SETTLE_S
 
     return SETTLE_S if device_type == "cpu" and threads > 1 else 0.0
 
@@ -124,9 +124,9 @@ def threads_key(compute_type: str, params: int) -> str:
     version and the model's size."""
     import ctranslate2
 
-    from effkit.measure import choice, metrics
+    from effkit.measure import choice, hardware
 
-    return (f"{metrics.describe_device(torch.device('cpu'))}|threads {torch.get_num_threads()}|ctranslate2 "
+    return (f"{hardware.describe_device(torch.device('cpu'))}|threads {torch.get_num_threads()}|ctranslate2 "
             f"{ctranslate2.__version__}|{compute_type}|per workload|{choice.RULE_VERSION}"
             + (f"|params 2^{round(math.log2(params))}" if params > 0 else ""))
 
@@ -143,7 +143,7 @@ def thread_choices(path: Path, compute_type: str, device_type: str, start: list[
     it>, "choice": {...}}, ...}`."""
     import ctranslate2
 
-    from effkit.measure import choice, metrics
+    from effkit.measure import choice, machine_cache
 
     most = torch.get_num_threads()
     keys = [f"{kind}_b{batch}" for kind, batch in THREAD_WORKLOADS]
@@ -184,8 +184,8 @@ def thread_choices(path: Path, compute_type: str, device_type: str, start: list[
                                        "rounds": max(c.record["rounds"].values()), "choice": c.to_dict()}
         return out
 
-    chosen, _ = metrics.machine_cached("ct2_threads", key, measure)
-    note = metrics.cache_note("ct2_threads", key)
+    chosen, _ = machine_cache.machine_cached("ct2_threads", key, measure)
+    note = machine_cache.cache_note("ct2_threads", key)
     from effkit.measure.results import PairedRatio
 
     return {k: {**v, "how": f"{v['threads']} thread(s), {v['verdict']}: {v['vs']} thread(s) vs it "
@@ -373,12 +373,12 @@ class CTranslate2Engine(Engine):
     def load_command(self, path: Path) -> str:
         """With the thread count effkit timed it with on this machine (chosen per workload, `thread_choices`),
         where one was measured; CTranslate2's default otherwise."""
-        from effkit.measure import metrics
+        from effkit.measure import machine_cache
 
         line = f"ctranslate2.Generator('{path}')"
         try:
             desc = json.loads((Path(path) / CT2_DESC).read_text())
-            chosen, _ = metrics.machine_cached("ct2_threads", threads_key(desc["compute_type"],
+            chosen, _ = machine_cache.machine_cached("ct2_threads", threads_key(desc["compute_type"],
                                                                           int(desc.get("params", 0))), None)
         except (OSError, ValueError, KeyError, ImportError):
             chosen = None

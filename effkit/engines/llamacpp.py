@@ -109,8 +109,8 @@ def slots() -> int:
 
 def settle_after(threads: int) -> float:
     """The settle rule of every engine: llama.cpp's CPU backend runs its threads under OpenMP, whose idle threads
-    spin-wait after a parallel region; with more than one, the machine idles `metrics.SETTLE_S` after it is timed."""
-    from effkit.measure.metrics import SETTLE_S
+    spin-wait after a parallel region; with more than one, the machine idles `timing.SETTLE_S` after it is timed."""
+    from effkit.measure.timing import SETTLE_S
 
     return SETTLE_S if threads > 1 else 0.0
 
@@ -478,9 +478,9 @@ class LlamaCppCausalLM(nn.Module):
 # ------------------------------------------------------------------------------ the gate and the artifact
 
 def _prompt(tokenizer) -> list[int]:
-    from effkit.measure import metrics
+    from effkit.measure import generation
 
-    return tokenizer(metrics.GENERATION_PROMPT).input_ids
+    return tokenizer(generation.GENERATION_PROMPT).input_ids
 
 
 @torch.no_grad()
@@ -716,9 +716,9 @@ class LlamaCppEngine(Engine):
         """llama.cpp's prefill as its server runs it: `batch` prompts of `tokens` fixed random ids as parallel
         sequences, and their first new token (logits of the last position only, as llama.cpp computes them);
         seconds."""
-        from effkit.measure import metrics
+        from effkit.measure import timing
 
-        rows = metrics.random_tokens(model, batch, tokens).tolist()
+        rows = timing.random_tokens(model, batch, tokens).tolist()
         rows = [r[:tokens - 1] for r in rows] if tokens >= model.config.n_positions else rows  # + 1 new token
 
         def once() -> float:

@@ -48,7 +48,7 @@ from torch import nn
 
 from effkit.engines import Engine
 from effkit.errors import EffkitError
-from effkit.measure.metrics import SETTLE_S  # idle seconds after timing a spinning thread pool
+from effkit.measure.timing import SETTLE_S  # idle seconds after timing a spinning thread pool
 
 ONNX_FILE = "model.onnx"
 ONNX_DESC = "onnx.json"
@@ -412,7 +412,7 @@ def session(path: Path):
     """An ONNX Runtime CPU session with as many intra-op threads as torch uses, configured as ONNX Runtime's users
     get it: its idle threads spin-wait between runs (turning that off made batch-1 decoding of the `gpt2` shape
     1.75x slower on the project's 2-core machine); interleaved timing leaves the machine idle for `SETTLE_S` after
-    it (`metrics.settle_time`), so the spinning does not slow whichever model is timed next."""
+    it (`timing.settle_time`), so the spinning does not slow whichever model is timed next."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()

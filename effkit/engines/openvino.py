@@ -627,7 +627,7 @@ def choose_attention(model: OpenVINOCausalLM, tokenizer, workload: str = "decode
     import openvino
 
     from effkit import workloads
-    from effkit.measure import choice, metrics
+    from effkit.measure import choice, hardware, machine_cache
 
     w = workloads.get(workload)
     rule = rule or choice.Rule(budget_s=SETTING_BUDGET_S)
@@ -644,7 +644,7 @@ def choose_attention(model: OpenVINOCausalLM, tokenizer, workload: str = "decode
     new = max(1, min(DECODE_TOKENS, model.config.n_positions - start.shape[1]))
     ids = np.repeat(start, w.batch, axis=0)
     d = model.description
-    key = (f"{metrics.describe_device(torch.device('cpu'))}|threads {torch.get_num_threads()}|openvino "
+    key = (f"{hardware.describe_device(torch.device('cpu'))}|threads {torch.get_num_threads()}|openvino "
            f"{openvino.__version__}|genai {_genai_version()}|weights {d.get('weights')}|{model.inference_precision}|"
            f"params {d.get('params', 0)}|batch {w.batch}|{new} tokens|{choice.RULE_VERSION}|precision "
            f"{rule.precision}|budget {rule.budget_s}")
@@ -653,13 +653,13 @@ def choose_attention(model: OpenVINOCausalLM, tokenizer, workload: str = "decode
         timers = {a: pipeline_timer(model, ids, new, a) for a in ATTENTION}
         return choice.choose(timers, True, rule, prefer=ATTENTION.index).to_dict()
 
-    decided, _ = metrics.machine_cached("openvino_attention_choice", key, measure)
+    decided, _ = machine_cache.machine_cached("openvino_attention_choice", key, measure)
     return {"attention": decided["picked"], "workload": w.name, "decision": decided,
             "line": f"{_choice_line(decided, '')} at {w.name}, timed when the artifact was written",
             "how": f"{_choice_line(decided, '')} at {w.name} (greedy decoding of {new} new tokens from {w.batch} "
                    f"prompt(s) by LLMPipeline, new tokens/s; each backend named explicitly); a tie goes to PA, "
                    f"LLMPipeline's default; the rule: {rule.describe()}; "
-                   f"{metrics.cache_note('openvino_attention_choice', key)}"}
+                   f"{machine_cache.cache_note('openvino_attention_choice', key)}"}
 
 
 def record_attention(folder: Path, tokenizer, workload: str = "decode-b1", rule=None) -> dict[str, Any]:
@@ -674,9 +674,9 @@ def record_attention(folder: Path, tokenizer, workload: str = "decode-b1", rule=
 
 
 def _prompt() -> str:
-    from effkit.measure import metrics
+    from effkit.measure import generation
 
-    return metrics.GENERATION_PROMPT
+    return generation.GENERATION_PROMPT
 
 
 @torch.no_grad()

@@ -31,7 +31,7 @@ from statistics import median
 from typing import Any
 
 from effkit.errors import EffkitError
-from effkit.measure import metrics, stats
+from effkit.measure import stats, timing
 from effkit.measure.results import PairedRatio
 from effkit.measure.stopping import ALPHA, MAX_CALLS, MIN_SAMPLE_S, leader_of, settled
 
@@ -169,7 +169,7 @@ def choose(contenders: dict[str, Callable[[], float]], higher_is_better: bool, r
 
     def look(active: list[str], first: int, count: int) -> None:
         for r in range(first, first + count):
-            for n in metrics.round_order(active, r, rule.seed):
+            for n in timing.round_order(active, r, rule.seed):
                 t = clock()
                 samples[n].append([contenders[n]() for _ in range(calls[n])])
                 wall[n] += clock() - t

@@ -10,22 +10,22 @@ from typing import Any
 import torch
 from torch import nn
 
-from effkit.measure import metrics, results, stats, stopping
+from effkit.measure import evaluation, generation, hardware, results, stats, stopping, timing
 from effkit.measure.results import LossDelta
 
-PROMPT = metrics.GENERATION_PROMPT
+PROMPT = generation.GENERATION_PROMPT
 
 
 def generate_sample(model: nn.Module, tokenizer, max_new_tokens: int) -> dict[str, Any]:
     """Greedy generation with the KV cache from a fixed prompt (capped at the model's context), and a seeded
     top-k / temperature sample beside it: the texts, and how much of the greedy text repeats itself. Speed is
-    measured apart, interleaved with the model it is compared with (`metrics.generation_timer`)."""
-    new, note = metrics.generation_budget(model, tokenizer, max_new_tokens)
-    ids, _ = metrics.greedy_generate(model, tokenizer, new)
-    sampled = metrics.sampled_generate(model, tokenizer, new)
-    s = metrics.SAMPLING
+    measured apart, interleaved with the model it is compared with (`generation.generation_timer`)."""
+    new, note = generation.generation_budget(model, tokenizer, max_new_tokens)
+    ids, _ = generation.greedy_generate(model, tokenizer, new)
+    sampled = generation.sampled_generate(model, tokenizer, new)
+    s = generation.SAMPLING
     return {"prompt": PROMPT, "text": tokenizer.decode(ids), "new_tokens": len(ids),
-            "greedy_repeated_fraction": metrics.repeated_fraction(ids.tolist()),
+            "greedy_repeated_fraction": generation.repeated_fraction(ids.tolist()),
             "sampled_text": tokenizer.decode(sampled),
             "sampling": f"top-k {s['top_k']}, temperature {s['temperature']}, seed {s['seed']}",
             **({"note": "; ".join(notes)} if (notes := [n for n in (note, getattr(model, "generation_note", None))
@@ -45,14 +45,14 @@ def side_by_side(contenders: dict[str, Callable[[int], Callable[[], float]]], st
 
 def _pytorch_prefill(model: nn.Module, block: int, dtype: torch.dtype | None) -> Callable[[int], Callable[[], float]]:
     """A PyTorch model's prefill timer at a batch size, under autocast `dtype`."""
-    return lambda b: metrics.forward_timer(model, b, block, dtype, use_cache=True)
+    return lambda b: timing.forward_timer(model, b, block, dtype, use_cache=True)
 
 
 def bf16_not_run(device: torch.device) -> str | None:
     """"not run: <reason>" where the parent under bf16 autocast is neither evaluated nor timed (a CPU whose flags
     show no native bf16: PyTorch emulates it, several times slower than fp32, and the figures would only say so),
     else None. Callers evaluate `parent_bf16` only where this is None."""
-    reason = metrics.no_native_bf16(device)
+    reason = hardware.no_native_bf16(device)
     return f"not run: {reason}" if reason else None
 
 
@@ -80,7 +80,7 @@ def compare_with_parent(measure, device: torch.device, parent: nn.Module, model:
     compiled_status = {}
     if getattr(measure, "compile", False):  # the compiled twins join the same rounds
         for name, m in (("fp32", parent), ("int8", model)):
-            twin, compiled_status[name] = metrics.compile_for_inference(m, (1, 12), block, use_cache=True)
+            twin, compiled_status[name] = timing.compile_for_inference(m, (1, 12), block, use_cache=True)
             if twin is not None:
                 contenders[f"{name} compiled"] = _pytorch_prefill(twin, block, None)
     stop = stopping.Stopping.of(measure, "latency_rounds")
@@ -93,7 +93,7 @@ def compare_with_parent(measure, device: torch.device, parent: nn.Module, model:
     for name, r in (("fp32", parent_fp32), ("bf16", parent_bf16), ("int8", q)):
         if name in contenders:
             for b in (1, 12):
-                r[f"latency_b{b}"] = metrics.latency_stats(timed[f"b{b}"][name])
+                r[f"latency_b{b}"] = timing.latency_stats(timed[f"b{b}"][name])
     for name, r in (("fp32", parent_fp32), ("int8", q)):
         r["generation"]["tokens_per_s"] = stats.median_of_rounds(gen[name])
     comparisons = {
@@ -140,10 +140,10 @@ def compare_with_parent(measure, device: torch.device, parent: nn.Module, model:
                   f"{own.label or own.name}), as the bench times it"
                   + (f"; {note}" if (note := getattr(model, "generation_note", None)) else ""))
     bf16_how = f"parent under bf16 autocast ({skipped})" if skipped else "parent under bf16 autocast"
-    protocol = {"eval_loss": metrics.EVAL_PROTOCOL + "; " + stats.LOSS_METHOD,
+    protocol = {"eval_loss": evaluation.EVAL_PROTOCOL + "; " + stats.LOSS_METHOD,
                 "latency": f"forward of (batch, {block}) random tokens: fp32 parent, {bf16_how} and "
                            f"{label} (reloaded from its folder, through its own engine's prefill) "
-                           + metrics.INTERLEAVED_PROTOCOL.format(warmup=2, rounds=stop.describe(),
+                           + timing.INTERLEAVED_PROTOCOL.format(warmup=2, rounds=stop.describe(),
                                                                  repeats=measure.latency_repeats)
                            + f"; {stats.RATIO_METHOD}"
                            + ("; with --compile, torch.compile twins (Inductor, freezing, static shapes) of the fp32 "

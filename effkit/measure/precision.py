@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from effkit.measure import choice, metrics, stats
+from effkit.measure import choice, hardware, machine_cache, stats, timing
 
 PROBE = choice.Rule(rounds=3, budget_s=30.0)  # the decision rule, with a short screen: a step is long
 
@@ -25,7 +25,7 @@ def probe_key(config, batch: int, block: int) -> str:
     the rule's version."""
     inner = config.n_inner or 4 * config.n_embd
     shape = f"L{config.n_layer}-d{config.n_embd}-h{config.n_head}-i{inner}-v{config.vocab_size}-b{batch}-t{block}"
-    machine = f"{metrics.describe_device(torch.device('cpu'))}|{'+'.join(metrics.cpu_flags()) or 'no-flags'}|" \
+    machine = f"{hardware.describe_device(torch.device('cpu'))}|{'+'.join(hardware.cpu_flags()) or 'no-flags'}|" \
               f"torch {torch.__version__}"
     return f"{machine}|{shape}|{choice.RULE_VERSION}"
 
@@ -51,7 +51,7 @@ def choose(timers: dict[str, Callable[[], float]], rule: choice.Rule = PROBE) ->
 
 def step_seconds(model: torch.nn.Module, batch: int, block: int, dtype: torch.dtype | None) -> Callable[[], float]:
     """Seconds of one training step of a private copy of `model` under autocast `dtype` (None: fp32)."""
-    tokens_per_s = metrics.train_step_timers(model, (batch,), block, dtype)[batch]
+    tokens_per_s = timing.train_step_timers(model, (batch,), block, dtype)[batch]
     return lambda: batch * block / tokens_per_s()
 
 
@@ -61,12 +61,13 @@ def cpu_choice(model: torch.nn.Module, batch: int, block: int,
     the measurement, for tests). A CPU whose flags show no native bf16 gets fp32 with nothing timed: bf16 is
     emulated there, and timing it costs a probe many times slower than fp32 only to confirm it."""
     key = probe_key(model.config, batch, block)
-    if reason := metrics.no_native_bf16():
-        return {"picked": "fp32", "not_run": f"bf16 not run: {reason}", "cpu_flags": metrics.cpu_flags(),
+    if reason := hardware.no_native_bf16():
+        return {"picked": "fp32", "not_run": f"bf16 not run: {reason}", "cpu_flags": hardware.cpu_flags(),
                 "probe_seconds": 0.0, "key": key, "cached": False, "measured": "nothing timed: the CPU's flags"}
     if measure is None:
         measure = lambda: choose({"fp32": step_seconds(model, batch, block, None),  # noqa: E731
                                   "bf16": step_seconds(model, batch, block, torch.bfloat16)})
-    choice, cached = metrics.machine_cached("amp_probe", key, lambda: {**measure(), "cpu_flags": metrics.cpu_flags()})
+    choice, cached = machine_cache.machine_cached("amp_probe", key,
+                                                  lambda: {**measure(), "cpu_flags": hardware.cpu_flags()})
     return {**choice, "key": key, "cached": cached,
-            "measured": metrics.cache_note("amp_probe", key) if cached else "measured now"}
+            "measured": machine_cache.cache_note("amp_probe", key) if cached else "measured now"}

@@ -2,7 +2,7 @@
 `effkit.measure.results`' `PairedRatio` and `LossDelta`, read back through them).
 
 - Timings and throughputs (`paired_ratio`): the contenders are measured in interleaved rounds (see
-  `metrics.interleaved`); each round gives one median per contender, so drift of the machine hits every
+  `timing.interleaved`); each round gives one median per contender, so drift of the machine hits every
   contender of that round alike. The ratio to the reference is the geometric mean of the per-round ratios, with
   a 95% Student-t interval on the mean of their logarithms (n = rounds, n - 1 degrees of freedom): a paired
   method that stays honest with few rounds. Verdict: `faster` / `slower` when the interval excludes 1, else

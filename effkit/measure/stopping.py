@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from statistics import fmean, median
 from typing import Any
 
-from effkit.measure import metrics, stats
+from effkit.measure import stats, timing
 from effkit.measure.results import PairedRatio
 
 ALPHA = 1.0 - stats.CONFIDENCE
@@ -187,7 +187,7 @@ def measure(contenders: dict[str, Callable[[], float]], stopping: Stopping, repe
             pairs: Iterable[tuple[str, str]] | None = None,
             clock: Callable[[], float] = time.perf_counter,
             contest: tuple[list[str], bool] | None = None) -> Measured:
-    """Interleaved rounds of `contenders` (see `metrics.interleaved`) under `stopping`; `pairs`: the
+    """Interleaved rounds of `contenders` (see `timing.interleaved`) under `stopping`; `pairs`: the
     (reference, other) comparisons that must settle (default: every contender against the first). After the
     first look only the contenders of unsettled pairs are measured. `contest`: (members, higher_is_better) of a
     decision to be read off these rounds: its leader against every member must settle too (`contest_pairs`)."""
@@ -201,10 +201,10 @@ def measure(contenders: dict[str, Callable[[], float]], stopping: Stopping, repe
     start = clock()
     if sized:  # sequential: the warm-up sizes each contender's samples
         calls = calls_per_sample(timed, repeats, warmup, stopping.min_sample_s, clock)
-        samples = metrics.interleaved(timed, schedule[0], calls, warmup=0, seed=stopping.seed)
+        samples = timing.interleaved(timed, schedule[0], calls, warmup=0, seed=stopping.seed)
     else:
         calls = dict.fromkeys(names, repeats)
-        samples = metrics.interleaved(timed, schedule[0], repeats, warmup=warmup, seed=stopping.seed)
+        samples = timing.interleaved(timed, schedule[0], repeats, warmup=warmup, seed=stopping.seed)
     first = clock() - start
     looks, stopped, measured = 1, "fixed", [len(names)]
     while not stopping.fixed:
@@ -226,7 +226,7 @@ def measure(contenders: dict[str, Callable[[], float]], stopping: Stopping, repe
         if clock() - start - first + per_round * (total - done) > stopping.budget_s:
             stopped = "budget"
             break
-        more = metrics.interleaved({n: timed[n] for n in active}, total - done, {n: calls[n] for n in active},
+        more = timing.interleaved({n: timed[n] for n in active}, total - done, {n: calls[n] for n in active},
                                    warmup=0, offset=done,
                                    seed=stopping.seed)
         for name in active:

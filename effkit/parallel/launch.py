@@ -79,11 +79,23 @@ def wait_for_master(p: ParallelConfig) -> None:
             time.sleep(0.5)
 
 
+def free_port() -> int:
+    """A TCP port free on this machine now (the kernel's pick)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def launch(kwargs: dict[str, Any], p: ParallelConfig, run_name: str) -> None:
     """Run `train_rank(**kwargs)` in `p.nproc` processes per node; wait; raise a one-line error naming the rank
-    that failed first. The job folder (the call, per-rank error records, the launcher's log) is temporary: removed
-    after a success and named in the error after a failure, so a failed launch leaves nothing in the run's
-    folder."""
+    that failed first. One machine: the rendezvous takes a free port (as `torchrun --standalone`), so two runs on
+    one machine do not collide on --master-port. The job folder (the call, per-rank error records, the launcher's
+    log) is temporary: removed after a success and named in the error after a failure, so a failed launch leaves
+    nothing in the run's folder."""
+    if p.nnodes == 1:
+        p = p.replace(master_port=free_port())
     wait_for_master(p)
     job = Job.create(WORKER_TARGET, kwargs, prefix=f"effkit-launch-{run_name}-")
     log = job.folder / "launch.log"

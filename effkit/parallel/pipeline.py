@@ -23,7 +23,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from effkit.measure.metrics import autocast_ctx, lm_loss
+from effkit.measure.evaluation import lm_loss
+from effkit.measure.hardware import autocast_ctx
 from effkit.parallel.dims import ParallelDims
 
 SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}

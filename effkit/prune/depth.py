@@ -14,14 +14,14 @@ import torch
 from torch import nn
 
 from effkit.errors import EffkitError
-from effkit.measure import metrics
+from effkit.measure import evaluation
 from effkit.prune.structure import rebuild
 
 
 @torch.no_grad()
 def calibration_loss(model: nn.Module, calib: list[torch.Tensor]) -> float:
     device = next(model.parameters()).device
-    losses = [float(metrics.lm_loss(model(b.to(device)).logits, b.to(device))) for b in calib]
+    losses = [float(evaluation.lm_loss(model(b.to(device)).logits, b.to(device))) for b in calib]
     return sum(losses) / len(losses)
 
 

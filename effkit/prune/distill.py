@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from effkit.measure import metrics
+from effkit.measure import evaluation
 
 
 def kl_to_teacher(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -39,7 +39,7 @@ class Distiller:
         self.last: dict[str, float] = {}
 
     def __call__(self, logits: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
-        ce = metrics.lm_loss(logits, batch)
+        ce = evaluation.lm_loss(logits, batch)
         with torch.no_grad():
             teacher_logits = self.teacher(batch).logits
         kl = kl_to_teacher(logits, teacher_logits, self.temperature)

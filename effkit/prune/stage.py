@@ -22,7 +22,7 @@ from effkit.artifacts.loader import engine_of, kind
 from effkit.config import DataConfig, ModelConfig, ParallelConfig, PruneConfig, TrainConfig, build_config
 from effkit.data import prepare
 from effkit.errors import EffkitError
-from effkit.measure import metrics, results, stats, stopping
+from effkit.measure import evaluation, hardware, results, stats, stopping, timing
 from effkit.model import count_params, load_model
 from effkit.parallel import Runtime, init_runtime
 from effkit.prune import methods
@@ -88,12 +88,12 @@ def paired_latency(dense_model, model, block: int, cfg: PruneConfig) -> dict[str
     was_training = model.training
     model.eval()
     for b in LAT_BATCHES:
-        samples = stopping.measure({"dense": metrics.forward_timer(dense_model, b, block),
-                                    "pruned": metrics.forward_timer(model, b, block)},
+        samples = stopping.measure({"dense": timing.forward_timer(dense_model, b, block),
+                                    "pruned": timing.forward_timer(model, b, block)},
                                    stopping.Stopping.of(cfg.measure, "latency_rounds"),
                                    cfg.measure.latency_repeats, warmup=2)
-        out[f"latency_b{b}"] = metrics.latency_stats(samples["pruned"])
-        out[f"dense_latency_b{b}"] = metrics.latency_stats(samples["dense"])
+        out[f"latency_b{b}"] = timing.latency_stats(samples["pruned"])
+        out[f"dense_latency_b{b}"] = timing.latency_stats(samples["dense"])
         out[results.latency_ratio(b)] = samples.ratio("dense", "pruned")
         out[f"latency_stopping_b{b}"] = samples.record
     model.train(was_training)
@@ -208,9 +208,9 @@ def _prune(cfg: PruneConfig, rt: Runtime, source: Path, meta: dict[str, Any], da
     blocks = prepared.blocks
     dense = stage_metrics(model, block, None)
     docs = blocks.eval_docs
-    dense_eval = metrics.evaluate(dense_model, blocks.eval, cfg.finetune.batch_size, eval_bytes=blocks.eval_bytes,
+    dense_eval = evaluation.evaluate(dense_model, blocks.eval, cfg.finetune.batch_size, eval_bytes=blocks.eval_bytes,
                                   docs=docs)
-    dense.update(metrics.eval_summary(dense_eval))
+    dense.update(evaluation.eval_summary(dense_eval))
     ft = cfg.finetune
     distiller = (Distiller(dense_model, ft.distill_alpha, ft.distill_temperature, teacher_name=str(source))
                  if cfg.distilling else None)
@@ -232,8 +232,8 @@ def _prune(cfg: PruneConfig, rt: Runtime, source: Path, meta: dict[str, Any], da
     parent = str(source)
     for r in range(1, cfg.method.rounds + 1):
         fraction = cfg.method.target * r / cfg.method.rounds
-        control_eval = (metrics.evaluate(control.after(r), blocks.eval, cfg.finetune.batch_size, docs=docs) if control
-                        else dense_eval if cfg.finetune.control else None)
+        control_eval = (evaluation.evaluate(control.after(r), blocks.eval, cfg.finetune.batch_size, docs=docs)
+                        if control else dense_eval if cfg.finetune.control else None)
         model, done, after_step = cut(model, fraction, calib)
         model.train()
 
@@ -244,7 +244,7 @@ def _prune(cfg: PruneConfig, rt: Runtime, source: Path, meta: dict[str, Any], da
                            "distill": distiller.describe() if distiller else None},
                  **stage_metrics(mdl, block, dense, pruner.counts_block_params),
                  **paired_latency(dense_model, mdl, block, cfg)}
-            own = metrics.evaluate(mdl, blocks.eval, cfg.finetune.batch_size, docs=docs)
+            own = evaluation.evaluate(mdl, blocks.eval, cfg.finetune.batch_size, docs=docs)
             m[results.EVAL_LOSS_DELTA_VS_DENSE] = stats.paired_delta(dense_eval["block_losses"], own["block_losses"],
                                                                      docs)
             if control_eval is not None:
@@ -313,16 +313,16 @@ def write_prune_report(cfg: PruneConfig, layout: RunLayout, rows: list[dict[str,
         "stage": "prune", "tag": f"prune-{cfg.label}", "mode": cfg.method.mode, "label": cfg.label, "run": layout.name,
         "artifact": last["artifact"],
         "config": cfg.to_dict(), "source": source, "curve": rows, "dense": dense, "verdicts": verdicts,
-        "protocol": {"eval_loss": metrics.EVAL_PROTOCOL + "; " + stats.LOSS_METHOD,
+        "protocol": {"eval_loss": evaluation.EVAL_PROTOCOL + "; " + stats.LOSS_METHOD,
                      "control": ("the dense parent fine-tuned with the same steps, data order, learning rate "
                                  "and loss as each round (distilled from the same frozen teacher when the rounds "
                                  "are; cumulative, like the pruned model), one chain per fine-tuning budget, cached "
                                  "under runs/<run>/controls/") if cfg.finetune.control else "not run",
                      "latency": f"forward of (batch, {block}) random tokens, pruned model and dense parent "
-                                + metrics.INTERLEAVED_PROTOCOL.format(
+                                + timing.INTERLEAVED_PROTOCOL.format(
                                     warmup=2, rounds=stopping.Stopping.of(cfg.measure, "latency_rounds").describe(),
                                     repeats=cfg.measure.latency_repeats)
-                                + f"; {stats.RATIO_METHOD}; device {metrics.describe_device(rt.device)}",
+                                + f"; {stats.RATIO_METHOD}; device {hardware.describe_device(rt.device)}",
                      "importance": methods.get(cfg.method.mode).ranks_by(cfg),
                      "finetune_lr": f"peak {lr_how}; warm-up {cfg.finetune.warmup_steps} steps, cosine to a tenth",
                      "distillation": (f"fine-tuning loss (1 - {cfg.finetune.distill_alpha}) x cross-entropy + "

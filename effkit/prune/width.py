@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from effkit.errors import EffkitError
-from effkit.measure import metrics
+from effkit.measure import evaluation
 from effkit.prune.methods import options_of
 from effkit.prune.structure import Options, check_multiple, kept_width, rebuild
 
@@ -64,7 +64,7 @@ def _gradients(model: nn.Module, calib: list[torch.Tensor]) -> None:
     device = next(model.parameters()).device
     for b in calib:
         b = b.to(device)
-        (metrics.lm_loss(model(b).logits, b) / len(calib)).backward()
+        (evaluation.lm_loss(model(b).logits, b) / len(calib)).backward()
 
 
 def _channel_scores(weight: torch.Tensor, bias: torch.Tensor | None, dim: int, taylor: bool) -> torch.Tensor:

@@ -22,7 +22,7 @@ from effkit.artifacts.loader import engine_of, is_quantized, kind, load_any, new
 from effkit.config import DataConfig, QuantizeConfig, build_config
 from effkit.data import prepare
 from effkit.errors import EffkitError
-from effkit.measure import choice, metrics, results, stats
+from effkit.measure import choice, evaluation, generation, hardware, results, stats
 from effkit.measure.compare import bf16_not_run, compare_with_parent, generate_sample
 from effkit.model import load_model
 from effkit.parallel import init_runtime
@@ -101,7 +101,7 @@ def pick_backend(cfg: QuantizeConfig, device: torch.device, parent: nn.Module, s
         except EffkitError as e:
             table[b] = {"status": f"not run: {e}"}
             continue
-        result = metrics.evaluate(model, eval_blocks, cfg.measure.batch_size, docs=docs)
+        result = evaluation.evaluate(model, eval_blocks, cfg.measure.batch_size, docs=docs)
         delta = results.LossDelta.of(stats.paired_delta(parent_blocks, result["block_losses"], docs))
         ok = delta.verdict != results.INVALID and delta.ci95[1] <= AUTO_LOSS_BUDGET
         table[b] = {"status": "candidate" if ok else f"left out: loss {delta.fmt()}, its interval reaches past "
@@ -121,7 +121,7 @@ def pick_backend(cfg: QuantizeConfig, device: torch.device, parent: nn.Module, s
     names = list(candidates)
     engine = {"parent": engine_of(source), **{b: engine_of(scratch / b) for b in candidates}}  # each times its own
     if w.kind == "decode":
-        new = min(metrics.generation_budget(m, tokenizer, w.tokens or cfg.measure.gen_tokens)[0]
+        new = min(generation.generation_budget(m, tokenizer, w.tokens or cfg.measure.gen_tokens)[0]
                   for m in models.values())
         timers = {n: engine[n].decode(m, tokenizer, w.batch, new) for n, m in models.items()}
         how = f"greedy decoding of {new} new tokens from {w.batch} prompt(s), new tokens/s"
@@ -156,8 +156,8 @@ def _quantize(cfg: QuantizeConfig, device: torch.device, source: Path, run_dir: 
     tokenizer, eval_blocks, n_bytes = prepared.tokenizer, prepared.blocks.eval, prepared.blocks.eval_bytes
     parent = load_model(str(source)).to(device).eval()
     docs = prepared.blocks.eval_docs
-    parent_fp32 = metrics.evaluate(parent, eval_blocks, cfg.measure.batch_size, eval_bytes=n_bytes, docs=docs)
-    parent_bf16 = None if bf16_not_run(device) else metrics.evaluate(  # not on a CPU without native bf16
+    parent_fp32 = evaluation.evaluate(parent, eval_blocks, cfg.measure.batch_size, eval_bytes=n_bytes, docs=docs)
+    parent_bf16 = None if bf16_not_run(device) else evaluation.evaluate(  # not on a CPU without native bf16
         parent, eval_blocks, cfg.measure.batch_size, torch.bfloat16, eval_bytes=n_bytes, docs=docs)
     parent_fp32["generation"] = generate_sample(parent, tokenizer, cfg.measure.gen_tokens)
     parent_fp32["size_bytes"] = artifacts.dir_size(source)
@@ -193,7 +193,7 @@ def _write_and_measure(cfg: QuantizeConfig, device: torch.device, source: Path, 
         int8_layers = quantized_layers(tmp, model)
         if not int8_layers:
             raise EffkitError(f"{backend} left no int8 layer in the reloaded model: nothing was quantized")
-        q = metrics.evaluate(model, eval_blocks, cfg.measure.batch_size, eval_bytes=n_bytes,
+        q = evaluation.evaluate(model, eval_blocks, cfg.measure.batch_size, eval_bytes=n_bytes,
                              docs=prepared.blocks.eval_docs)
         q["generation"] = generate_sample(model, tokenizer, cfg.measure.gen_tokens)
         q["size_bytes"] = artifacts.dir_size(tmp)
@@ -209,12 +209,12 @@ def _write_and_measure(cfg: QuantizeConfig, device: torch.device, source: Path, 
     report = {
         "stage": "quantize", "tag": tag, "parent": str(source), "run": run_dir.name, "artifact": str(artifact),
         "time": meta_out["time"], "config": cfg.to_dict(), "metrics": m, "verdicts": verdicts,
-        "what_ran": {"device": metrics.describe_device(device), "backend": backend, "source_model": str(source),
+        "what_ran": {"device": hardware.describe_device(device), "backend": backend, "source_model": str(source),
                      "data": data_section["source"], "tokenizer": prepared.tokenizer_source,
                      "world_size": 1, "parallel": "none", "amp_dtype": "fp32 activations, int8 weights",
                      "quantized_layers": len(description["layers"]), "int8_layers_reloaded": int8_layers,
                      "include_head": description["include_head"], "format": description["format"],
-                     "cpu_flags": " ".join(metrics.cpu_flags()) if device.type == "cpu" else ""},
+                     "cpu_flags": " ".join(hardware.cpu_flags()) if device.type == "cpu" else ""},
         "versions": meta_out["versions"], "git_commit": meta_out["git_commit"], "protocol": protocol,
     }
     write_stage_report(Path(cfg.folders.reports_dir) / run_dir.name, report)

@@ -62,15 +62,15 @@ def within_loss(models: dict[str, Any], table: dict[str, dict[str, Any]], parent
     from effkit import artifacts
     from effkit.config import DataConfig
     from effkit.data import prepare
-    from effkit.measure import metrics, results, stats
+    from effkit.measure import evaluation, results, stats
 
     prepared = prepare(DataConfig.from_dict(artifacts.data_section(source, cfg.inputs.data)),
                        tokenizer_from=str(source))
     blocks, docs = prepared.blocks.eval, prepared.blocks.eval_docs
-    reference = metrics.evaluate(parent, blocks, cfg.measure.batch_size, docs=docs)["block_losses"]
+    reference = evaluation.evaluate(parent, blocks, cfg.measure.batch_size, docs=docs)["block_losses"]
     within = []
     for name, model in models.items():
-        r = metrics.evaluate(model, blocks, cfg.measure.batch_size, docs=docs)
+        r = evaluation.evaluate(model, blocks, cfg.measure.batch_size, docs=docs)
         delta = results.LossDelta.of(stats.paired_delta(reference, r["block_losses"], docs))
         ok = delta.verdict != results.INVALID and delta.ci95[1] <= budget
         table[name].update(eval_loss=r["eval_loss"], loss_delta=delta.to_dict(), status="candidate" if ok else
@@ -87,11 +87,11 @@ def time_settings(within: list[str], models: dict[str, Any], table: dict[str, di
     head-to-head budget capped at SETTING_BUDGET_S (one setting of one folder); `prefer` breaks a tie."""
     from dataclasses import replace
 
-    from effkit.measure import choice, metrics, stats
+    from effkit.measure import choice, generation, stats
 
     rule = replace(choice.Rule.of(cfg.measure), budget_s=min(cfg.measure.budget_s, SETTING_BUDGET_S))
     if w.kind == "decode":
-        new = min(DECODE_TOKENS, *(metrics.generation_budget(models[n], tokenizer, w.tokens or DECODE_TOKENS)[0]
+        new = min(DECODE_TOKENS, *(generation.generation_budget(models[n], tokenizer, w.tokens or DECODE_TOKENS)[0]
                                    for n in within))
         fns = {n: onnx_export.ENGINE.decode(models[n], tokenizer, w.batch, new) for n in within}
         timed = f"greedy decoding of {new} new tokens from {w.batch} prompt(s), new tokens/s"

@@ -63,9 +63,9 @@ class Options:
 def int8_compute_unavailable() -> str | None:
     """Why accuracy level 4 would not run int8 here (ONNX Runtime falls back to fp32 without a word), or None.
     MLAS's x86 int8 kernels for MatMulNBits start at AVX2 (AVX-512 VNNI has its own)."""
-    from effkit.measure import metrics
+    from effkit.measure import hardware
 
-    if platform.machine().lower() in ("x86_64", "amd64", "i686", "x86") and "avx2" not in metrics.cpu_flags():
+    if platform.machine().lower() in ("x86_64", "amd64", "i686", "x86") and "avx2" not in hardware.cpu_flags():
         return "no AVX2 on this CPU: ONNX Runtime's int8-compute MatMulNBits kernels need it (level 4 would run fp32)"
     return None
 
@@ -168,12 +168,12 @@ def weight_bytes_per_token(path: Path) -> dict[str, Any]:
 def _time_b1(model, tokenizer, samples: dict[str, list[list[float]]] | None, name: str, w) -> tuple[float, str]:
     """Batch-1 decoding tokens/s of `model`: from the choice's own samples when it was timed at batch-1 decoding,
     else timed here (the median of 5 calls after a warm-up)."""
-    from effkit.measure import metrics, stats
+    from effkit.measure import generation, stats
 
     if samples and name in samples and w.kind == "decode" and w.batch == 1:
         return stats.median_of_rounds(samples[name]), f"the choice's samples at {w.name} (median of its rounds)"
-    new = min(DECODE_TOKENS, metrics.generation_budget(model, tokenizer, DECODE_TOKENS)[0])
-    timer = metrics.generation_timer(model, tokenizer, new, batch=1)
+    new = min(DECODE_TOKENS, generation.generation_budget(model, tokenizer, DECODE_TOKENS)[0])
+    timer = generation.generation_timer(model, tokenizer, new, batch=1)
     timer()
     return statistics.median(timer() for _ in range(5)), f"greedy decoding of {new} tokens from 1 prompt, median of " \
                                                           "5 calls after a warm-up"
@@ -182,11 +182,11 @@ def _time_b1(model, tokenizer, samples: dict[str, list[list[float]]] | None, nam
 def _bandwidth(graph: Path, model, tokenizer, samples, name: str, w) -> dict[str, Any]:
     """Weight bytes per decoded token, the memory-bandwidth bound they set on batch-1 decoding (measured now, in
     this run) and the share of it the artifact reached."""
-    from effkit.measure import metrics
+    from effkit.measure import roofline
 
     per_token = weight_bytes_per_token(graph)
     rate, rate_how = _time_b1(model, tokenizer, samples, name, w)
-    bandwidth, bw_how = metrics.memory_bandwidth()
+    bandwidth, bw_how = roofline.memory_bandwidth()
     bound = bandwidth / per_token["bytes_per_token"]
     out = {"weight_bytes_per_token": per_token, "memory_bandwidth_bytes_per_s": bandwidth,
            "memory_bandwidth_how": bw_how, "bandwidth_bound_tokens_per_s": bound,

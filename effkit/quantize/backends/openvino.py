@@ -41,7 +41,7 @@ def choose_precision(folder: Path, tokenizer, workload: str, rule=None) -> tuple
     run, nothing timed."""
     from effkit import workloads
     from effkit.engines.openvino import DECODE_TOKENS, ENGINE, SETTING_BUDGET_S, OpenVINOCausalLM, bf16_unavailable
-    from effkit.measure import choice, metrics
+    from effkit.measure import choice, generation
 
     if reason := bf16_unavailable():
         return "f32", {"choice": "f32", "how": f"bf16 not run: {reason}"}
@@ -49,7 +49,7 @@ def choose_precision(folder: Path, tokenizer, workload: str, rule=None) -> tuple
     rule = rule or choice.Rule(budget_s=SETTING_BUDGET_S)
     models = {p: OpenVINOCausalLM(folder, precision=p) for p in ("f32", "bf16")}
     if w.kind == "decode":
-        new = min(DECODE_TOKENS, metrics.generation_budget(models["f32"], tokenizer, w.tokens or DECODE_TOKENS)[0])
+        new = min(DECODE_TOKENS, generation.generation_budget(models["f32"], tokenizer, w.tokens or DECODE_TOKENS)[0])
         fns = {p: ENGINE.decode(m, tokenizer, w.batch, new) for p, m in models.items()}
         what = f"greedy decoding of {new} new tokens from {w.batch} prompt(s), new tokens/s"
     else:

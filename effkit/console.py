@@ -1,0 +1,240 @@
+"""What the commands print: the rich tables and the lines under them, one `show_*` per command, from the report
+the stage returned (the CLI is flags -> config -> stage -> `console.show_*(report)`). Nothing here computes or
+decides; rich and the stages' formatters are imported when a table is drawn, so `effkit --help` stays light."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+TERMINAL_BENCH_COLUMNS = ("artifact", "eval loss (95% CI)", "Δ loss vs ref", "prefill b12 vs ref", "decode b1 tok/s",
+                          "decode b1 vs ref", "decode b12 tok/s", "decode b12 vs ref", "size MiB", "peak MiB")
+
+
+def terminal():
+    """A rich console that stays readable when the output is a file or pipe (rich falls back to 80 columns)."""
+    from rich.console import Console
+
+    probe = Console()
+    return probe if probe.is_terminal else Console(width=160)
+
+
+def _artifact_lines(report: dict, reports_dir: str) -> None:
+    print(f"artifact: {report['artifact']}\nreport:   {Path(reports_dir) / report['run']}")
+
+
+def show_plan(p: Any, fit: bool, changes: list[str]) -> None:
+    """`effkit train --plan [--fit]`: the predicted per-rank peak memory `p` (a `memplan` plan) and the verdict."""
+    from rich.table import Table
+
+    from effkit import memplan
+
+    c = p.config
+    t = Table(title=f"memory plan: {c['model']}, {c['parallel']} x{c['world']}, batch {c['batch_size']} x "
+                    f"{c['block_size']} tokens, {c['optim']}, {c['amp']}, activation checkpointing "
+                    f"{'on' if c['activation_checkpointing'] else 'off'}")
+    t.add_column("per rank, at the peak")
+    t.add_column("MiB", justify="right")
+    for k, v in p.per_rank.items():
+        t.add_row(k, f"{v / 2**20:,.0f}")
+    t.add_row("[bold]total", f"[bold]{p.total_bytes / 2**20:,.0f}")
+    t.add_row(p.device, f"{p.device_bytes / 2**20:,.0f}" if p.device_bytes else "unknown")
+    if p.usable_bytes:
+        t.add_row(f"usable (less {memplan.HEADROOM:.0%} kept free)", f"{p.usable_bytes / 2**20:,.0f}")
+    out = terminal()
+    out.print(t)
+    for n in p.notes:
+        out.print(f"  {n}")
+    verdict = ("fits" if p.fits else "does NOT fit") if p.fits is not None else "fit unknown (device memory unknown)"
+    out.print(f"plan: {verdict}; predicted by {memplan.METHOD}")
+    if fit:
+        if not changes and p.fits:
+            out.print("--fit: fits as asked; nothing to change")
+        elif p.fits:
+            out.print("--fit: add " + " ".join(changes))
+        else:
+            out.print("--fit: nothing effkit can change on one rank fits; use more processes with "
+                      "--parallel fsdp (or a GPU with more memory), or a smaller model")
+
+
+def show_train(report: dict) -> None:
+    """`effkit train`: the metrics table, the artifact and the report (on a node other than 0: where node 0 put
+    them)."""
+    from rich.table import Table
+
+    if "node_rank" in report:
+        print(f"node {report['node_rank']}: training finished; node 0 saved the artifact "
+              f"({report['artifact_on_node0']}) and wrote the report ({report['report_on_node0']}) on its machine")
+        return
+    m, w = report["metrics"], report["what_ran"]
+    t = Table(title=f"train: {report['run']}")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    rows = [("held-out loss", f"{m['eval_loss']:.4f} nats/token"),
+            ("bits per byte", f"{m['bits_per_byte']:.4f}" if m.get("bits_per_byte") else "n/a"),
+            ("perplexity", f"{m['perplexity']:.1f}"),
+            ("steps", str(m["steps"])), ("train tokens/s", f"{m['train_tokens_per_s']:,.0f}"),
+            ("MFU", f"{m['mfu']:.1%}" if m["mfu"] else f"invalid: {m['mfu_invalid']}" if m.get("mfu_invalid")
+             else "n/a"),
+            ("peak memory / rank", ", ".join(f"{b / 2**20:,.0f} MiB" for b in m["peak_memory_bytes_per_rank"])),
+            ("parameters", f"{m['params']:,}"), ("size on disk", f"{m['size_bytes'] / 2**20:.1f} MiB"),
+            ("parallel", f"{w['parallel']} x{w['world_size']}"), ("precision", w["amp_dtype"])]
+    for r in rows:
+        t.add_row(*r)
+    terminal().print(t)
+    print(f"artifact: {report['artifact']}\nreport:   {Path(report['config']['run']['reports_dir']) / report['run']}")
+
+
+def show_prune(report: dict, mode: str, reports_dir: str) -> None:
+    """`effkit prune`: one row per round (the dense parent first), the verdicts, the artifact and the report."""
+    from rich.table import Table
+
+    from effkit.measure import results
+    from effkit.measure.stats import fmt_delta, fmt_ratio
+
+    t = Table(title=f"prune --mode {mode}: {report['run']}")
+    for col in ("round", "removed", "eval loss", "control loss", "Δ loss vs control", "params",
+                "latency b12 vs dense", "FLOPs speed-up"):
+        t.add_column(col, justify="right")
+    for r in report["curve"]:
+        first = r["round"] == 0
+        delta = r.get(results.EVAL_LOSS_DELTA_VS_CONTROL)
+        t.add_row(str(r["round"]), f"{r['achieved_sparsity']:.3f}", f"{r['eval_loss']:.4f}",
+                  f"{r['control_eval_loss']:.4f}" if r.get("control_eval_loss") is not None else "not run",
+                  "ref" if first else (fmt_delta(delta) if delta else "n/a"), f"{r['params']:,}",
+                  "ref" if first else fmt_ratio(r[results.LATENCY_RATIO_B12]),
+                  "" if first else f"{r['speedup_projected']:.2f}x")
+    terminal().print(t)
+    for v in report["verdicts"]:
+        print(f"note: {v}")
+    _artifact_lines(report, reports_dir)
+
+
+def _quantize_table(report: dict):
+    from rich.table import Table
+
+    from effkit.measure import results
+    from effkit.measure.stats import fmt_delta, fmt_ratio
+
+    m = report["metrics"]
+    t = Table(title=f"quantize ({report['what_ran']['backend']}): {report['run']}")
+    for col in ("", "eval loss", "Δ loss vs fp32", "size", "latency b12 (p50)", "b12 vs fp32", "generate tok/s"):
+        t.add_column(col, justify="right")
+    rows = (("parent fp32", m["parent_fp32"], None, None),
+            *([("parent bf16", m["parent_bf16"], m["bf16_eval_loss_delta"], m[results.BF16_LATENCY_RATIO_B12])]
+              if "parent_bf16" in m else []),  # absent where the CPU has no native bf16: a note says so
+            ("int8", m, m[results.EVAL_LOSS_DELTA], m[results.LATENCY_RATIO_B12]))
+    for label, r, delta, ratio in rows:
+        gen = r.get("generation", {}).get("tokens_per_s")
+        t.add_row(label, f"{r['eval_loss']:.4f}", fmt_delta(delta) if delta else "ref",
+                  f"{r['size_bytes'] / 2**20:.1f} MiB" if "size_bytes" in r else "",
+                  f"{r['latency_b12']['p50_s'] * 1000:.1f} ms", fmt_ratio(ratio) if ratio else "ref",
+                  f"{gen:.0f}" if gen else "")
+    return t
+
+
+def _auto_table(auto: dict):
+    """`quantize --backend auto`: every candidate backend, and the one it picked."""
+    from rich.table import Table
+
+    from effkit.measure.stats import fmt_delta, fmt_ratio
+
+    a = Table(title=f"--backend auto picked {auto['picked']} ({auto.get('verdict', 'decided')}): {auto['how']}")
+    w = auto["optimize_for"]
+    for col in ("backend", "status", "eval loss", "loss vs parent", f"{w} vs parent", f"{w} vs picked"):
+        a.add_column(col)
+    for b, row in auto["table"].items():
+        a.add_row(b, row["status"], f"{row['eval_loss']:.4f}" if "eval_loss" in row else "",
+                  fmt_delta(row["loss_delta"]) if "loss_delta" in row else "",
+                  fmt_ratio(row["ratio_to_parent"]) if "ratio_to_parent" in row else "",
+                  "picked" if b == auto["picked"] else
+                  fmt_ratio(row["ratio_to_picked"]) if "ratio_to_picked" in row else "")
+    return a
+
+
+def show_quantize(report: dict, reports_dir: str) -> None:
+    """`effkit quantize`: the parent (fp32, bf16) against int8, auto's choice, the generation samples, the
+    verdicts, the artifact and the report."""
+    m = report["metrics"]
+    terminal().print(_quantize_table(report))
+    if m.get("auto"):
+        terminal().print(_auto_table(m["auto"]))
+    print(f"parent: {m['parent_fp32']['generation']['text'][:120]!r}")
+    print(f"int8:   {m['generation']['text'][:120]!r}")
+    print(f"int8, sampled ({m['generation']['sampling']}): {m['generation']['sampled_text'][:120]!r}")
+    if "note" in m["generation"]:  # e.g. --gen-tokens capped by the model's context
+        print(f"note: {m['generation']['note']}")
+    for v in report["verdicts"]:
+        print(f"note: {v}")
+    print(f"int8 layers in the reloaded artifact: {m['int8_layers_reloaded']}; {m['portability']}")
+    _artifact_lines(report, reports_dir)
+
+
+def show_export(report: dict, reports_dir: str) -> None:
+    """`effkit export`: the exported model against its PyTorch parent in one line, the sample, the verdicts, how
+    to load it, the artifact and the report."""
+    from effkit.measure import results
+    from effkit.measure.stats import fmt_delta, fmt_ratio
+
+    m = report["metrics"]
+    print(f"{report['tag']}: loss {m['eval_loss']:.4f} ({fmt_delta(m[results.EVAL_LOSS_DELTA])} vs PyTorch fp32), "
+          f"latency b12 {fmt_ratio(m[results.LATENCY_RATIO_B12])}, size {m['size_ratio_vs_parent']:.2f}x, "
+          f"int8 operators {m['int8_layers_reloaded']}")
+    print(f"sample: {m['generation']['text'][:120]!r}")
+    for v in report["verdicts"]:
+        print(f"note: {v}")
+    print(f"load it: {report['load_command']}, or effkit bench / generate --from {report['artifact']}")
+    _artifact_lines(report, reports_dir)
+
+
+def bench_table(report: dict, title: str):
+    """The bench table for a terminal: the columns that decide (bench.md has them all)."""
+    from rich.table import Table
+
+    from effkit.bench import table_rows
+
+    cols, rows = table_rows(report)
+    keep = [cols.index(c) for c in TERMINAL_BENCH_COLUMNS]
+    t = Table(title=title)
+    for i in keep:
+        t.add_column(cols[i], justify="left" if cols[i] == "artifact" else "right", no_wrap=cols[i] == "artifact")
+    for r in rows:
+        t.add_row(*[r[i] for i in keep])
+    return t
+
+
+def show_bench(report: dict, reports_dir: str, as_json: bool = False) -> None:
+    """`effkit bench`: the table and its notes, or (`--json`) the machine-readable result."""
+    if as_json:
+        print(json.dumps(report, indent=2, default=str))
+        return
+    terminal().print(bench_table(report, f"effkit bench: {report['run']} ({report['device']})"))
+    for v in report["verdicts"]:
+        print(f"note: {v}")
+    print("ratios are paired with the first artifact, with 95% intervals; ≈: the interval contains 1")
+    print(f"report: {Path(reports_dir) / report['run']}/bench.md")
+
+
+def show_run(result: dict, recipe: str, dry_run: bool, out: Any) -> None:
+    """`effkit run`: the plan (`--dry-run`), or the bench table, the stages run, the report and the deliverable;
+    on `out`, the console the run printed its progress on."""
+    if dry_run:
+        from rich.table import Table
+
+        t = Table(title=f"plan of {recipe}")
+        for col in ("stage", "what", "leaves"):
+            t.add_column(col, overflow="fold")
+        for s in result["plan"]:
+            t.add_row(s["stage"], s["what"], s["leaves"])
+        out.print(t)
+        for s in result["plan"]:
+            if "launch" in s:
+                out.print(f"launch ({s['stage']}): {s['launch']}", soft_wrap=True)
+        return
+    if result["bench"]:
+        out.print(bench_table(result["bench"], f"effkit run: {result['bench']['run']}"))
+    out.print(f"stages: {', '.join(result['done'])}; wall time {result['wall_s'] / 60:.1f} min")
+    out.print(f"report: {result['report']}")
+    if result.get("deliverable"):
+        out.print(result["deliverable"]["line"], soft_wrap=True, highlight=False)

@@ -1,0 +1,56 @@
+"""Peak memory over a stage (`PeakMemory`), measured alike on CUDA (the allocator's high-water mark) and on a CPU
+(the process' resident set, sampled by a thread)."""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+
+class PeakMemory:
+    """Peak memory over a stage, measured alike on both devices: the high-water mark minus the value at the start
+    of the stage (`peak_bytes`), with the absolute high-water mark beside it (`absolute_bytes`). CUDA:
+    torch.cuda.max_memory_allocated. CPU: the process' resident set sampled every 5 ms by a thread (psutil)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.method = ("cuda max_memory_allocated over the stage minus memory allocated at its start"
+                       if device.type == "cuda"
+                       else "cpu RSS high-water mark over the stage minus RSS at its start (sampled every 5 ms)")
+        self.peak_bytes = 0
+        self.absolute_bytes = 0
+
+    def __enter__(self):
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._base = torch.cuda.memory_allocated(self.device)
+        else:
+            import psutil
+
+            self._proc = psutil.Process()
+            self._base = self._peak = self._proc.memory_info().rss
+            self._stop = threading.Event()
+            self._thread = threading.Thread(target=self._sample, daemon=True)
+            self._thread.start()
+        return self
+
+    def _sample(self):
+        while not self._stop.wait(0.005):
+            self._peak = max(self._peak, self._proc.memory_info().rss)
+
+    def read(self) -> int:
+        """The increase over the stage so far (and `absolute_bytes`: the high-water mark itself)."""
+        if self.device.type == "cuda":
+            self.absolute_bytes = torch.cuda.max_memory_allocated(self.device)
+            return self.absolute_bytes - self._base
+        self._peak = max(self._peak, self._proc.memory_info().rss)
+        self.absolute_bytes = self._peak
+        return self._peak - self._base
+
+    def __exit__(self, *exc):
+        if self.device.type != "cuda":
+            self._stop.set()
+            self._thread.join()
+        self.peak_bytes = self.read()
+        return False
