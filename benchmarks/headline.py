@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from effkit.bench import same_rounds_note  # noqa: E402
+from effkit.bench.render import same_rounds_note  # noqa: E402
 from effkit.measure import stats  # noqa: E402
 
 START, END = "<!-- headline:start (benchmarks/headline.py) -->", "<!-- headline:end -->"

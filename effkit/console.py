@@ -8,9 +8,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-TERMINAL_BENCH_COLUMNS = ("artifact", "eval loss (95% CI)", "Δ loss vs ref", "prefill b12 vs ref", "decode b1 tok/s",
-                          "decode b1 vs ref", "decode b12 tok/s", "decode b12 vs ref", "size MiB", "peak MiB")
-
 
 def terminal():
     """A rich console that stays readable when the output is a file or pipe (rich falls back to 80 columns)."""
@@ -189,13 +186,14 @@ def show_export(report: dict, reports_dir: str) -> None:
 
 
 def bench_table(report: dict, title: str):
-    """The bench table for a terminal: the columns that decide (bench.md has them all)."""
+    """The bench table for a terminal: the columns that decide (`effkit.bench.render.terminal_columns`: bench.md
+    has them all)."""
     from rich.table import Table
 
-    from effkit.bench import table_rows
+    from effkit.bench.render import table_rows, terminal_columns
 
     cols, rows = table_rows(report)
-    keep = [cols.index(c) for c in TERMINAL_BENCH_COLUMNS]
+    keep = [cols.index(c) for c in terminal_columns()]
     t = Table(title=title)
     for i in keep:
         t.add_column(cols[i], justify="left" if cols[i] == "artifact" else "right", no_wrap=cols[i] == "artifact")

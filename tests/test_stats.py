@@ -316,7 +316,8 @@ def test_a_contender_that_settled_early_is_shown_beside_the_reference_over_the_s
     figure (its own rounds) sat next to the reference's median over all rounds and beside a ratio over the shared
     rounds, so the columns could not be reconciled. The row now carries the reference's figure over its rounds."""
     from effkit import workloads
-    from effkit.bench import combine, same_rounds_note
+    from effkit.bench.render import same_rounds_note
+    from effkit.bench.rows import combine
     from effkit.measure.stopping import Measured
 
     level = [0.5] * 6 + [1.0] * 18  # the machine: slow for 6 rounds (tokens/s halved), then fast

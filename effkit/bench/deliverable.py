@@ -1,0 +1,81 @@
+"""Which artifact `effkit run` ships, read off the bench's own rounds: the decision rule
+(`effkit.measure.choice.decide`) at the recipe's workload among the artifacts within the loss budget, the best
+lossless one beside it, each one's standing against the peers (`beaten_by`), and the line the run prints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from effkit import workloads
+from effkit.artifacts.loader import load_command
+from effkit.bench.rows import peer_workloads
+from effkit.bench.timing import within_budget
+from effkit.measure import choice, results, stats
+from effkit.stage import Plan
+
+LOSSLESS = 0.002  # a loss within +0.2% of the reference (the interval's upper end) counts as no loss
+
+
+def deliverable(plan: Plan, bench: dict[str, Any]) -> dict[str, Any]:
+    """The artifact to ship, by the decision rule (`effkit.measure.choice.decide`) over the bench's own rounds at
+    the recipe's workload (`optimize_for`): among the benched artifacts (peers excluded: they are what a user has
+    without effkit) whose held-out loss is within `max_loss_increase` of the dense reference's (the upper end of
+    the paired interval), the leader by paired point estimate, decided against each of the others, or tied within
+    the precision (then the smallest), or still undecided (then labelled a point estimate). Beside it: the best
+    lossless artifact (within +0.2%) by the same rule, each one's standing against every peer at that workload
+    (a peer that beats it is named), and, for a pruned artifact, its dense control's attribution."""
+    budget, chosen = plan.run.pipeline.max_loss_increase, workloads.get(plan.run.pipeline.optimize_for)
+    rows = {r["tag"]: r for r in bench["artifacts"]}
+    ours = [r for r in bench["artifacts"] if r["stage"] != "peer"]
+    ref = ours[0]
+    losses, docs = bench["block_losses"], bench.get("block_docs")
+    samples, record = bench["samples"][chosen.measure], bench["stopping"][chosen.measure]
+    level, precision = record["level"], record.get("precision", plan.bench.measure.precision)
+
+    def pick(limit: float, with_ref: bool) -> choice.Choice | None:
+        members = [r["tag"] for r in ours if not r.get("invalid") and r["tag"] in samples and (
+            (r is ref and with_ref) or (r is not ref and within_budget(losses[ref["tag"]], losses[r["tag"]], docs,
+                                                                       limit)))]
+        if not members:
+            return None
+        return choice.decide({t: samples[t] for t in members}, chosen.higher_is_better, level, precision,
+                             prefer=lambda t: (rows[t]["size_ratio"], members.index(t)))
+
+    picked, lossless = pick(budget, True), pick(LOSSLESS, False)
+    best = rows[picked.picked]
+    path = Path(best["artifact"])
+    loss = "ref" if best is ref else stats.fmt_delta(best[results.EVAL_LOSS_DELTA]) + f" vs {ref['tag']}"
+    if best.get(results.EVAL_LOSS_DELTA_VS_CONTROL):
+        loss += (f" ({stats.fmt_delta(best[results.EVAL_LOSS_DELTA_VS_CONTROL])} of it against its dense control, "
+                 "the dense model fine-tuned the same way: the rest is what that fine-tuning did)")
+    cols = ", ".join(f"{w.name} " + ("1.00x (reference)" if best is ref else stats.fmt_ratio(best[w.ratio]))
+                     for w in peer_workloads() if best is ref or w.ratio in best)
+    peers = best.get("vs_peers", {})
+    vs_peers = "; ".join(f"vs {p}: " + ", ".join(f"{w} {stats.fmt_ratio(r[w])}" for w in r) for p, r in peers.items())
+    judged = {"delivered": best["tag"], "lossless": lossless.picked if lossless else None}
+    beaten = {name: beaten_by(rows[tag], chosen) for name, tag in judged.items() if tag}
+    warn = "; ".join(f"the {name} artifact {judged[name]} is slower at {chosen.name} than "
+                     + ", ".join(f"{p} ({stats.fmt_ratio(r)})" for p, r in by.items())
+                     for name, by in beaten.items() if by)
+    line = (f"deliver {best['tag']} (chosen for {chosen.name}: {picked.label}): {cols}; "
+            f"size {best['size_ratio']:.2f}x, loss {loss}" + (f"; {vs_peers}" if vs_peers else "")
+            + (f"; NOTE: {warn}" if warn else "")
+            + f"; load it: {load_command(path)}, or effkit generate --from {path}")
+    return {"tag": best["tag"], "artifact": str(path), "line": line, "budget": budget, "optimize_for": chosen.name,
+            "verdict": picked.label, "choice": picked.to_dict(),
+            "lossless": {"tag": lossless.picked, "verdict": lossless.label, "choice": lossless.to_dict(),
+                         "limit": LOSSLESS} if lossless else None,
+            "beaten_by_peers": beaten,
+            "vs_peers": {p: r[chosen.key] for p, r in peers.items() if chosen.key in r},
+            "how": f"benched artifacts (not the peer rows) whose held-out loss is at most {budget:.1%} above "
+                   f"{ref['tag']}'s (upper end of the paired interval), and {ref['tag']} itself; at {chosen.name}, "
+                   "over the bench's own rounds: the leader by paired point estimate, decided against each of the "
+                   f"others, or tied within +-{precision:.0%} (then the smallest), or undecided (labelled a point "
+                   f"estimate); the lossless one the same way among those within +{LOSSLESS:.1%}"}
+
+
+def beaten_by(row: dict[str, Any], w: workloads.Workload) -> dict[str, dict[str, Any]]:
+    """The peers that are decided faster than the artifact of `row` at `w` (its paired ratio to each)."""
+    return {p: r[w.key] for p, r in row.get("vs_peers", {}).items()
+            if w.key in r and results.PairedRatio.of(r[w.key]).verdict == "slower"}

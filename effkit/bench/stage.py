@@ -1,0 +1,244 @@
+"""`effkit bench` and the `bench` stage of `effkit run`: `run_bench` finds the artifacts (and makes the peers),
+measures each alone in a fresh process (`effkit.bench.static`), times them side by side (`effkit.bench.timing`),
+makes the rows (`effkit.bench.rows`) and the report with its protocol, and writes bench.json / bench.csv /
+bench.md / leaderboard.json (`effkit.bench.render`); `BenchStep` runs it in `effkit run` and writes the
+deliverable (`effkit.bench.deliverable`)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from effkit import artifacts, engines, workloads
+from effkit.artifacts.loader import cannot_run_on
+from effkit.bench.deliverable import deliverable
+from effkit.bench.discover import find_artifacts, make_peers, tags
+from effkit.bench.render import verdicts, write_reports
+from effkit.bench.rows import combine
+from effkit.bench.static import bench_isolated
+from effkit.bench.timing import TRAIN_BATCHES, contest_of, timed_side_by_side
+from effkit.config import BenchConfig, DataConfig, build_config
+from effkit.data import prepare
+from effkit.errors import EffkitError
+from effkit.measure import evaluation, hardware, memory, stats, stopping
+from effkit.measure.timing import INTERLEAVED_PROTOCOL
+from effkit.parallel import resolve_device
+from effkit.report import atomic_write_text
+from effkit.stage import Plan, RunContext, Stage, Step, best_of_each_mode, fingerprint, pruning_rounds
+
+# the expected time of the stage (`BenchStep.work`), in seconds
+BENCH_ARTIFACT_ROUND = 10.0  # per artifact per bench round: every workload and training batch at 128 tokens
+BENCH_ARTIFACT = 16.0  # per artifact: loading, its held-out loss, a sample, its memory (training steps)
+
+
+def run_bench(cfg: BenchConfig, progress: bool = True, deliver: tuple[str, float] | None = None,
+              elsewhere: dict[str, str] | None = None) -> dict[str, Any]:
+    """Bench every artifact of the run (and the peers); `deliver`: (workload, loss budget) of the deliverable to
+    be chosen from this bench (`effkit run`): the artifacts within the budget are timed until the leader among
+    them stands decided or tied against each of the others (see `deliverable`). `elsewhere`: artifacts of the run
+    left out, each with where its figures are."""
+    cfg = cfg.validate()
+    device = resolve_device(cfg.what.device)
+    run_name, found = find_artifacts(cfg)
+    found = [p for p in found if p.name not in (elsewhere or {})]
+    not_run = {p.name: f"not run: {reason}" for p in found if (reason := cannot_run_on(p, device))}
+    not_run |= {tag: f"not benched here: {where}" for tag, where in (elsewhere or {}).items()}
+    paths = [p for p in found if p.name not in not_run]
+    if not paths:
+        raise EffkitError(f"no artifact of run {run_name} can run on {device}: "
+                          + "; ".join(f"{t}: {r}" for t, r in not_run.items()))
+    run_dir = Path(cfg.folders.runs_dir) / run_name
+    with artifacts.run_lock(run_dir):
+        if not cfg.what.peers:
+            return _bench(cfg, device, run_name, paths, progress, not_run, deliver)
+        # the peers live as long as this bench; removed below, or by the next run lock if the process is killed
+        scratch = Path(tempfile.mkdtemp(dir=run_dir, prefix=".tmp-peers-"))
+        try:
+            peers, peers_not_run = make_peers(paths[0], scratch, cfg.peer_engine_names)
+            peers_not_run |= {p.name: f"not run: {reason}" for p in peers if (reason := cannot_run_on(p, device))}
+            peers = [p for p in peers if p.name not in peers_not_run]
+            return _bench(cfg, device, run_name, paths + peers, progress, {**not_run, **peers_not_run}, deliver)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _measure(cfg: BenchConfig, device: torch.device, paths: list[Path], data: dict[str, Any], prepared,
+             block: int, progress: bool,
+             deliver: tuple[str, float] | None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(each artifact alone, in a fresh process; all of them timed side by side), with a progress bar or not."""
+    if not progress:
+        static = [bench_isolated(p, cfg, data, paths[0]) for p in paths]
+        return static, timed_side_by_side(paths, cfg, prepared.tokenizer, block, device,
+                                          contest_of(static, paths, deliver))
+    from rich.progress import Progress
+
+    with Progress() as bar:
+        task = bar.add_task("bench", total=len(paths) + 1)
+        static = []
+        for p in paths:
+            bar.update(task, description=f"bench {p.name} (loss, memory)")
+            static.append(bench_isolated(p, cfg, data, paths[0]))
+            bar.advance(task)
+        bar.update(task, description=f"bench: timing {len(paths)} artifacts side by side")
+        timed = timed_side_by_side(paths, cfg, prepared.tokenizer, block, device, contest_of(static, paths, deliver))
+        bar.advance(task)
+    return static, timed
+
+
+def _bench(cfg: BenchConfig, device: torch.device, run_name: str, paths: list[Path],
+           progress: bool, not_run: dict[str, str] | None = None,
+           deliver: tuple[str, float] | None = None) -> dict[str, Any]:
+    # every artifact is evaluated on the first one's held-out blocks
+    data = artifacts.data_section(paths[0], cfg.what.data)
+    data_cfg = DataConfig.from_dict(data)
+    prepared = prepare(data_cfg, tokenizer_from=str(paths[0]))  # builds the caches once
+    block = data_cfg.block_size
+    t0 = time.perf_counter()
+    static, timed = _measure(cfg, device, paths, data, prepared, block, progress, deliver)
+    for row, tag in zip(static, tags(paths), strict=True):
+        row["tag"] = tag
+    rows = combine(static, timed)
+    report = {
+        "stage": "bench", "run": run_name, "config": cfg.to_dict(), "artifacts": rows, "reference": rows[0]["tag"],
+        "device": hardware.describe_device(device), "versions": artifacts.versions(),
+        "git_commit": artifacts.git_commit(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "wall_s": time.perf_counter() - t0,
+        "verdicts": verdicts(rows), "not_run": not_run or {}, "stopping": timed["stopping"],
+        # every timing of every round, per measure and contender: every ratio above can be recomputed from these
+        "samples": {m: dict(timed[m]) for m in timed["stopping"]},
+        # each artifact's held-out loss per block, and each block's document: every loss delta can be recomputed
+        "block_losses": {r["tag"]: r["block_losses"] for r in static},
+        "block_docs": static[0]["block_docs"],
+        "protocol": protocol(cfg, device, paths[0], prepared, block, rows[0]["tag"], timed["new_tokens"]),
+    }
+    write_reports(Path(cfg.folders.reports_dir) / run_name, report)
+    return report
+
+
+def protocol(cfg: BenchConfig, device: torch.device, first: Path, prepared, block: int, reference: str,
+             new_tokens: int) -> dict[str, str]:
+    """How each figure of the report was measured, in words (bench.md's `How measured`)."""
+    interleave = INTERLEAVED_PROTOCOL.format(warmup=2, rounds=stopping.Stopping.of(cfg.measure).describe(),
+                                             repeats="{repeats}")
+    batches = [str(b) for b in sorted({w.batch for w in workloads.of_kind("decode")})]
+    copies = " and ".join([", ".join(batches[:-1]), batches[-1]] if len(batches) > 1 else batches)
+    return {
+        "eval_loss": evaluation.EVAL_PROTOCOL + f"; the blocks of {first.name}'s data "
+                     f"({len(prepared.blocks.eval)} blocks, {prepared.blocks.eval[:, 1:].numel()} predicted "
+                     f"tokens); {stats.LOSS_METHOD}",
+        "latency": f"forward of (batch, {block}) fixed random tokens under torch.inference_mode; "
+                   + interleave.format(repeats=cfg.measure.repeats)
+                   + f"; {stats.RATIO_METHOD}; p50/p90/p99 over all timed repeats"
+                   + ("; with --compile each PyTorch artifact's torch.compile twin (Inductor, "
+                      "freezing, static shapes, compiled and warmed up before the rounds) is "
+                      "timed in the same rounds, and its compiled decoding (static KV cache) "
+                      "in the generation rounds" if cfg.measure.compile else ""),
+        "generation": "decode: greedy decoding with the KV cache (PyTorch's generate; ONNX Runtime's with-past "
+                      "graph; older ONNX artifacts without past recompute the prefix, see the notes) from "
+                      f"{copies} copies of the prompt, {new_tokens} new tokens per row (capped by the "
+                      "smallest context when needed), new tokens of all rows / wall time (prefill included); "
+                      + interleave.format(repeats=1) + "; the b1 decode is also reported as `generation`",
+        "training_throughput": f"one forward+backward+AdamW step on a private copy, batch x {block} tokens, "
+                               "tokens / wall time; " + interleave.format(repeats=cfg.measure.train_steps),
+        "peak_memory": memory.PeakMemory(device).method + ", while loading the artifact, evaluating it and "
+                       "running each timed workload once, each artifact in a fresh process",
+        "reference": f"ratios and deltas are relative to the first artifact ({reference})",
+    }
+
+
+# ------------------------------------------------------------------------------------- the stage in `effkit run`
+def other_rounds(plan: Plan) -> dict[str, str]:
+    """The pruning rounds a user would not choose between: every round but the one of each mode a user would look
+    at (`best_of_each_mode`; the prune stage timed and judged them all against the dense model and their controls),
+    each with where its figures are."""
+    keep = set(best_of_each_mode(plan).values())
+    return {r["tag"]: f"not its mode's most compressed round within the budget; its figures (loss, latency, "
+                      f"against its dense control) are in {plan.report_dir / ('prune-' + r['label'] + '.json')}"
+            for r in pruning_rounds(plan) if r["tag"] not in keep}
+
+
+class BenchStep(Step):
+    key = "bench"
+
+    def fingerprint(self, plan: Plan, before: dict[str, str]) -> str:
+        return fingerprint("bench", plan.bench.to_dict(), sorted(before.values()))
+
+    def outputs(self, ctx: RunContext) -> list[Path]:
+        return [ctx.plan.report_dir / "bench.json"]
+
+    def recorded_outputs(self, ctx: RunContext) -> list[Path]:
+        return []
+
+    def complete(self, ctx: RunContext) -> bool:
+        plan = ctx.plan
+        bench = plan.report_dir / "bench.json"
+        if not bench.is_file() or not plan.run_dir.is_dir():
+            return False
+        newest = max(((d / artifacts.META).stat().st_mtime for d in plan.run_dir.iterdir()
+                      if (d / artifacts.META).is_file()), default=0.0)
+        return bench.stat().st_mtime >= newest
+
+    def run(self, ctx: RunContext) -> None:
+        pipeline = ctx.plan.run.pipeline
+        ctx.results["bench"] = run_bench(ctx.plan.bench, deliver=(pipeline.optimize_for, pipeline.max_loss_increase),
+                                         elsewhere=other_rounds(ctx.plan))
+        self.deliver(ctx)
+
+    def reuse(self, ctx: RunContext) -> None:
+        ctx.results["bench"] = json.loads((ctx.plan.report_dir / "bench.json").read_text())
+        self.deliver(ctx)
+
+    def deliver(self, ctx: RunContext) -> None:
+        ship = deliverable(ctx.plan, ctx.results["bench"])
+        if choice := ctx.results.get("best-pruned"):
+            ship["best_pruned"] = choice[1]
+        ctx.results["deliverable"] = ship
+        atomic_write_text(ctx.plan.report_dir / "deliverable.json", json.dumps(ship, indent=2))
+
+    def work(self, plan: Plan) -> float:
+        st = plan.stages
+        n = 1 + (len(plan.prune) if "prune" in st else 0)  # the round of each mode a user would look at
+        n += len(plan.run.pipeline.quantize_from) if "quantize" in st else 0
+        b = plan.bench
+        n += len(engines.peers(b.peer_engine_names)) if b.what.peers else 0
+        ms = b.measure
+        return n * (ms.rounds * BENCH_ARTIFACT_ROUND * ms.gen_tokens / 128 * ms.repeats / 3 + BENCH_ARTIFACT)
+
+    def budget(self, plan: Plan) -> float:
+        """The measures' time budgets: one per workload and per training batch (none with fixed rounds)."""
+        ms = plan.bench.measure
+        return 0.0 if ms.fixed_rounds else ms.budget_s * (len(workloads.all_()) + len(TRAIN_BATCHES))
+
+    def describe(self, plan: Plan) -> dict[str, Any]:
+        return {"stage": "bench", "what": "every artifact of the run, one protocol: "
+                + ", ".join(w.label for w in workloads.all_())
+                + f"{', with the peer engines' if plan.bench.what.peers else ''}; the artifact to ship chosen for "
+                  f"{plan.run.pipeline.optimize_for}", "leaves": str(plan.report_dir / "bench.json")}
+
+
+class BenchStage(Stage):
+    name = "bench"
+
+    def configure(self, plan: Plan) -> None:
+        f = plan.run.folders
+        # `effkit run` measures the engines a user would pick instead unless told not: peers on by default, before
+        # validation, so a recipe's peer_engines with peers unset is valid here
+        plan.configs["bench"] = build_config(BenchConfig, plan.recipe, {"run": plan.run.pipeline.run_name,
+                                                                        "runs_dir": f.runs_dir,
+                                                                        "reports_dir": f.reports_dir},
+                                             defaults={"peers": True})
+
+    def steps(self, plan: Plan) -> list[Step]:
+        return [BenchStep()]
+
+    def fingerprints(self, plan: Plan, before: dict[str, str]) -> dict[str, str]:
+        return {"bench": BenchStep().fingerprint(plan, before)}
+
+
+STAGE = BenchStage()

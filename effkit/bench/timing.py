@@ -1,0 +1,127 @@
+"""The bench's timing: every artifact loaded at once and timed in interleaved rounds, one measure per registered
+workload (`effkit.workloads`) and per training batch, each until the ratios it reports are settled
+(`effkit.measure.stopping`); which ratios those are (`compared`), and the contest the deliverable's decision
+adds (`contest_of`, `within_budget`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from effkit import artifacts, workloads
+from effkit.artifacts.loader import engine_of, load_any, trainable
+from effkit.bench.discover import tags
+from effkit.config import BenchConfig
+from effkit.measure import generation, results, stats, stopping
+from effkit.measure.timing import compile_for_inference, train_step_timers
+
+# the batches of the training steps timed for every trainable artifact (tokens/s); the batches of the prefill
+# workloads are also what a compiled twin is compiled for
+TRAIN_BATCHES = (4, 12)
+COMPILED = " (compiled)"  # the suffix of a compiled twin's contender name
+
+
+def train_measure(batch: int) -> str:
+    """The measure of the training steps at `batch` (its rounds, its stopping record): `train_b12`."""
+    return f"train_b{batch}"
+
+
+def compiled_twins(models: dict[str, Any], engine: dict[str, Any], tokenizer, block: int,
+                   new_tokens: int) -> tuple[dict[str, Any], dict[str, str], dict[str, tuple[dict[str, Any], Any]],
+                                             dict[str, str]]:
+    """With `--compile`: (forwards of the compiled twins by `<tag> (compiled)`, whether each compiled, each tag's
+    compiled decoding (static KV cache) as (its kwargs, its batch-1 timer, already compiled), whether each did)."""
+    forward, status, decoding, gen_status = {}, {}, {}, {}
+    prefill_batches = tuple(w.batch for w in workloads.of_kind("prefill"))
+    for tag, m in models.items():
+        compiled, status[tag] = compile_for_inference(m, prefill_batches, block, **engine[tag].prefill_kwargs)
+        if compiled is not None:
+            forward[tag + COMPILED] = compiled
+        kwargs, gen_status[tag] = generation.compiled_generation(m)
+        if kwargs is not None:
+            timer = engine[tag].decode(m, tokenizer, 1, new_tokens, kwargs)
+            try:
+                timer()  # compiles
+            except Exception as e:  # noqa: BLE001 - reported, not fatal
+                first = (str(e).strip().splitlines() or [""])[0]
+                gen_status[tag] = f"not run: torch.compile failed ({type(e).__name__}: {first[:120]})"
+            else:
+                decoding[tag] = (kwargs, timer)
+    return forward, status, decoding, gen_status
+
+
+def timed_side_by_side(paths: list[Path], cfg: BenchConfig, tokenizer, block: int, device: torch.device,
+                       contest: tuple[str, list[str]] | None = None) -> dict[str, dict[str, Any]]:
+    """Every artifact loaded at once and timed in interleaved rounds: {measure: {tag: per-round samples}}.
+    Measures: each workload's (`w.measure`: prefill seconds, or new tokens/s of greedy decoding with the KV cache),
+    and the training steps' (`train_b4`, `train_b12`: tokens/s, dense and pruned artifacts only). With `compile`,
+    each PyTorch artifact's compiled twin (`<tag> (compiled)`) joins the prefill rounds, and its compiled decoding
+    (static KV cache) the batch-1 decode rounds; `compile_status` and `generation_compile_status` say, per
+    artifact, whether they compiled. `contest`: (workload, tags) of a decision read off that workload's rounds (the
+    deliverable): its leader against each of them must settle too (`stopping.contest_pairs`)."""
+    names = tags(paths)
+    models = {tag: load_any(p, device).eval() for tag, p in zip(names, paths, strict=True)}
+    engine = {tag: engine_of(p) for tag, p in zip(names, paths, strict=True)}
+    new_tokens = min(generation.generation_budget(m, tokenizer, cfg.measure.gen_tokens)[0] for m in models.values())
+    forward, status, compiled_decoding, gen_status = dict(models), {}, {}, {}
+    if cfg.measure.compile:
+        twins, status, compiled_decoding, gen_status = compiled_twins(models, engine, tokenizer, block, new_tokens)
+        forward |= twins
+    plan: dict[str, tuple[dict[str, Any], int]] = {}
+    for w in workloads.all_():
+        if w.kind == "prefill":
+            plan[w.measure] = ({t: engine[t.removesuffix(COMPILED)].prefill(m, w.batch, w.tokens or block)
+                                for t, m in forward.items()}, cfg.measure.repeats)
+            continue
+        n = new_tokens if w.tokens is None else min(generation.generation_budget(m, tokenizer, w.tokens)[0]
+                                                    for m in models.values())
+        fns = {t: engine[t].decode(m, tokenizer, w.batch, n) for t, m in models.items()}
+        if w.batch == 1:  # compiled decoding (static KV cache) joins the batch-1 rounds
+            fns |= {t + COMPILED: timer if n == new_tokens else engine[t].decode(models[t], tokenizer, 1, n, kw)
+                    for t, (kw, timer) in compiled_decoding.items()}
+        plan[w.measure] = (fns, 1)
+    steppers = {tag: train_step_timers(models[tag], TRAIN_BATCHES, block)
+                for tag, p in zip(names, paths, strict=True) if trainable(p)}
+    for b in TRAIN_BATCHES:
+        plan[train_measure(b)] = ({t: timers[b] for t, timers in steppers.items()}, cfg.measure.train_steps)
+    stop = stopping.Stopping.of(cfg.measure)
+    peers = [t for t, p in zip(names, paths, strict=True) if artifacts.read_meta(p)["stage"] == "peer"]
+    decision = workloads.get(contest[0]) if contest else None
+    plan = {name: (fns, repeats) for name, (fns, repeats) in plan.items() if fns}  # nothing trainable: no train_b*
+    timed = {name: stopping.measure(fns, stop, repeats, warmup=2, pairs=compared(list(fns), peers),
+                                    contest=(contest[1], decision.higher_is_better)
+                                    if decision is not None and decision.measure == name else None)
+             for name, (fns, repeats) in plan.items()}
+    return {**timed, "compile_status": status, "generation_compile_status": gen_status, "new_tokens": new_tokens,
+            "stopping": {name: m.record for name, m in timed.items()}}
+
+
+def within_budget(reference_losses: list[float], losses: list[float], docs: list[int] | None, budget: float) -> bool:
+    """Whether an artifact's held-out loss is within `budget` of the reference's: the upper end of the paired
+    delta's interval (as quantize's auto), never the point estimate alone."""
+    delta = results.LossDelta.of(stats.paired_delta(reference_losses, losses, docs))
+    return delta.verdict != results.INVALID and delta.ci95[1] <= budget
+
+
+def contest_of(static: list[dict[str, Any]], paths: list[Path],
+               deliver: tuple[str, float] | None) -> tuple[str, list[str]] | None:
+    """(workload, tags) of the deliverable's decision: the reference and the artifacts (not the peers) within the
+    loss budget."""
+    if deliver is None:
+        return None
+    ref = static[0]
+    members = [t for t, r in zip(tags(paths), static, strict=True) if r["stage"] != "peer" and (
+        r is ref or within_budget(ref["block_losses"], r["block_losses"], ref.get("block_docs"), deliver[1]))]
+    return deliver[0], members
+
+
+def compared(names: list[str], peers: list[str]) -> list[tuple[str, str]]:
+    """The ratios the bench reports, which its rounds must settle: every contender against the first (the
+    reference), every artifact against every peer, a compiled twin against its eager self."""
+    ref = names[0]
+    pairs = [(ref, n) for n in names[1:]]
+    pairs += [(p, n) for p in peers for n in names if n not in peers and not n.endswith(COMPILED)]
+    pairs += [(n.removesuffix(COMPILED), n) for n in names if n.endswith(COMPILED)]
+    return pairs
