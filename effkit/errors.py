@@ -1,3 +1,8 @@
+"""The errors effkit raises and how a run ends on them: `EffkitError` (bad input: one line, exit 2), `WorkerFailed`
+(a launched process crashed: exit 1), `Interrupted` (Ctrl-C during training, after a checkpoint), and the Ctrl-C
+handling every command shares (`watch_interrupts`, `interrupt_received`, `exit_interrupted`: one line, exit 130)."""
+
+
 class EffkitError(Exception):
     """A user-facing error: the CLI prints its message on one line and exits with `exit_code` (2: bad input)."""
 

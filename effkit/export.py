@@ -1,8 +1,8 @@
-"""`effkit export --format onnx | ctranslate2 [--int8]`: a dense or pruned artifact for another engine (ONNX
-Runtime, with past key/values; CTranslate2 through its own converter: any engine of `effkit.engines` with a
-`format`), reloaded from its folder alone and measured against its PyTorch parent with quantize's
-protocol (held-out loss per block, interleaved prefill latency at batch 1 and 12, generation), so `bench`,
-`generate` and the engine itself can use it."""
+"""`effkit export --format onnx | ctranslate2 | openvino | gguf [--int8]`: a dense or pruned artifact for another
+engine (ONNX Runtime, with past key/values; CTranslate2 through its own converter; OpenVINO; llama.cpp: any engine
+of `effkit.engines` with a `format`), reloaded from its folder alone and measured against its PyTorch parent with
+quantize's protocol (held-out loss per block, interleaved prefill latency at batch 1 and 12, generation), so
+`bench`, `generate` and the engine itself can use it."""
 
 from __future__ import annotations
 

@@ -6,8 +6,10 @@ says which exist and their order); this module never names a stage. A step is co
 section and its parents' fingerprints, in `runs/<run>/pipeline.json`) matches the recipe's now: complete steps are
 skipped; a step whose recipe section or parent changed runs again, with every step after it, and says so; an
 interrupted step starts again from scratch (training resumes from its checkpoint when that was made by the same
-recipe); `--force` redoes everything. The run ends with one line: the fastest artifact within the loss budget, how
-it compares, and how to load it.
+recipe); `--force` redoes everything. While it runs, `Eta` prints the expected time of every step (its work in
+training steps, times the step time that the stage declaring `measures_step_time` lets it measure, plus a share of
+its time budget), updates it as steps finish and writes it to `eta.json`. The run ends with one line: the fastest
+artifact within the loss budget, how it compares, and how to load it.
 """
 
 from __future__ import annotations
@@ -23,11 +25,12 @@ from rich.console import Console
 from effkit import artifacts
 from effkit.config import RunConfig, build_config, load_recipe
 from effkit.registry import STAGES
-from effkit.stage import Plan, RunContext, Step
+from effkit.stage import Plan, RunContext, Stage, Step
 
 RECORD = "pipeline.json"  # in the run folder: each step's fingerprint and the folders it left
 # The rounds after a comparison's first look run until it is decided, within its time budget (seconds, the same on
-# every machine): counted as this share of the budgets (the quickstart on the Xeon used 132 s of its 380, 35%)
+# every machine): most comparisons decide well before their budget runs out, so the estimate counts this share of
+# the budgets, the share a quickstart used (docs/benchmarks.md); the rescaling as steps finish corrects the rest
 BUDGET_USED = 0.35
 
 
@@ -55,6 +58,11 @@ def fingerprints(plan: Plan) -> dict[str, str]:
     return fp
 
 
+def step_timer(plan: Plan) -> Stage | None:
+    """The stage that measures the time of one training step (the unit of the estimate), if one is registered."""
+    return next((st for name in STAGES.names() if (st := STAGES.get(name)).measures_step_time), None)
+
+
 def describe(plan: Plan) -> list[dict[str, Any]]:
     """The steps, what each does, and what it leaves: printed by `--dry-run`."""
     return [s.describe(plan) for s in steps(plan)]
@@ -67,7 +75,7 @@ def stage_work(plan: Plan) -> dict[str, float]:
 
 def stage_budgets(plan: Plan) -> dict[str, float]:
     """Each measuring step's time budget for the rounds after the first look (seconds; 0 with fixed rounds)."""
-    return {s.key: s.budget(plan) for s in steps(plan) if s.work(plan) is not None and s.key != "train"}
+    return {s.key: s.budget(plan) for s in steps(plan) if s.work(plan) is not None and s.measures}
 
 
 # ------------------------------------------------------------------------------------------ what is stale
@@ -124,6 +132,8 @@ class Eta:
         self.plan, self.console = plan, console
         self.work = stage_work(plan)
         self.budgets = stage_budgets(plan)
+        self.exact = {s.key for s in steps(plan) if not s.measures}  # work counted exactly: never rescaled
+        self.timer = step_timer(plan)
         self.step_s: float | None = None
         self.how: str | None = None  # how the step time was measured
         self.first: dict[str, float] = {}  # the first prediction, seconds per stage
@@ -137,7 +147,7 @@ class Eta:
         """Time the first training steps (after the warm-up ones): the estimate is printed once 20 are seen."""
         now = self.clock()
         self._steps.append(now)
-        skip = self.plan.train.run.warmup_steps_excluded
+        skip = self.timer.untimed_steps(self.plan) if self.timer else 0
         if self.step_s is None and len(self._steps) >= skip + 21:
             gaps = sorted(b - a for a, b in zip(self._steps[skip:-1], self._steps[skip + 1:], strict=True))
             self.set_step_time(gaps[len(gaps) // 2], f"the median of training steps {skip + 2}-{step}")
@@ -154,13 +164,11 @@ class Eta:
                            f"{parts}; about {_mins(total)} in all, done around "
                            f"{time.strftime('%H:%M', time.localtime(self.start + total))}")
 
-    def step_time_from_report(self, report: dict[str, Any]) -> None:
-        """The step time from a finished training's report (a launched or an earlier run)."""
-        tps = report.get("metrics", report).get("train_tokens_per_s")
-        if tps:
-            o = self.plan.train
-            self.set_step_time(o.optim.batch_size * o.optim.grad_accum * o.data.block_size / tps,
-                               "from the training report's steady tokens/s")
+    def step_time_from_report(self, report: dict[str, Any] | None = None) -> None:
+        """The step time from a finished training's report (a launched run's; default: the one an earlier run
+        left, if any), as the stage that measures it reads it."""
+        if self.timer and (found := self.timer.step_time(self.plan, report)):
+            self.set_step_time(*found)
 
     def finished(self, name: str, seconds: float, skipped: bool = False) -> None:
         if skipped:
@@ -178,10 +186,11 @@ class Eta:
         self.write()
 
     def remaining(self, left: list[str]) -> dict[str, float]:
-        """What is left, rescaled by how the finished measuring stages (all but train) compared to their estimate."""
-        done = [k for k in self.actual if k in self.first and k != "train"]
+        """What is left, rescaled by how the finished measuring stages (all but those whose work is counted
+        exactly: training) compared to their estimate."""
+        done = [k for k in self.actual if k in self.first and k not in self.exact]
         scale = (sum(self.actual[k] for k in done) / sum(self.first[k] for k in done)) if done else 1.0
-        return {k: self.first[k] * (1.0 if k == "train" else scale) for k in left}
+        return {k: self.first[k] * (1.0 if k in self.exact else scale) for k in left}
 
     def record(self) -> dict[str, Any]:
         return {"step_time_s": self.step_s, "step_time_how": self.how,
@@ -240,10 +249,9 @@ def _run_steps(plan: Plan, rows: list[dict[str, Any]], console: Console) -> dict
     # complete steps whose completeness is known now are left out of the estimate (printed during training)
     eta.skipped += [s.key for s in todo if s.known_early and s.key in eta.work and record.fresh(s.key)
                     and s.complete(ctx)]
-    train_report = plan.layout.report("train")
     for i, step in enumerate(todo, 1):
-        if i > 1 and eta.step_s is None and train_report.is_file():  # trained earlier: its report has the speed
-            eta.step_time_from_report(json.loads(train_report.read_text()))
+        if i > 1 and eta.step_s is None:  # trained earlier: its report has the speed
+            eta.step_time_from_report()
         start = time.perf_counter()
 
         def header(label: str, skipped: bool = False, total: int = len(todo), i: int = i):

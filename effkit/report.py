@@ -1,6 +1,7 @@
 """Report writers: one JSON per stage (`reports/<run>/<stage-tag>.json`); `summary.md` and `summary.csv` are
-rebuilt from those JSONs (one writer, so re-running a stage replaces its row); per-step CSVs; and every plot
-(matplotlib, through `pyplot()`)."""
+rebuilt from those JSONs (one writer, so re-running a stage replaces its row); per-step CSVs; every plot
+(matplotlib, through `pyplot()`); the run's report (`render_run_report`, with the expected time against the actual,
+`eta_section`); and the `report` stage of `effkit run` (`ReportStage`), which rebuilds it."""
 
 from __future__ import annotations
 

@@ -1,11 +1,19 @@
-"""The stage protocol `effkit run` loops over.
+"""The stage protocol `effkit run` loops over, and what its stages share.
 
 A `Stage` (train, prune, quantize, bench, report, or one a user registers in `effkit.registry.STAGES`) reads its
-recipe table into the plan (`configure`) and gives the run its `steps`: the units the run prints, fingerprints,
-skips when complete, times and runs (`prune row`, `quantize best-pruned`, ...). A step declares its inputs (the
-fingerprints of the steps it depends on), its outputs (the folders it leaves), its fingerprint, its estimate (work
-in training steps and a time budget for sequential rounds) and its run; `effkit.pipeline` never names a stage.
-Adding a stage: a module with a `STAGE` object and one line in `effkit.registry.STAGES` (or `STAGES.register`).
+recipe table into the plan (`configure`; `Plan`: the whole recipe, validated before anything runs) and gives the
+run its `steps`: the units the run prints, fingerprints, skips when complete, times and runs (`prune row`,
+`quantize best-pruned`, ...). A step declares its inputs (the fingerprints of the steps it depends on), its outputs
+(the folders it leaves), its fingerprint, its estimate (work in training steps, whether that work is counted
+exactly or by the measuring weights (`measures`), and a time budget for sequential rounds) and its run; the steps
+of one run share a `RunContext`. The stage that trains says so (`measures_step_time`) and tells the run how to
+time its steps and where a finished training's step time can be read (`untimed_steps`, `step_time`), so that
+`effkit.pipeline` never names a stage. Adding a stage: a module with a `STAGE` object and one line in
+`effkit.registry.STAGES` (or `STAGES.register`).
+
+Also here, for the stages that read one another's results: `fingerprint` and `complete` (an artifact folder's
+completeness), and the pruning rounds a run made (`pruning_rounds`, `most_compressed`, `best_of_each_mode`), which
+quantize, bench and report read.
 """
 
 from __future__ import annotations
@@ -23,7 +31,8 @@ from effkit.measure import results
 # Work is counted in training steps of the recipe (one forward + backward + AdamW step at its batch x block), times
 # the step time measured on this machine after the first training steps: exact for training and fine-tuning; the
 # measuring work (evaluations, timed rounds, exports) is counted by the operations it runs, with per-operation
-# weights (step equivalents) read off one quickstart on a 2-core Xeon, which `effkit run` rescales as stages finish.
+# weights (step equivalents) calibrated once against a quickstart run: they differ from machine to machine, which is
+# why `effkit run` rescales them as the measuring stages finish.
 FORWARD = 1 / 3  # a forward pass at the training batch, in training steps
 
 
@@ -89,6 +98,11 @@ class Step:
     # checkpoint of the same recipe)
     known_early = True  # whether `complete` can be asked before the steps before it ran (for the estimate)
     records = True  # whether it has a fingerprint in pipeline.json (a step that always runs has none)
+    # a measuring step (evaluations, timed rounds, exports): its work is counted by per-operation weights, it may
+    # have a time budget for sequential rounds, and its estimate is rescaled by how the measuring steps that
+    # finished compared to theirs. False: its work is training steps, counted exactly (training itself): no
+    # budget, never rescaled, and not part of the rescaling
+    measures = True
 
     def fingerprint(self, plan: Plan, before: dict[str, str]) -> str | None:
         """Its fingerprint from its config and `before` (the fingerprints of the steps before it); None: none."""
@@ -138,6 +152,20 @@ class Stage:
     and its steps."""
 
     name: str = ""
+    # whether it runs the recipe's training steps, whose time is the unit of the run's estimate: the run times
+    # them as they go (leaving out `untimed_steps`) or reads the time off what it left (`step_time`); one stage
+    # does (training), whether or not the recipe lists it (an earlier run's training report still tells the time)
+    measures_step_time = False
+
+    def untimed_steps(self, plan: Plan) -> int:
+        """Of the stage that measures the step time: its first steps, which the timing leaves out (warm-up)."""
+        return 0
+
+    def step_time(self, plan: Plan, report: dict[str, Any] | None = None) -> tuple[float, str] | None:
+        """Of the stage that measures the step time: (seconds of one training step, how it was measured) read off
+        a finished training's `report` (default: the report it left in this run's folders, if any); None when
+        that says nothing."""
+        return None
 
     def configure(self, plan: Plan) -> None:
         """Read and check this stage's recipe table into `plan.configs[self.name]` (before anything runs)."""

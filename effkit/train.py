@@ -5,6 +5,11 @@ between pruning rounds.
 `train_step` reads top to bottom: micro-batches forward and backward, gradient sync, clip, step. `fit` runs
 steps until a bound is reached; `finish` evaluates, saves the artifact and writes the report (built by
 `build_report`, apart from the loop). Fine-tuning is the same Trainer with a hook after every optimizer step.
+
+Around the loop: the training precision (`resolve_amp`: `--amp auto` measured), launching the processes of a
+multi-process run and reading rank 0's report back (`train_in_processes`; `train_any` picks in-process or launched,
+under the run's lock), the memory plan beside the measured peak (`attach_plan`), and the stage of `effkit run`
+(`TrainStage`: the stage whose steps are the unit of the run's estimate, `measures_step_time`).
 """
 
 from __future__ import annotations
@@ -593,6 +598,7 @@ class TrainStep(Step):
     key = "train"
     record_before_run = True  # a resumed run continues only a checkpoint of the same recipe
     known_early = False
+    measures = False  # its work is its training steps, counted exactly
 
     def fingerprint(self, plan: Plan, before: dict[str, str]) -> str:
         t = plan.train.to_dict()
@@ -649,6 +655,24 @@ class TrainStep(Step):
 
 class TrainStage(Stage):
     name = "train"
+    measures_step_time = True  # its steps are the unit of `effkit run`'s estimate
+
+    def untimed_steps(self, plan: Plan) -> int:
+        return plan.train.run.warmup_steps_excluded
+
+    def step_time(self, plan: Plan, report: dict[str, Any] | None = None) -> tuple[float, str] | None:
+        """From the report's steady tokens/s (this run's folders hold it once training finished, here or before)."""
+        if report is None:
+            path = plan.layout.report("train")
+            if not path.is_file():
+                return None
+            report = json.loads(path.read_text())
+        tps = report.get("metrics", report).get("train_tokens_per_s")
+        if not tps:
+            return None
+        o = plan.train
+        return (o.optim.batch_size * o.optim.grad_accum * o.data.block_size / tps,
+                "from the training report's steady tokens/s")
 
     def configure(self, plan: Plan) -> None:
         f = plan.run.folders

@@ -186,7 +186,8 @@ def test_plugins_come_only_from_their_registries():
     graph = import_graph()
     plugins = {path.partition(":")[0]: reg for reg in (BACKENDS, PRUNERS, ENGINES, STUDIES)
                for path in reg.builtin.values()}
-    helpers = {"effkit.quantize.backends.rowwise"}  # shared by backends, imported by backends only
+    helpers = {"effkit.quantize.backends.rowwise",  # shared by backends, imported by backends only
+               "effkit.engines.decoder_step"}  # shared by engines, imported by plug-ins only
     engines = {m for m, reg in plugins.items() if reg is ENGINES}
     leaks = [f"{m} -> {e}" for m, edges in graph.items() for e in edges
              if (e in plugins or e in helpers) and m not in plugins
@@ -195,6 +196,15 @@ def test_plugins_come_only_from_their_registries():
     assert set(plugins) <= set(graph)  # the registries name real modules
     stage_modules = {path.partition(":")[0] for path in STAGES_REG.builtin.values()}
     assert stage_modules <= set(graph)
+
+
+def test_no_engine_imports_another_engine():
+    """Engines share what they share through a public helper (`effkit.engines.decoder_step`), never through one
+    another's modules: an engine's private names stay its own."""
+    graph = import_graph()
+    engines = {path.partition(":")[0] for path in ENGINES.builtin.values()}
+    assert "effkit.engines.decoder_step" in graph["effkit.engines.openvino"]
+    assert [f"{m} -> {e}" for m in sorted(engines) for e in sorted(graph[m] & engines)] == []
 
 
 def test_the_run_loop_imports_no_stage():

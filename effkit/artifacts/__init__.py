@@ -1,4 +1,7 @@
-"""Run and artifact folders: atomic writes, metadata (effkit.json), and `runs/latest` resolution."""
+"""Run and artifact folders: their names and layout (`RunLayout`, `new_run_name`, `prune_tag`), atomic writes and
+the run lock (`atomic_dir`, `atomic_write_text`, `run_lock`), metadata (effkit.json: versions, git commit, the data
+section), `runs/latest`, and resolving what a command is given (a folder, `latest`, or a Hugging Face Hub id,
+fetched once: `resolve_artifact`)."""
 
 from __future__ import annotations
 

@@ -54,6 +54,7 @@ import torch
 from torch import nn
 
 from effkit.engines import Engine
+from effkit.engines.decoder_step import PARITY_TOKENS, probe_ids
 from effkit.errors import EffkitError
 
 GGUF_DESC = "gguf.json"
@@ -66,9 +67,10 @@ PORTABILITY = ("portable: llama.cpp loads model.gguf alone, tokenizer included (
 REWRITE = "write it again (effkit export --format gguf)"
 QUANTIZED = {"q8_0": "Q8_0", "q4_0": "Q4_0"}
 # max |logit difference| allowed between llama.cpp running the f32 GGUF and PyTorch, relative to max(1, max |PyTorch
-# logit|): ten times ONNX's EXPORT_RTOL, because ggml's CPU kernels round inside an f32 graph (its GELU reads a table
-# indexed by the f16 input, GGML_GELU_FP16 in ggml-cpu's vec.h; its flash attention converts to f16), while a layout
-# error (a transposed matrix, a wrong position, epsilon or attention scale) moves logits by a tenth or more
+# logit|): ten times the ONNX export's EXPORT_RTOL (`decoder_step`), because ggml's CPU kernels round inside an f32
+# graph (its GELU reads a table indexed by the f16 input, GGML_GELU_FP16 in ggml-cpu's vec.h; its flash attention
+# converts to f16), while a layout error (a transposed matrix, a wrong position, epsilon or attention scale) moves
+# logits by a tenth or more
 GGUF_RTOL = 1e-3
 # the same bound for the f16 file run as llama.cpp runs it: f16 weights keep 11 significant bits and its default KV
 # cache holds f16, an order of magnitude more rounding than the f32 graph, and still far below a wrong tensor's
@@ -518,8 +520,6 @@ def check_parity(model, tokenizer, folder: Path, wtype: str, threads: int) -> di
     `wtype` file `folder/model.gguf` decodes PyTorch's greedy tokens (required for f16, recorded for Q8_0 / Q4_0).
     Greedy tokens may part only at a near tie (`greedy_agreement`: PyTorch's top two logits closer than the file's
     own logit error can move them), which no conversion can settle. A one-line error otherwise."""
-    from effkit.engines.onnxruntime import PARITY_TOKENS, probe_ids
-
     c = model.config
     probe = probe_ids(c.vocab_size, (3, min(24, c.n_positions)))
     prompt = probe_ids(c.vocab_size, (1, min(8, c.n_positions // 2)))

@@ -1,17 +1,19 @@
 """ONNX artifacts: export with `torch.onnx.export(dynamo=True)` in the layout ONNX Runtime users expect of a
-decoder with past key/values, int8 with ONNX Runtime's `quantize_dynamic`, and `OnnxCausalLM`, which runs an
-ONNX artifact through an `onnxruntime.InferenceSession` behind the few methods effkit's measurement code calls
-on a model (`model(ids).logits`, `generate` with the KV cache, `config`, `eval`).
+decoder with past key/values; int8 with ONNX Runtime's `quantize_dynamic` (effkit's form, the token embedding read
+from the int8 head, and ONNX Runtime's defaults, the peer's form); weight-only 4-bit with its `MatMulNBits`; its
+transformer fusions (`--fuse`); `OnnxCausalLM`, which runs an ONNX artifact through an
+`onnxruntime.InferenceSession` behind the few methods effkit's measurement code calls on a model
+(`model(ids).logits`, `generate` with the KV cache, `config`, `eval`); and the engine (`OnnxRuntimeEngine`).
 
-The graph (`_WithPast`): inputs `input_ids` (batch, seq), `attention_mask` (batch, past + seq; 1 = attend),
-`position_ids` (batch, seq) and `past_key_values.{i}.key` / `.value` (batch, heads, past, head_dim) for every
-layer; outputs `logits` (batch, seq, vocab) and `present.{i}.key` / `.value` (batch, heads, past + seq,
-head_dim). Batch, seq and past are dynamic; past may be 0 (prefill). That is the with-past layout optimum's
-exports use, so plain onnxruntime code with a ten-line greedy loop runs it. The wrapper calls the model's own
-modules (embeddings, LayerNorms, the attention and MLP projections, the MLP activation) and writes out only the
-attention core: the concatenation with the past, the causal + padding mask, scaled dot-product (with GPT-2's
-scaling options). The TorchScript exporter fails on transformers 5's masking code (`aten::diff`); this wrapper
-does not go through it.
+The graph is the with-past decoder step of `effkit.engines.decoder_step` (`WithPast`, which OpenVINO's conversion
+shares): inputs `input_ids` (batch, seq), `attention_mask` (batch, past + seq; 1 = attend), `position_ids` (batch,
+seq) and `past_key_values.{i}.key` / `.value` (batch, heads, past, head_dim) for every layer; outputs `logits`
+(batch, seq, vocab) and `present.{i}.key` / `.value` (batch, heads, past + seq, head_dim). Batch, seq and past are
+dynamic; past may be 0 (prefill). That is the with-past layout optimum's exports use, so plain onnxruntime code
+with a ten-line greedy loop runs it. The wrapper calls the model's own modules (embeddings, LayerNorms, the
+attention and MLP projections, the MLP activation) and writes out only the attention core: the concatenation with
+the past, the causal + padding mask, scaled dot-product (with GPT-2's scaling options). The TorchScript exporter
+fails on transformers 5's masking code (`aten::diff`); this wrapper does not go through it.
 
 Nothing is written unless it passes the parity gate (`check_parity`): ONNX Runtime's fp32 logits equal
 PyTorch's within 1e-4 of the largest logit's magnitude (fp32 rounding grows with it: a trained model's logits
@@ -28,13 +30,8 @@ the prefix, and reports say so.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import logging
-import math
 import time
-import warnings
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -43,22 +40,26 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from effkit.engines import Engine
+from effkit.engines.decoder_step import (
+    EXPORT_RTOL,
+    PARITY_TOKENS,
+    WithPast,
+    never_end,
+    next_tokens,
+    past_names,
+    present_names,
+    probe_ids,
+    quiet_exporter,
+)
 from effkit.errors import EffkitError
 from effkit.measure.timing import SETTLE_S  # idle seconds after timing a spinning thread pool
 
 ONNX_FILE = "model.onnx"
 ONNX_DESC = "onnx.json"
-# max |logit difference| allowed between the exported graph and PyTorch, relative to max(1, max |PyTorch logit|):
-# the rounding of fp32 kernels summing in another order grows with the logits' scale (1.5e-4 absolute on a
-# gpt2-micro trained 1,200 steps, logits up to 11.4: 1.3e-5 of the scale), while an export error (a wrong
-# position, mask or cache layout) moves logits by a tenth or more
-EXPORT_RTOL = 1e-4
 OPSET = 23
-PARITY_TOKENS = 32  # greedy tokens compared between the with-past graph, PyTorch with its cache and without
 PORTABILITY = "portable: any ONNX Runtime loads model.onnx (onnxruntime.InferenceSession)"
 INT8_OPS = ("MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QGemm", "QAttention")
 INT4_OPS = ("MatMulNBits", "GatherBlockQuantized")  # ONNX Runtime's block-quantized weight-only operators
@@ -87,77 +88,9 @@ def is_onnx(path: str | Path) -> bool:
     return (Path(path) / ONNX_DESC).is_file()
 
 
-def past_names(n_layer: int) -> list[str]:
-    return [f"past_key_values.{i}.{kv}" for i in range(n_layer) for kv in ("key", "value")]
-
-
-def present_names(n_layer: int) -> list[str]:
-    return [f"present.{i}.{kv}" for i in range(n_layer) for kv in ("key", "value")]
-
-
-class _WithPast(nn.Module):
-    """What is exported: one decoder step over `input_ids` given the past keys and values (see the module doc),
-    with the LM head as its own transposed weight."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        c = model.config
-        if getattr(c, "reorder_and_upcast_attn", False):
-            raise EffkitError("this GPT-2 uses reorder_and_upcast_attn, which effkit's ONNX export does not write")
-        if model.lm_head.bias is not None:
-            raise EffkitError("this model's LM head has a bias, which effkit's ONNX export does not handle")
-        self.transformer = model.transformer
-        self.head = nn.Parameter(model.lm_head.weight.detach().t().contiguous().clone(), requires_grad=False)
-        self.n_head = c.n_head
-        self.scales = [(1 / math.sqrt(c.n_embd // c.n_head) if c.scale_attn_weights else 1.0)
-                       / (i + 1 if c.scale_attn_by_inverse_layer_idx else 1) for i in range(c.n_layer)]
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-                *past: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        t = self.transformer
-        b, n = input_ids.shape
-        x = t.wte(input_ids) + t.wpe(position_ids)
-        p = past[0].shape[2]
-        q_pos = torch.arange(n, device=x.device) + p
-        k_pos = torch.arange(p + n, device=x.device)
-        allowed = (k_pos[None, :] <= q_pos[:, None])[None] & attention_mask[:, None, :].bool()  # (b, n, p + n)
-        bias = torch.where(allowed, 0.0, torch.finfo(x.dtype).min)[:, None]  # no -inf: a padded row stays finite
-        presents = []
-        for i, block in enumerate(t.h):
-            qkv = block.attn.c_attn(block.ln_1(x))
-            q, k, v = (z.view(b, n, self.n_head, -1).transpose(1, 2) for z in qkv.split(qkv.shape[-1] // 3, -1))
-            k, v = torch.cat([past[2 * i], k], dim=2), torch.cat([past[2 * i + 1], v], dim=2)
-            presents += [k, v]
-            a = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=self.scales[i])
-            x = x + block.attn.c_proj(a.transpose(1, 2).reshape(b, n, -1))
-            x = x + block.mlp(block.ln_2(x))
-        return (t.ln_f(x) @ self.head, *presents)
-
-
 def empty_past(config, batch: int) -> dict[str, np.ndarray]:
     shape = (batch, config.n_head, 0, config.n_embd // config.n_head)
     return {name: np.zeros(shape, np.float32) for name in past_names(config.n_layer)}
-
-
-@contextlib.contextmanager
-def _quiet_exporter():
-    """The exporter and the quantizer print pages of notices (missing torchvision, pre-processing advice)."""
-    names = ("torch.onnx", "torch.export", "torch._dynamo", "torch.fx", "onnxscript", "root", "",
-             "onnxruntime.quantization.matmul_nbits_quantizer")
-    levels = {n: logging.getLogger(n).level for n in names}
-    for n in names:
-        logging.getLogger(n).setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        for n, lv in levels.items():
-            logging.getLogger(n).setLevel(lv)
-
-
-def probe_ids(vocab_size: int, shape: tuple[int, int] = (3, 24)) -> torch.Tensor:
-    return torch.randint(0, vocab_size, shape, generator=torch.Generator().manual_seed(0))
 
 
 @torch.no_grad()
@@ -167,7 +100,7 @@ def export_fp32(model: nn.Module, out: Path) -> dict[str, Any]:
     require_onnx()
     model = model.cpu().eval()
     c = model.config
-    wrapper = _WithPast(model).eval()
+    wrapper = WithPast(model).eval()
     b, n, p = 2, min(5, c.n_positions - 3), 3  # sizes other than 0 and 1, which torch.export would specialize
     ids = probe_ids(c.vocab_size, (b, n))
     past = tuple(torch.zeros(b, c.n_head, p, c.n_embd // c.n_head) for _ in past_names(c.n_layer))
@@ -178,7 +111,7 @@ def export_fp32(model: nn.Module, out: Path) -> dict[str, Any]:
     past_len = torch.export.Dim("past", min=0, max=c.n_positions)
     t0 = time.perf_counter()
     try:
-        with _quiet_exporter():
+        with quiet_exporter():
             program = torch.onnx.export(
                 wrapper, (ids, mask, pos, *past), dynamo=True, optimize=True, verbose=False, opset_version=OPSET,
                 input_names=["input_ids", "attention_mask", "position_ids", *past_names(c.n_layer)],
@@ -214,30 +147,6 @@ def step(sess, input_ids: np.ndarray, past: dict[str, np.ndarray], past_len: int
             "position_ids": np.broadcast_to(np.arange(past_len, past_len + n, dtype=np.int64), (b, n)), **past}
     out = sess.run(None, feed)
     return out[0], dict(zip(past, out[1:], strict=True))
-
-
-def never_end(logits: np.ndarray, eos: int | None) -> np.ndarray:
-    """`logits` with end-of-text masked (a copy), as transformers' `min_new_tokens` does while tokens are owed."""
-    if eos is None or not 0 <= eos < logits.shape[-1]:
-        return logits
-    logits = logits.copy()
-    logits[..., eos] = -np.inf
-    return logits
-
-
-def next_tokens(logits: np.ndarray, do_sample: bool = False, top_k: int | None = None,
-                temperature: float = 1.0) -> np.ndarray:
-    """The next token of each row, (batch, 1) int64, from last-position `logits` (batch, vocab): greedy in numpy, or
-    top-k / temperature sampling from torch's global generator. The decoding loops of the engines that run their own
-    (ONNX Runtime, OpenVINO's infer request) share it. Greedy stays in numpy: a torch argmax over 12 x vocabulary
-    runs on torch's threads, which wait for a core that ONNX Runtime's spinning threads hold."""
-    if not do_sample:
-        return logits.argmax(-1)[:, None].astype(np.int64)
-    scores = torch.from_numpy(np.asarray(logits, dtype=np.float32)) / max(temperature, 1e-6)
-    if top_k:
-        kth = torch.topk(scores, min(top_k, scores.shape[-1])).values[:, -1:]
-        scores = scores.masked_fill(scores < kth, float("-inf"))
-    return torch.multinomial(torch.softmax(scores, -1), 1).numpy()
 
 
 def greedy_with_past(sess, config, prompt: np.ndarray, new_tokens: int) -> np.ndarray:
@@ -292,7 +201,7 @@ def fuse(path: Path, config) -> dict[str, Any]:
     from onnxruntime.transformers.optimizer import optimize_model
 
     try:
-        with _quiet_exporter():
+        with quiet_exporter():
             opt = optimize_model(str(path), model_type="gpt2", num_heads=config.n_head, hidden_size=config.n_embd)
             opt.save_model_to_file(str(path))
     except Exception as e:  # noqa: BLE001
@@ -304,12 +213,12 @@ def fuse(path: Path, config) -> dict[str, Any]:
 def quantize_int8(src: Path, dst: Path, per_channel: bool = False) -> dict[str, Any]:
     """ONNX Runtime dynamic int8: weights int8 for MatMul and Gather (one scale per tensor, or per output channel
     with `per_channel`), activations quantized at run time. Then the token embedding is re-tied to the int8 LM head
-    (`tie_embedding_to_head`). Per tensor is the default: on a 2-core Xeon, ONNX Runtime's fused int8 matmul decoded
-    the gpt2 shape at batch 1 at 0.83-0.90x the speed per channel (six interleaved rounds), and on the quickstart
-    model per tensor cost +0.01% (-0.00 to +0.02%) held-out loss against per channel (256 blocks, paired)."""
+    (`tie_embedding_to_head`). Per tensor is the default: ONNX Runtime's fused int8 matmul decodes faster with one
+    scale per tensor than per channel, and the held-out loss that costs is within the noise of a paired comparison
+    (the figures: docs/benchmarks.md)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    with _quiet_exporter():
+    with quiet_exporter():
         # the weight-bearing ops only: left to itself the quantizer turns ONNX `Attention` into com.microsoft's
         # `QAttention`, which rejects the `is_causal` attribute (an invalid graph)
         quantize_dynamic(str(src), str(dst), per_channel=per_channel, weight_type=QuantType.QInt8,
@@ -410,9 +319,9 @@ def quantized_layers(model: OnnxCausalLM) -> int:
 
 def session(path: Path):
     """An ONNX Runtime CPU session with as many intra-op threads as torch uses, configured as ONNX Runtime's users
-    get it: its idle threads spin-wait between runs (turning that off made batch-1 decoding of the `gpt2` shape
-    1.75x slower on the project's 2-core machine); interleaved timing leaves the machine idle for `SETTLE_S` after
-    it (`timing.settle_time`), so the spinning does not slow whichever model is timed next."""
+    get it: its idle threads spin-wait between runs (turning that off makes batch-1 decoding markedly slower, so a
+    session without it would not be what users run; docs/benchmarks.md); interleaved timing leaves the machine idle
+    for `SETTLE_S` after it (`timing.settle_time`), so the spinning does not slow whichever model is timed next."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -434,7 +343,7 @@ class OnnxCausalLM(nn.Module):
     parameters: `n_params` gives the parent's parameter count."""
 
     compilable = False  # torch.compile has nothing to do: ONNX Runtime optimizes the graph
-    settle_s = SETTLE_S  # its spinning threads go idle within this after a run (measured: 50 ms nearly, 200 ms all)
+    settle_s = SETTLE_S  # its spinning threads keep the cores for a while after a run (`timing.SETTLE_S`)
 
     def __init__(self, path: str | Path):
         super().__init__()
@@ -508,7 +417,7 @@ def quantize_standard(src: Path, dst: Path) -> dict[str, Any]:
     `QAttention`); no effkit edits: the peer row effkit's own int8 is judged against."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    with _quiet_exporter():
+    with quiet_exporter():
         quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"])
     return {"quantizer": "onnxruntime.quantization.quantize_dynamic(weight_type=QInt8, op_types_to_quantize=[MatMul, "
                          "Gemm]), its defaults otherwise (per tensor)", "int8": int8_counts(dst)}
@@ -527,7 +436,7 @@ def quantize_int4(src: Path, dst: Path, block_size: int = INT4_BLOCK, accuracy_l
     from onnx import helper, numpy_helper
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
-    with _quiet_exporter():
+    with quiet_exporter():
         quantizer = MatMulNBitsQuantizer(onnx.load(str(src)), block_size=block_size, is_symmetric=True,
                                          accuracy_level=accuracy_level)
         quantizer.process()

@@ -3,7 +3,7 @@ stateful layout `optimum-cli export openvino` writes for a decoder, optionally w
 `OpenVINOCausalLM`, which runs one on the CPU behind the few methods effkit's measurement code calls on a model
 (`model(ids).logits`, `generate`, `config`, `eval`).
 
-The converted graph is the with-past step effkit exports to ONNX (`engines.onnxruntime._WithPast`: inputs
+The converted graph is the with-past step effkit exports to ONNX (`engines.decoder_step.WithPast`: inputs
 `input_ids`, `attention_mask`, `position_ids`, the past keys and values; outputs `logits` and the presents),
 then made stateful as optimum-intel does for its text-generation exports (`optimum.exporters.openvino.stateful`):
 a `beam_idx` input gathers the cache rows, and the keys and values become the model's internal state
@@ -42,8 +42,8 @@ explicit PA beside it.
 
 Nothing is written unless it passes a parity gate: the fp32 graph, compiled with f32 inference, reproduces
 PyTorch's logits within `EXPORT_RTOL` of the largest logit on a probe batch and PyTorch's greedy tokens with its
-cache (the ONNX export's rule, `engines.onnxruntime.check_parity`). Compressed weights and bf16 inference change
-the numbers by design: their loss is measured by the bench like every other artifact's.
+cache (the ONNX export's rule, shared in `effkit.engines.decoder_step`). Compressed weights and bf16 inference
+change the numbers by design: their loss is measured by the bench like every other artifact's.
 """
 
 from __future__ import annotations
@@ -59,6 +59,17 @@ import torch
 from torch import nn
 
 from effkit.engines import Engine
+from effkit.engines.decoder_step import (
+    EXPORT_RTOL,
+    PARITY_TOKENS,
+    WithPast,
+    never_end,
+    next_tokens,
+    past_names,
+    present_names,
+    probe_ids,
+    quiet_exporter,
+)
 from effkit.errors import EffkitError
 
 OV_DESC = "openvino.json"
@@ -70,9 +81,9 @@ WEIGHTS = ("fp32", "int8", "int4")  # what NNCF stores the matrices in (int8: as
 PRECISIONS = ("auto", "bf16", "f32")  # the CPU plugin's inference precision; auto: measured on this CPU
 # what `optimum-cli export openvino` stores in an unquantized text-generation model's rt_info
 OPTIMUM_RUNTIME_OPTIONS = {"ACTIVATIONS_SCALE_FACTOR": "8.0", "KV_CACHE_PRECISION": "f16"}
-# what effkit stores in its own artifacts: an f16 KV cache. The CPU plug-in's default, u8 (per token), turned the
-# greedy decoding of the quickstart's pruned model through the stateful graph into repeated newlines (OpenVINO
-# 2026.4, Zen 4; f16 and f32 decoded as PyTorch does; LLMPipeline's paged cache was unaffected)
+# what effkit stores in its own artifacts: an f16 KV cache. The CPU plug-in's default, u8 (per token), rounds the
+# cache enough to derail greedy decoding through the stateful graph (a pruned model's text turned into repeated
+# newlines, docs/benchmarks.md), where f16 and f32 decode as PyTorch does; LLMPipeline's paged cache is another path
 EFFKIT_RUNTIME_OPTIONS = {"KV_CACHE_PRECISION": "f16"}
 # the runtime options OpenVINO's CPU plug-in reads from a model's rt_info (`intel_cpu::Config::applyRtInfo`, OpenVINO
 # 2026.4): only these travel in the model file. It ignores every other key there (INFERENCE_PRECISION_HINT,
@@ -121,7 +132,6 @@ def _stateful(om, n_layer: int, n_head: int, head_dim: int) -> None:
     from openvino import opset13
     from openvino._offline_transformations import apply_make_stateful_transformation
 
-    from effkit.engines.onnxruntime import past_names, present_names
 
     past, present = past_names(n_layer), present_names(n_layer)
     for name in past:  # the head dimension static: the state's initial shape is read from the input's
@@ -156,18 +166,16 @@ def convert(model: nn.Module):
     """`model` (effkit's or Hugging Face's GPT-2, CPU, eval) as a stateful OpenVINO model (fp32 weights)."""
     import openvino as ov
 
-    from effkit.engines.onnxruntime import _quiet_exporter, _WithPast, past_names, present_names, probe_ids
-
     model = model.cpu().eval()
     c = model.config
-    wrapper = _WithPast(model).eval()
+    wrapper = WithPast(model).eval()
     b, n, p = 2, min(5, c.n_positions - 3), 3
     head_dim = c.n_embd // c.n_head
     example = (probe_ids(c.vocab_size, (b, n)), torch.ones(b, p + n, dtype=torch.long),
                torch.arange(p, p + n).expand(b, n).contiguous(),
                *(torch.zeros(b, c.n_head, p, head_dim) for _ in past_names(c.n_layer)))
     try:
-        with _quiet_exporter():
+        with quiet_exporter():
             om = ov.convert_model(wrapper, example_input=example)
         for port, name in zip(om.inputs, ["input_ids", "attention_mask", "position_ids", *past_names(c.n_layer)],
                               strict=True):
@@ -198,11 +206,9 @@ def compress(om, weights: str) -> dict[str, Any]:
         kwargs = {"group_size": 128, "ratio": 1.0}
     import logging
 
-    from effkit.engines.onnxruntime import _quiet_exporter
-
     logging.getLogger("nncf").setLevel(logging.ERROR)
     try:
-        with _quiet_exporter():  # NNCF draws a progress bar on stdout
+        with quiet_exporter():  # NNCF draws a progress bar on stdout
             nncf.compress_weights(om, mode=mode, **kwargs)
     except Exception as e:  # noqa: BLE001
         raise EffkitError(f"NNCF could not compress this model's weights to {weights}: {type(e).__name__}: "
@@ -536,8 +542,6 @@ class OpenVINOCausalLM(nn.Module):
         """Prompts and exactly `max_new_tokens` new tokens by effkit's own loop over the compiled stateful graph and
         its internal KV cache (the ONNX artifact's loop and rules: end-of-text never picked among the first
         `min_new_tokens`; sampling from torch's generator): the reference LLMPipeline is checked against."""
-        from effkit.engines.onnxruntime import never_end, next_tokens
-
         ids = np.asarray(ids, dtype=np.int64)
         self._check_length(ids.shape[1] + max_new_tokens - 1)
         if streamer is not None:
@@ -684,8 +688,6 @@ def check_parity(model: nn.Module, folder: Path) -> dict[str, Any]:
     """The gate of an fp32 conversion, compiled with f32 inference and an f32 KV cache: logits within EXPORT_RTOL x
     max(1, max |logit|) of PyTorch's on a (3, 24) probe batch, and PARITY_TOKENS greedy tokens of effkit's loop over
     the stateful graph equal to PyTorch's with its cache."""
-    from effkit.engines.onnxruntime import EXPORT_RTOL, PARITY_TOKENS, probe_ids
-
     ov_model = OpenVINOCausalLM(folder, precision="f32", kv_cache="f32")  # the conversion, not the u8 cache
     c = model.config
     probe = probe_ids(c.vocab_size, (3, min(24, c.n_positions)))

@@ -3,7 +3,7 @@ machine. Every automatic choice goes through `choose`, one rule (DESIGN.md, "Dec
 
 1. **Samples long enough to measure.** After its warm-up, each contender's call is timed (the median of three)
    and repeated within a sample until the sample lasts at least `min_sample_s`; a sample's figure is the median
-   of its calls. A 20 ms decode timed once is at the mercy of the scheduler and the timer on a busy 2-core
+   of its calls. A short decode timed once is at the mercy of the scheduler and the timer on a busy small
    machine; a median of a dozen is not.
 2. **Screen.** Every contender runs the first look (`rounds` interleaved rounds, order shuffled from a seed).
    Whatever is decided slower than the leader (the best paired point estimate) is dropped, and so is whatever is
@@ -125,6 +125,92 @@ def _ratio(samples: dict[str, list[list[float]]], ref: str, other: str, level: f
     return stats.paired_ratio(samples[ref][:n], samples[other][:n], higher, level=level)
 
 
+class _Samples:
+    """The contenders' calls timed in samples (each sample: `calls[n]` calls), round by round: what `choose` runs
+    its screen and its looks with. `wall`: seconds spent in each contender's samples, for the budget."""
+
+    def __init__(self, contenders: dict[str, Callable[[], float]], rule: Rule, clock: Callable[[], float],
+                 sleep: Callable[[float], None]):
+        self.contenders, self.rule, self.clock, self.sleep = contenders, rule, clock, sleep
+        self.calls: dict[str, int] = {}
+        self.samples: dict[str, list[list[float]]] = {}
+        self.wall: dict[str, float] = {}
+
+    def settle(self, n: str) -> None:
+        if (pause := getattr(self.contenders[n], "settle_s", 0.0)) > 0:
+            self.sleep(pause)
+
+    def size(self, names: list[str], warmup: int, higher_is_better: bool) -> dict[str, str]:
+        """Warm each contender up, then size its sample from the median of three timed calls; returns the
+        contenders that cannot be timed, with why (never picked)."""
+        invalid: dict[str, str] = {}
+        clock = self.clock
+        for n in names:
+            try:
+                for _ in range(warmup):
+                    self.contenders[n]()
+                took = []
+                for _ in range(3):  # a timing contender's own figure is its call's length; a rate's is the clock's
+                    t = clock()
+                    value = self.contenders[n]()
+                    took.append(clock() - t if higher_is_better else value)
+            except Exception as e:  # noqa: BLE001 - a contender that fails is never picked, and the report says why
+                invalid[n] = f"failed: {type(e).__name__}: {str(e).strip().splitlines()[0][:160] if str(e) else ''}"
+                continue
+            self.settle(n)
+            if not all(math.isfinite(x) and x > 0 for x in took):
+                invalid[n] = "non-finite or non-positive timings"
+                continue
+            self.calls[n] = max(1, min(self.rule.max_calls, math.ceil(self.rule.min_sample_s / median(took))))
+        self.samples = {n: [] for n in self.calls}
+        self.wall = {n: 0.0 for n in self.calls}
+        return invalid
+
+    def look(self, active: list[str], first: int, count: int) -> None:
+        """Rounds `first` .. `first + count - 1` of the `active` contenders, each round in its shuffled order."""
+        for r in range(first, first + count):
+            for n in timing.round_order(active, r, self.rule.seed):
+                t = self.clock()
+                self.samples[n].append([self.contenders[n]() for _ in range(self.calls[n])])
+                self.wall[n] += self.clock() - t
+                self.settle(n)
+
+    def round_seconds(self, names: list[str]) -> float:
+        """What one more round of `names` is expected to take (their samples so far, and their idle time)."""
+        return sum(self.wall[n] / len(self.samples[n]) + getattr(self.contenders[n], "settle_s", 0.0)
+                   for n in names)
+
+
+def _head_to_head(timed: _Samples, live: list[str], higher: bool, rule: Rule) -> tuple[list[str], int, str, list]:
+    """The looks after the screen: the leader and the contenders still open against it, twice the rounds each
+    look, until all are settled, the looks end or the next look would pass the budget. Returns (the contenders of
+    the last look, looks run, why it stopped, contenders per look)."""
+    samples, schedule, level = timed.samples, rule.schedule(), rule.level
+    active, looks, stopped, per_look = list(live), 1, "decided", [len(samples)]
+    h2h_start = timed.clock()
+    while True:
+        lead = leader_of(samples, active, higher)
+        still = [n for n in active if n != lead
+                 and not settled(PairedRatio.of(_ratio(samples, lead, n, level, higher)), rule.precision)]
+        if not still:
+            stopped = "decided"
+            break
+        if looks == len(schedule):
+            stopped = "max-rounds"
+            break
+        done, total = schedule[looks - 1], schedule[looks]
+        per_round = timed.round_seconds([lead, *still])
+        spent = timed.clock() - h2h_start
+        if looks > 1 and spent + per_round * (total - done) > rule.budget_s * len(still):
+            stopped = "budget"
+            break
+        active = [lead, *still]
+        timed.look(active, done, total - done)
+        looks += 1
+        per_look.append(len(active))
+    return active, looks, stopped, per_look
+
+
 def choose(contenders: dict[str, Callable[[], float]], higher_is_better: bool, rule: Rule = Rule(),
            prefer: Callable[[str], Any] | None = None, reference: str | None = None, warmup: int = 1,
            clock: Callable[[], float] = time.perf_counter,
@@ -139,44 +225,10 @@ def choose(contenders: dict[str, Callable[[], float]], higher_is_better: bool, r
     if not candidates:
         raise EffkitError("nothing to choose from")
     start = clock()
-    calls: dict[str, int] = {}
-
-    def settle(n: str) -> None:
-        if (pause := getattr(contenders[n], "settle_s", 0.0)) > 0:
-            sleep(pause)
-
-    invalid: dict[str, str] = {}
-    for n in names:  # warm-up, then the median of three timed calls sizes the sample
-        try:
-            for _ in range(warmup):
-                contenders[n]()
-            took = []
-            for _ in range(3):  # a timing contender's own figure is its call's length; a rate's is the clock's
-                t = clock()
-                value = contenders[n]()
-                took.append(clock() - t if higher_is_better else value)
-        except Exception as e:  # noqa: BLE001 - a contender that fails is never picked, and the report says why
-            invalid[n] = f"failed: {type(e).__name__}: {str(e).strip().splitlines()[0][:160] if str(e) else ''}"
-            continue
-        settle(n)
-        if not all(math.isfinite(x) and x > 0 for x in took):
-            invalid[n] = "non-finite or non-positive timings"
-            continue
-        calls[n] = max(1, min(rule.max_calls, math.ceil(rule.min_sample_s / median(took))))
-    samples: dict[str, list[list[float]]] = {n: [] for n in calls}
-
-    wall = {n: 0.0 for n in calls}  # seconds spent in each contender's samples, for the budget
-
-    def look(active: list[str], first: int, count: int) -> None:
-        for r in range(first, first + count):
-            for n in timing.round_order(active, r, rule.seed):
-                t = clock()
-                samples[n].append([contenders[n]() for _ in range(calls[n])])
-                wall[n] += clock() - t
-                settle(n)
-
-    schedule = rule.schedule()
-    look(list(samples), 0, schedule[0])
+    timed = _Samples(contenders, rule, clock, sleep)
+    invalid = timed.size(names, warmup, higher_is_better)  # warm-up, then the median of three sizes the sample
+    samples = timed.samples
+    timed.look(list(samples), 0, rule.schedule()[0])  # the screen
     for n in list(samples):
         if not _valid(samples[n]):
             invalid[n] = "non-finite or non-positive timings"
@@ -186,30 +238,9 @@ def choose(contenders: dict[str, Callable[[], float]], higher_is_better: bool, r
     level, higher = rule.level, higher_is_better
     reference_ratios = ({n: _ratio(samples, reference, n, level, higher) for n in live}
                         if reference is not None and reference not in invalid else {})
-    active, looks, stopped, per_look = list(live), 1, "decided", [len(samples)]
-    h2h_start = clock()
-    while True:
-        lead = leader_of(samples, active, higher)
-        still = [n for n in active if n != lead
-                 and not settled(PairedRatio.of(_ratio(samples, lead, n, level, higher)), rule.precision)]
-        if not still:
-            stopped = "decided"
-            break
-        if looks == len(schedule):
-            stopped = "max-rounds"
-            break
-        done, total = schedule[looks - 1], schedule[looks]
-        per_round = sum(wall[n] / len(samples[n]) + getattr(contenders[n], "settle_s", 0.0) for n in [lead, *still])
-        spent = clock() - h2h_start
-        if looks > 1 and spent + per_round * (total - done) > rule.budget_s * len(still):
-            stopped = "budget"
-            break
-        active = [lead, *still]
-        look(active, done, total - done)
-        looks += 1
-        per_look.append(len(active))
+    active, looks, stopped, per_look = _head_to_head(timed, live, higher, rule)
     record = {"rule": rule.describe(), "looks": looks, "stopped": stopped, "contenders_per_look": per_look,
-              "calls_per_sample": calls, "seconds": round(clock() - start, 3),
+              "calls_per_sample": timed.calls, "seconds": round(clock() - start, 3),
               "order": f"shuffled each round from seed {rule.seed}"}
     c = decide({n: samples[n] for n in live}, higher, level, rule.precision,
                prefer=lambda n: ((prefer or names.index)(n), names.index(n)), leader_among=active, record=record)

@@ -1,5 +1,7 @@
-"""Paired comparisons a stage makes between a model and its PyTorch parent, and the generation sample every
-artifact report carries. Quantize and export call these; neither imports the other."""
+"""Paired comparisons a stage makes between a model and its PyTorch parent (`compare_with_parent`: latency,
+generation, held-out loss, with their verdicts and protocol; `side_by_side`: interleaved prefill latency at batch 1
+and 12; `bf16_not_run`: where the bf16 parent is left out), and the generation sample every artifact report carries
+(`generate_sample`). Quantize and export call these; neither imports the other."""
 
 from __future__ import annotations
 
@@ -56,6 +58,97 @@ def bf16_not_run(device: torch.device) -> str | None:
     return f"not run: {reason}" if reason else None
 
 
+def _prefill_contenders(measure, parent: nn.Module, model: nn.Module, own, block: int,
+                        skipped: str | None) -> tuple[dict[str, Callable[[int], Callable[[], float]]], dict]:
+    """The prefill timers of the comparison: the parent in fp32 (and under bf16 autocast unless `skipped`), `model`
+    through its own engine `own`, and with `measure.compile` the torch.compile twins of both, which join the same
+    rounds; returns them with the twins' compile status."""
+    contenders = {"fp32": _pytorch_prefill(parent, block, None),
+                  **({} if skipped else {"bf16": _pytorch_prefill(parent, block, torch.bfloat16)}),
+                  "int8": lambda b: own.prefill(model, b, block)}
+    compiled_status = {}
+    if getattr(measure, "compile", False):  # the compiled twins join the same rounds
+        for name, m in (("fp32", parent), ("int8", model)):
+            twin, compiled_status[name] = timing.compile_for_inference(m, (1, 12), block, use_cache=True)
+            if twin is not None:
+                contenders[f"{name} compiled"] = _pytorch_prefill(twin, block, None)
+    return contenders, compiled_status
+
+
+def _timing_ratios(timed: dict[str, stopping.Measured], gen: stopping.Measured, skipped: str | None,
+                   compiled_status: dict) -> dict[str, Any]:
+    """The paired ratios of the timings (latency at batch 1 and 12, generation tokens/s; the bf16 parent's unless
+    `skipped`; the compiled twins'), with the stopping record of each measurement and every timing of every round."""
+    comparisons = {
+        **{results.latency_ratio(b): timed[f"b{b}"].ratio("fp32", "int8") for b in (1, 12)},
+        **({} if skipped else {
+            **{f"latency_ratio_b{b}_vs_bf16": timed[f"b{b}"].ratio("bf16", "int8") for b in (1, 12)},
+            **{f"bf16_latency_ratio_b{b}": timed[f"b{b}"].ratio("fp32", "bf16") for b in (1, 12)}}),
+        results.GENERATION_RATIO: gen.ratio("fp32", "int8", higher_is_better=True),
+        "stopping": {**{f"latency_b{b}": timed[f"b{b}"].record for b in (1, 12)}, "generation": gen.record},
+        # every timing of every round: each ratio above can be recomputed from these
+        "samples": {**{f"b{b}": dict(timed[f"b{b}"]) for b in (1, 12)}, "generation": dict(gen)},
+    }
+    if compiled_status:
+        comparisons["compiled"] = {"status": compiled_status, **{
+            f"{name}_compiled_vs_{ref}_b{b}": timed[f"b{b}"].ratio(ref, f"{name} compiled")
+            for name, ref in (("fp32", "fp32"), ("int8", "int8"), ("int8", "fp32")) for b in (1, 12)
+            if f"{name} compiled" in timed[f"b{b}"]}}
+    return comparisons
+
+
+def _add_loss_deltas(comparisons: dict[str, Any], parent_fp32: dict, parent_bf16: dict | None, q: dict,
+                     skipped: str | None) -> None:
+    """The paired held-out loss deltas against the fp32 parent (the model's; the bf16 parent's unless `skipped`),
+    into `comparisons`; the per-block losses leave the results they came in."""
+    fp32_blocks, docs = parent_fp32.pop("block_losses"), parent_fp32.pop("block_docs", None)
+    q.pop("block_docs", None)
+    comparisons[results.EVAL_LOSS_DELTA] = stats.paired_delta(fp32_blocks, q.pop("block_losses"), docs)
+    if not skipped:
+        parent_bf16.pop("block_docs", None)
+        comparisons["bf16_eval_loss_delta"] = stats.paired_delta(fp32_blocks, parent_bf16.pop("block_losses"), docs)
+
+
+def _verdicts(comparisons: dict[str, Any], label: str, skipped: str | None) -> list[str]:
+    """The comparison's verdict lines, as the report prints them."""
+    verdicts = [stats.summary_of(comparisons[results.LATENCY_RATIO_B12], f"{label} latency b12 vs fp32"),
+                stats.summary_of(comparisons[results.EVAL_LOSS_DELTA], f"{label} loss vs fp32")]
+    if LossDelta.of(comparisons[results.EVAL_LOSS_DELTA]).ci95[0] > 0.01:
+        verdicts.append(f"{label} loss is worse than the parent's by more than 1% (the whole 95% interval is above)")
+    for key, what in (("int8_compiled_vs_fp32_b12", f"{label} compiled latency b12 vs fp32 eager"),
+                      ("int8_compiled_vs_int8_b12", f"{label} compiled vs eager, b12")):
+        if key in comparisons.get("compiled", {}):
+            verdicts.append(stats.summary_of(comparisons["compiled"][key], what))
+    if skipped:
+        verdicts.append(f"bf16 autocast: {skipped}")
+    else:
+        verdicts.append(stats.summary_of(comparisons[results.BF16_LATENCY_RATIO_B12],
+                                         "bf16 autocast latency b12 vs fp32"))
+    return verdicts
+
+
+def _protocol(measure, model: nn.Module, own, label: str, block: int, stop: stopping.Stopping, new_tokens: int,
+              skipped: str | None, compiled: bool) -> dict[str, str]:
+    """How each figure of the comparison was measured, in words (the report's protocol)."""
+    generation = (f"greedy decoding of {new_tokens} new tokens from {PROMPT!r}, fp32 parent and {label} "
+                  f"interleaved (rounds: {stop.describe()}); new tokens / wall time; each model decodes with its "
+                  f"own KV cache, through the decoder of the engine that owns it (the parent: PyTorch; {label}: "
+                  f"{own.label or own.name}), as the bench times it"
+                  + (f"; {note}" if (note := getattr(model, "generation_note", None)) else ""))
+    bf16_how = f"parent under bf16 autocast ({skipped})" if skipped else "parent under bf16 autocast"
+    return {"eval_loss": evaluation.EVAL_PROTOCOL + "; " + stats.LOSS_METHOD,
+            "latency": f"forward of (batch, {block}) random tokens: fp32 parent, {bf16_how} and "
+                       f"{label} (reloaded from its folder, through its own engine's prefill) "
+                       + timing.INTERLEAVED_PROTOCOL.format(warmup=2, rounds=stop.describe(),
+                                                             repeats=measure.latency_repeats)
+                       + f"; {stats.RATIO_METHOD}"
+                       + ("; with --compile, torch.compile twins (Inductor, freezing, static shapes) of the fp32 "
+                          "parent and of the int8 model in the same rounds" if compiled else ""),
+            "generation": generation, "size": "bytes of all files in the artifact folder",
+            "int8_layers": "counted in the model reloaded from the artifact folder (int8 modules, or int8 "
+                           "operators of the ONNX graph)"}
+
+
 def compare_with_parent(measure, device: torch.device, parent: nn.Module, model: nn.Module, tokenizer, block: int,
                         parent_fp32: dict, parent_bf16: dict | None, q: dict, label: str,
                         artifact: Path | None = None) -> tuple[dict, list[str], dict]:
@@ -74,15 +167,7 @@ def compare_with_parent(measure, device: torch.device, parent: nn.Module, model:
     skipped = bf16_not_run(device) or (None if parent_bf16 is not None else "not run: not evaluated")
     pytorch = ENGINES.get("pytorch")
     own = engine_of(artifact) if artifact is not None else pytorch
-    contenders = {"fp32": _pytorch_prefill(parent, block, None),
-                  **({} if skipped else {"bf16": _pytorch_prefill(parent, block, torch.bfloat16)}),
-                  "int8": lambda b: own.prefill(model, b, block)}
-    compiled_status = {}
-    if getattr(measure, "compile", False):  # the compiled twins join the same rounds
-        for name, m in (("fp32", parent), ("int8", model)):
-            twin, compiled_status[name] = timing.compile_for_inference(m, (1, 12), block, use_cache=True)
-            if twin is not None:
-                contenders[f"{name} compiled"] = _pytorch_prefill(twin, block, None)
+    contenders, compiled_status = _prefill_contenders(measure, parent, model, own, block, skipped)
     stop = stopping.Stopping.of(measure, "latency_rounds")
     pairs = [("fp32", "int8"), *([] if skipped else [("bf16", "int8"), ("fp32", "bf16")]),
              *[(ref, f"{name} compiled") for name, ref in (("fp32", "fp32"), ("int8", "int8"), ("int8", "fp32"))]]
@@ -96,59 +181,12 @@ def compare_with_parent(measure, device: torch.device, parent: nn.Module, model:
                 r[f"latency_b{b}"] = timing.latency_stats(timed[f"b{b}"][name])
     for name, r in (("fp32", parent_fp32), ("int8", q)):
         r["generation"]["tokens_per_s"] = stats.median_of_rounds(gen[name])
-    comparisons = {
-        **{results.latency_ratio(b): timed[f"b{b}"].ratio("fp32", "int8") for b in (1, 12)},
-        **({} if skipped else {
-            **{f"latency_ratio_b{b}_vs_bf16": timed[f"b{b}"].ratio("bf16", "int8") for b in (1, 12)},
-            **{f"bf16_latency_ratio_b{b}": timed[f"b{b}"].ratio("fp32", "bf16") for b in (1, 12)}}),
-        results.GENERATION_RATIO: gen.ratio("fp32", "int8", higher_is_better=True),
-        "stopping": {**{f"latency_b{b}": timed[f"b{b}"].record for b in (1, 12)}, "generation": gen.record},
-        # every timing of every round: each ratio above can be recomputed from these
-        "samples": {**{f"b{b}": dict(timed[f"b{b}"]) for b in (1, 12)}, "generation": dict(gen)},
-    }
-    if compiled_status:
-        comparisons["compiled"] = {"status": compiled_status, **{
-            f"{name}_compiled_vs_{ref}_b{b}": timed[f"b{b}"].ratio(ref, f"{name} compiled")
-            for name, ref in (("fp32", "fp32"), ("int8", "int8"), ("int8", "fp32")) for b in (1, 12)
-            if f"{name} compiled" in timed[f"b{b}"]}}
-    fp32_blocks, docs = parent_fp32.pop("block_losses"), parent_fp32.pop("block_docs", None)
-    q.pop("block_docs", None)
-    comparisons[results.EVAL_LOSS_DELTA] = stats.paired_delta(fp32_blocks, q.pop("block_losses"), docs)
-    if not skipped:
-        parent_bf16.pop("block_docs", None)
-        comparisons["bf16_eval_loss_delta"] = stats.paired_delta(fp32_blocks, parent_bf16.pop("block_losses"), docs)
-    verdicts = [stats.summary_of(comparisons[results.LATENCY_RATIO_B12], f"{label} latency b12 vs fp32"),
-                stats.summary_of(comparisons[results.EVAL_LOSS_DELTA], f"{label} loss vs fp32")]
-    if LossDelta.of(comparisons[results.EVAL_LOSS_DELTA]).ci95[0] > 0.01:
-        verdicts.append(f"{label} loss is worse than the parent's by more than 1% (the whole 95% interval is above)")
-    for key, what in (("int8_compiled_vs_fp32_b12", f"{label} compiled latency b12 vs fp32 eager"),
-                      ("int8_compiled_vs_int8_b12", f"{label} compiled vs eager, b12")):
-        if key in comparisons.get("compiled", {}):
-            verdicts.append(stats.summary_of(comparisons["compiled"][key], what))
-    if skipped:
-        verdicts.append(f"bf16 autocast: {skipped}")
-    else:
-        verdicts.append(stats.summary_of(comparisons[results.BF16_LATENCY_RATIO_B12],
-                                         "bf16 autocast latency b12 vs fp32"))
+    comparisons = _timing_ratios(timed, gen, skipped, compiled_status)
+    _add_loss_deltas(comparisons, parent_fp32, parent_bf16, q, skipped)
+    verdicts = _verdicts(comparisons, label, skipped)
     m = {**q, **comparisons, "parent_fp32": parent_fp32,
          **({"bf16_autocast": skipped} if skipped else {"parent_bf16": parent_bf16}),
          "eval_loss_delta_vs_parent": LossDelta.of(comparisons[results.EVAL_LOSS_DELTA]).delta,
          "size_ratio_vs_parent": q["size_bytes"] / parent_fp32["size_bytes"]}
-    generation = (f"greedy decoding of {new_tokens} new tokens from {PROMPT!r}, fp32 parent and {label} "
-                  f"interleaved (rounds: {stop.describe()}); new tokens / wall time; each model decodes with its "
-                  f"own KV cache, through the decoder of the engine that owns it (the parent: PyTorch; {label}: "
-                  f"{own.label or own.name}), as the bench times it"
-                  + (f"; {note}" if (note := getattr(model, "generation_note", None)) else ""))
-    bf16_how = f"parent under bf16 autocast ({skipped})" if skipped else "parent under bf16 autocast"
-    protocol = {"eval_loss": evaluation.EVAL_PROTOCOL + "; " + stats.LOSS_METHOD,
-                "latency": f"forward of (batch, {block}) random tokens: fp32 parent, {bf16_how} and "
-                           f"{label} (reloaded from its folder, through its own engine's prefill) "
-                           + timing.INTERLEAVED_PROTOCOL.format(warmup=2, rounds=stop.describe(),
-                                                                 repeats=measure.latency_repeats)
-                           + f"; {stats.RATIO_METHOD}"
-                           + ("; with --compile, torch.compile twins (Inductor, freezing, static shapes) of the fp32 "
-                              "parent and of the int8 model in the same rounds" if compiled_status else ""),
-                "generation": generation, "size": "bytes of all files in the artifact folder",
-                "int8_layers": "counted in the model reloaded from the artifact folder (int8 modules, or int8 "
-                               "operators of the ONNX graph)"}
-    return m, verdicts, protocol
+    return m, verdicts, _protocol(measure, model, own, label, block, stop, new_tokens, skipped,
+                                  bool(compiled_status))

@@ -14,6 +14,10 @@ Looking more than once inflates the chance that noise alone crosses the line som
 Bonferroni over the looks planned: every look's interval is taken at 1 - 0.05 / looks (98.3% for 3 looks), so
 that all of them cover at once with at least 95%, and so does the one at whichever look stops; its verdict is
 wrong at most 5% of the time, as a fixed-rounds 95% interval's is. `fixed` runs `rounds` rounds once, at 95%.
+
+Also here, shared with `effkit.measure.choice`: how many calls one sample holds (`calls_per_sample`: at least
+`MIN_SAMPLE_S` long), the leader by paired point estimate (`leader_of`) and the pairs a contest compares
+(`contest_pairs`).
 """
 
 from __future__ import annotations
@@ -135,8 +139,8 @@ def _timed(fn: Callable[[], float], spent: dict[str, list[float]], name: str, cl
 def calls_per_sample(timed: dict[str, Callable[[], float]], repeats: int, warmup: int, min_sample_s: float,
                      clock: Callable[[], float] = time.perf_counter) -> dict[str, int]:
     """Run each contender's warm-up (at least one call; the last one timed by the clock) and size its samples: the
-    calls that last at least `min_sample_s`, never fewer than `repeats` nor more than MAX_CALLS. A 20 ms decode
-    timed once is at the mercy of the scheduler on a busy 2-core machine; the median of a dozen is not."""
+    calls that last at least `min_sample_s`, never fewer than `repeats` nor more than MAX_CALLS. A short decode
+    timed once is at the mercy of the scheduler on a busy small machine; the median of a dozen is not."""
     calls = {}
     for name, fn in timed.items():
         for _ in range(max(warmup, 1)):

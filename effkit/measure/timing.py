@@ -17,7 +17,8 @@ from effkit.measure.evaluation import lm_loss
 from effkit.measure.hardware import autocast_ctx, model_device
 
 # seconds of idle machine after timing a contender whose runtime keeps spin-waiting threads after a call (ONNX
-# Runtime's sessions; CTranslate2 with more than one thread): measured, 50 ms lets them nearly all sleep, 200 ms all
+# Runtime's sessions; CTranslate2 with more than one thread): long enough for all of them to go to sleep before the
+# next contender is timed, short against a round (docs/benchmarks.md has the measurement)
 SETTLE_S = 0.2
 INTERLEAVED_PROTOCOL = ("paired and interleaved: after {warmup} warm-up call(s) each, rounds ({rounds}); in each round "
                         "every contender runs {repeats} timed repeat(s) (sequential rounds: more where a sample would "
@@ -83,8 +84,8 @@ def compile_for_inference(model, batches: tuple[int, ...], block: int, **kwargs:
 
 def settle_time(model) -> float:
     """Seconds to leave the machine idle after timing `model`, before the next contender: engines whose idle
-    threads spin-wait after a run (ONNX Runtime's default, which effkit keeps: without it ONNX Runtime decodes
-    1.75x slower) would otherwise take the cores from whatever is timed next."""
+    threads spin-wait after a run (ONNX Runtime's default, which effkit keeps: its users run it, and it decodes
+    markedly faster) would otherwise take the cores from whatever is timed next."""
     return float(getattr(model, "settle_s", 0.0))
 
 

@@ -1,4 +1,5 @@
-"""GPT-2 presets and build / load / save.
+"""GPT-2 presets and build / load / save, activation checkpointing, and the counts reports use (parameters,
+FLOPs per token).
 
 Artifacts are plain Hugging Face folders (config.json + model.safetensors + tokenizer files), written
 through `save_pretrained` from a Conv1D-layout state dict, so `AutoModelForCausalLM.from_pretrained`

@@ -5,12 +5,17 @@ Every round is judged against two baselines: the dense parent (latency, measured
 the pruned model) and the dense control (the parent fine-tuned with the same steps, data order and learning
 rate as the pruned model, so that "pruning cost nothing" cannot be an artefact of the extra training). The
 control is one chain of fine-tuning per distinct fine-tuning budget, kept under `runs/<run>/controls/` and
-reused by every mode and every later prune run of that budget."""
+reused by every mode and every later prune run of that budget.
+
+Also here: the counts every round reports (`stage_metrics`: parameters, sparsity, FLOPs per token), the fine-tuning
+learning rate taken from the parent's schedule (`finetune_lr`), the report and its curves (`write_prune_report`),
+and the stage of `effkit run` (`PruneStage`: one step per pruning mode of the recipe)."""
 
 from __future__ import annotations
 
 import copy
 import json
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -195,6 +200,68 @@ def run_prune(cfg: PruneConfig, progress: bool = True) -> dict[str, Any]:
         return _prune(cfg, rt, source, meta, data_cfg, layout, progress, lr_how)
 
 
+def _calibration(cfg: PruneConfig, pruner, train_blocks: torch.Tensor) -> list[torch.Tensor] | None:
+    """The calibration batches of a method that ranks by activations (seeded from the fine-tuning seed), or None."""
+    if not pruner.needs_calibration(cfg):
+        return None
+    g = torch.Generator().manual_seed(cfg.finetune.seed)
+    idx = torch.randperm(len(train_blocks), generator=g)[: cfg.method.calib_batches * cfg.finetune.batch_size]
+    return list(train_blocks[idx].split(cfg.finetune.batch_size))
+
+
+def _round_metrics(mdl, *, cfg: PruneConfig, pruner, structure, distiller: Distiller | None, block: int,
+                   dense: dict[str, Any], dense_model, dense_eval: dict[str, Any], blocks, control, source: Path,
+                   r: int, fraction: float, control_eval: dict[str, Any] | None, done) -> dict[str, Any]:
+    """What a pruned round's report adds to its fine-tuning's metrics: how it was pruned (`done`: this round's
+    cut), its size and FLOPs against the dense parent, its latency paired with the parent's, and its held-out loss
+    paired by block with the parent's and, with a control, with the control's (and the control's with the
+    parent's)."""
+    docs = blocks.eval_docs
+    m = {"prune": {"mode": cfg.method.mode, "round": r, "target": fraction, "final_target": cfg.method.target,
+                   "importance": pruner.ranks_by(cfg), "scope": None if pruner.structured else cfg.method.scope,
+                   "structure": structure, "this_round": done,
+                   "distill": distiller.describe() if distiller else None},
+         **stage_metrics(mdl, block, dense, pruner.counts_block_params),
+         **paired_latency(dense_model, mdl, block, cfg)}
+    own = evaluation.evaluate(mdl, blocks.eval, cfg.finetune.batch_size, docs=docs)
+    m[results.EVAL_LOSS_DELTA_VS_DENSE] = stats.paired_delta(dense_eval["block_losses"], own["block_losses"], docs)
+    if control_eval is not None:
+        m["control_eval_loss"] = control_eval["eval_loss"]
+        m["control_eval_loss_ci95"] = control_eval["eval_loss_ci95"]
+        m["control_artifact"] = str(control.artifact(r) if control else source)
+        m[results.EVAL_LOSS_DELTA_VS_CONTROL] = stats.paired_delta(control_eval["block_losses"],
+                                                                   own["block_losses"], docs)
+        # what the fine-tuning alone did to the dense model (the control against its own parent)
+        m[results.CONTROL_DELTA_VS_DENSE] = stats.paired_delta(dense_eval["block_losses"],
+                                                               control_eval["block_losses"], docs)
+    return m
+
+
+def _dense_row(dense: dict[str, Any], source: Path) -> dict[str, Any]:
+    """Round 0 of the curve: the dense parent."""
+    return {"round": 0, "target": 0.0, "achieved_sparsity": dense["achieved_sparsity"], "block_params_removed": 0.0,
+            "eval_loss": dense["eval_loss"], "eval_loss_ci95": dense["eval_loss_ci95"],
+            "control_eval_loss": dense["eval_loss"], "params": dense["params"],
+            "flops_per_token": dense["flops_per_token_dense"], "artifact": str(source)}
+
+
+def _round_row(r: int, fraction: float, report: dict[str, Any], structured: bool) -> dict[str, Any]:
+    """Round `r` of the curve, from its fine-tuning report."""
+    m = report["metrics"]
+    return {"round": r, "target": fraction, "achieved_sparsity": m["achieved_sparsity"],
+            "block_params_removed": m["block_params_removed"], "n_embd": m["n_embd"],
+            "n_layer": m["n_layer"], "n_inner": m["n_inner"],
+            "eval_loss": m["eval_loss"], "eval_loss_ci95": m["eval_loss_ci95"],
+            "control_eval_loss": m.get("control_eval_loss"),
+            results.EVAL_LOSS_DELTA_VS_CONTROL: m.get(results.EVAL_LOSS_DELTA_VS_CONTROL),
+            results.CONTROL_DELTA_VS_DENSE: m.get(results.CONTROL_DELTA_VS_DENSE),
+            results.EVAL_LOSS_DELTA_VS_DENSE: m[results.EVAL_LOSS_DELTA_VS_DENSE], "params": m["params"],
+            "flops_per_token": m["flops_per_token_dense" if structured else "flops_per_token_nonzero"],
+            "latency_b1_s": m["latency_b1"]["p50_s"], "latency_b12_s": m["latency_b12"]["p50_s"],
+            **{k: m[k] for k in (results.LATENCY_RATIO_B1, results.LATENCY_RATIO_B12)},
+            "speedup_projected": m["speedup_projected_from_flops"], "artifact": report["artifact"]}
+
+
 def _prune(cfg: PruneConfig, rt: Runtime, source: Path, meta: dict[str, Any], data_cfg: DataConfig,
            layout: RunLayout, progress: bool, lr_how: str = "set by --lr") -> dict[str, Any]:
     block = data_cfg.block_size
@@ -218,17 +285,9 @@ def _prune(cfg: PruneConfig, rt: Runtime, source: Path, meta: dict[str, Any], da
     control = ControlArm(cfg, source, meta, data_cfg, layout, rt, progress, loss=distiller) \
         if cfg.finetune.control and cfg.finetune.finetune_steps else None
     cut = pruner.start(cfg, model)
-    calib = None
-    if pruner.needs_calibration(cfg):
-        g = torch.Generator().manual_seed(cfg.finetune.seed)
-        idx = torch.randperm(len(blocks.train), generator=g)[: cfg.method.calib_batches * cfg.finetune.batch_size]
-        calib = list(blocks.train[idx].split(cfg.finetune.batch_size))
+    calib = _calibration(cfg, pruner, blocks.train)
 
-    rows: list[dict[str, Any]] = [{"round": 0, "target": 0.0, "achieved_sparsity": dense["achieved_sparsity"],
-                                   "block_params_removed": 0.0,
-                                   "eval_loss": dense["eval_loss"], "eval_loss_ci95": dense["eval_loss_ci95"],
-                                   "control_eval_loss": dense["eval_loss"], "params": dense["params"],
-                                   "flops_per_token": dense["flops_per_token_dense"], "artifact": str(source)}]
+    rows: list[dict[str, Any]] = [_dense_row(dense, source)]
     parent = str(source)
     for r in range(1, cfg.method.rounds + 1):
         fraction = cfg.method.target * r / cfg.method.rounds
@@ -236,45 +295,14 @@ def _prune(cfg: PruneConfig, rt: Runtime, source: Path, meta: dict[str, Any], da
                         if control else dense_eval if cfg.finetune.control else None)
         model, done, after_step = cut(model, fraction, calib)
         model.train()
-
-        def extra(mdl, f=fraction, r=r, control_eval=control_eval, done=done):
-            m = {"prune": {"mode": cfg.method.mode, "round": r, "target": f, "final_target": cfg.method.target,
-                           "importance": pruner.ranks_by(cfg), "scope": None if pruner.structured else cfg.method.scope,
-                           "structure": structure, "this_round": done,
-                           "distill": distiller.describe() if distiller else None},
-                 **stage_metrics(mdl, block, dense, pruner.counts_block_params),
-                 **paired_latency(dense_model, mdl, block, cfg)}
-            own = evaluation.evaluate(mdl, blocks.eval, cfg.finetune.batch_size, docs=docs)
-            m[results.EVAL_LOSS_DELTA_VS_DENSE] = stats.paired_delta(dense_eval["block_losses"], own["block_losses"],
-                                                                     docs)
-            if control_eval is not None:
-                m["control_eval_loss"] = control_eval["eval_loss"]
-                m["control_eval_loss_ci95"] = control_eval["eval_loss_ci95"]
-                m["control_artifact"] = str(control.artifact(r) if control else source)
-                m[results.EVAL_LOSS_DELTA_VS_CONTROL] = stats.paired_delta(control_eval["block_losses"],
-                                                                           own["block_losses"], docs)
-                # what the fine-tuning alone did to the dense model (the control against its own parent)
-                m[results.CONTROL_DELTA_VS_DENSE] = stats.paired_delta(dense_eval["block_losses"],
-                                                                       control_eval["block_losses"], docs)
-            return m
-
+        extra = partial(_round_metrics, cfg=cfg, pruner=pruner, structure=structure, distiller=distiller,
+                        block=block, dense=dense, dense_model=dense_model, dense_eval=dense_eval, blocks=blocks,
+                        control=control, source=source, r=r, fraction=fraction, control_eval=control_eval,
+                        done=done)
         report = finetune(finetune_config(cfg, source, meta, data_cfg, r, layout), model, rt, stage="prune",
                           tag=prune_tag(cfg.label, r), parent=parent, after_step=after_step, extra_metrics=extra,
                           loss=distiller, progress=progress)
-        m = report["metrics"]
-        rows.append({"round": r, "target": fraction, "achieved_sparsity": m["achieved_sparsity"],
-                     "block_params_removed": m["block_params_removed"], "n_embd": m["n_embd"],
-                     "n_layer": m["n_layer"], "n_inner": m["n_inner"],
-                     "eval_loss": m["eval_loss"], "eval_loss_ci95": m["eval_loss_ci95"],
-                     "control_eval_loss": m.get("control_eval_loss"),
-                     results.EVAL_LOSS_DELTA_VS_CONTROL: m.get(results.EVAL_LOSS_DELTA_VS_CONTROL),
-                     results.CONTROL_DELTA_VS_DENSE: m.get(results.CONTROL_DELTA_VS_DENSE),
-                     results.EVAL_LOSS_DELTA_VS_DENSE: m[results.EVAL_LOSS_DELTA_VS_DENSE], "params": m["params"],
-                     "flops_per_token": m["flops_per_token_dense" if pruner.structured else
-                                          "flops_per_token_nonzero"],
-                     "latency_b1_s": m["latency_b1"]["p50_s"], "latency_b12_s": m["latency_b12"]["p50_s"],
-                     **{k: m[k] for k in (results.LATENCY_RATIO_B1, results.LATENCY_RATIO_B12)},
-                     "speedup_projected": m["speedup_projected_from_flops"], "artifact": report["artifact"]})
+        rows.append(_round_row(r, fraction, report, pruner.structured))
         parent = report["artifact"]
 
     source_info = {"model": str(source), "data": data_cfg.source, "tokenizer": prepared.tokenizer_source}

@@ -4,7 +4,10 @@ picks the fastest at `--optimize-for` (greedy decoding at batch 1 by default).
 
 Every artifact is written first and then reloaded from its folder alone (`effkit.artifacts.loader`); the reloaded
 model is the one measured, and the report counts the int8 layers it really holds. Each backend's module says
-which format it writes and who can load it."""
+which format it writes and who can load it.
+
+The stage of `effkit run` (`QuantizeStage`) quantizes each model the recipe's `quantize_from` names: the trained
+model, a pruning round, or `best-pruned`, the most compressed round within the loss budget (`best_pruned`)."""
 
 from __future__ import annotations
 
