@@ -34,6 +34,7 @@ from effkit.errors import EffkitError, Interrupted, exit_interrupted, interrupt_
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="effkit: train, prune, quantize and benchmark GPT-2-class models, with honest numbers.")
 
+
 @app.callback()
 def _root(remeasure: bool = typer.Option(False, "--remeasure", help="measure again what effkit caches per machine "
                                          "(the CPU's GEMM peak, bf16 or fp32, CTranslate2's threads, the memory "

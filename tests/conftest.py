@@ -142,3 +142,13 @@ def assert_choice_from_samples(c: dict) -> None:
     else:
         assert c["verdict"] == "undecided" and c["label"] == "undecided: chosen by point estimate"
     assert c["picked"] not in c["invalid"]
+
+
+SLOW_FIXTURES = {"parallel_runs", "run_with_artifacts"}  # module fixtures that train, launch or bench for tens of s
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test that uses one of SLOW_FIXTURES is slow too (the fast tier, `-m "not slow"`, never builds them)."""
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)

@@ -149,6 +149,7 @@ def test_generate_streams_text(run_with_artifacts, which):
     assert out.stdout.startswith("The Congress") and len(out.stdout.strip()) > len("The Congress")
 
 
+@pytest.mark.slow
 def test_generate_compile_gives_the_eager_greedy_text(run_with_artifacts):
     _, _, _, paths = run_with_artifacts
     args = [sys.executable, "-m", "effkit", "generate", "--from", paths[0], "--prompt", "The Congress",
@@ -181,6 +182,7 @@ def test_bench_bad_input(run_with_artifacts, tmp_path, capsys, monkeypatch):
         assert code == 2 and len(err.splitlines()) == 1 and needle in err, (args, err)
 
 
+@pytest.mark.slow
 def test_bench_with_the_default_generation_length_on_a_nano_model(run_with_artifacts):
     """The default generation length (128) exceeds gpt2-nano's context after the prompt: capped, and said. Timed
     sequentially (the default): rounds until decided, within a short budget, the ratios at the looks' level."""

@@ -87,6 +87,7 @@ def test_recipe_values_apply_and_flags_override(tmp_path, corpus_dir, monkeypatc
     assert (cfg.model.name, cfg.optim.lr, cfg.optim.batch_size, cfg.data.block_size) == ("gpt2-nano", 0.01, 5, 128)
 
 
+@pytest.mark.slow
 def test_truncated_checkpoint_on_resume(tmp_path, corpus_dir, capsys, monkeypatch):
     code, _ = run_cli(tiny(tmp_path, corpus_dir, "--checkpoint-interval", "1", "--run-name", "ck"),
                       capsys, monkeypatch)
@@ -177,6 +178,7 @@ def test_output_folder_that_is_a_file_fails_before_training(tmp_path, corpus_dir
     assert_clean_failure(code, err, tmp_path, "is a file, not a folder")
 
 
+@pytest.mark.slow
 def test_one_process_per_run_and_a_stale_lock_is_taken_over(tmp_path, corpus_dir):
     import os
     import time
@@ -306,6 +308,7 @@ def test_peer_engines_that_would_give_no_peer_row_are_refused(flags, needle, tmp
     assert_clean_failure(code, err, tmp_path, needle)
 
 
+@pytest.mark.slow
 def test_a_recipes_peer_engines_need_peers_only_where_peers_are_off(tmp_path, capsys, monkeypatch):
     """`effkit run` turns peers on when its recipe leaves them unset, so there `peer_engines` alone is valid; with
     `peers = false` (and in `effkit bench`, where unset is off) it is refused like the flag."""

@@ -48,6 +48,7 @@ def logits_of(model, blocks):
         return model(blocks).logits
 
 
+@pytest.mark.slow
 def test_onnx_fp32_export_gives_pytorch_logits(trained):
     tmp, artifact, blocks = trained
     report = run_export_cfg(ecfg(tmp, artifact))
@@ -121,6 +122,7 @@ def run_export_cfg(cfg):
     return run_export(cfg)
 
 
+@pytest.mark.slow
 def test_ctranslate2_export_gives_pytorch_greedy_tokens_and_loss(trained, tmp_path):
     from effkit.artifacts.loader import load_any, load_command
 
@@ -235,6 +237,7 @@ def test_a_pytorch_prefill_builds_the_kv_cache_as_the_onnx_graph_does(trained):
     assert seen and seen[-1].get("use_cache") is True
 
 
+@pytest.mark.slow
 def test_onnx_int8_reloads_from_its_folder_alone_and_generates(trained, tmp_path, capsys, monkeypatch):
     tmp, artifact, blocks = trained
     report = run_export_cfg(ecfg(tmp, artifact, int8=True))
@@ -254,6 +257,7 @@ def test_onnx_int8_reloads_from_its_folder_alone_and_generates(trained, tmp_path
     assert exc.value.code == 0 and out.startswith("The state of the Union") and len(out) > len("The state of the Union")
 
 
+@pytest.mark.slow
 def test_a_row_pruned_artifact_exports_and_quantizes_to_onnx_int8(trained):
     tmp, artifact, blocks = trained
     pruned = run_prune(PruneConfig.from_flat(fixed_rounds=True,
@@ -284,6 +288,7 @@ def test_bnb_artifact_loads_with_plain_from_pretrained(trained):
     assert json.loads((Path(report["artifact"]) / "config.json").read_text())["quantization_config"]["load_in_8bit"]
 
 
+@pytest.mark.slow
 def test_bench_measures_onnx_artifacts_beside_pytorch_ones(trained):
     from effkit.bench import run_bench
 
@@ -328,6 +333,7 @@ def run_cli(args, capsys, monkeypatch):
     return exc.value.code, capsys.readouterr().err.strip()
 
 
+@pytest.mark.slow
 def test_bad_export_input(trained, capsys, monkeypatch):
     import effkit.engines.onnxruntime
 

@@ -31,6 +31,7 @@ def dirs(tmp):
     return {"runs_dir": str(tmp / "runs"), "reports_dir": str(tmp / "reports")}
 
 
+@pytest.mark.slow
 def test_a_plain_hugging_face_folder_goes_through_every_stage(hf_folder, corpus_dir, tmp_path, capsys, monkeypatch):
     from effkit.bench import run_bench
     from effkit.export import run_export

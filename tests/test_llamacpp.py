@@ -95,6 +95,7 @@ def test_gguf_export_loads_in_plain_llamacpp_and_decodes_pytorchs_greedy_tokens(
     assert report["metrics"]["eval_loss"] == pytest.approx(report["metrics"]["parent_fp32"]["eval_loss"], rel=1e-3)
 
 
+@pytest.mark.slow
 def test_q8_0_and_q4_0_stay_within_effkits_int8_rule_and_load_through_the_registry(exported, capsys, monkeypatch):
     """`--type q8_0` on the command line; `quantize --backend gguf --gguf-type q4_0` through the backend registry.
     Both are measured against the parent like every int8 artifact: held-out loss within 1% (auto's budget)."""
@@ -196,6 +197,7 @@ def test_engine_and_backend_come_through_the_registries_only(exported):
             assert '"llamacpp"' not in text and "engines.llamacpp" not in text, path
 
 
+@pytest.mark.slow
 def test_the_peer_row_is_written_benched_and_its_ratios_recompute_from_the_samples(exported):
     from effkit.bench import run_bench
     from effkit.bench.rows import peer_workloads

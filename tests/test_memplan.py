@@ -20,6 +20,7 @@ def total(d):
     return sum(v for k, v in d.items() if k != "params_count")
 
 
+@pytest.mark.slow
 def test_extrapolation_from_2_and_4_blocks_equals_the_full_simulation():
     deep = GPT2Config(vocab_size=512, n_layer=6, n_embd=64, n_head=2, n_positions=64)
     full = memplan.simulate(deep, 4, 32, checkpointing=True)
@@ -54,6 +55,7 @@ def test_tricks_move_the_plan_the_way_they_must(tiny_cfg):
     assert base.steps_bytes == base.total_bytes - base.per_rank["parameters"] - base.per_rank["buffers"]
 
 
+@pytest.mark.slow
 def test_fit_proposes_the_cheapest_trick_that_fits(tiny_cfg):
     cfg = tiny_cfg(batch_size=8)
     asked = memplan.predict(cfg, probe=True)  # with this machine's runtime, as fit measures it
@@ -65,6 +67,7 @@ def test_fit_proposes_the_cheapest_trick_that_fits(tiny_cfg):
     assert plan.total_bytes < asked.total_bytes
 
 
+@pytest.mark.slow
 def test_plan_of_a_1_5b_model_allocates_nothing(tmp_path):
     """`--plan` for gpt2-xl (5.8 GiB of fp32 weights) runs on fake tensors: the process stays far below the
     model, and its plan for plain AdamW is over 22 GiB."""

@@ -20,7 +20,8 @@ from conftest import assert_choice_from_samples, assert_ratio_from_samples, inde
 from effkit.engines.openvino import ov_unavailable
 from effkit.errors import EffkitError
 
-pytestmark = pytest.mark.skipif(ov_unavailable() is not None, reason=f"not run: {ov_unavailable()}")
+pytestmark = [pytest.mark.skipif(ov_unavailable() is not None, reason=f"not run: {ov_unavailable()}"),
+              pytest.mark.slow]  # every test shares the module's exported model (an export and a compile)
 
 
 @pytest.fixture(scope="module")

@@ -181,6 +181,7 @@ def _cli(args, tmp_path, env=None, timeout=180):
                           env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
 
 
+@pytest.mark.slow
 def test_cli_launches_two_processes_through_accelerate(tmp_path, corpus_dir):
     out = _cli(["--data", str(corpus_dir), "--parallel", "ddp", "--nproc", "2", "--max-steps", "3",
                 "--batch-size", "2", "--run-name", "cli"], tmp_path)
@@ -192,6 +193,7 @@ def test_cli_launches_two_processes_through_accelerate(tmp_path, corpus_dir):
     assert (tmp_path / "runs" / "cli" / "train" / "model.safetensors").is_file()
 
 
+@pytest.mark.slow
 def test_a_crashing_rank_stops_the_others_and_is_named(tmp_path, corpus_dir):
     import time
 
@@ -242,6 +244,7 @@ def test_bad_process_layouts_fail_before_launch(args, needle, tmp_path, corpus_d
     assert not (tmp_path / "runs" / "bad").exists()
 
 
+@pytest.mark.slow
 def test_a_rank_killed_by_a_signal_is_named_and_nothing_is_left(tmp_path, corpus_dir):
     out = _cli(["--data", str(corpus_dir), "--parallel", "ddp", "--nproc", "2", "--max-steps", "50",
                 "--batch-size", "2", "--run-name", "killed"], tmp_path, env={"EFFKIT_FAULT_INJECT": "1:2:kill"})
@@ -251,6 +254,7 @@ def test_a_rank_killed_by_a_signal_is_named_and_nothing_is_left(tmp_path, corpus
     assert not (tmp_path / "runs" / "killed").exists()  # the launch files lived in a temporary folder
 
 
+@pytest.mark.slow
 def test_two_nodes_on_localhost_finish_and_match_single_process(tmp_path, corpus_dir):
     import subprocess
     import sys
@@ -282,6 +286,7 @@ def test_a_multi_node_run_needs_a_run_name(tmp_path, corpus_dir):
     assert out.returncode == 2 and "needs the same --run-name on every node" in out.stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_a_bad_value_found_inside_the_ranks_exits_2_in_one_line(tmp_path, corpus_dir):
     out = _cli(["--data", str(corpus_dir), "--parallel", "ddp", "--nproc", "2", "--max-steps", "20", "--lr", "1e4",
                 "--batch-size", "2", "--run-name", "diverge"], tmp_path)
@@ -292,6 +297,7 @@ def test_a_bad_value_found_inside_the_ranks_exits_2_in_one_line(tmp_path, corpus
     assert not (tmp_path / "runs" / "diverge").exists() and not (tmp_path / "reports" / "diverge").exists()
 
 
+@pytest.mark.slow
 def test_a_killed_pipeline_run_resumes_to_the_same_losses(tmp_path, corpus_dir):
     args = ["--data", str(corpus_dir), "--parallel", "pp", "--nproc", "2", "--max-steps", "6", "--batch-size", "4",
             "--threads", "1"]

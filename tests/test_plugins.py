@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 PLUGINS = Path(__file__).parent / "plugins"
 
 
@@ -22,6 +24,7 @@ def effkit(args, env, timeout=600):
                           timeout=timeout)
 
 
+@pytest.mark.slow
 def test_a_plugin_engine_workload_and_stage_run_in_effkit_run_and_its_bench(tmp_path, corpus_dir):
     recipe = tmp_path / "toy.toml"
     recipe.write_text(f"""

@@ -29,12 +29,16 @@ def trained(tmp_path_factory, corpus_dir):
 
 
 def qcfg(tmp, source, **kw):
+    # fixed rounds for the comparisons with the parent; a choice (auto, a backend's settings) always runs the rule,
+    # here with 2 s of head-to-head per open contender (its second look always runs)
     return QuantizeConfig.from_flat(fixed_rounds=True,
                                     **{"source": source, "latency_repeats": 2, "gen_tokens": 4, "batch_size": 4,
+                                       "budget_s": 2.0,
                              "runs_dir": str(tmp / "runs"), "reports_dir": str(tmp / "reports"), **kw})
 
 
 @pytest.mark.parametrize("backend", ["dynamic", "torchao", "bnb", "onnxruntime", "ctranslate2"])  # int4: its own test
+@pytest.mark.slow
 def test_backend_quantizes_reloads_and_stays_close(backend, trained):
     # every backend here is installed by the dev extra: one that does not import fails, it is not skipped
     assert backend_available(backend) is None, backend_available(backend)
@@ -84,6 +88,7 @@ def fake_backend():
     backends.unregister("fake8")
 
 
+@pytest.mark.slow
 def test_auto_measures_and_names_its_choice(trained, fake_backend):
     tmp, artifact, _ = trained
     report = run_quantize(qcfg(tmp, artifact, backend="auto"))
@@ -112,6 +117,7 @@ def test_a_registered_backend_writes_and_the_loader_loads_it(trained, fake_backe
     assert quantized_layers(report["artifact"], model) == report["metrics"]["int8_layers_reloaded"]
 
 
+@pytest.mark.slow
 def test_int4_holds_4bit_layers_and_no_fp32_copy_of_the_tied_head(trained):
     import onnx
 
@@ -128,6 +134,7 @@ def test_int4_holds_4bit_layers_and_no_fp32_copy_of_the_tied_head(trained):
     assert (Path(report["artifact"]) / "model.onnx").stat().st_size < 4 * params / 2  # well under fp32's bytes
 
 
+@pytest.mark.slow
 def test_a_row_pruned_artifact_quantizes(trained, capsys, monkeypatch):
     tmp, artifact, eval_blocks = trained
     pruned = run_prune(PruneConfig.from_flat(fixed_rounds=True,
@@ -137,6 +144,7 @@ def test_a_row_pruned_artifact_quantizes(trained, capsys, monkeypatch):
                        progress=False)
     monkeypatch.setattr(sys, "argv", ["effkit", "quantize", "--from", pruned["artifact"], "--backend", "dynamic",
                                       "--gen-tokens", "500", "--latency-repeats", "1", "--batch-size", "4",
+                                      "--fixed-rounds", "--latency-rounds", "2",
                                       "--runs-dir", str(tmp / "runs"), "--reports-dir", str(tmp / "reports")])
     with pytest.raises(SystemExit) as exc:
         cli.main()
@@ -223,6 +231,7 @@ def plain_onnxruntime_loss(model_path: Path, config: dict, blocks) -> float:
     return total / count
 
 
+@pytest.mark.slow
 def test_int4_measured_settings_travel_in_the_graph_and_reload_in_plain_onnxruntime(trained, monkeypatch):
     import onnx
     from onnx import numpy_helper
@@ -278,6 +287,7 @@ def test_int4_measured_settings_travel_in_the_graph_and_reload_in_plain_onnxrunt
         int4["decode_b1_tokens_per_s"] * per_token["bytes_per_token"] / int4["memory_bandwidth_bytes_per_s"])
 
 
+@pytest.mark.slow
 def test_int4_takes_the_lowest_loss_untimed_when_no_setting_is_within_the_budget(trained, monkeypatch):
     from effkit.quantize.backends import onnxruntime_int4 as int4_backend
 
@@ -291,6 +301,7 @@ def test_int4_takes_the_lowest_loss_untimed_when_no_setting_is_within_the_budget
     assert int4["chosen"].startswith("the lowest loss")
 
 
+@pytest.mark.slow
 def test_int4_settings_asked_by_hand_are_written_as_asked(trained):
     import onnx
 
@@ -337,6 +348,7 @@ def test_int4_without_avx2_does_not_run_int8_compute(monkeypatch):
     assert backends.get("onnxruntime-int4").refuses(asked) is None
 
 
+@pytest.mark.slow
 def test_onnxruntime_int8_takes_the_faster_form_within_its_loss_budget_and_records_why(trained):
     """#42: the quantized dense model effkit shipped was effkit's int8 form (the LM head in int8), which decoded 0.87x
     (0.78-0.98) as fast as ONNX Runtime's own int8 (the peer's form, head fp32) at batch 1 on the quickstart. Both

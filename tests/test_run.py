@@ -82,6 +82,7 @@ quick = true
     return recipe
 
 
+@pytest.mark.slow
 def test_tiny_recipe_end_to_end_then_skips(tmp_path, corpus_dir):
     recipe = write_recipe(tmp_path, corpus_dir, extra_run='quantize_from = ["train", "best-pruned"]\n'
                                                           "max_loss_increase = 0.5")
@@ -233,6 +234,7 @@ def _fake_bench(speeds: dict[str, list[float]], losses: dict[str, float], stages
             "stopping": {"decode_b1": {"level": level, "precision": 0.03, "rounds": 24}}}
 
 
+@pytest.mark.slow
 def test_the_deliverable_is_chosen_pairwise_within_the_budget_by_the_decision_rule(tmp_path, corpus_dir):
     """#42 (1): the deliverable took the largest point estimate of each artifact's ratio to the reference, with no
     comparison between the candidates, across ratios that ran 6 and 24 rounds. Here `early` looked 1.30x the
@@ -273,6 +275,7 @@ def test_the_deliverable_is_chosen_pairwise_within_the_budget_by_the_decision_ru
     assert deliverable(plan, nan)["tag"] == "train"
 
 
+@pytest.mark.slow
 def test_a_run_killed_during_prune_resumes_and_completes(tmp_path, corpus_dir):
     recipe = write_recipe(tmp_path, corpus_dir, prune_rounds=2, finetune=20,
                           extra_run='stages = ["train", "prune"]')
@@ -321,6 +324,7 @@ def test_missing_recipe(tmp_path, capsys, monkeypatch):
     assert exc.value.code == 2 and "not found" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_dry_run_shows_the_plan_and_the_launch_command(tmp_path, corpus_dir):
     recipe = write_recipe(tmp_path, corpus_dir)
     text = recipe.read_text().replace('model = "gpt2-nano"', 'model = "gpt2-nano"\nparallel = "fsdp"\nnproc = 2')
@@ -333,6 +337,7 @@ def test_dry_run_shows_the_plan_and_the_launch_command(tmp_path, corpus_dir):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 def test_the_runs_bench_times_the_round_of_each_mode_a_user_would_look_at(tmp_path, corpus_dir):
     """#46: the run's bench re-timed every pruning round the prune stage had already judged. It now times each
     mode's most compressed round within the budget (by the upper end of the loss interval), or the least damaged

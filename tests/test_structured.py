@@ -117,6 +117,7 @@ def test_kl_is_zero_when_the_teacher_is_the_student():
 
 
 @pytest.mark.parametrize("mode, target, shape", [("width", 0.5, {"n_embd": 32}), ("depth", 0.5, {"n_layer": 1})])
+@pytest.mark.slow
 def test_structured_rounds_compose_load_in_transformers_and_distill_through_the_loop(trained, mode, target, shape):
     tmp, artifact = trained
     report = run_prune(prune_cfg(tmp, artifact, mode=mode, target=target, distill=True), progress=False)

@@ -18,6 +18,7 @@ def tiny_study(tmp_path, corpus_dir):
 
 
 @pytest.mark.parametrize("name", names())
+@pytest.mark.slow
 def test_study_writes_consistent_json_markdown_and_png(name, tiny_study, tmp_path):
     if name == "memory":  # #39 (6): gpt2-mini, whose own tensors are most of its peak (on gpt2-nano the plan was
         # mostly its one-block runtime probe, compared with itself), with glibc's default allocator, as users run

@@ -155,6 +155,7 @@ def test_amp_probe_is_cached_per_machine_and_model_shape(monkeypatch, tmp_path):
     assert "L2-d64-h2" in first["key"] and "threads" in first["key"]
 
 
+@pytest.mark.slow
 def test_default_training_precision_is_measured_and_reported(tiny_cfg, monkeypatch, tmp_path):
     from effkit.measure import hardware
 
