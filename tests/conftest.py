@@ -14,6 +14,12 @@ def _isolated_cache(tmp_path_factory):
     os.environ["EFFKIT_CACHE"] = str(tmp_path_factory.mktemp("effkit-cache"))
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     os.environ["EFFKIT_PG_TIMEOUT"] = "90"  # a hung collective in a multi-process test fails in 90 s, not 300
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # one thread per worker: two workers of two spinning OpenMP threads
+        # each on two cores wait on each other; the processes a test starts inherit it
+        import torch
+
+        torch.set_num_threads(1)
+        os.environ["OMP_NUM_THREADS"] = "1"
     yield
 
 
