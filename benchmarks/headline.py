@@ -72,6 +72,12 @@ def table(report_dir: Path) -> str:
         tag = ship["tag"] if which == "delivered" else ship["lossless"]["tag"]  # the line below it
         out += ["", f"**Slower than a peer**: the {which} artifact {tag} at {workload}: "
                 + ", ".join(f"{p} is faster ({tag} vs it {stats.fmt_ratio(r)})" for p, r in by.items()) + "."]
+    twins = [f"{r['tag']} runs the very computation of {p}" for r in bench["artifacts"]
+             for p in r.get("same_computation_as", ())]
+    if twins:  # a tie by construction, which no number of rounds on a noisy machine would show within +-3%
+        out += ["", "**Same computation as a peer**: " + "; ".join(twins) + " (the same operators and weights in the "
+                "same engine with the same settings: a tie by construction; its measured ratios show this machine's "
+                "noise)."]
     if ship.get("line"):
         out += ["", "```", ship["line"], "```"]
     return "\n".join(out)

@@ -82,3 +82,17 @@ def test_the_headline_says_when_a_peer_beats_what_effkit_ships(tmp_path):
     ship["beaten_by_peers"] = {"delivered": {}, "lossless": {}}
     (tmp_path / "deliverable.json").write_text(json.dumps(ship))
     assert "Slower than a peer" not in h.table(tmp_path)
+    # an artifact that runs a peer's very computation is said to, under the table and in bench.md's peer table
+    from effkit.bench.render import peer_lines
+
+    bench = fake_bench(0.98)
+    bench["artifacts"][0]["stage"], bench["artifacts"][0]["tag"] = "peer", "peer-onnxruntime-int8"
+    row = bench["artifacts"][1]
+    row["same_computation_as"] = ["peer-onnxruntime-int8"]
+    row["vs_peers"] = {"peer-onnxruntime-int8": {k: {"ratio": 0.9, "ci95": [0.8, 1.01], "verdict": "same"}
+                                                 for k in ("decode_b1", "decode_b12", "prefill_b1", "prefill_b12")}}
+    (tmp_path / "bench.json").write_text(json.dumps(bench))
+    assert ("**Same computation as a peer**: quantize-dynamic runs the very computation of peer-onnxruntime-int8"
+            in h.table(tmp_path))
+    md = "\n".join(peer_lines(bench))
+    assert "(same computation)" in md and "quantize-dynamic runs the very computation of" in md

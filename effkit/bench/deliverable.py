@@ -52,7 +52,9 @@ def deliverable(plan: Plan, bench: dict[str, Any]) -> dict[str, Any]:
     cols = ", ".join(f"{w.name} " + ("1.00x (reference)" if best is ref else stats.fmt_ratio(best[w.ratio]))
                      for w in peer_workloads() if best is ref or w.ratio in best)
     peers = best.get("vs_peers", {})
-    vs_peers = "; ".join(f"vs {p}: " + ", ".join(f"{w} {stats.fmt_ratio(r[w])}" for w in r) for p, r in peers.items())
+    same = best.get("same_computation_as", ())
+    vs_peers = "; ".join(f"vs {p}" + (" (the same computation: a tie by construction)" if p in same else "") + ": "
+                         + ", ".join(f"{w} {stats.fmt_ratio(r[w])}" for w in r) for p, r in peers.items())
     judged = {"delivered": best["tag"], "lossless": lossless.picked if lossless else None}
     beaten = {name: beaten_by(rows[tag], chosen) for name, tag in judged.items() if tag}
     warn = "; ".join(f"the {name} artifact {judged[name]} is slower at {chosen.name} than "
@@ -76,6 +78,8 @@ def deliverable(plan: Plan, bench: dict[str, Any]) -> dict[str, Any]:
 
 
 def beaten_by(row: dict[str, Any], w: workloads.Workload) -> dict[str, dict[str, Any]]:
-    """The peers that are decided faster than the artifact of `row` at `w` (its paired ratio to each)."""
+    """The peers that are decided faster than the artifact of `row` at `w` (its paired ratio to each); never a peer
+    that runs the artifact's very computation (`same_computation_as`): a difference between the two is noise."""
+    same = row.get("same_computation_as", ())
     return {p: r[w.key] for p, r in row.get("vs_peers", {}).items()
-            if w.key in r and results.PairedRatio.of(r[w.key]).verdict == "slower"}
+            if p not in same and w.key in r and results.PairedRatio.of(r[w.key]).verdict == "slower"}

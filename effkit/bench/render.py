@@ -148,10 +148,17 @@ def peer_lines(report: dict[str, Any]) -> list[str]:
     lines = ["Against the engines a user would pick instead (the dense reference through them, same rounds; decode "
              "ratios above 1 and prefill ratios below 1 are faster than the peer):", "",
              f"| artifact | {head} |", "|---|" + "---|" * len(ws) * len(peers)]
+    same = []
     for r in report["artifacts"]:
         if "vs_peers" in r:
-            cells = [stats.fmt_ratio(r["vs_peers"][p][w.key]) for p in peers for w in ws]
+            twins = r.get("same_computation_as", ())
+            cells = [stats.fmt_ratio(r["vs_peers"][p][w.key]) + (" (same computation)" if p in twins else "")
+                     for p in peers for w in ws]
             lines.append(f"| {r['tag']} | " + " | ".join(cells) + " |")
+            same += [f"{r['tag']} runs the very computation of {p}" for p in r.get("same_computation_as", ())]
+    if same:
+        lines += ["", "; ".join(same) + " (the same operators and weights in the same engine with the same settings: "
+                  "one speed by construction, a tie; the ratios measured beside it show this machine's noise)."]
     return [*lines, ""]
 
 

@@ -87,6 +87,7 @@ class ArtifactRow:
     invalid: str | None = None  # why its measurements cannot be compared (never delivered)
     compiled: dict[str, Any] | None = None
     vs_peers: dict[str, dict[str, Any]] | None = None  # peer -> {w.key: ratio}
+    same_computation_as: list[str] | None = None  # the peers whose engine runs this very computation (same digest)
 
     def to_dict(self) -> dict[str, Any]:
         """The row as bench.json has it (its keys and their order)."""
@@ -106,7 +107,8 @@ class ArtifactRow:
         for t in self.train:
             out |= t.to_dict()
         out["flags"] = self.flags
-        optional = {"invalid": self.invalid, "compiled": self.compiled, "vs_peers": self.vs_peers}
+        optional = {"invalid": self.invalid, "compiled": self.compiled, "vs_peers": self.vs_peers,
+                    "same_computation_as": self.same_computation_as or None}
         return out | {k: v for k, v in optional.items() if v is not None}
 
     def non_finite(self) -> list[str]:
@@ -141,8 +143,10 @@ def train_figures(timed: dict[str, Any], tag: str, ref: str, stage: str) -> list
     return out
 
 
-def artifact_row(r: dict[str, Any], ref: dict[str, Any], timed: dict[str, Any], peers: list[str]) -> ArtifactRow:
-    """The row of the artifact `r` (its static measurement) against the reference `ref` and the `peers`."""
+def artifact_row(r: dict[str, Any], ref: dict[str, Any], timed: dict[str, Any], peers: list[str],
+                 digests: dict[str, str | None] | None = None) -> ArtifactRow:
+    """The row of the artifact `r` (its static measurement) against the reference `ref` and the `peers`
+    (`digests`: each peer's `computation`)."""
     tag = r["tag"]
     row = ArtifactRow({k: v for k, v in r.items() if k not in PER_BLOCK},
                       stats.paired_delta(ref["block_losses"], r["block_losses"], ref["block_docs"]),
@@ -158,13 +162,14 @@ def artifact_row(r: dict[str, Any], ref: dict[str, Any], timed: dict[str, Any], 
         row.compiled = compiled_row(timed, tag, ref["tag"])
     if r["stage"] != "peer":
         row.vs_peers = {p: peer_ratios(timed, p, tag) for p in peers}
+        row.same_computation_as = [p for p, d in (digests or {}).items() if d and d == r.get("computation")]
     return row
 
 
 def artifact_rows(static: list[dict[str, Any]], timed: dict[str, Any]) -> list[ArtifactRow]:
     """One row per artifact: its own figures, and paired comparisons with the first (the reference)."""
-    peers = [r["tag"] for r in static if r["stage"] == "peer"]
-    return [artifact_row(r, static[0], timed, peers) for r in static]
+    peers = {r["tag"]: r.get("computation") for r in static if r["stage"] == "peer"}
+    return [artifact_row(r, static[0], timed, list(peers), peers) for r in static]
 
 
 def combine(static: list[dict[str, Any]], timed: dict[str, Any]) -> list[dict[str, Any]]:

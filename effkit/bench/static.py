@@ -1,5 +1,7 @@
 """What the bench measures of each artifact alone, in a fresh process: its held-out loss per block (for paired
-deltas), a greedy sample, its size and parameters, and the peak memory of loading it and running every measured
+deltas), a greedy sample, its size and parameters, the digest of what its engine computes (`Engine.computation`:
+an artifact that runs a peer's very computation is told apart from one that ties it by measurement), and the peak
+memory of loading it and running every measured
 workload once (on CPU the process' RSS high-water mark, which an earlier artifact's freed memory would hide);
 for a pruned artifact or anything made from one, its loss against its dense control."""
 
@@ -54,6 +56,7 @@ def bench_one(path: Path, cfg: BenchConfig, tokenizer, eval_blocks: torch.Tensor
         r.update(evaluation.evaluate(model, eval_blocks, cfg.measure.batch_size, eval_bytes=eval_bytes, docs=docs))
         r["generation"] = generate_sample(model, tokenizer, cfg.measure.gen_tokens)
         engine = engine_of(path)
+        r["computation"] = engine.computation(path)  # the same digest as a peer's: the same computation
         for w in workloads.of_kind("prefill"):
             engine.prefill(model, w.batch, w.tokens or block)()
         if trainable(path):

@@ -86,6 +86,13 @@ class Engine:
         """The quantized layers a loaded model (of the artifact at `path`) really holds."""
         return 0
 
+    def computation(self, path: Path) -> str | None:
+        """A digest of what this engine computes for the artifact at `path` (its operators, their order and
+        attributes, and its weights' bytes; the run settings are this engine's own, the same for every artifact it
+        loads in one bench): two artifacts with the same digest run the same computation, so their speed differs
+        only by the machine's noise. None: the engine cannot say."""
+        return None
+
     def load_command(self, path: Path) -> str:
         """How a user loads the artifact outside effkit."""
         return f"effkit generate --from {path}"

@@ -291,6 +291,32 @@ def tie_embedding_to_head(path: Path) -> str:
             "the head's scale") + "), as the PyTorch model ties them")
 
 
+def graph_digest(path: Path) -> str:
+    """sha256 over what ONNX Runtime runs of `path/model.onnx`: the opsets, every node's operator, domain, inputs,
+    outputs and attributes in order, the graph's inputs and outputs, and every initializer's name, type, shape
+    and bytes; node names, doc strings and metadata (which differ between two exports of the same model) are
+    left out."""
+    import hashlib
+
+    import onnx
+    from onnx import numpy_helper
+
+    m = onnx.load(str(Path(path) / ONNX_FILE))
+    h = hashlib.sha256()
+    for o in m.opset_import:
+        h.update(f"opset {o.domain} {o.version}\n".encode())
+    for n in m.graph.node:
+        h.update(f"node {n.domain} {n.op_type} {list(n.input)} {list(n.output)}\n".encode())
+        for a in sorted(n.attribute, key=lambda a: a.name):
+            h.update(a.SerializeToString(deterministic=True))
+    for v in (*m.graph.input, *m.graph.output):
+        h.update(f"io {v.name} ".encode() + v.type.SerializeToString(deterministic=True))
+    for t in sorted(m.graph.initializer, key=lambda t: t.name):
+        a = numpy_helper.to_array(t)
+        h.update(f"init {t.name} {a.dtype} {a.shape}\n".encode() + a.tobytes())
+    return h.hexdigest()
+
+
 def int8_counts(path: Path) -> dict[str, int]:
     """The int8 operators of an ONNX graph, read back from the file: integer matmuls, and lookups (Gather) whose
     table is an int8 initializer."""
@@ -559,6 +585,9 @@ class OnnxRuntimeEngine(Engine):
 
     def quantized_layers(self, model: nn.Module, path: Path | None = None) -> int:
         return quantized_layers(model)
+
+    def computation(self, path: Path) -> str | None:
+        return graph_digest(path)
 
     def load_command(self, path: Path) -> str:
         """With the session options effkit timed it with (`session`): ONNX Runtime's defaults but the thread
