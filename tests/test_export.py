@@ -279,6 +279,15 @@ def test_effkits_standard_int8_is_the_very_computation_of_onnx_runtimes_peer(tra
     digest = {k: ENGINE.computation(f) for k, f in folders.items()}
     assert digest["standard"] == digest["peer"] == graph_digest(folders["peer"])
     assert len({digest["peer"], digest["effkit"], digest["fp32"]}) == 3
+    # CTranslate2: its converter's int8 file run with int8 compute is the peer's; float32 is another computation
+    from effkit.engines.ctranslate2 import ENGINE as CT2
+
+    ct2 = {k: tmp_path / f"ct2-{k}" for k in ("peer", "int8", "float32")}
+    CT2.write_peer(ct2["peer"], Path(artifact), model, tok)
+    CT2.convert(ct2["int8"], Path(artifact), model, tok, int8=True)
+    CT2.convert(ct2["float32"], Path(artifact), model, tok, int8=False)
+    assert CT2.computation(ct2["int8"]) == CT2.computation(ct2["peer"]) != CT2.computation(ct2["float32"])
+    assert CT2.computation(tmp_path / "fp32") is None  # not a CTranslate2 folder: nothing said
 
 
 @pytest.mark.slow

@@ -370,6 +370,20 @@ class CTranslate2Engine(Engine):
     def quantized_layers(self, model: nn.Module, path: Path | None = None) -> int:
         return quantized_layers(model)
 
+    def computation(self, path: Path) -> str | None:
+        """sha256 over the converted model file (its layers and weights) and the compute type it runs with."""
+        import hashlib
+
+        try:
+            desc = json.loads((Path(path) / CT2_DESC).read_text())
+            h = hashlib.sha256(f"compute_type {desc['compute_type']}\n".encode())
+            with open(Path(path) / "model.bin", "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    h.update(chunk)
+        except (OSError, ValueError, KeyError):
+            return None
+        return h.hexdigest()
+
     def load_command(self, path: Path) -> str:
         """With the thread count effkit timed it with on this machine (chosen per workload, `thread_choices`),
         where one was measured; CTranslate2's default otherwise."""
