@@ -1,7 +1,8 @@
 """llama.cpp (#44): a tiny trained model exports to one GGUF that plain llama.cpp (xllamacpp, no effkit) loads and
-decodes with PyTorch's greedy tokens (f16), Q8_0 stays within effkit's int8 rule, a row-pruned model does too; the
-engine and the backend come through the registries only; the peer row is written, benched, and its ratios recompute
-from the samples; a shape Q8_0 cannot store and a missing binding are one line each."""
+decodes with PyTorch's greedy tokens (f16), Q8_0 stays within effkit's int8 rule, a row-pruned model does too; Q4_0
+stores a 256-wide head Q6_K by llama.cpp's own quantizer (Q8_0 otherwise, saying why); the engine and the backend
+come through the registries only; the peer row is written, benched, and its ratios recompute from the samples; a
+shape Q8_0 cannot store and a missing binding are one line each."""
 
 import copy
 import json
@@ -120,6 +121,10 @@ def test_q8_0_and_q4_0_stay_within_effkits_int8_rule_and_load_through_the_regist
     assert q4["tag"] == "quantize-gguf-q4_0" and engine_of(q4["artifact"]).name == "llamacpp"
     desc = json.loads((Path(q4["artifact"]) / "gguf.json").read_text())
     assert desc["weights"] == {"Q8_0": 1, "Q4_0": 2 * 4, "F32": 19}  # the tied head kept in Q8_0
+    # gpt2-nano's n_embd (64) is no whole Q6_K super-block: llama-quantize's fallback, and why, in the record
+    why = "not llama-quantize's Q6_K: n_embd 64 is not a multiple of 256"
+    storage = json.loads((Path(q4["artifact"]) / "quantization.json").read_text())["storage"]
+    assert why in desc["head"] and why in desc["quantizer"] and why in storage
     assert abs(q4["metrics"]["eval_loss"] / q4["metrics"]["parent_fp32"]["eval_loss"] - 1) < AUTO_LOSS_BUDGET
 
 
@@ -276,3 +281,83 @@ def test_a_shape_q8_0_cannot_store_and_a_missing_binding_are_one_line(exported, 
         from effkit.engines.llamacpp import LlamaCppCausalLM
 
         LlamaCppCausalLM.open(tmp / "runs" / "ll" / "gguf")
+
+
+def test_q6_k_by_llamacpps_quantizer_round_trips_through_gguf_py(monkeypatch):
+    """llama.cpp's own Q6_K quantizer (ggml_quantize_chunk in xllamacpp's library) on a 512-wide matrix: the bytes
+    gguf-py dequantizes come back within 2% of the largest value (6 bits a value), closer than Q4_0; a width that
+    is no whole super-block of 256, or a quantizer that cannot be reached, stores the head Q8_0 and says why."""
+    import gguf
+    import numpy as np
+
+    import effkit.engines.llamacpp as ll
+
+    Q = gguf.GGMLQuantizationType
+    x = (np.random.default_rng(0).standard_normal((96, 512)) * 0.05).astype(np.float32)
+    x[3] *= 40  # a row on another scale: every row and block has its own scales
+    data = ll.quantize_q6_k(x)
+    assert data.dtype == np.uint8 and data.shape == (96, 2 * 210)
+    back = gguf.quants.dequantize(data, Q.Q6_K).reshape(x.shape)
+    # every row within 2% of its own largest value
+    assert (np.abs(back - x).max(axis=1) <= 0.02 * np.abs(x).max(axis=1)).all()
+    q4 = gguf.quants.dequantize(gguf.quants.quantize(x, Q.Q4_0), Q.Q4_0).reshape(x.shape)
+    assert np.sqrt(((back - x) ** 2).mean()) < 0.3 * np.sqrt(((q4 - x) ** 2).mean())
+    assert ll.head_storage(256, "q4_0")[0] == "Q6_K" and "llama.cpp's own quantizer" in ll.head_storage(256, "q4_0")[1]
+    assert ll.head_storage(256, "q8_0") == (None, "") == ll.head_storage(768, "f16")
+    kind, why = ll.head_storage(96, "q4_0")
+    assert kind == "Q8_0" and "n_embd 96 is not a multiple of 256" in why
+    monkeypatch.setattr(ll, "_GGML", {})
+    monkeypatch.setitem(sys.modules, "xllamacpp", None)  # the library cannot be found: Q8_0, and why
+    kind, why = ll.head_storage(256, "q4_0")
+    assert kind == "Q8_0" and "xllamacpp's library) cannot be reached (ModuleNotFoundError" in why
+    with pytest.raises(EffkitError, match="cannot store Q6_K"):
+        ll.quantize_q6_k(x)
+
+
+def test_a_256_wide_q4_0_file_stores_its_head_in_q6_k_and_llamacpp_decodes_it(exported, tmp_path, capsys,
+                                                                              monkeypatch):
+    """A random 256-wide GPT-2 written as q4_0: the tied embedding / LM head is Q6_K in the file (an untied head
+    too), llama.cpp loads and decodes it, and its own log-probabilities (its Q6_K kernel) equal effkit's loss path
+    (llama.cpp's hidden states x the head as gguf-py dequantizes it); the Q8_0 fallback is larger and says why."""
+    import gguf
+    import numpy as np
+    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+
+    import effkit.engines.llamacpp as ll
+
+    _, artifact, _ = exported
+    tok = AutoTokenizer.from_pretrained(artifact)
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=2, n_embd=256, n_head=4, n_positions=64, vocab_size=512,
+                        bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id)
+    model = GPT2LMHeadModel(config).eval()
+    capsys.readouterr()
+    path = tmp_path / "q6_k.gguf"
+    assert ll.write_gguf(path, model, tok, "q4_0") == {"Q6_K": 1, "Q4_0": 2 * 4, "F32": 19}
+    assert capsys.readouterr().err == ""  # no fallback to say
+    stored = {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors}
+    assert stored["token_embd.weight"] == "Q6_K" and "output.weight" not in stored
+    m = ll.LlamaCppCausalLM(path, config, threads=2)
+    wte = model.transformer.wte.weight.detach().numpy()
+    assert np.abs(m.head() - wte).max() <= 0.02 * np.abs(wte).max()
+    prompt = [[5, 17, 42, 9, 100, 3, 77, 250]]
+    r = m.complete(prompt, 1, {**ll.greedy_body(), "logprobs": 5})
+    theirs = r["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
+    ours = torch.log_softmax(m(torch.tensor(prompt)).logits[0, -1], -1)
+    assert len(theirs) == 5 and max(abs(t["logprob"] - float(ours[t["id"]])) for t in theirs) < 1e-2
+    assert theirs[0]["id"] == int(ours.argmax())
+    new = m.generate(torch.tensor(prompt), 8, min_new_tokens=8)[0, 8:].tolist()
+    assert len(new) == 8 and new[0] == theirs[0]["id"]
+    del m
+    # untied: llama.cpp reads its own output.weight, stored Q6_K as well
+    untied = GPT2LMHeadModel(GPT2Config(**{**config.to_dict(), "tie_word_embeddings": False})).eval()
+    assert ll.write_gguf(tmp_path / "untied.gguf", untied, tok, "q4_0") == {"Q6_K": 2, "Q4_0": 2 * 4, "F32": 19}
+    assert ll.LlamaCppCausalLM(tmp_path / "untied.gguf", untied.config, threads=2).generate(
+        torch.tensor(prompt), 4, min_new_tokens=4).shape == (1, 12)
+    # llama.cpp's quantizer unreachable: Q8_0, one line on stderr saying why, and a larger file
+    monkeypatch.setattr(ll, "_GGML", {"why": "llama.cpp's quantizer cannot be reached (a test)"})
+    assert ll.write_gguf(tmp_path / "q8_0.gguf", model, tok, "q4_0") == {"Q8_0": 1, "Q4_0": 2 * 4, "F32": 19}
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("effkit: note: the tied embedding / LM head in Q8_0") and "(a test)" in err
+    assert len(err.splitlines()) == 1
+    assert (tmp_path / "q8_0.gguf").stat().st_size - path.stat().st_size == 512 * (256 // 32 * 34 - 210)

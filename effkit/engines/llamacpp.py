@@ -14,8 +14,11 @@ row-pruned model is not). Norms, biases and the position embedding stay f32, as 
 
 Quantized types store each row in blocks of 32 values (Q8_0: 32 int8 and one f16 scale; Q4_0: 32 4-bit values
 and one scale): a model whose widths are not multiples of 32 is refused in one line naming the fix. In Q4_0 the
-tied embedding / LM head stays Q8_0: llama-quantize keeps that tensor at a higher precision too (Q6_K where the
-width is a multiple of 256, Q8_0 otherwise; gguf-py cannot write K-quants).
+tied embedding / LM head (and an untied `output.weight`) is stored Q6_K, as llama-quantize stores it: 6-bit values
+in super-blocks of 256 (`QK_K`), quantized by llama.cpp's own quantizer (`ggml_quantize_chunk` in the ggml that
+xllamacpp's library carries, called through ctypes; gguf-py only dequantizes K-quants). Where n_embd is not a
+multiple of 256, or that quantizer cannot be reached, the tensor is stored Q8_0 instead (llama-quantize's own
+fallback for Q6_K), the reason said on stderr in one line and recorded in `gguf.json` (`head`, `quantizer`).
 
 What llama.cpp computes, and how effkit reads it through xllamacpp (which exposes llama.cpp's server, not its C
 API): greedy and sampled decoding is the server's completion route (`Server.handle_completions`, the OpenAI-style
@@ -66,6 +69,9 @@ PORTABILITY = ("portable: llama.cpp loads model.gguf alone, tokenizer included (
                "xllamacpp.Server)")
 REWRITE = "write it again (effkit export --format gguf)"
 QUANTIZED = {"q8_0": "Q8_0", "q4_0": "Q4_0"}
+HEAD_NAMES = ("token_embd.weight", "output.weight")  # the tied embedding / LM head, and an untied head
+QK_K = 256  # values per Q6_K super-block (ggml's QK_K): a Q6_K row is a multiple of it
+Q6_K_BYTES = 210  # bytes per Q6_K super-block: 128 low 4-bit halves, 64 high 2-bit pairs, 16 int8 scales, f16 scale
 # max |logit difference| allowed between llama.cpp running the f32 GGUF and PyTorch, relative to max(1, max |PyTorch
 # logit|): ten times the ONNX export's EXPORT_RTOL (`decoder_step`), because ggml's CPU kernels round inside an f32
 # graph (its GELU reads a table indexed by the f16 input, GGML_GELU_FP16 in ggml-cpu's vec.h; its flash attention
@@ -211,12 +217,101 @@ def refuse_shape(model, wtype: str) -> None:
                               f"export it as f16 (--type f16), or prune with widths rounded to {BLOCK}")
 
 
+_GGML: dict[str, Any] = {}  # llama.cpp's quantizer, once found: {"lib": the CDLL} or {"why": why not}
+
+
+def ggml_quantizer() -> tuple[Any, str | None]:
+    """llama.cpp's own quantizer: the ggml inside xllamacpp's library (`xllamacpp.abi3.so`), its
+    `ggml_quantize_chunk` and type-size functions given their C signatures through ctypes, and checked to describe
+    Q6_K as gguf-py does (enum value 14, 256 values in 210 bytes per block) before anything is quantized (a wrong
+    call aborts in ggml's asserts). (library, None), or (None, the reason in one line)."""
+    if not _GGML:
+        import ctypes
+
+        try:
+            import gguf
+            import xllamacpp
+
+            where = Path(xllamacpp.__file__).parent / "xllamacpp.abi3.so"
+            lib = ctypes.CDLL(str(where))
+            lib.ggml_quantize_chunk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                                ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+            lib.ggml_quantize_chunk.restype = ctypes.c_size_t
+            lib.ggml_blck_size.argtypes = lib.ggml_type_size.argtypes = [ctypes.c_int]
+            lib.ggml_blck_size.restype = ctypes.c_int64
+            lib.ggml_type_size.restype = ctypes.c_size_t
+            q6_k = int(gguf.GGMLQuantizationType.Q6_K)
+            theirs = (int(lib.ggml_blck_size(q6_k)), int(lib.ggml_type_size(q6_k)))
+            if theirs != (QK_K, Q6_K_BYTES) or tuple(gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q6_K]) != theirs:
+                _GGML["why"] = (f"llama.cpp's ggml type {q6_k} holds {theirs[0]} values in {theirs[1]} bytes, not "
+                                f"Q6_K's {QK_K} in {Q6_K_BYTES}")
+            else:
+                _GGML["lib"] = lib
+        except Exception as e:  # noqa: BLE001 - a missing wheel, library or symbol: Q8_0 then, said why
+            _GGML["why"] = (f"llama.cpp's quantizer (ggml_quantize_chunk in xllamacpp's library) cannot be reached "
+                            f"({type(e).__name__}: {str(e)[:100]})")
+    return _GGML.get("lib"), _GGML.get("why")
+
+
+def q6_k_unavailable(width: int) -> str | None:
+    """None if rows of `width` values can be stored Q6_K here, else why not in one line."""
+    if width % QK_K:
+        return f"n_embd {width} is not a multiple of {QK_K} (Q6_K's super-block)"
+    return ggml_quantizer()[1]
+
+
+def quantize_q6_k(array: Any) -> Any:
+    """A float32 (rows, width) matrix as Q6_K by llama.cpp's own quantizer (`ggml_quantize_chunk`, no importance
+    matrix: what llama-quantize does without one), row blocks on torch's threads (ctypes lets go of the GIL): uint8
+    (rows, width / 256 x 210), the bytes GGUF stores, as gguf-py's quantizers return them. EffkitError where
+    `q6_k_unavailable` says why."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import gguf
+
+    x = np.ascontiguousarray(array, dtype=np.float32)
+    if x.ndim != 2:
+        raise EffkitError(f"Q6_K quantizes a matrix; this array has shape {x.shape}")
+    rows, width = x.shape
+    if reason := q6_k_unavailable(width):
+        raise EffkitError(f"cannot store Q6_K: {reason}")
+    lib, _ = ggml_quantizer()
+    row_bytes = width // QK_K * Q6_K_BYTES
+    out = np.empty((rows, row_bytes), dtype=np.uint8)
+    q6_k = int(gguf.GGMLQuantizationType.Q6_K)
+    step = max(1, -(-rows // max(1, torch.get_num_threads())))
+
+    def chunk(first: int) -> int:  # ggml writes rows [first, first + n) at their own offset in `out`
+        n = min(step, rows - first)
+        return int(lib.ggml_quantize_chunk(q6_k, x.ctypes.data, out.ctypes.data, first * width, n, width, None))
+
+    with ThreadPoolExecutor(max_workers=max(1, torch.get_num_threads())) as pool:
+        written = sum(pool.map(chunk, range(0, rows, step)))
+    if written != out.nbytes:
+        raise EffkitError(f"llama.cpp's Q6_K quantizer wrote {written} bytes for a ({rows}, {width}) matrix, not "
+                          f"{out.nbytes}")
+    return out
+
+
+def head_storage(width: int, wtype: str) -> tuple[str | None, str]:
+    """How a `wtype` file stores the tied embedding / LM head of a model `width` wide: (the GGUF type name where it
+    differs from the other matrices', else None; one line saying how, and why where Q6_K could not be used)."""
+    if wtype != "q4_0":
+        return None, ""
+    if reason := q6_k_unavailable(width):
+        return "Q8_0", (f"the tied embedding / LM head in Q8_0, not llama-quantize's Q6_K: {reason} "
+                        "(llama-quantize's own fallback)")
+    return "Q6_K", ("the tied embedding / LM head in Q6_K (super-blocks of 256) by llama.cpp's own quantizer "
+                    "(ggml_quantize_chunk, no importance matrix), as llama-quantize stores it")
+
+
 def write_gguf(path: Path, model, tokenizer, wtype: str, record: dict[str, str] | None = None,
                via_f16: bool = False) -> dict[str, int]:
     """Write `model` (effkit's Linear form) and its tokenizer to the GGUF file `path`, matrices as `wtype` (f32 for the
-    gate, f16, q8_0 or q4_0; in q4_0 the tied embedding / LM head as Q8_0). `via_f16`: quantize the f16-rounded
-    weights, as llama-quantize does with an f16 file. `record`: effkit's own keys (`effkit.*`, which llama.cpp
-    ignores). Returns the tensors written, counted by GGUF type."""
+    gate, f16, q8_0 or q4_0; in q4_0 the tied embedding / LM head as `head_storage` says: Q6_K, else Q8_0, the
+    reason on stderr in one line). `via_f16`: quantize the f16-rounded weights, as llama-quantize does with an f16
+    file. `record`: effkit's own keys (`effkit.*`, which llama.cpp ignores). Returns the tensors written, counted by
+    GGUF type."""
     import gguf
 
     Q = gguf.GGMLQuantizationType
@@ -227,6 +322,11 @@ def write_gguf(path: Path, model, tokenizer, wtype: str, record: dict[str, str] 
     refuse_shape(model, wtype)
     c = model.config
     tok = tokenizer_fields(tokenizer, c.vocab_size)
+    head, how = head_storage(c.n_embd, wtype)
+    if head == "Q8_0":
+        import sys
+
+        print(f"effkit: note: {how}", file=sys.stderr)
     w = gguf.GGUFWriter(str(path), "gpt2")
     try:
         w.add_name(Path(getattr(c, "_name_or_path", "") or "effkit").name or "effkit")
@@ -252,11 +352,11 @@ def write_gguf(path: Path, model, tokenizer, wtype: str, record: dict[str, str] 
         counts: dict[str, int] = {}
         for name, array, matrix in tensors(model):
             qtype = types[wtype] if matrix else Q.F32
-            if qtype == Q.Q4_0 and name in ("token_embd.weight", "output.weight"):
-                qtype = Q.Q8_0  # the LM head at a higher precision, as llama-quantize keeps it
+            if head and name in HEAD_NAMES:
+                qtype = Q[head]  # the LM head at a higher precision, as llama-quantize keeps it
             if via_f16 and matrix:
                 array = array.astype(np.float16).astype(np.float32)
-            data = gguf.quants.quantize(array, qtype)
+            data = quantize_q6_k(array) if qtype == Q.Q6_K else gguf.quants.quantize(array, qtype)
             if qtype in (Q.F32, Q.F16):
                 w.add_tensor(name, data)
             else:
@@ -622,11 +722,12 @@ def write_artifact(folder: Path, model, tokenizer, wtype: str = "f16", peer: boo
                         "llama-quantize Q8_0)" if peer else ""),
         "quantizer": ("none (f16)" if wtype == "f16" else
                       f"gguf.quants.quantize {QUANTIZED[wtype]} (blocks of {BLOCK}, one f16 scale each)"
-                      + ("; the tied embedding / LM head in Q8_0" if wtype == "q4_0" else "")),
+                      + (f"; {head_storage(c.n_embd, wtype)[1]}" if wtype == "q4_0" else "")),
         "convert_seconds": seconds, "threads": threads, "settings": settings,
         "runtime": f"llama.cpp (xllamacpp {version('xllamacpp')}): decoding and prefill by its server's completion "
                    f"route, {slots()} parallel sequences in one batch per step; logits for the held-out loss: its "
                    "final hidden states (/embeddings, pooling none) x the stored LM head (gguf-py, numpy)",
+        **({"head": head_storage(c.n_embd, wtype)[1]} if wtype == "q4_0" else {}),
         **({"peer": True} if peer else {})}
     desc["parity"] = check_parity(model, tokenizer, folder, "q8_0" if peer else wtype, threads)
     (folder / GGUF_DESC).write_text(json.dumps(desc, indent=2))
@@ -664,7 +765,7 @@ class LlamaCppEngine(Engine):
     marker = GGUF_DESC
     label = "llama.cpp"
     noun = "a llama.cpp"  # "is a llama.cpp artifact"
-    summary = "llama.cpp (one GGUF, tokenizer inside; f16, Q8_0 or Q4_0 by gguf-py)"
+    summary = "llama.cpp (one GGUF, tokenizer inside; f16, Q8_0 or Q4_0 by gguf-py, Q4_0's head Q6_K by ggml)"
     format = "gguf"
     types = TYPES  # `effkit export --type`
     portability = PORTABILITY

@@ -1,8 +1,9 @@
 """`gguf`: the model written as one GGUF file by effkit's own converter and stored in llama.cpp's block formats by
 gguf-py (`--gguf-type q8_0` by default: blocks of 32 int8 values with one f16 scale; or `q4_0`: 4-bit blocks, the tied
-embedding / LM head kept in Q8_0), run by llama.cpp (`xllamacpp`). The folder is a plain llama.cpp model: `model.gguf`
-holds the weights and the tokenizer (`effkit.engines.llamacpp`). A model whose widths are not multiples of 32 cannot
-be stored in blocks of 32: refused in one line (`quantize --backend auto` then says "not run" for it)."""
+embedding / LM head in Q6_K by llama.cpp's own quantizer as llama-quantize stores it, Q8_0 where n_embd is not a
+multiple of 256), run by llama.cpp (`xllamacpp`). The folder is a plain llama.cpp model: `model.gguf` holds the
+weights and the tokenizer (`effkit.engines.llamacpp`). A model whose widths are not multiples of 32 cannot be stored
+in blocks of 32: refused in one line (`quantize --backend auto` then says "not run" for it)."""
 
 from __future__ import annotations
 
@@ -48,7 +49,8 @@ class Gguf:
         if cfg.options.gguf_type not in GGUF_TYPES:
             return f"unknown --gguf-type {cfg.options.gguf_type!r}; choose one of {', '.join(GGUF_TYPES)}"
         if cfg.method.include_head:
-            return "--include-head with gguf: GGUF always stores the tied embedding / LM head quantized (in Q8_0)"
+            return ("--include-head with gguf: GGUF always stores the tied embedding / LM head quantized (Q8_0; Q6_K "
+                    "with q4_0)")
         return None
 
     def tag(self, cfg) -> str:
