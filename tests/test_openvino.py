@@ -366,3 +366,122 @@ def test_an_openvino_json_that_is_not_an_object_is_one_line_naming_the_file(expo
         cli.main()
     err = capsys.readouterr().err.strip()
     assert exc.value.code == 2 and len(err.splitlines()) == 1 and "openvino.json holds a JSON list" in err
+
+
+@pytest.fixture(scope="module")
+def data_aware(exported, tmp_path_factory):
+    """#45: the tiny model through `--weight-format int4-data` (f32 inference, a stand-in attention timer), with
+    every sequence NNCF's compress_weights was handed captured as the model saw it (its input_ids)."""
+    import nncf
+
+    from effkit.config import QuantizeConfig
+    from effkit.engines import openvino as ov_engine
+    from effkit.quantize.stage import run_quantize
+
+    tmp = tmp_path_factory.mktemp("int4data")
+    artifact, _ = exported
+    seen: list[np.ndarray] = []
+    real = nncf.compress_weights
+
+    def capture(model, **kwargs):
+        if kwargs.get("dataset") is not None:
+            seen.extend(np.array(x["input_ids"]) for x in kwargs["dataset"].get_inference_data())
+        return real(model, **kwargs)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("EFFKIT_CACHE", str(tmp / "cache"))
+        mp.setattr(nncf, "compress_weights", capture)
+        mp.setattr(ov_engine, "pipeline_timer", _stand_in_timer({(p, a): 1000.0 for p in ("f32", "bf16")
+                                                                 for a in ("PA", "SDPA")}))
+        cfg = QuantizeConfig.from_flat(source=artifact, backend="openvino", weight_format="int4-data",
+                                       inference_precision="f32", fixed_rounds=True, latency_rounds=2,
+                                       latency_repeats=1, gen_tokens=4, batch_size=4,
+                                       runs_dir=str(Path(artifact).parents[1]), reports_dir=str(tmp / "reports"))
+        report = run_quantize(cfg)
+    return artifact, report, seen
+
+
+def _split_blocks(artifact: str):
+    """The blocks the quantize stage reads for `artifact`: (training, held-out) token ids."""
+    from effkit import artifacts
+    from effkit.config import DataConfig
+    from effkit.data import prepare
+
+    prepared = prepare(DataConfig.from_dict(artifacts.data_section(Path(artifact))), tokenizer_from=artifact)
+    return prepared.blocks.train.numpy(), prepared.blocks.eval.numpy()
+
+
+def test_data_aware_int4_reloads_in_plain_openvino_with_the_loss_effkit_reported(data_aware):
+    """#45 (1, 2): the int4-data artifact says what NNCF did (asymmetric int4, the group that divides the tiny
+    model's width 64, ratio 1.0, AWQ and scale estimation asked, the calibration blocks' split and count, NNCF's
+    version), stores 4-bit weights, and plain OpenVINO (read_model, compile with the recorded load properties, a
+    forward per block) gives the held-out loss effkit reported for it."""
+    import nncf
+    import openvino as ov
+
+    artifact, report, _ = data_aware
+    folder = Path(report["artifact"])
+    assert report["tag"] == "quantize-openvino-int4-data-f32"
+    desc = json.loads((folder / "openvino.json").read_text())
+    wc = desc["weight_compression"]
+    assert desc["weights"] == "int4-data" and desc["nncf"] == nncf.__version__
+    assert (wc["mode"], wc["group_size"], wc["ratio"], wc["awq"], wc["scale_estimation"]) == (
+        "INT4_ASYM", 64, 1.0, True, True)
+    assert wc["awq_scales"] == 0 and "changed no layer" in wc["awq_note"]  # GPT-2's graph: NNCF finds no pattern
+    train, held = _split_blocks(artifact)
+    assert wc["data"]["split"] == "train" and wc["data"]["sequences"] == min(64, len(train)) == len(
+        wc["data"]["indices"]) and wc["data"]["tokens_each"] == train.shape[1]
+    assert desc["weight_types"].get("u4", 0) > 0 and "group_size=64" in desc["compression"]
+
+    core = ov.Core()
+    om = core.read_model(str(folder / "openvino_model.xml"))
+    props = {k: v for k, v in desc["load_properties"].items() if k != "ATTENTION_BACKEND"}
+    request = core.compile_model(om, "CPU", props).create_infer_request()
+    losses = []
+    for block in held:
+        n = len(block)
+        request.reset_state()
+        request.infer({"input_ids": block[None], "attention_mask": np.ones((1, n), np.int64),
+                       "position_ids": np.arange(n)[None], "beam_idx": np.zeros(1, np.int32)})
+        logits = torch.from_numpy(request.get_tensor("logits").data[0].copy())
+        losses.append(float(torch.nn.functional.cross_entropy(logits[:-1], torch.from_numpy(block[1:]))))
+    assert float(np.mean(losses)) == pytest.approx(report["metrics"]["eval_loss"], rel=1e-4)
+
+
+def test_data_aware_int4_calibrates_on_training_blocks_never_held_out_ones(data_aware):
+    """#45: every sequence NNCF's compress_weights received is a block of the run's training split, the recorded
+    ones, and none is a held-out block (which would fail this: the splits share no block here)."""
+    artifact, report, seen = data_aware
+    train, held = _split_blocks(artifact)
+    train_rows = {r.tobytes(): i for i, r in enumerate(train)}
+    held_rows = {r.tobytes() for r in held}
+    assert not held_rows & set(train_rows)  # the check below can tell the splits apart
+    assert seen and all(s.shape == (1, train.shape[1]) for s in seen)
+    assert not {s[0].tobytes() for s in seen} & held_rows
+    desc = json.loads((Path(report["artifact"]) / "openvino.json").read_text())
+    assert [train_rows[s[0].tobytes()] for s in seen] == desc["weight_compression"]["data"]["indices"]
+
+
+def test_data_aware_int4_on_a_width_nncf_cannot_group_is_one_line(exported, tmp_path, capsys, monkeypatch):
+    """#45 (3): a model whose width (48) no int4 group of 128, 64 or 32 divides: `effkit quantize --backend openvino
+    --weight-format int4-data` says so in one line naming the fix, exit code 2, nothing written."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from effkit import cli
+
+    artifact, _ = exported
+    folder = tmp_path / "runs" / "odd" / "train"
+    shutil.copytree(artifact, folder)
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(n_embd=48, n_head=2, n_layer=1, n_positions=128, vocab_size=512, bos_token_id=0,
+                               eos_token_id=0)).save_pretrained(folder)
+    capsys.readouterr()  # save_pretrained's progress bar
+    monkeypatch.setattr(sys, "argv", ["effkit", "quantize", "--from", str(folder), "--backend", "openvino",
+                                      "--weight-format", "int4-data", "--inference-precision", "f32", "--device",
+                                      "cpu", "--fixed-rounds", "--latency-rounds", "2", "--gen-tokens", "2",
+                                      "--runs-dir", str(tmp_path / "runs"), "--reports-dir", str(tmp_path / "rep")])
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and len(err.splitlines()) == 1, err
+    assert "int4-data" in err and "width 48" in err and "--width-multiple 32" in err
+    assert not list((tmp_path / "runs" / "odd").glob("*quantize*"))

@@ -44,6 +44,14 @@ Nothing is written unless it passes a parity gate: the fp32 graph, compiled with
 PyTorch's logits within `EXPORT_RTOL` of the largest logit on a probe batch and PyTorch's greedy tokens with its
 cache (the ONNX export's rule, shared in `effkit.engines.decoder_step`). Compressed weights and bf16 inference
 change the numbers by design: their loss is measured by the bench like every other artifact's.
+
+Weight compression (`compress`) is NNCF's: int8 and int4 data-free, or int4-data, NNCF's data-aware int4 (AWQ and
+scale estimation) calibrated on blocks of the run's training split handed in by the writer (`calibration_blocks`:
+evenly spaced training blocks, each run through the stateful graph as a fresh prompt, `calibration_inputs`), its
+group size the largest of 128, 64, 32 that divides every int4 matrix's rows (`int4_group_size`). `openvino.json`
+records under `weight_compression` the mode, group size, ratio, the algorithms asked and what AWQ changed (NNCF's
+AWQ patterns match no layer of GPT-2's graph: it is asked, and recorded as having changed none), the calibration
+blocks' split, count and indices, and the NNCF version.
 """
 
 from __future__ import annotations
@@ -77,7 +85,12 @@ OV_MODEL = "openvino_model.xml"
 PORTABILITY = ("portable: plain OpenVINO loads the folder (openvino_genai.LLMPipeline(path, 'CPU', ...) with the "
                "properties its load line names, optimum.intel.OVModelForCausalLM.from_pretrained(path), or "
                "openvino.Core().read_model)")
-WEIGHTS = ("fp32", "int8", "int4")  # what NNCF stores the matrices in (int8: asymmetric per channel, as optimum)
+# what NNCF stores the matrices in (int8: asymmetric per channel, as optimum; int4: data-free; int4-data: AWQ and
+# scale estimation calibrated on training blocks, `compress`)
+WEIGHTS = ("fp32", "int8", "int4", "int4-data")
+DATA_AWARE = frozenset({"int4-data"})  # the weight formats calibrated on the run's training split
+INT4_GROUPS = (128, 64, 32)  # int4-data's group size: the first that divides every int4 matrix's rows
+CALIBRATION_BLOCKS = 64  # training blocks int4-data calibrates on (NNCF's subset_size)
 PRECISIONS = ("auto", "bf16", "f32")  # the CPU plugin's inference precision; auto: measured on this CPU
 # what `optimum-cli export openvino` stores in an unquantized text-generation model's rt_info
 OPTIMUM_RUNTIME_OPTIONS = {"ACTIVATIONS_SCALE_FACTOR": "8.0", "KV_CACHE_PRECISION": "f16"}
@@ -191,29 +204,100 @@ def convert(model: nn.Module):
     return om
 
 
-def compress(om, weights: str) -> dict[str, Any]:
-    """NNCF's weight compression of `om` in place (data-free): int8 asymmetric per output channel (optimum-cli's
-    `--weight-format int8`), or int4 symmetric in groups of 128 with the embedding / head in int8 (NNCF's
-    defaults for int4)."""
+def int4_group_size(model: nn.Module, weights: str = "int4-data") -> int:
+    """The int4 group size for `model`: the largest of INT4_GROUPS that divides the input width of every matrix NNCF
+    stores in int4 (every linear layer but the LM head; the embeddings and the head stay int8), since NNCF refuses a
+    group that does not divide a row. None of them dividing: one line naming the widths and the fix."""
+    widths = set()
+    for name, m in model.named_modules():
+        if name.split(".")[-1] == "lm_head":
+            continue
+        if isinstance(m, nn.Linear):
+            widths.add(m.in_features)
+        elif type(m).__name__ == "Conv1D":  # Hugging Face's GPT-2 layout: weight (in, out)
+            widths.add(int(m.weight.shape[0]))
+    for g in INT4_GROUPS:
+        if all(w % g == 0 for w in widths):
+            return g
+    odd = sorted(w for w in widths if w % INT4_GROUPS[-1])
+    raise EffkitError(f"--weight-format {weights}: NNCF's int4 groups of {'/'.join(map(str, INT4_GROUPS))} divide no "
+                      f"row of this model's matrices of width {', '.join(map(str, odd))}; prune with "
+                      f"--width-multiple {INT4_GROUPS[-1]}, or use --weight-format int8")
+
+
+def calibration_blocks(train: torch.Tensor, n: int = CALIBRATION_BLOCKS) -> tuple[np.ndarray, list[int]]:
+    """`n` blocks of the training split `train` ((blocks, block_size) token ids), evenly spaced over it (all of
+    them where it has fewer): the data-aware compression's calibration set, never a held-out block. Returns (the
+    blocks as int64, their indices in `train`)."""
+    total = int(train.shape[0])
+    idx = sorted({int(i) for i in np.linspace(0, total - 1, min(n, total)).round()})
+    return train[idx].numpy().astype(np.int64), idx
+
+
+def calibration_inputs(block: np.ndarray) -> dict[str, np.ndarray]:
+    """One calibration block as the stateful graph's inputs (a fresh state: NNCF resets it before each item): the
+    whole block as the prompt, batch 1, every position attended."""
+    n = int(block.shape[-1])
+    return {"input_ids": block.reshape(1, n).astype(np.int64), "attention_mask": np.ones((1, n), np.int64),
+            "position_ids": np.arange(n, dtype=np.int64)[None], "beam_idx": np.zeros(1, np.int32)}
+
+
+def compress(om, weights: str, calibration: np.ndarray | None = None, group_size: int = 128) -> dict[str, Any]:
+    """NNCF's weight compression of `om` in place. int8: asymmetric per output channel (optimum-cli's
+    `--weight-format int8`), data-free. int4: symmetric in groups of 128 with the embedding / head in int8 (NNCF's
+    defaults for int4), data-free. int4-data: NNCF's data-aware int4: asymmetric (the mode OpenVINO's
+    documentation gives for accuracy over speed, and optimum-cli's int4 default) in groups of `group_size`, every
+    layer but the embedding / head in int4 (ratio 1.0), AWQ and scale estimation calibrated on the `calibration`
+    blocks ((n, block_size) token ids of the training split: `calibration_blocks`). Returns what was done:
+    `compression` (a line), `nncf` (its version), `weight_compression` (mode, group size, ratio, the algorithms and
+    the scales AWQ inserted)."""
+    import logging
+
     import nncf
 
     if weights == "int8":
         mode, how = nncf.CompressWeightsMode.INT8_ASYM, "nncf.compress_weights(mode=INT8_ASYM): int8 per channel"
         kwargs: dict[str, Any] = {}
-    else:
+        record: dict[str, Any] = {"mode": "INT8_ASYM", "group_size": None, "ratio": None, "data": None}
+    elif weights == "int4":
         mode, how = nncf.CompressWeightsMode.INT4_SYM, ("nncf.compress_weights(mode=INT4_SYM, group_size=128, "
                                                         "ratio=1.0): int4 in groups of 128, data-free")
         kwargs = {"group_size": 128, "ratio": 1.0}
-    import logging
-
+        record = {"mode": "INT4_SYM", "group_size": 128, "ratio": 1.0, "awq": False, "scale_estimation": False,
+                  "data": None}
+    elif weights == "int4-data":
+        if calibration is None or not len(calibration):
+            raise EffkitError("--weight-format int4-data needs calibration blocks of the training split")
+        mode = nncf.CompressWeightsMode.INT4_ASYM
+        kwargs = {"group_size": group_size, "ratio": 1.0, "awq": True, "scale_estimation": True,
+                  "dataset": nncf.Dataset(list(calibration), calibration_inputs), "subset_size": len(calibration)}
+        how = (f"nncf.compress_weights(mode=INT4_ASYM, group_size={group_size}, ratio=1.0, awq=True, "
+               f"scale_estimation=True, dataset=<{len(calibration)} training blocks of {calibration.shape[1]} "
+               f"tokens>): int4 in groups of {group_size}, data-aware")
+        record = {"mode": "INT4_ASYM", "group_size": group_size, "ratio": 1.0, "awq": True, "scale_estimation": True}
+    else:
+        raise EffkitError(f"unknown OpenVINO weight format {weights!r}; choose one of {', '.join(WEIGHTS[1:])}")
+    record["backup"] = "INT8_ASYM per channel: the token and position embeddings and the LM head (NNCF's default)" \
+        if weights != "int8" else None
     logging.getLogger("nncf").setLevel(logging.ERROR)
     try:
         with quiet_exporter():  # NNCF draws a progress bar on stdout
             nncf.compress_weights(om, mode=mode, **kwargs)
     except Exception as e:  # noqa: BLE001
         raise EffkitError(f"NNCF could not compress this model's weights to {weights}: {type(e).__name__}: "
-                          f"{str(e)[:160]}") from None
-    return {"compression": how, "nncf": nncf.__version__}
+                          f"{' '.join(str(e).split())[:200]}") from None
+    if weights == "int4-data":
+        # AWQ scales a layer's input channels through a Multiply it inserts after the op feeding it; NNCF 3.4 matches
+        # only a MatMul fed by a Multiply or by one of its "atomic" activations (ReLU, SiLU, sigmoid...; not Gelu),
+        # and says it skipped AWQ only in its log
+        smoothed = sorted(op.get_friendly_name() for op in om.get_ops() if op.get_friendly_name().endswith("/awq_mul"))
+        record["awq_scales"] = len(smoothed)  # the Multiply nodes AWQ inserted (one per op feeding smoothed layers)
+        if not smoothed:
+            record["awq_note"] = ("asked, changed no layer: NNCF's AWQ patterns (a MatMul fed by a Multiply or by an "
+                                  "activation among ReLU, SiLU, sigmoid..., Gelu not among them) match no layer of "
+                                  "this graph (GPT-2's MLP down-projection follows a Gelu, its other matrices a "
+                                  "LayerNorm or the attention)")
+    return {"compression": how, "nncf": nncf.__version__, "weight_compression": record}
 
 
 def weight_types(om) -> dict[str, int]:
@@ -733,11 +817,13 @@ def write_tokenizer_models(folder: Path, tokenizer) -> str:
 
 def write_artifact(folder: Path, model: nn.Module, tokenizer, weights: str = "fp32", precision: str = "default",
                    runtime_options: dict[str, str] | None = None, precision_how: str = "",
-                   peer: bool = False) -> dict[str, Any]:
+                   peer: bool = False, calibration: tuple[np.ndarray, dict[str, Any]] | None = None
+                   ) -> dict[str, Any]:
     """Convert `model` into `folder`: the stateful IR (weights as `weights`; `runtime_options` stored in it, effkit's
     own by default), the tokenizer models and files, the configs, and `openvino.json`, which says how it was
     written and what it runs with (`record`). `precision`: bf16, f32, or "default", the CPU plug-in's own choice,
-    pinned to what it picks here unless `peer` (the peer runs as its users run it). Refused unless the fp32
+    pinned to what it picks here unless `peer` (the peer runs as its users run it). `calibration`: a data-aware
+    format's (training blocks, what to record of them: their split, count, indices). Refused unless the fp32
     conversion passes the parity gate."""
     import copy
 
@@ -745,6 +831,10 @@ def write_artifact(folder: Path, model: nn.Module, tokenizer, weights: str = "fp
 
     if weights not in WEIGHTS:
         raise EffkitError(f"unknown OpenVINO weight format {weights!r}; choose one of {', '.join(WEIGHTS)}")
+    if (weights in DATA_AWARE) != (calibration is not None):
+        raise EffkitError(f"OpenVINO weight format {weights}: calibration blocks are given to the data-aware "
+                          f"formats ({', '.join(sorted(DATA_AWARE))}) and to no other")
+    group = int4_group_size(model, weights) if weights in DATA_AWARE else 128  # before the conversion: one line
     if runtime_options is None:
         runtime_options = EFFKIT_RUNTIME_OPTIONS
     if precision == "default" and not peer:
@@ -776,7 +866,9 @@ def write_artifact(folder: Path, model: nn.Module, tokenizer, weights: str = "fp
     (folder / OV_DESC).write_text(json.dumps(desc, indent=2))  # the loader needs it for the gate
     desc["parity"] = check_parity(model, folder)
     if weights != "fp32":
-        desc.update(compress(om, weights))
+        desc.update(compress(om, weights, calibration[0] if calibration else None, group))
+        if calibration:
+            desc["weight_compression"]["data"] = calibration[1]
         ov.save_model(om, str(folder / OV_MODEL), compress_to_fp16=False)
     desc["weight_types"] = weight_types(om)
     del om
@@ -807,7 +899,8 @@ class OpenVINOEngine(Engine):
     marker = OV_DESC
     label = "OpenVINO"
     noun = "an OpenVINO"  # "is an OpenVINO artifact"
-    summary = "OpenVINO (stateful IR as optimum-cli writes it; fp32, int8 or int4 weights; bf16 or f32 inference)"
+    summary = ("OpenVINO (stateful IR as optimum-cli writes it; fp32, int8 or int4 weights, int4 data-free or "
+               "data-aware; bf16 or f32 inference)")
     format = "openvino"
     portability = PORTABILITY
     peer_tag = "peer-openvino"

@@ -1,5 +1,8 @@
 """`openvino`: the model converted by OpenVINO's PyTorch front end into the stateful layout `optimum-cli export
-openvino` writes, its weights compressed by NNCF (`--weight-format int8` by default, or `int4`), and run by
+openvino` writes, its weights compressed by NNCF (`--weight-format int8` by default; `int4`, data-free; or
+`int4-data`, NNCF's data-aware int4: asymmetric, in groups of 128 (64 or 32 where 128 does not divide a matrix's
+rows; none dividing is refused in one line), AWQ and scale estimation calibrated on `CALIBRATION_BLOCKS` blocks of the
+run's own training split, never its held-out blocks, all of it recorded in `openvino.json`), and run by
 OpenVINO's CPU plug-in in the `--inference-precision` it names: `bf16` (the matrix units: AMX, or AVX-512 BF16),
 `f32`, or `auto`, which times both on this CPU at the workload the run optimizes for under the decision rule
 (`effkit.measure.choice`) and keeps f32 on a tie (a CPU without native bf16 is "f32: bf16 not run: <reason>"); then
@@ -25,8 +28,11 @@ class Options:
     """`effkit quantize --backend openvino`'s own options (flags, recipe keys and --help lines come from here)."""
 
     weight_format: str = field(default="int8", metadata={
-        "help": "openvino: the stored weights (NNCF): int8 or int4 (fp32 weights: effkit export --format openvino)",
-        "choices": ("int8", "int4")})
+        "help": "openvino: the stored weights (NNCF): int8; int4 (symmetric, groups of 128, data-free); int4-data "
+                "(asymmetric int4 in groups of 128, or 64/32 where 128 does not divide, AWQ + scale estimation "
+                "calibrated on 64 training blocks of the run's data, never held-out ones) (fp32 weights: effkit "
+                "export --format openvino)",
+        "choices": ("int8", "int4", "int4-data")})
     inference_precision: str = field(default="auto", metadata={
         "help": "openvino: inference precision: auto (bf16 only where measured faster on this CPU), bf16 or f32",
         "choices": ("auto", "bf16", "f32")})
@@ -62,6 +68,26 @@ def choose_precision(folder: Path, tokenizer, workload: str, rule=None) -> tuple
                                   f"whose loss the export gate checked; the rule: {rule.describe()}"}
 
 
+def training_calibration(source: Path, cfg) -> tuple[Any, dict[str, Any]]:
+    """The data-aware formats' calibration set: `CALIBRATION_BLOCKS` blocks of the TRAINING split of the data the
+    stage reads (the artifact's data section, through its tokenizer: the split whose other part, the held-out
+    blocks, measures the artifact), evenly spaced over it (`engines.openvino.calibration_blocks`). Returns (the
+    blocks, what `openvino.json` records of them)."""
+    from effkit import artifacts
+    from effkit.config import DataConfig
+    from effkit.data import prepare
+
+    section = artifacts.data_section(source, cfg.inputs.data)
+    prepared = prepare(DataConfig.from_dict(section), tokenizer_from=str(source))
+    train = prepared.blocks.train
+    blocks, idx = ov_export.calibration_blocks(train)
+    return blocks, {"split": "train", "sequences": len(idx), "tokens_each": int(train.shape[1]),
+                    "of_train_blocks": int(train.shape[0]), "indices": idx, "data": section.get("source"),
+                    "how": f"{len(idx)} blocks of {int(train.shape[1])} tokens evenly spaced over the "
+                           f"{int(train.shape[0])} training blocks of the run's data (its held-out blocks, which "
+                           f"measure the artifact, never used), each a fresh sequence from position 0"}
+
+
 class OpenVINO:
     name = "openvino"
     options = Options
@@ -86,9 +112,9 @@ class OpenVINO:
 
     def refuses(self, cfg) -> str | None:
         o = cfg.options
-        if o.weight_format not in ("int8", "int4"):
-            return (f"unknown --weight-format {o.weight_format!r}; choose int8 or int4 (fp32 weights: effkit export "
-                    "--format openvino)")
+        if o.weight_format not in ov_export.WEIGHTS[1:]:
+            return (f"unknown --weight-format {o.weight_format!r}; choose {', '.join(ov_export.WEIGHTS[1:])} (fp32 "
+                    "weights: effkit export --format openvino)")
         if o.inference_precision not in ov_export.PRECISIONS:
             return (f"unknown --inference-precision {o.inference_precision!r}; choose one of "
                     f"{', '.join(ov_export.PRECISIONS)}")
@@ -110,7 +136,12 @@ class OpenVINO:
         asked = o.inference_precision
         # the stage's own rule (its precision, its budget), capped: this is one setting of one folder
         rule = replace(choice.Rule.of(cfg.measure), budget_s=min(cfg.measure.budget_s, ov_export.SETTING_BUDGET_S))
-        desc = ov_export.write_artifact(folder, parent, tokenizer, o.weight_format, "f32" if asked == "auto" else asked)
+        calibration = None
+        if o.weight_format in ov_export.DATA_AWARE:
+            ov_export.int4_group_size(parent, o.weight_format)  # a width NNCF cannot group: one line, before the data
+            calibration = training_calibration(source, cfg)
+        desc = ov_export.write_artifact(folder, parent, tokenizer, o.weight_format, "f32" if asked == "auto" else asked,
+                                        calibration=calibration)
         if asked == "auto":
             picked, how = choose_precision(folder, tokenizer, cfg.method.optimize_for, rule)
             desc.update(inference_precision=picked, precision_how=how["how"], precision_choice=how)
