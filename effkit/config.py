@@ -144,8 +144,9 @@ def _field_names(section: type) -> list[str]:
 
 
 class PluginOptions:
-    """A config section made of the options plug-ins declare: each plug-in of `registry` (a quantization backend)
-    may have an `options` dataclass, whose fields (default, type, `help` and `choices` in the field's metadata) are
+    """A config section made of the options plug-ins declare: each plug-in of `registry` (a quantization backend, a
+    pruning method) may have an `options` dataclass (`registry.options(name)`: a built-in pruning method's is read
+    without importing the method), whose fields (default, type, `help` and `choices` in the field's metadata) are
     its flags, recipe keys and `--help` lines; this section is the union of those fields, read as attributes
     (`cfg.options.threshold`) or, typed, as one plug-in's dataclass (`cfg.options.of(Options)`). Declared once,
     in the plug-in's module: the CLI, recipe validation and `--help` derive from it."""
@@ -162,14 +163,19 @@ class PluginOptions:
     def declared_fields(cls) -> dict[str, tuple[dataclasses.Field, Any]]:
         """flat key -> (its field, its type), over every plug-in of the registry (in registry order)."""
         out: dict[str, tuple[dataclasses.Field, Any]] = {}
-        for name in cls.registry.names():
-            options = getattr(cls.registry.get(name), "options", None)
-            for key, (f, kind) in _section_fields(options).items() if options is not None else ():
+        for name, options in cls.plugin_options():
+            for key, (f, kind) in _section_fields(options).items():
                 if key in out and out[key][0].default != f.default:
                     raise EffkitError(f"{cls.what} {name} declares option {key!r} with another default than an "
                                       "earlier one; rename it")
                 out.setdefault(key, (f, kind))
         return out
+
+    @classmethod
+    def plugin_options(cls) -> list[tuple[str, type]]:
+        """(plug-in name, its options dataclass) for each plug-in of the registry that declares some, in order."""
+        return [(name, options) for name in cls.registry.names()
+                if (options := cls.registry.options(name)) is not None]
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -219,12 +225,16 @@ class PluginOptions:
         return options(**{f.name: self._values[f.name] for f in dataclasses.fields(options)})
 
     def validate(self) -> None:
-        """Choices declared in a field's metadata are checked here, in one line naming them."""
+        """Choices declared in a field's metadata are checked here, in one line naming them; then each plug-in's
+        dataclass is made from the values, so that its own checks (a `__post_init__` raising an EffkitError) refuse
+        a bad value before the stage starts."""
         for key, f in self.declared().items():
             choices = field_choices(f)
             if choices and self._values[key] not in choices:
                 raise EffkitError(f"unknown --{key.replace('_', '-')} {self._values[key]!r}; choose one of "
                                   f"{', '.join(choices)}")
+        for options in dict.fromkeys(options for _, options in self.plugin_options()):
+            self.of(options)
 
 
 class _Staged(_Section):
@@ -611,13 +621,22 @@ class LatencyMeasure(Sequential):
     latency_repeats: int = opt(3, "timed forward passes per model per round")
 
 
+class PrunerParams(PluginOptions):
+    """Every pruning method's own options (`options` of its method, a built-in one's named in `registry.PRUNERS`
+    so that none is imported for them: row's and width's `--width-multiple`, a plug-in's)."""
+
+    registry = PRUNERS
+    what = "prune"
+
+
 @dataclass(frozen=True)
 class PruneConfig(_Staged):
-    """`effkit prune`: method (what is cut), finetune (between rounds, and the control arm), measure (the
-    paired latency), inputs, folders."""
+    """`effkit prune`: method (what is cut), options (the methods' own), finetune (between rounds, and the control
+    arm), measure (the paired latency), inputs, folders."""
 
     inputs: PruneInputs = field(default_factory=PruneInputs)  # --from default: runs/latest/train
     method: PruneMethod = field(default_factory=PruneMethod)
+    options: PrunerParams = field(default_factory=PrunerParams)  # `methods.options_of(cfg, Options)` reads them
     finetune: PruneFinetune = field(default_factory=PruneFinetune)
     measure: LatencyMeasure = field(default_factory=LatencyMeasure)
     folders: Folders = field(default_factory=Folders)
@@ -670,6 +689,7 @@ class PruneConfig(_Staged):
         _finite("lr", f.lr, 0)
         if f.warmup_steps < 0:
             raise EffkitError(f"--warmup-steps must be >= 0 (got {f.warmup_steps})")
+        self.options.validate()  # every method's options, whichever --mode runs: a recipe's bad value is a mistake
         check_device(self.inputs.device)
         check_folder_option("--reports-dir", self.folders.reports_dir)
         return self

@@ -68,11 +68,19 @@ class lazy_module:  # noqa: N801 - used like a module
 
 
 class Registry(Generic[T]):
-    """name -> plug-in. `kind` and `flag` word the one-line error for an unknown name."""
+    """name -> plug-in. `kind` and `flag` word the one-line error for an unknown name. `options`, where given: the
+    built-in plug-ins' options dataclasses (name -> "module:ATTRIBUTE", each the same class as the plug-in's own
+    `options`), read by `options(name)` without importing the plug-in's module (a pruning method imports torch;
+    its options, what `--help` and recipe validation read, live in a module that does not); a built-in plug-in the
+    table leaves out declares none."""
 
-    def __init__(self, kind: str, flag: str, builtin: dict[str, str]):
+    def __init__(self, kind: str, flag: str, builtin: dict[str, str], options: dict[str, str] | None = None):
         self.kind, self.flag = kind, flag
         self.builtin = dict(builtin)  # name -> "module:ATTRIBUTE"
+        self.builtin_options = None if options is None else dict(options)  # name -> "module:ATTRIBUTE"
+        unknown = set(self.builtin_options or ()) - set(self.builtin)
+        if unknown:
+            raise ValueError(f"options for {', '.join(sorted(unknown))}, which is no built-in {kind}")
         self._registered: dict[str, T] = {}
         self._loaded: dict[str, T] = {}
 
@@ -108,6 +116,17 @@ class Registry(Generic[T]):
             self._loaded[name] = getattr(importlib.import_module(module), attr)
         return self._loaded[name]
 
+    def options(self, name: str) -> Any:
+        """A plug-in's options dataclass (its `options`), or None where it declares none: a built-in one's from the
+        `options` table where the registry has one (its module is not imported), else from the plug-in itself."""
+        load_plugins()
+        if name in self._registered or self.builtin_options is None or name not in self.builtin:
+            return getattr(self.get(name), "options", None)  # (an unknown name: get's one line)
+        if name not in self.builtin_options:
+            return None
+        module, _, attr = self.builtin_options[name].partition(":")
+        return getattr(importlib.import_module(module), attr)
+
     def items(self) -> list[tuple[str, T]]:
         """(name, plug-in) for every name: imports every built-in module."""
         return [(n, self.get(n)) for n in self.names()]
@@ -128,11 +147,16 @@ BACKENDS: Registry[Any] = Registry("backend", "--backend", {
     "gguf": "effkit.quantize.backends.gguf:BACKEND",
 })
 
+# a pruning method's module imports torch: where the options of those that have any live (torch-free, read by
+# `effkit prune --help` and recipe validation) is the second table; the method names the same class as `options`
 PRUNERS: Registry[Any] = Registry("pruning method", "--mode", {
     "weight": "effkit.prune.weight:PRUNER",
     "row": "effkit.prune.row:PRUNER",
     "width": "effkit.prune.width:PRUNER",
     "depth": "effkit.prune.depth:PRUNER",
+}, options={
+    "row": "effkit.prune.options:Options",
+    "width": "effkit.prune.options:Options",
 })
 
 ENGINES: Registry[Any] = Registry("engine", "engine", {

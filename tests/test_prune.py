@@ -232,14 +232,9 @@ def test_a_distilling_control_is_distilled_from_the_same_teacher_not_plainly_fin
 
 # ----------------------------------------------------------------- --width-multiple (#44): widths engines can store
 def with_options(mode, target, **options):
-    """A prune config for applying a method directly: the stage's own config when no option is set (the method reads
-    its defaults), else its method section with the method's options dataclass beside it."""
-    from types import SimpleNamespace
-
-    from effkit.prune.structure import Options
-
-    cfg = PruneConfig.from_flat(fixed_rounds=True, mode=mode, target=target)
-    return SimpleNamespace(method=cfg.method, options=Options(**options)) if options else cfg
+    """A prune config for applying a method directly: the methods' options (`width_multiple`) are flat keys of the
+    stage's config like any flag's (its `options` section), read by the method with `options_of`."""
+    return PruneConfig.from_flat(fixed_rounds=True, mode=mode, target=target, **options)
 
 
 def test_row_pruning_keeps_a_multiple_of_32_mlp_channels_by_default_the_best_by_norm():
@@ -302,3 +297,124 @@ def test_a_target_the_rounding_leaves_nothing_to_cut_or_nothing_to_keep_is_refus
     with pytest.raises(EffkitError) as e:
         methods.get(mode).plan(with_options(mode, target, **options), build_model("gpt2-nano", 512))
     assert says in str(e.value) and len(str(e.value).splitlines()) == 1
+
+
+def test_width_multiple_is_a_flag_of_prune_with_its_default():
+    """Declared once (`effkit.prune.options.Options`): `effkit prune --help` lists it with its default and help."""
+    import dataclasses
+
+    import typer.main
+    from typer.testing import CliRunner
+
+    from effkit.config import flat_fields
+    from effkit.prune.options import Options
+
+    out = CliRunner().invoke(cli.app, ["prune", "--help"], env={"COLUMNS": "250"})
+    assert out.exit_code == 0
+    line = out.output[out.output.index("--width-multiple"):]
+    assert "[default: 32]" in line[:line.index("│ --")]  # on its own help, before the next flag's
+    param = next(p for p in typer.main.get_command(cli.app).commands["prune"].params if p.name == "width_multiple")
+    assert param.opts == ["--width-multiple"] and param.default == 32
+    assert flat_fields(PruneConfig)["width_multiple"][0] is dataclasses.fields(Options)[0]  # the one declaration
+
+
+def test_a_recipes_width_multiple_reaches_the_method_and_a_flag_overrides_it(tmp_path):
+    from effkit.config import build_config, load_recipe
+    from effkit.prune.methods import options_of
+    from effkit.prune.options import Options
+
+    recipe = tmp_path / "r.toml"
+    recipe.write_text("[prune]\nmode = 'width'\nwidth_multiple = 1\n")
+    assert load_recipe(recipe)["prune"] == {"mode": "width", "width_multiple": 1}
+    cfg = build_config(PruneConfig, str(recipe), {})
+    assert options_of(cfg, Options) == Options(width_multiple=1) and cfg.to_dict()["width_multiple"] == 1
+    assert options_of(build_config(PruneConfig, str(recipe), {"width_multiple": 64}), Options).width_multiple == 64
+    assert options_of(PruneConfig(), Options).width_multiple == 32  # the default, where nothing sets it
+    assert PruneConfig.from_dict(cfg.to_dict()) == cfg  # saved flat in the artifact and the report, read back
+
+
+def test_the_width_multiple_flag_reaches_the_row_pruner(trained, capsys, monkeypatch):
+    """30% off gpt2-nano's 256 MLP channels: 179 kept with --width-multiple 1 (no multiple of 32), 192 by default."""
+    tmp, artifact = trained
+    base = ["--from", artifact, "--mode", "row", "--target", "0.3", "--rounds", "1", "--finetune-steps", "0",
+            "--no-control", "--no-distill", "--fixed-rounds", "--latency-rounds", "2", "--latency-repeats", "1",
+            "--runs-dir", str(tmp / "runs"), "--reports-dir", str(tmp / "reports")]
+    for extra, n_inner in ((["--width-multiple", "1"], 179), ([], 192)):
+        code, err = run_cli([*base, *extra], capsys, monkeypatch)
+        assert code in (0, None), err
+        report = json.loads((tmp / "reports" / "p" / "prune-row.json").read_text())
+        model = AutoModelForCausalLM.from_pretrained(report["curve"][-1]["artifact"])
+        assert model.config.n_inner == n_inner and (n_inner % 32 == 0) == (not extra)
+        assert report["config"]["width_multiple"] == (1 if extra else 32)
+
+
+@pytest.mark.parametrize("value, needle", [
+    ("0", "--width-multiple must be a whole number of channels, 1 or more (got 0)"),
+    ("-1", "--width-multiple must be a whole number of channels, 1 or more (got -1)"),
+    ("true", "Invalid value for '--width-multiple'"),
+    ("2.5", "Invalid value for '--width-multiple'"),
+])
+def test_a_bad_width_multiple_flag_is_one_line_and_exit_2(value, needle, tmp_path, capsys, monkeypatch):
+    """Refused with the config, before the source is even looked at."""
+    code, err = run_cli(["--from", str(tmp_path / "missing"), "--width-multiple", value, "--runs-dir",
+                         str(tmp_path / "runs")], capsys, monkeypatch)
+    assert code == 2 and len(err.splitlines()) == 1 and err.startswith("effkit: error:") and needle in err, err
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("value, needle", [
+    ("0", "[prune]: --width-multiple must be a whole number of channels, 1 or more (got 0)"),
+    ("-1", "[prune]: --width-multiple must be a whole number of channels, 1 or more (got -1)"),
+    ("true", "[prune]: width_multiple must be int (got True)"),
+    ("2.5", "[prune]: width_multiple must be int (got 2.5)"),
+])
+def test_a_bad_width_multiple_in_a_recipe_is_one_line_and_exit_2(value, needle, tmp_path, capsys, monkeypatch):
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(f"[prune]\nwidth_multiple = {value}\n")
+    code, err = run_cli(["--recipe", str(recipe), "--from", str(tmp_path / "missing")], capsys, monkeypatch)
+    assert code == 2 and len(err.splitlines()) == 1 and needle in err and str(recipe) in err, err
+
+
+def test_the_registry_names_each_builtin_methods_own_options_without_importing_it():
+    """`PRUNERS.options` reads a built-in method's options from the registry's table, without the method's module
+    (torch): the same class the method names as its `options` (None for those with none); the config's section,
+    its flags and recipe validation import no torch."""
+    import subprocess
+
+    from effkit.registry import PRUNERS
+
+    for name in PRUNERS.builtin:
+        assert PRUNERS.options(name) is getattr(methods.get(name), "options", None), name
+    code = ("import sys\nfrom effkit.config import PruneConfig, flat_fields\nfrom effkit.registry import PRUNERS\n"
+            "assert flat_fields(PruneConfig)['width_multiple'][0].default == 32\n"
+            "assert PruneConfig.from_flat(width_multiple=1).options.width_multiple == 1\n"
+            "assert [n for n in PRUNERS.builtin if PRUNERS.options(n)] == ['row', 'width']\n"
+            "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "NO-TORCH", out.stderr[-2000:]
+
+
+def test_a_registered_methods_options_are_flat_keys_of_the_prune_config():
+    """A method registered at run time names its options as a built-in one does; its module is read for them."""
+    from dataclasses import dataclass, field
+
+    from effkit.config import flat_fields
+    from effkit.prune.methods import options_of
+
+    @dataclass(frozen=True)
+    class EveryNth:
+        every: int = field(default=2, metadata={"help": "keep every n-th channel"})
+
+    class Nth(RowPruner):
+        name = "fake-nth"
+        options = EveryNth
+
+    methods.register(Nth())
+    try:
+        assert flat_fields(PruneConfig)["every"][0].default == 2
+        cfg = PruneConfig.from_flat(mode="fake-nth", every=3, width_multiple=64)
+        assert options_of(cfg, EveryNth) == EveryNth(3) and cfg.options.width_multiple == 64
+    finally:
+        methods.unregister("fake-nth")
+    assert "every" not in flat_fields(PruneConfig)
+

@@ -5,11 +5,14 @@ the pipeline treats it as structured), which `--importance` values it accepts (t
 ranks what it removes; `plan` checks the shape the last round would leave (refused in one line before anything is
 written) and `start` returns the cut that one round applies. A method with options of its own names their dataclass
 as `options` (field default, type, and `help` in the field's metadata, as a quantization backend's `Options`) and
-reads them with `options_of(cfg, Options)`; row and width share `structure.Options` (`--width-multiple`).
+reads them with `options_of(cfg, Options)`; row and width share `options.Options` (`--width-multiple`), in a
+module without torch that `registry.PRUNERS` names for them, so `--help` and recipe validation read it unimported.
 
 Adding a method: write `effkit/prune/<name>.py` with a module-level `PRUNER` and add one line to
-`effkit.registry.PRUNERS`; a test or a plug-in can also `register()` one at run time. `names()` imports no method
-module (`--help` reads it without torch); `get()` imports the one asked for."""
+`effkit.registry.PRUNERS` (and, where it has options, one to its `options` table: where the dataclass lives, in a
+module without torch); a test or a plug-in can also `register()` one at run time (its `options` is then read from
+it). `names()` and `PRUNERS.options()` import no method module (`--help` reads them without torch); `get()` imports
+the one asked for."""
 
 from __future__ import annotations
 

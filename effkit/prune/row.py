@@ -6,7 +6,7 @@ Direct slicing rather than torch-pruning's dependency graph: the coupled group i
 (c_fc rows, c_fc bias, c_proj columns), and a valid GPT2Config needs the same width in every layer, which
 a global dependency-graph pruner does not guarantee. Channels are ranked by the L2 norm of their `c_fc` row.
 
-The number kept is rounded to `--width-multiple` (default 32, `structure.Options`) before the best channels are
+The number kept is rounded to `--width-multiple` (default 32, `options.Options`) before the best channels are
 taken: llama.cpp's Q8_0/Q4_0 and ONNX Runtime's MatMulNBits store `c_proj`'s rows (n_inner long) in blocks, so an
 MLP width of 100 could not be exported to them at all.
 """
@@ -18,7 +18,8 @@ from torch import nn
 
 from effkit.errors import EffkitError
 from effkit.prune.methods import options_of
-from effkit.prune.structure import Options, kept_width
+from effkit.prune.options import Options
+from effkit.prune.structure import kept_width
 
 
 @torch.no_grad()

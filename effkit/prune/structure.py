@@ -7,7 +7,8 @@ therefore build a fresh model from the changed config and load the pruned state 
 tensor must fit): the model effkit fine-tunes and measures is by construction the one plain `from_pretrained`
 builds from the saved folder.
 
-Row and width pruning keep a number of channels rounded to `--width-multiple` (`Options`, default 32): the engines
+Row and width pruning keep a number of channels rounded to `--width-multiple` (`Options`, default 32; declared with
+`check_multiple` in the torch-free `effkit.prune.options`, which the CLI reads, and re-exported here): the engines
 effkit exports to store a matrix's rows in blocks (llama.cpp's Q8_0 and Q4_0: 32 weights; ONNX Runtime's
 MatMulNBits: 16 to 256), so an MLP width of 100 is a model none of them can quantize.
 """
@@ -15,36 +16,13 @@ MatMulNBits: 16 to 256), so an MLP width of 100 is a model none of them can quan
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from effkit.errors import EffkitError
 from effkit.model.convert import conv1d_to_linear
-
-WIDTH_MULTIPLE = 32  # llama.cpp's Q8_0 / Q4_0 block: the coarsest block among the engines effkit exports to by default
-
-
-def check_multiple(multiple) -> None:
-    # bool is an int to Python; a recipe's `width_multiple = true` is a mistake, not 1
-    if isinstance(multiple, bool) or not isinstance(multiple, int) or multiple < 1:
-        raise EffkitError(f"--width-multiple must be a whole number of channels, 1 or more (got {multiple!r}); "
-                          f"{WIDTH_MULTIPLE} fits llama.cpp's Q8_0/Q4_0 blocks, 1 keeps any width")
-
-
-@dataclass(frozen=True)
-class Options:
-    """`effkit prune --mode row|width`'s own option (declared once: its flag, recipe key and --help line come from
-    here; both methods name this dataclass as their `options`)."""
-
-    width_multiple: int = field(default=WIDTH_MULTIPLE, metadata={
-        "help": "row, width: round the kept MLP (row) or residual (width) width to the nearest multiple of this, 1 or "
-                "more (never to 0, never above the original; width also to a multiple of the heads): 32 fits "
-                "llama.cpp's Q8_0/Q4_0 blocks and ONNX Runtime's MatMulNBits; 1 keeps any width"})
-
-    def __post_init__(self) -> None:
-        check_multiple(self.width_multiple)
+from effkit.prune.options import WIDTH_MULTIPLE, Options, check_multiple  # noqa: F401 - re-exported
 
 
 def kept_width(width: int, fraction: float, multiple: int, what: str, of: str = "--width-multiple") -> int:

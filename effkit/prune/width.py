@@ -19,7 +19,7 @@ score highest. The kept queries are scaled by
 `1/sqrt(head_dim')`. The model is then rebuilt from a `GPT2Config` with the new `n_embd` (and the MLP width made
 explicit, since `n_inner=None` means `4 * n_embd`), so plain `from_pretrained` loads the artifact.
 
-The width kept is a multiple of the heads and of `--width-multiple` (default 32, `structure.Options`): every
+The width kept is a multiple of the heads and of `--width-multiple` (default 32, `options.Options`): every
 projection that reads the residual stream (`c_attn`, `c_fc`, the head) stores its rows, n_embd long, in llama.cpp's
 Q8_0/Q4_0 blocks of 32 or ONNX Runtime's MatMulNBits blocks, so a width that is no multiple of the block cannot be
 exported to them.
@@ -36,7 +36,8 @@ from torch import nn
 from effkit.errors import EffkitError
 from effkit.measure import evaluation
 from effkit.prune.methods import options_of
-from effkit.prune.structure import Options, check_multiple, kept_width, rebuild
+from effkit.prune.options import Options, check_multiple
+from effkit.prune.structure import kept_width, rebuild
 
 
 def valid_width(n_embd: int, n_head: int, fraction: float, multiple: int = 1) -> int:
