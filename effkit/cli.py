@@ -143,11 +143,18 @@ def train(
 
 @app.command()
 @with_stage_options(PruneConfig)
-def prune(ctx: typer.Context, recipe: Optional[Path] = _recipe("prune"), **stage_options):
+def prune(ctx: typer.Context, recipe: Optional[Path] = _recipe("prune"),
+          plan: bool = typer.Option(False, "--plan", help="print the predicted peak memory, its parts and whether "
+                                    "it fits, allocate nothing, and stop"),
+          **stage_options):
     """Prune a trained model (row, width, depth or weight), fine-tuning between rounds; one artifact per round."""
     quiet_libraries()
     cfg = build_config(PruneConfig, str(recipe) if recipe else None, _flags(ctx, PruneConfig))
-    from effkit.prune.stage import run_prune
+    from effkit.prune.stage import prune_plan, run_prune
+
+    if plan:
+        console.show_stage_plan(prune_plan(cfg.validate(), probe=True))
+        return
 
     console.show_prune(run_prune(cfg), cfg.method.mode, cfg.folders.reports_dir)
 

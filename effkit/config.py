@@ -304,6 +304,7 @@ class Inputs(_Section):
 @dataclass(frozen=True)
 class PruneInputs(Inputs):
     source: str = opt("", "artifact or Hugging Face GPT-2 folder to prune (default: runs/latest/train)", flag="--from")
+    force: bool = opt(False, "run even where the memory plan (--plan) predicts a peak above the machine's memory")
 
 
 @dataclass(frozen=True)

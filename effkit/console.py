@@ -55,6 +55,28 @@ def show_plan(p: Any, fit: bool, changes: list[str]) -> None:
                       "--parallel fsdp (or a GPU with more memory), or a smaller model")
 
 
+def show_stage_plan(p: Any) -> None:
+    """`effkit prune --plan`: a stage's predicted peak (a `stageplan.StagePlan`), its parts and the verdict."""
+    from rich.table import Table
+
+    from effkit import memplan, stageplan
+
+    t = Table(title=f"memory plan: effkit {p.stage}, one process")
+    t.add_column("at the peak")
+    t.add_column("MiB", justify="right")
+    for k, v in p.parts.items():
+        t.add_row(k, f"{v / 2**20:,.0f}")
+    t.add_row("[bold]total", f"[bold]{p.total_bytes / 2**20:,.0f}")
+    t.add_row(p.device, f"{p.device_bytes / 2**20:,.0f}" if p.device_bytes else "unknown")
+    if p.usable_bytes:
+        t.add_row(f"usable (less {memplan.HEADROOM:.0%} kept free)", f"{p.usable_bytes / 2**20:,.0f}")
+    out = terminal()
+    out.print(t)
+    for n in p.notes:
+        out.print(f"  {n}")
+    out.print(f"plan: {p.verdict()}; predicted from {stageplan.METHOD}")
+
+
 def show_train(report: dict) -> None:
     """`effkit train`: the metrics table, the artifact and the report (on a node other than 0: where node 0 put
     them)."""

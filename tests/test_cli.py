@@ -243,7 +243,7 @@ def test_nested_stage_configs_keep_their_flat_keys_and_every_one_is_a_flag():
 
 
 # what a stage command declares besides its config's fields (typer's --help aside)
-NON_STAGE_PARAMS = {"train": {"recipe", "plan", "fit"}, "prune": {"recipe"}, "quantize": {"recipe"},
+NON_STAGE_PARAMS = {"train": {"recipe", "plan", "fit"}, "prune": {"recipe", "plan"}, "quantize": {"recipe"},
                     "export": {"recipe"}, "bench": {"recipe", "json_out"}}
 
 

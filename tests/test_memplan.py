@@ -32,12 +32,21 @@ def test_extrapolation_from_2_and_4_blocks_equals_the_full_simulation():
 
 def test_fake_simulation_counts_what_real_tensors_hold(monkeypatch):
     """The same two training steps on real tensors, tracked the same way, peak at the same bytes."""
-    fake = memplan.simulate(MC, 4, 32, checkpointing=True)
+    fake = memplan._simulate(MC, 4, 32, checkpointing=True)  # the simulation itself, not its cached result
     from torch._subclasses import fake_tensor
 
     monkeypatch.setattr(fake_tensor, "FakeTensorMode", lambda **k: contextlib.nullcontext())
-    real = memplan.simulate(MC, 4, 32, checkpointing=True)
+    real = memplan._simulate(MC, 4, 32, checkpointing=True)
     assert total(real) == pytest.approx(total(fake), rel=0.02)
+
+
+def test_a_simulation_runs_once_per_shape(monkeypatch):
+    """A plan simulates two training steps (seconds); the same shape's next plan reads the result back."""
+    first = memplan.simulate(MC, 2, 16, checkpointing=False, layers=2)
+    monkeypatch.setattr(memplan, "_simulate", lambda *a, **k: pytest.fail("simulated again"))
+    assert memplan.simulate(MC, 2, 16, checkpointing=False, layers=2) == first
+    with pytest.raises(pytest.fail.Exception):  # another shape is simulated
+        memplan.simulate(MC, 2, 16, checkpointing=True, layers=2)
 
 
 def test_tricks_move_the_plan_the_way_they_must(tiny_cfg):

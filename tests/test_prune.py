@@ -418,3 +418,37 @@ def test_a_registered_methods_options_are_flat_keys_of_the_prune_config():
         methods.unregister("fake-nth")
     assert "every" not in flat_fields(PruneConfig)
 
+
+def test_the_memory_plan_is_made_before_anything_and_one_that_does_not_fit_stops_the_stage(trained, capsys,
+                                                                                          monkeypatch):
+    """#47: `prune --plan` prints the predicted peak with its parts and writes nothing; a plan that does not fit
+    stops the stage in one line, exit 2, before anything is written, unless --force; a run reports the plan it made
+    beside the peak it measured."""
+    from effkit import memplan
+
+    tmp, artifact = trained
+    runs, reports = tmp / "plan-runs", tmp / "plan-reports"
+    base = ["--from", artifact, "--mode", "row", "--target", "0.3", "--rounds", "1", "--finetune-steps", "2",
+            "--batch-size", "2", "--fixed-rounds", "--latency-rounds", "2", "--latency-repeats", "1",
+            "--runs-dir", str(runs), "--reports-dir", str(reports)]
+    monkeypatch.setattr(sys, "argv", ["effkit", "prune", "--plan", *base])
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    out = capsys.readouterr().out
+    assert exc.value.code in (0, None) and "memory plan: effkit prune" in out and "plan: fits" in out
+    assert "teacher: the dense parent" in out and "fine-tuning (the control arm's): optimizer" in out
+    assert not runs.exists() and not reports.exists()
+    monkeypatch.setattr(memplan, "device_memory", lambda device: ("a 1 MiB machine", 2**20))
+    code, err = run_cli(base, capsys, monkeypatch)
+    assert code == 2 and len(err.splitlines()) == 1 and err.startswith("effkit: error: prune: predicted peak"), err
+    assert "does not fit: --no-control" in err and "--force runs it anyway" in err
+    assert not runs.exists() and not reports.exists()  # nothing written
+    code, err = run_cli([*base, "--force"], capsys, monkeypatch)
+    assert code in (0, None), err
+    report = json.loads((reports / "p" / "prune-row-distill.json").read_text())
+    mem = report["memory"]
+    assert mem["plan"]["fits"] is False and mem["plan"]["verdict"].startswith("does not fit")
+    assert mem["measured_peak_bytes"] > 0 and mem["measured_how"].startswith("cpu RSS")
+    parts = mem["plan"]["parts_bytes"]
+    assert parts["teacher: the dense parent (frozen, fp32)"] == parts["fine-tuning (the control arm's): parameters"]
+    assert sum(parts.values()) == mem["plan"]["total_bytes"]

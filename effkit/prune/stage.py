@@ -15,19 +15,20 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from effkit import artifacts
+from effkit import artifacts, stageplan
 from effkit.artifacts import RunLayout, prune_tag
 from effkit.artifacts.loader import engine_of, kind
 from effkit.config import DataConfig, ModelConfig, ParallelConfig, PruneConfig, TrainConfig, build_config
 from effkit.data import prepare
 from effkit.errors import EffkitError
-from effkit.measure import evaluation, hardware, results, stats, stopping, timing
+from effkit.measure import evaluation, hardware, memory, results, stats, stopping, timing
 from effkit.model import count_params, load_model
 from effkit.parallel import Runtime, init_runtime
 from effkit.prune import methods
@@ -135,7 +136,7 @@ class ControlArm:
         return model
 
 
-def _check_source(path: Path) -> dict[str, Any]:
+def check_source(path: Path) -> dict[str, Any]:
     meta = artifacts.read_meta(path)
     if meta["stage"] == "quantize" or kind(path) != "pytorch":
         name = "a quantized" if kind(path) in ("quantized", "pytorch") else engine_of(path).noun
@@ -191,13 +192,67 @@ def run_prune(cfg: PruneConfig, progress: bool = True) -> dict[str, Any]:
     cfg = cfg.validate()
     rt = init_runtime(cfg.inputs.device)
     source = artifacts.resolve_artifact(cfg.inputs.source, cfg.folders.runs_dir)
-    meta = _check_source(source)
+    meta = check_source(source)
     lr, lr_how = finetune_lr(cfg, meta)
     cfg = cfg.replace(lr=lr)
     data_cfg = DataConfig.from_dict(artifacts.data_section(source, cfg.inputs.data))
     layout = RunLayout.of(cfg.folders.runs_dir, cfg.folders.reports_dir, artifacts.run_of(source))
-    with artifacts.run_lock(layout.run_dir):
-        return _prune(cfg, rt, source, meta, data_cfg, layout, progress, lr_how)
+    plan = prune_plan(cfg)  # before the models are loaded: one that does not fit stops here, unless --force
+    stageplan.check(plan, cfg.inputs.force)
+    with artifacts.run_lock(layout.run_dir), memory.PeakMemory(rt.device) as mem:
+        return _prune(cfg, rt, source, meta, data_cfg, layout, progress, lr_how, memory_of=lambda: {
+            "plan": plan.to_dict(), "measured_peak_bytes": mem.read(), "measured_absolute_bytes": mem.absolute_bytes,
+            "measured_how": mem.method})
+
+
+def prune_plan(cfg: PruneConfig, probe: bool = False) -> stageplan.StagePlan:
+    """The memory plan of `effkit prune` with `cfg` (a PruneConfig, validated), from the model's shapes alone: the
+    dense parent, loaded as the frozen teacher and the reference; the student, its copy that the rounds cut; and one
+    fine-tuning (`effkit.memplan.predict` of the round's own training configuration: the model being fine-tuned,
+    its gradients, its optimizer's moments, the step's activations and temporaries, and on a CPU the process
+    runtime measured once per machine and shape). With the control arm the largest moment is the control's
+    fine-tuning (a third model, the student held beside it); with distillation the teacher's logits and the KL
+    term's two softmaxes are added (batch x block x vocabulary, fp32). `probe`: measure the runtime now where it is
+    not cached (seconds to minutes), else leave it out and say so."""
+    from effkit import memplan
+    from effkit.parallel import resolve_device
+
+    source = artifacts.resolve_artifact(cfg.inputs.source, cfg.folders.runs_dir)
+    meta = check_source(source)
+    data = DataConfig.from_dict(artifacts.data_section(source, cfg.inputs.data))
+    layout = RunLayout.of(cfg.folders.runs_dir, cfg.folders.reports_dir, artifacts.run_of(source))
+    device = resolve_device(cfg.inputs.device)
+    ft = finetune_config(cfg, Path(source), meta, data, 1, layout)
+    tuning = memplan.predict(ft, device, probe=probe)
+    states = dict(tuning.per_rank)
+    states["parameters"] += states.pop("buffers", 0)
+    model_bytes = states["parameters"]
+    f = cfg.finetune
+    student = "student: its copy, which the rounds cut (at most the parent's size)"
+    parts = {"teacher: the dense parent (frozen, fp32)": model_bytes, student: model_bytes}
+    notes = []
+    if f.finetune_steps:
+        who = "the control arm's" if f.control else "the student's"
+        if not f.control:  # the student is the model being fine-tuned: counted there
+            del parts[student]
+        parts |= {f"fine-tuning ({who}): {k}": v for k, v in states.items()}
+        if cfg.distilling:
+            mc = memplan._model_config(ft)
+            parts["distillation: the teacher's logits and the KL's two softmaxes"] = \
+                3 * f.batch_size * data.block_size * mc.vocab_size * 4
+        notes += [f"the largest moment: {who} fine-tuning, {f.batch_size} x {data.block_size} tokens, "
+                  f"{ft.optim.optim}, {'bf16 autocast' if ft.optim.amp else 'fp32'}",
+                  *[n for n in tuning.notes if n.startswith("runtime")]]
+    else:
+        notes.append("no fine-tuning (--finetune-steps 0): the two models and an evaluation batch")
+    tricks = []
+    if f.finetune_steps and f.control:
+        tricks.append("--no-control (no third model; the loss deltas are then against the dense parent)")
+    if f.finetune_steps and ft.optim.optim != "adamw8bit":
+        tricks.append("a parent trained with --optim adamw8bit (its fine-tuning keeps 8-bit moments)")
+    if f.finetune_steps and f.batch_size > 1:
+        tricks.append(f"--batch-size {max(1, f.batch_size // 2)}")
+    return stageplan.StagePlan("prune", parts, tuning.device, tuning.device_bytes, notes, tricks)
 
 
 def _calibration(cfg: PruneConfig, pruner, train_blocks: torch.Tensor) -> list[torch.Tensor] | None:
@@ -263,7 +318,8 @@ def _round_row(r: int, fraction: float, report: dict[str, Any], structured: bool
 
 
 def _prune(cfg: PruneConfig, rt: Runtime, source: Path, meta: dict[str, Any], data_cfg: DataConfig,
-           layout: RunLayout, progress: bool, lr_how: str = "set by --lr") -> dict[str, Any]:
+           layout: RunLayout, progress: bool, lr_how: str = "set by --lr",
+           memory_of: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
     block = data_cfg.block_size
     torch.manual_seed(cfg.finetune.seed)
 
@@ -306,7 +362,8 @@ def _prune(cfg: PruneConfig, rt: Runtime, source: Path, meta: dict[str, Any], da
         parent = report["artifact"]
 
     source_info = {"model": str(source), "data": data_cfg.source, "tokenizer": prepared.tokenizer_source}
-    return write_prune_report(cfg, layout, rows, dense, rt, block, source_info, lr_how)
+    return write_prune_report(cfg, layout, rows, dense, rt, block, source_info, lr_how,
+                              memory_of() if memory_of else None)
 
 
 def round_verdict(cfg: PruneConfig, row: dict[str, Any], dense: dict[str, Any]) -> str:
@@ -322,7 +379,8 @@ def round_verdict(cfg: PruneConfig, row: dict[str, Any], dense: dict[str, Any]) 
 
 
 def write_prune_report(cfg: PruneConfig, layout: RunLayout, rows: list[dict[str, Any]], dense: dict[str, Any],
-                       rt: Runtime, block: int, source: dict[str, str], lr_how: str = "set by --lr") -> dict[str, Any]:
+                       rt: Runtime, block: int, source: dict[str, str], lr_how: str = "set by --lr",
+                       mem: dict[str, Any] | None = None) -> dict[str, Any]:
     out = layout.report_dir
     verdicts = [round_verdict(cfg, row, dense) for row in rows[1:]]
     last = rows[-1]
@@ -362,6 +420,7 @@ def write_prune_report(cfg: PruneConfig, layout: RunLayout, rows: list[dict[str,
                                  "the fraction of transformer-block parameters removed",
                      "flops": "forward FLOPs/token = 2 x (block Linear weights + LM head) + 4*L*d*T; weight mode "
                               "counts non-zero weights (what sparse kernels could skip)"},
+        "memory": mem,  # the plan made before the stage, beside the peak it measured
         "versions": artifacts.versions(), "git_commit": artifacts.git_commit(),
     }
     atomic_write_text(out / f"prune-{cfg.label}.json", json.dumps(report, indent=2, default=str))

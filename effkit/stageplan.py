@@ -1,0 +1,66 @@
+"""A stage's memory plan (`StagePlan`): the peak of one process, predicted from its parts before anything large
+is allocated, whether it fits, and what would make it fit; `check` stops a stage whose plan does not fit in one
+line (exit 2) unless forced. Each stage builds its own plan from the model's shapes alone (`config.json`, no
+weights read): `effkit.prune.stage.prune_plan` (`effkit prune --plan`). A stage measures its own peak (the
+resident set's increase over the stage, `PeakMemory`) and reports it beside the plan, so every prediction is
+checked by the run it was made for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from effkit.errors import EffkitError
+
+METHOD = ("the parts alive at the stage's largest moment, from the model's shapes alone (no weights read): fp32 "
+          "copies of the model, and one fine-tuning as `effkit train --plan` predicts it (FakeTensorMode and "
+          "MemTracker; the runtime of the libraries measured once per machine and shape)")
+
+
+@dataclass
+class StagePlan:
+    """One stage's predicted peak for one process: its parts (bytes), the device's memory, notes, and the
+    changes that would make it fit (`tricks`) when it does not."""
+
+    stage: str
+    parts: dict[str, int]
+    device: str
+    device_bytes: int | None
+    notes: list[str] = field(default_factory=list)
+    tricks: list[str] = field(default_factory=list)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.parts.values())
+
+    @property
+    def usable_bytes(self) -> int | None:
+        from effkit.memplan import HEADROOM
+
+        return None if self.device_bytes is None else int(self.device_bytes * (1 - HEADROOM))
+
+    @property
+    def fits(self) -> bool | None:
+        return None if self.device_bytes is None else self.total_bytes <= self.usable_bytes
+
+    def verdict(self) -> str:
+        """`fits` or `does not fit: <what would make it fit>`, in one line."""
+        if self.fits is None:
+            return "fit unknown (the device's memory is unknown)"
+        if self.fits:
+            return "fits"
+        return "does not fit: " + ("; or ".join(self.tricks) if self.tricks else "use a machine with more memory")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"stage": self.stage, "parts_bytes": self.parts, "total_bytes": self.total_bytes,
+                "device": self.device, "device_bytes": self.device_bytes, "usable_bytes": self.usable_bytes,
+                "fits": self.fits, "verdict": self.verdict(), "notes": self.notes, "method": METHOD}
+
+
+def check(plan: StagePlan, force: bool) -> None:
+    """Stop before anything large is allocated when the plan does not fit, unless forced."""
+    if plan.fits is False and not force:
+        raise EffkitError(f"{plan.stage}: predicted peak {plan.total_bytes / 2**30:.1f} GiB > "
+                          f"{plan.usable_bytes / 2**30:.1f} GiB usable ({plan.device}); {plan.verdict()}; "
+                          "--plan shows the parts, --force runs it anyway")
