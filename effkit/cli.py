@@ -21,6 +21,7 @@ from effkit.config import (
     ExportConfig,
     PruneConfig,
     QuantizeConfig,
+    RunConfig,
     TrainConfig,
     bool_field,
     build_config,
@@ -78,12 +79,13 @@ def _stage_parameter(key: str, f: dataclasses.Field, kind: Any) -> inspect.Param
     return inspect.Parameter(key, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=option)
 
 
-def with_stage_options(cls: type):
+def with_stage_options(cls: type, only: tuple[str, ...] | None = None):
     """Add a command's stage flags: one per flat key of the config class `cls` (`config.flat_fields`: its sections'
     fields, a quantization backend's `Options` among them), placed after `--recipe`, with the default, type and
     help of the field; recipe-only keys (`cli: False` in the metadata) get none. The command declares only what
     is no stage field (ctx, --recipe, --plan, ...) and receives the flags in its `**kwargs`; `_flags(ctx, cls)`
-    reads those the user typed. A new option is one field in config.py."""
+    reads those the user typed. A new option is one field in config.py. `only`: just these keys (`effkit run`,
+    whose table is otherwise recipe-only)."""
 
     def wrap(fn):
         sig = inspect.signature(fn)
@@ -92,7 +94,7 @@ def with_stage_options(cls: type):
         # a plug-in that does not import loses its flags here and is said in one line when the command runs
         stage = [_stage_parameter(key, f, kind)
                  for key, (f, kind) in flat_fields(cls, skip_broken_plugins=True).items()
-                 if f.metadata.get("cli", True)]
+                 if f.metadata.get("cli", True) and (only is None or key in only)]
         rest = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own[at:]]
         fn.__signature__ = sig.replace(parameters=[*own[:at], *stage, *rest])
         fn.__annotations__ = {**fn.__annotations__, **{p.name: p.annotation for p in stage}}
@@ -291,14 +293,22 @@ def _default_recipe() -> str:
     return str(shipped if shipped.is_file() else local)
 
 
+RUN_FLAGS = ("time_budget_min",)  # the [run] keys `effkit run` also takes as flags (from their fields)
+
+
 @app.command("run")
+@with_stage_options(RunConfig, only=RUN_FLAGS)
 def run_cmd(
+    ctx: typer.Context,
     recipe: Optional[str] = typer.Argument(None, help="TOML recipe (default: recipes/quickstart.toml)"),
     force: bool = typer.Option(False, "--force", help="redo every stage, even complete ones"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the plan (stages, launch command, artifacts) only"),
     workload: Optional[str] = typer.Option(None, help="the workload the delivered artifact (and auto's backend) is "
                                            "chosen for, among every engine: " + ", ".join(workloads.names()) +
-                                           " (default: the recipe's [run] optimize_for, else decode-b1)"),
+                                           " (default: the recipe's \\[run] optimize_for, else decode-b1)"),
+    full: bool = typer.Option(False, "--full", help="train the recipe's full schedule, whatever the time budget "
+                              "(the same as --time-budget-min 0)"),
+    **stage_options,  # the [run] keys in RUN_FLAGS, added by with_stage_options
 ):
     """Run the whole pipeline from one recipe: train, prune, quantize, bench, report. Resumable."""
     quiet_libraries()
@@ -308,8 +318,12 @@ def run_cmd(
     recipe = recipe or _default_recipe()
     if workload:
         workloads.get(workload, "--workload")  # a bad name is the flag's error, not the recipe's
-    result = run_pipeline(recipe, force=force, dry_run=dry_run, console=out,
-                          overrides={"optimize_for": workload} if workload else None)
+    overrides = {**_explicit(ctx, list(RUN_FLAGS)), **({"optimize_for": workload} if workload else {})}
+    if full:
+        if overrides.get("time_budget_min"):
+            raise EffkitError("--full trains the recipe's full schedule; drop --time-budget-min (or --full)")
+        overrides["time_budget_min"] = 0.0
+    result = run_pipeline(recipe, force=force, dry_run=dry_run, console=out, overrides=overrides or None)
     console.show_run(result, recipe, dry_run, out)
 
 

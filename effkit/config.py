@@ -893,6 +893,17 @@ class RunPlan(_Section):
     # or prefill-b12 (one forward of 12 x block); every table shows all three
     optimize_for: str = opt("decode-b1", "the workload the delivered artifact is chosen for: {choices}",
                             choices=workloads.names)
+    # minutes the whole run may take on this machine: where the recipe's schedule would take longer, training runs
+    # fewer steps, chosen once before it starts from a step time measured then (kept in pipeline.json, reused on
+    # resume); `effkit run --full` (or 0) trains the recipe's full schedule
+    time_budget_min: float = opt(0.0, "minutes the whole run may take on this machine: where the recipe's training "
+                                 "would make it longer, train fewer steps (chosen before training from a step time "
+                                 "measured then, kept on resume; at least 20% of the recipe's); 0 = the recipe's full "
+                                 "schedule (also --full)", show_default="the recipe's, else 0")
+    # what the recipe's full schedule reached where it was measured, with its source: shown beside the bits per byte
+    # of a run the time budget shortened (text, shown as written: effkit does not measure it)
+    full_schedule_result: str = opt("", "what the recipe's full training schedule reached where it was measured, with "
+                                    "its source (shown beside the bits per byte of a run the time budget shortened)")
 
 
 @dataclass(frozen=True)
@@ -918,6 +929,7 @@ class RunConfig(_Staged):
             raise EffkitError(f"quantize_from must be a tag or a list of tags, e.g. [\"train\", \"best-pruned\"] "
                               f"(got {r.quantize_from!r})")
         _finite("max_loss_increase", r.max_loss_increase, 0)
+        _finite("time_budget_min", r.time_budget_min, 0)
         workloads.get(r.optimize_for, "optimize_for")
         for m in r.prune_modes:
             if m not in PRUNERS.names():

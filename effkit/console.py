@@ -255,6 +255,8 @@ def show_run(result: dict, recipe: str, dry_run: bool, out: Any) -> None:
     if result["bench"]:
         out.print(bench_table(result["bench"], f"effkit run: {result['bench']['run']}"))
     out.print(f"stages: {', '.join(result['done'])}; wall time {result['wall_s'] / 60:.1f} min")
+    if result.get("schedule"):  # what a time budget left of the training, beside the recipe's full result
+        out.print(result["schedule"], soft_wrap=True, highlight=False)
     out.print(f"report: {result['report']}")
     if result.get("deliverable"):
         out.print(result["deliverable"]["line"], soft_wrap=True, highlight=False)

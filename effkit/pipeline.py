@@ -6,15 +6,20 @@ says which exist and their order); this module never names a stage. A step is co
 section and its parents' fingerprints, in `runs/<run>/pipeline.json`) matches the recipe's now: complete steps are
 skipped; a step whose recipe section or parent changed runs again, with every step after it, and says so; an
 interrupted step starts again from scratch (training resumes from its checkpoint when that was made by the same
-recipe); `--force` redoes everything. While it runs, `Eta` prints the expected time of every step (its work in
-training steps, times the step time that the stage declaring `measures_step_time` lets it measure, plus a share of
-its time budget), updates it as steps finish and writes it to `eta.json`. The run ends with one line: the fastest
-artifact within the loss budget, how it compares, and how to load it.
+recipe); `--force` redoes everything. With a time budget ([run] `time_budget_min`), the training steps are chosen
+once before training starts (`fit_time_budget`: a step time measured then, the whole run predicted the way `Eta`
+predicts it, the largest round count of steps that fits, never fewer than a fifth of the recipe's), kept in
+`pipeline.json` and reused on resume, so that fingerprints and the estimate see the steps that are trained. While it
+runs, `Eta` prints the expected time of every step (its work in training steps, times the step time that the stage
+declaring `measures_step_time` lets it measure, plus a share of its time budget), updates it as steps finish and
+writes it to `eta.json`. The run ends with one line: the fastest artifact within the loss budget, how it compares,
+and how to load it.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import time
 from pathlib import Path
@@ -25,9 +30,13 @@ from rich.console import Console
 from effkit import artifacts
 from effkit.config import RunConfig, build_config, load_recipe
 from effkit.registry import STAGES
-from effkit.stage import Plan, RunContext, Stage, Step
+from effkit.stage import Plan, RunContext, Stage, Step, fingerprint
 
 RECORD = "pipeline.json"  # in the run folder: each step's fingerprint and the folders it left
+SCHEDULE = "time_budget"  # its entry holding the time budget's decision (no step has this name)
+# a time budget trains at least this share of the recipe's steps: below it the model is not the recipe's any more (a
+# run still over its budget says so)
+FEWEST_SHARE = 0.2
 # The rounds after a comparison's first look run until it is decided, within its time budget (seconds, the same on
 # every machine): most comparisons decide well before their budget runs out, so the estimate counts this share of
 # the budgets, the share a quickstart used (docs/benchmarks.md); the rescaling as steps finish corrects the rest
@@ -78,6 +87,111 @@ def stage_budgets(plan: Plan) -> dict[str, float]:
     return {s.key: s.budget(plan) for s in steps(plan) if s.work(plan) is not None and s.measures}
 
 
+def expected_seconds(work: dict[str, float], budgets: dict[str, float], step_s: float,
+                     leave_out: list[str] | tuple[str, ...] = ()) -> dict[str, float]:
+    """The estimate of each step: its work in training steps times the step time, plus `BUDGET_USED` of its time
+    budget for sequential rounds (what `Eta` prints and the time budget fits the training steps into)."""
+    return {k: w * step_s + BUDGET_USED * budgets.get(k, 0.0) for k, w in work.items() if k not in leave_out}
+
+
+# ------------------------------------------------------------------------------------------ the time budget
+def step_grain(steps: int) -> int:
+    """The step counts a time budget chooses among: multiples of 50 for a schedule of 1,000-9,999 steps (5 for
+    100-999, 500 for 10,000-99,999), so that the choice moves in round steps, not with every wobble of the
+    measured step time."""
+    return max(1, 10 ** (len(str(steps)) - 2) // 2)
+
+
+def predicted_total(plan: Plan, timer: Stage, train_steps: int, step_s: float) -> float:
+    """Seconds the whole run is expected to take on this machine with `train_steps` training steps, by the model
+    `Eta` prints (on a copy of the plan)."""
+    trial = Plan(plan.recipe, plan.run, dict(plan.configs))
+    timer.with_training_steps(trial, train_steps)
+    return sum(expected_seconds(stage_work(trial), stage_budgets(trial), step_s).values())
+
+
+def choose_steps(full: int, fewest: int, total: Any, budget_s: float) -> int:
+    """The largest round count of training steps (`step_grain`) up to the recipe's `full` whose predicted `total`
+    (seconds, a function of the steps) fits `budget_s`; `full` when it fits; never under `fewest` (rounded up)."""
+    if total(full) <= budget_s:
+        return full
+    g = step_grain(full)
+    floor = min(full, -(-fewest // g) * g)
+    return next((n for n in range(full // g * g, floor - 1, -g) if n < full and total(n) <= budget_s), floor)
+
+
+def fit_time_budget(plan: Plan, record: StageRecord, console: Console) -> dict[str, Any] | None:
+    """With [run] `time_budget_min`, the training steps the run trains, decided once, before training: where the
+    recipe's whole run is predicted (a training step timed now, in a few seconds, by the stage that measures the
+    step time; the `Eta` model) to take longer than the budget, the largest round count of steps that fits, and
+    at least `FEWEST_SHARE` of the recipe's. The decision is kept in `pipeline.json` and reused while the recipe's
+    training section and the budget stay the same (a resumed run does not measure again, so its fingerprints do
+    not move); a training already complete with the recipe's own steps is kept. Sets `plan.schedule` and the
+    training steps in `plan`, and prints one line; None where no budget applies."""
+    timer = step_timer(plan)
+    if timer is None or (full := timer.training_steps(plan)) <= 0:
+        return None
+    mine = [s for s in timer.steps(plan) if s.records]
+    key = fingerprint({s.key: record.now.get(s.key) for s in mine})  # the recipe's training, as resolved
+    budget = plan.run.pipeline.time_budget_min
+    saved = record.schedule
+    if saved and saved.get("key") == key and saved.get("budget_min") == budget:
+        if saved["steps"] != full:
+            timer.with_training_steps(plan, saved["steps"])
+            record.refresh()
+        if budget > 0:
+            plan.schedule = saved
+            why = (f"one training step {saved['step_time_s']:.3f} s, measured then" if "step_time_s" in saved
+                   else saved.get("how_chosen", ""))
+            steps_now = (f"{saved['steps']:,} of the recipe's {full:,} steps" if saved["steps"] < full
+                         else f"all {full:,} steps of the recipe")
+            console.print(f"time budget {budget:g} min: training {steps_now}, as decided when this run started ({why}; "
+                          f"kept in {record.path})" + (f"; `effkit run --full` trains all {full:,}"
+                                                       if saved["steps"] < full else ""), highlight=False)
+        return saved
+    if timer.name not in plan.stages:
+        return None  # nothing trains now; what an earlier run trained is judged by its fingerprint
+    decision: dict[str, Any] = {"key": key, "budget_min": budget, "recipe_steps": full, "steps": full}
+    if budget <= 0:  # recorded, so that a later run with the budget keeps a full training it finds complete
+        record.keep_schedule({**decision, "how_chosen": "no time budget (--full or time_budget_min = 0)"})
+        return None
+    ctx = RunContext(plan, console, None)
+    if mine and all(record.fresh(s.key) and s.complete(ctx) for s in mine):
+        decision["how_chosen"] = "trained before with the recipe's full schedule: kept, nothing measured"
+        console.print(f"time budget {budget:g} min: the training is already complete with all {full:,} steps of the "
+                      "recipe: kept", highlight=False)
+    else:
+        step_s, how = timer.probe_step_time(plan)
+        if step_s is None or step_s <= 0:
+            decision["how_chosen"] = f"not applied: {how}"
+            console.print(f"time budget {budget:g} min: not applied ({how}); training all {full:,} steps",
+                          highlight=False)
+        else:
+            total = lambda n: predicted_total(plan, timer, n, step_s)  # noqa: E731
+            fewest = max(math.ceil(FEWEST_SHARE * full), timer.fewest_training_steps(plan))
+            chosen = choose_steps(full, fewest, total, budget * 60)
+            decision.update(steps=chosen, step_time_s=step_s, step_time_how=how, predicted_full_s=total(full),
+                            predicted_s=total(chosen), how_chosen=(
+                                f"the whole run predicted as each step's work in training steps x the step time "
+                                f"measured before training + {BUDGET_USED:.0%} of each measuring step's time budget; "
+                                f"the largest multiple of {step_grain(full)} steps up to the recipe's whose "
+                                f"prediction fits the budget, at least {FEWEST_SHARE:.0%} of the recipe's"))
+            said = (f"time budget {budget:g} min: one training step {step_s:.3f} s ({how}); the recipe's {full:,} "
+                    f"steps predict {_mins(total(full))} in all")
+            if chosen == full:
+                said += f": within it, training all {full:,}"
+            else:
+                over = total(chosen) > budget * 60
+                said += (f"; training {chosen:,} steps instead" + (
+                    f", the fewest it allows ({FEWEST_SHARE:.0%} of the recipe's), still over it" if over else "")
+                    + f" (predicted {_mins(total(chosen))}); `effkit run --full` trains all {full:,}")
+                timer.with_training_steps(plan, chosen)
+            console.print(said, highlight=False)
+    record.keep_schedule(decision)
+    plan.schedule = decision
+    return decision
+
+
 # ------------------------------------------------------------------------------------------ what is stale
 class StageRecord:
     """`runs/<run>/pipeline.json`: the fingerprint each stage ran with and the folders it left. A complete stage
@@ -92,6 +206,17 @@ class StageRecord:
             self.stages: dict[str, Any] = json.loads(self.path.read_text()) if self.path.is_file() else {}
         except (json.JSONDecodeError, OSError):
             self.stages = {}
+        self.schedule: dict[str, Any] | None = self.stages.pop(SCHEDULE, None)  # the time budget's decision
+
+    def keep_schedule(self, decision: dict[str, Any]) -> None:
+        """Record the time budget's decision; the fingerprints are taken again (the training steps may differ)."""
+        self.schedule = decision
+        self.refresh()
+        self.save()
+
+    def refresh(self) -> None:
+        """Take the fingerprints again, from the plan as it is now (the time budget changed its training steps)."""
+        self.now = fingerprints(self.plan)
 
     def fresh(self, name: str) -> bool:
         return self.stages.get(name, {}).get("fingerprint") == self.now[name]
@@ -121,7 +246,8 @@ class StageRecord:
 
     def save(self) -> None:
         if self.plan.run_dir.is_dir():
-            artifacts.atomic_write_text(self.path, json.dumps(self.stages, indent=2))
+            kept = {**self.stages, **({SCHEDULE: self.schedule} if self.schedule else {})}
+            artifacts.atomic_write_text(self.path, json.dumps(kept, indent=2))
 
 
 class Eta:
@@ -156,8 +282,7 @@ class Eta:
         if self.step_s is not None or seconds <= 0:
             return
         self.step_s, self.how = seconds, how
-        self.first = {k: w * seconds + BUDGET_USED * self.budgets.get(k, 0.0) for k, w in self.work.items()
-                      if k not in self.skipped}
+        self.first = expected_seconds(self.work, self.budgets, seconds, self.skipped)
         total = sum(self.first.values())
         parts = ", ".join(f"{k} {_mins(v)}" for k, v in self.first.items())
         self.console.print(f"[bold]expected on this machine[/bold] (one training step {seconds:.3f} s, {how}): "
@@ -197,9 +322,11 @@ class Eta:
                 "work_in_steps": self.work, "sequential_budgets_s": self.budgets, "predicted_s": self.first,
                 "actual_s": self.actual,
                 "skipped": self.skipped,
+                **({"time_budget": {k: v for k, v in self.plan.schedule.items() if k != "key"}}
+                   if self.plan.schedule else {}),
                 "how": "each stage's work counted in training steps of the recipe (training and fine-tuning steps "
-                       "exactly; evaluations, timed rounds and exports by per-operation weights read off one "
-                       "quickstart on a 2-core Xeon), times the step time measured here, plus "
+                       "exactly; evaluations, timed rounds, exports and set-up by per-operation weights read off "
+                       "one quickstart on a 2-core Zen 4 EPYC), times the step time measured here, plus "
                        f"{BUDGET_USED:.0%} of each measuring stage's time budget for the rounds after the first "
                        "look; predicted = the first estimate, printed after the first training steps"}
 
@@ -243,9 +370,11 @@ def run_pipeline(recipe: str, force: bool = False, dry_run: bool = False, consol
 def _run_steps(plan: Plan, rows: list[dict[str, Any]], console: Console) -> dict:
     t0 = time.perf_counter()
     done: list[str] = []
+    record = StageRecord(plan, console)
+    fit_time_budget(plan, record, console)  # before the steps, the estimate and the fingerprints are taken
     todo = steps(plan)
     ctx = RunContext(plan, console, Eta(plan, console))
-    eta, record = ctx.eta, StageRecord(plan, console)
+    eta = ctx.eta
     # complete steps whose completeness is known now are left out of the estimate (printed during training)
     eta.skipped += [s.key for s in todo if s.known_early and s.key in eta.work and record.fresh(s.key)
                     and s.complete(ctx)]
@@ -284,4 +413,4 @@ def _run_steps(plan: Plan, rows: list[dict[str, Any]], console: Console) -> dict
         eta.write()
     return {"plan": rows, "done": done, "wall_s": time.perf_counter() - t0, "bench": ctx.results.get("bench"),
             "report": str(plan.report_dir / "summary.md"), "deliverable": ctx.results.get("deliverable"),
-            "eta": eta.record()}
+            "schedule": ctx.results.get("schedule"), "eta": eta.record()}

@@ -1,7 +1,8 @@
 """Report writers: one JSON per stage (`reports/<run>/<stage-tag>.json`); `summary.md` and `summary.csv` are
 rebuilt from those JSONs (one writer, so re-running a stage replaces its row); per-step CSVs; every plot
 (matplotlib, through `pyplot()`); the run's report (`render_run_report`, with the expected time against the actual,
-`eta_section`); and the `report` stage of `effkit run` (`ReportStage`), which rebuilds it."""
+`eta_section`, and what a time budget left of the training, `schedule_line`); and the `report` stage of `effkit run`
+(`ReportStage`), which rebuilds it."""
 
 from __future__ import annotations
 
@@ -111,6 +112,9 @@ def rebuild_summary(out: Path, reports: list[dict[str, Any]] | None = None) -> P
     for name in PLOTS:
         if (out / name).is_file():
             lines += [f"![{Path(name).stem}]({name})", ""]
+    for r in reports:
+        if line := schedule_line(r):
+            lines += ["## Training within the time budget", "", line[0].upper() + line[1:] + ".", ""]
     if (out / "bench.md").is_file():
         lines += ["## Benchmark", "", *(out / "bench.md").read_text().splitlines()[2:], ""]
     lines += [markdown_section(r) for r in reports]
@@ -120,10 +124,39 @@ def rebuild_summary(out: Path, reports: list[dict[str, Any]] | None = None) -> P
     return out / "summary.md"
 
 
+def schedule_line(report: dict[str, Any]) -> str | None:
+    """What a time budget did to a training (`schedule` in its report, written by `effkit run`): the steps trained
+    of the recipe's and the budget, the bits per byte they reached, and beside it the result the recipe records for
+    its full schedule (quoted as the recipe states it); None without a budget."""
+    s = report.get("schedule") or {}
+    if not s.get("budget_min"):
+        return None
+    m = report.get("metrics", {})
+    full, trained, shortened = s["recipe_steps"], m.get("steps", s["steps"]), s["steps"] < s["recipe_steps"]
+    if shortened:
+        line = f"trained {trained:,} of {full:,} steps (time budget {s['budget_min']:g} min"
+        line += (f": one step took {s['step_time_s']:.3f} s when measured before training, the recipe's steps "
+                 f"predicted {s['predicted_full_s'] / 60:.1f} min for the whole run)" if "step_time_s" in s else ")")
+    else:
+        line = f"trained all {full:,} steps of the recipe (time budget {s['budget_min']:g} min: " + (
+            f"predicted {s['predicted_full_s'] / 60:.1f} min for the whole run, within it)" if "predicted_full_s" in s
+            else f"{s.get('how_chosen', '')})")
+    if m.get("bits_per_byte") is not None:
+        line += f": {m['bits_per_byte']:.3f} bits per byte on the held-out blocks"
+    if shortened:
+        if s.get("full_schedule_result"):
+            line += f"; the recipe's full {full:,} steps: {s['full_schedule_result']}"
+        line += f"; `effkit run --full` trains all {full:,}"
+    return line
+
+
 def eta_section(eta: dict[str, Any]) -> list[str]:
     """The run's expected time per stage (printed after the first training steps) against what each took."""
     lines = ["## Time on this machine: expected against actual", "",
              f"One training step: {eta['step_time_s']:.3f} s ({eta['step_time_how']}). {eta['how']}.", "",
+             *([f"Training steps: {tb['steps']:,} of the recipe's {tb['recipe_steps']:,}, chosen before training for "
+                f"a time budget of {tb['budget_min']:g} min; the estimate is for them.", ""]
+               if (tb := eta.get("time_budget")) and tb.get("budget_min") else []),
              "| stage | expected | actual | actual / expected |", "|---|---|---|---|"]
     for k, v in eta["predicted_s"].items():
         a = eta["actual_s"].get(k)

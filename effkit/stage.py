@@ -6,10 +6,11 @@ run its `steps`: the units the run prints, fingerprints, skips when complete, ti
 `quantize best-pruned`, ...). A step declares its inputs (the fingerprints of the steps it depends on), its outputs
 (the folders it leaves), its fingerprint, its estimate (work in training steps, whether that work is counted
 exactly or by the measuring weights (`measures`), and a time budget for sequential rounds) and its run; the steps
-of one run share a `RunContext`. The stage that trains says so (`measures_step_time`) and tells the run how to
-time its steps and where a finished training's step time can be read (`untimed_steps`, `step_time`), so that
-`effkit.pipeline` never names a stage. Adding a stage: a module with a `STAGE` object and one line in
-`effkit.registry.STAGES` (or `STAGES.register`).
+of one run share a `RunContext`. The stage that trains says so (`measures_step_time`) and tells the run how to time
+its steps and where a finished training's step time can be read (`untimed_steps`, `step_time`), and, for the run's
+time budget, how many steps the recipe trains, how to time one before training and how to train fewer
+(`training_steps`, `probe_step_time`, `with_training_steps`), so that `effkit.pipeline` never names a stage. Adding
+a stage: a module with a `STAGE` object and one line in `effkit.registry.STAGES` (or `STAGES.register`).
 
 Also here, for the stages that read one another's results: `fingerprint` and `complete` (an artifact folder's
 completeness), and the pruning rounds a run made (`pruning_rounds`, `most_compressed`, `best_of_each_mode`), which
@@ -54,6 +55,9 @@ class Plan:
     recipe: str
     run: Any  # RunConfig
     configs: dict[str, Any] = field(default_factory=dict)
+    # the time budget's decision (`effkit.pipeline.fit_time_budget`: the step time measured before training, the
+    # recipe's steps and those trained), once made for this run; None: the recipe's schedule, no budget
+    schedule: dict[str, Any] | None = None
 
     def __getattr__(self, name: str) -> Any:  # plan.train, plan.prune, ...: a stage's config
         configs = self.__dict__.get("configs", {})
@@ -166,6 +170,25 @@ class Stage:
         a finished training's `report` (default: the report it left in this run's folders, if any); None when
         that says nothing."""
         return None
+
+    def training_steps(self, plan: Plan) -> int:
+        """Of the stage that measures the step time: the training steps the recipe asks for (0: bounded otherwise,
+        by tokens or time, which no time budget shortens)."""
+        return 0
+
+    def fewest_training_steps(self, plan: Plan) -> int:
+        """Of the stage that measures the step time: the fewest training steps a time budget may leave (e.g. past
+        the learning-rate warm-up)."""
+        return 1
+
+    def with_training_steps(self, plan: Plan, steps: int) -> None:
+        """Of the stage that measures the step time: train `steps` instead of the recipe's (its schedule built for
+        them), in `plan` (before fingerprints and estimates are taken from it)."""
+
+    def probe_step_time(self, plan: Plan) -> tuple[float | None, str]:
+        """Of the stage that measures the step time: (seconds of one training step, how it was measured), timed
+        before training in a few seconds, for the time budget; (None, why not) where it cannot be timed so."""
+        return None, "this stage cannot time a training step before training"
 
     def configure(self, plan: Plan) -> None:
         """Read and check this stage's recipe table into `plan.configs[self.name]` (before anything runs)."""

@@ -9,7 +9,8 @@ steps until a bound is reached; `finish` evaluates, saves the artifact and write
 Around the loop: the training precision (`resolve_amp`: `--amp auto` measured), launching the processes of a
 multi-process run and reading rank 0's report back (`train_in_processes`; `train_any` picks in-process or launched,
 under the run's lock), the memory plan beside the measured peak (`attach_plan`), and the stage of `effkit run`
-(`TrainStage`: the stage whose steps are the unit of the run's estimate, `measures_step_time`).
+(`TrainStage`: the stage whose steps are the unit of the run's estimate, `measures_step_time`, and which a time
+budget shortens: `probe_step_time` times steps before training).
 """
 
 from __future__ import annotations
@@ -561,6 +562,66 @@ def train_in_processes(cfg: TrainConfig) -> dict[str, Any]:
     return json.loads(layout.report("train").read_text())
 
 
+# the step time a time budget (`effkit run`'s [run] time_budget_min) is fitted with: training steps of the recipe's
+# model, batch and precision timed before training, for about this many seconds (at least PROBE_STEPS[0] steps, at
+# most PROBE_STEPS[1]), after PROBE_WARMUP untimed ones
+PROBE_S = 3.0
+PROBE_STEPS = (5, 20)
+PROBE_WARMUP = 2
+
+
+def probe_step_time(cfg: TrainConfig) -> tuple[float | None, str]:
+    """(seconds of one training step of `cfg`, how it was measured), timed in a few seconds before training: the
+    recipe's model (its tokenizer's vocabulary), batch x block and precision (`--amp auto` resolved as training
+    resolves it: cached per machine and shape), forward + backward + AdamW on fixed random tokens
+    (`timing.train_step_timers`), the median after warm-up steps; x grad_accum. (None, why) for a launched
+    training, whose processes this one process does not stand for."""
+    if cfg.parallel.launched:
+        return None, "a launched (multi-process) training is not timed before it starts"
+    from effkit.parallel.runtime import resolve_device
+
+    device, o, d = resolve_device("auto"), cfg.optim, cfg.data
+    before = torch.get_num_threads()
+    if cfg.parallel.threads:
+        torch.set_num_threads(cfg.parallel.threads)
+    try:
+        pretrained = is_pretrained_source(cfg.model.name)
+        if not pretrained:
+            check_block_size(d.block_size, check_preset(cfg.model.name)["n_positions"])
+        data = prepare(d, tokenizer_from=cfg.model.name if pretrained else None)  # cached: training reads it again
+        model = (load_model(cfg.model.name) if pretrained else
+                 build_model(cfg.model.name, vocab_size=len(data.tokenizer), eos_token_id=data.tokenizer.eos_token_id))
+        check_block_size(d.block_size, model.config.n_positions)
+        if cfg.model.activation_checkpointing:
+            enable_activation_checkpointing(model)
+        model.to(device)
+        dtype = resolve_amp(o, device, model, d.block_size)[0]
+        step = precision.step_seconds(model, o.batch_size, d.block_size, dtype)
+        for _ in range(PROBE_WARMUP):
+            step()
+        times: list[float] = []
+        start = time.perf_counter()
+        while len(times) < PROBE_STEPS[1] and (len(times) < PROBE_STEPS[0] or time.perf_counter() - start < PROBE_S):
+            times.append(step())
+    finally:
+        torch.set_num_threads(before)
+    amp = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
+    return (sorted(times)[len(times) // 2] * o.grad_accum,
+            f"the median of {len(times)} steps timed before training, {amp}, after {PROBE_WARMUP} warm-up steps")
+
+
+def attach_schedule(report: dict[str, Any], schedule: dict[str, Any], reference: str) -> dict[str, Any]:
+    """The time budget's decision (the steps chosen, the step time it was fitted with) and the recipe's recorded
+    full-schedule result (`reference`, as the recipe states it) in the train report (rewritten)."""
+    report["schedule"] = {**{k: v for k, v in schedule.items() if k != "key"}, "full_schedule_result": reference}
+    report["protocol"]["schedule"] = ("the training steps a time budget left: chosen once, before training, from a "
+                                      "step time measured then (schedule.how_chosen); the learning-rate schedule is "
+                                      "built for them; full_schedule_result is quoted from the recipe, not measured "
+                                      "here")
+    write_stage_report(Path(report["config"]["run"]["reports_dir"]) / report["run"], report)
+    return report
+
+
 def attach_plan(report: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
     """The memory plan made before the run, beside the measured peak, in the train report (rewritten)."""
     measured = max(report["metrics"]["peak_memory_bytes_per_rank"])
@@ -622,11 +683,27 @@ class TrainStep(Step):
         report = train_any(plan.train.replace(run=plan.train.run.replace(resume=resume)),
                            on_step=ctx.eta.on_train_step, plan=predict_quietly(plan.train))
         ctx.eta.step_time_from_report(report)  # a launched run, or one too short for the in-run estimate
+        if plan.schedule and "metrics" in report:
+            report = attach_schedule(report, plan.schedule, plan.run.pipeline.full_schedule_result)
+        self.say_schedule(ctx, report)
+
+    def reuse(self, ctx: RunContext) -> None:
+        path = ctx.plan.layout.report("train")
+        if path.is_file():
+            self.say_schedule(ctx, json.loads(path.read_text()))
+
+    @staticmethod
+    def say_schedule(ctx: RunContext, report: dict[str, Any]) -> None:
+        """The steps a time budget left and the bits per byte they reached, for the run's last lines."""
+        from effkit.report import schedule_line
+
+        if line := schedule_line(report):
+            ctx.results["schedule"] = line
 
     def work(self, plan: Plan) -> float:
         t = plan.train
         evals = (t.optim.max_steps // t.run.eval_interval if t.run.eval_interval else 0) + 1
-        return t.optim.max_steps + evals * -(-t.data.eval_blocks // t.optim.batch_size) * FORWARD
+        return t.optim.max_steps + evals * -(-t.data.eval_blocks // t.optim.batch_size) * FORWARD + TRAIN_SETUP
 
     def describe(self, plan: Plan) -> dict[str, Any]:
         import shlex
@@ -636,7 +713,10 @@ class TrainStep(Step):
         from effkit.parallel.launch import launch_command
 
         t = plan.train
-        what = (f"{t.model.name} on {t.data.source}, {t.optim.max_steps} steps, batch {t.optim.batch_size} x "
+        budget = plan.run.pipeline.time_budget_min
+        steps = (f"{t.optim.max_steps} steps" + (f" (fewer if a step time measured at the start predicts the run over "
+                                                 f"its time budget of {budget:g} min)" if budget else ""))
+        what = (f"{t.model.name} on {t.data.source}, {steps}, batch {t.optim.batch_size} x "
                 f"{t.data.block_size}, parallel {t.parallel.mode}, "
                 f"amp {'auto (measured)' if t.optim.amp is None else t.optim.amp_dtype if t.optim.amp else 'off'}")
         mem = predict_quietly(t)
@@ -651,6 +731,11 @@ class TrainStep(Step):
             cpu = " ACCELERATE_USE_CPU=1" if env.get("ACCELERATE_USE_CPU") else ""
             entry["launch"] = f"{cpu.strip()} {shlex.join(cmd)}".strip()
         return entry
+
+
+# what a training stage spends beside its steps and evaluations (its data and tokenizer, the model, the precision
+# probe, saving), in training steps: 31 s of a Zen 4 EPYC quickstart at 0.173 s a step (docs/benchmarks.md, session 17)
+TRAIN_SETUP = 180.0
 
 
 class TrainStage(Stage):
@@ -673,6 +758,18 @@ class TrainStage(Stage):
         o = plan.train
         return (o.optim.batch_size * o.optim.grad_accum * o.data.block_size / tps,
                 "from the training report's steady tokens/s")
+
+    def training_steps(self, plan: Plan) -> int:
+        return plan.train.optim.max_steps  # 0: bounded by tokens or time, which a time budget leaves alone
+
+    def fewest_training_steps(self, plan: Plan) -> int:
+        return plan.train.optim.warmup_steps + 1  # the learning rate warms up and then decays
+
+    def with_training_steps(self, plan: Plan, steps: int) -> None:
+        plan.configs["train"] = plan.train.with_flat(max_steps=steps)  # the cosine is built for `steps`
+
+    def probe_step_time(self, plan: Plan) -> tuple[float | None, str]:
+        return probe_step_time(plan.train)
 
     def configure(self, plan: Plan) -> None:
         f = plan.run.folders

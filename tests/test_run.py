@@ -261,6 +261,11 @@ def test_the_deliverable_is_chosen_pairwise_within_the_budget_by_the_decision_ru
     assert ship["tag"] == "q" and ship["lossless"]["tag"] == "q"
     assert set(ship["beaten_by_peers"]["delivered"]) == {"peer-x"} and "NOTE: the delivered artifact q is slower" \
         in ship["line"]
+    # a peer that runs the delivered artifact's very computation (one digest) is never "faster": that is noise
+    bench["artifacts"][1]["same_computation_as"] = ["peer-x"]
+    ship = deliverable(plan, bench)
+    assert ship["beaten_by_peers"]["delivered"] == {} and "NOTE" not in ship["line"]
+    assert "vs peer-x (the same computation: a tie by construction)" in ship["line"]
     # a tie within the precision goes to the smaller; an undecided leader is labelled a point estimate
     bench = _fake_bench({"train": ref, "big": [150.0] * 24, "small": [150.0] * 24},
                         {"train": 0.0, "big": 0.001, "small": 0.001}, sizes={"big": 0.6, "small": 0.3})
@@ -302,6 +307,7 @@ def test_a_run_killed_during_prune_resumes_and_completes(tmp_path, corpus_dir):
     ('quantize_from = "prune-row-r7"', "is not an artifact this recipe makes"),
     ('quantize_from = ["train", 3]', "quantize_from must be a tag or a list of tags"),
     ("max_loss_increase = -0.1", "max-loss-increase must be a finite number >= 0"),
+    ("time_budget_min = -5", "time-budget-min must be a finite number >= 0"),
     ("flavour = 1", "unknown key 'flavour' in [run]"),
     ("= broken", "is not valid TOML"),
 ])
@@ -366,3 +372,179 @@ def test_the_runs_bench_times_the_round_of_each_mode_a_user_would_look_at(tmp_pa
     left = other_rounds(plan)
     assert set(left) == {tag("row", 2), tag("depth", 2)}
     assert str(plan.report_dir / f"prune-{labels['row']}.json") in left[tag("row", 2)]
+
+
+# ------------------------------------------------------------------------------------------ the time budget (#46)
+def budget_recipe(tmp_path, corpus_dir, budget_min: float):
+    """A training-only tiny recipe of 100 steps with a time budget (fp32: no precision probe)."""
+    recipe = write_recipe(tmp_path, corpus_dir, extra_run=f'stages = ["train"]\ntime_budget_min = {budget_min}\n'
+                                                           'full_schedule_result = "1.234 bits per byte (docs/x.md)"')
+    recipe.write_text(recipe.read_text().replace("max_steps = 4\nwarmup_steps = 1",
+                                                 "max_steps = 100\nwarmup_steps = 5\namp = false"))
+    return recipe
+
+
+def fake_probe(monkeypatch, seconds: float | None):
+    """The training step time measured before training: `seconds` (and counted), or a failure if asked for."""
+    from effkit.train import TrainStage
+
+    calls = []
+
+    def probe(self, plan):
+        if seconds is None:
+            raise AssertionError("the step time was measured again")
+        calls.append(plan.train.optim.max_steps)
+        return seconds, "a fake probe"
+
+    monkeypatch.setattr(TrainStage, "probe_step_time", probe)
+    monkeypatch.setattr("effkit.train.TRAIN_SETUP", 0.0)  # the quickstart's set-up weight would swamp a 30 s budget
+    return calls
+
+
+def test_the_time_budget_fits_the_steps_by_the_estimates_model():
+    from effkit.pipeline import choose_steps, step_grain
+
+    assert [step_grain(n) for n in (4, 40, 200, 1500, 20000)] == [1, 1, 5, 50, 500]
+    total = lambda n: 60 + 0.5 * n  # noqa: E731 - a run of 60 s besides training, 0.5 s a step
+    assert choose_steps(1500, 300, total, 900) == 1500  # 810 s: within the budget
+    assert choose_steps(1500, 300, total, 600) == 1050  # 1,080 fit: the multiple of 50 below
+    assert choose_steps(1500, 300, total, 100) == 300  # none fits: the fewest allowed
+    assert choose_steps(1500, 301, total, 100) == 350  # the fewest rounded up to the grain
+    assert choose_steps(4, 1, total, 61.6) == 3
+
+
+def test_the_budgets_prediction_is_the_estimate_the_run_prints(tmp_path, corpus_dir):
+    from effkit.pipeline import predicted_total, step_timer
+
+    plan = make_plan(str(write_recipe(tmp_path, corpus_dir)))
+    plan.run = plan.run.replace(time_budget_min=1.0)
+    timer = step_timer(plan)
+    total = predicted_total(plan, timer, 3, 0.25)
+    assert plan.train.optim.max_steps == 4  # predicted on a copy
+    timer.with_training_steps(plan, 3)
+    eta = Eta(plan, Console(file=__import__("io").StringIO()))
+    eta.set_step_time(0.25, "a test")
+    assert total == pytest.approx(sum(eta.first.values())) and eta.work["train"] < stage_work(
+        make_plan(str(tmp_path / "tiny.toml")))["train"]
+
+
+@pytest.mark.slow
+def test_a_time_budget_trains_fewer_steps_chosen_once_and_kept_on_resume(tmp_path, corpus_dir, monkeypatch):
+    import io
+
+    recipe = budget_recipe(tmp_path, corpus_dir, 0.5)  # 30 s; 0.5 s a step: 59 steps fit, 55 in steps of 5
+    calls = fake_probe(monkeypatch, 0.5)
+    printed = Console(file=io.StringIO(), width=400)
+    first = run_pipeline(str(recipe), console=printed)
+    said = printed.file.getvalue()
+    assert calls == [100] and first["done"] == ["train"]
+    assert ("time budget 0.5 min: one training step 0.500 s (a fake probe); the recipe's 100 steps predict 0.8 min in "
+            "all; training 55 steps instead (predicted 0.5 min); `effkit run --full` trains all 100") in said
+    run, reports = tmp_path / "runs" / "tiny", tmp_path / "reports" / "tiny"
+    record = json.loads((run / "pipeline.json").read_text())
+    decision = record["time_budget"]
+    assert (decision["steps"], decision["recipe_steps"], decision["budget_min"], decision["step_time_s"]) == \
+        (55, 100, 0.5, 0.5)
+    report = json.loads((reports / "train.json").read_text())
+    assert report["metrics"]["steps"] == 55 and report["config"]["optim"]["max_steps"] == 55  # the schedule's end
+    assert report["schedule"]["steps"] == 55 and report["schedule"]["full_schedule_result"].startswith("1.234")
+    assert first["eta"]["time_budget"]["steps"] == 55 and first["eta"]["work_in_steps"]["train"] < 56
+    bpb = report["metrics"]["bits_per_byte"]
+    line = (f"trained 55 of 100 steps (time budget 0.5 min: one step took 0.500 s when measured before training, the "
+            f"recipe's steps predicted 0.8 min for the whole run): {bpb:.3f} bits per byte on the held-out blocks; "
+            "the recipe's full 100 steps: 1.234 bits per byte (docs/x.md); `effkit run --full` trains all 100")
+    assert first["schedule"] == line and line[1:] in (reports / "summary.md").read_text()
+    fingerprint = record["train"]["fingerprint"]
+
+    fake_probe(monkeypatch, None)  # from now on, measuring again fails the test
+    printed = Console(file=io.StringIO(), width=400)
+    again = run_pipeline(str(recipe), console=printed)
+    assert again["done"] == ["train (skipped)"] and again["schedule"] == line
+    assert "training 55 of the recipe's 100 steps, as decided when this run started" in printed.file.getvalue()
+    import shutil
+
+    shutil.rmtree(run / "train")  # an interrupted training: it runs again with the steps chosen at the start
+    resumed = run_pipeline(str(recipe), console=Console(file=io.StringIO()))
+    assert resumed["done"] == ["train"]
+    assert json.loads((reports / "train.json").read_text())["metrics"]["steps"] == 55
+    assert json.loads((run / "pipeline.json").read_text())["train"]["fingerprint"] == fingerprint
+
+
+@pytest.mark.slow
+def test_full_trains_the_recipes_schedule_and_a_later_budgeted_run_keeps_it(tmp_path, corpus_dir, monkeypatch,
+                                                                            capsys):
+    import io
+
+    recipe = budget_recipe(tmp_path, corpus_dir, 0.5)
+    fake_probe(monkeypatch, None)  # --full measures nothing
+    monkeypatch.setattr(sys, "argv", ["effkit", "run", "--full", str(recipe)])
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    assert exc.value.code == 0, capsys.readouterr().err
+    report = json.loads((tmp_path / "reports" / "tiny" / "train.json").read_text())
+    assert report["metrics"]["steps"] == 100 and "schedule" not in report
+    printed = Console(file=io.StringIO(), width=400)
+    later = run_pipeline(str(recipe), console=printed)  # the budget again: the full training is complete, kept
+    assert later["done"] == ["train (skipped)"]
+    assert "the training is already complete with all 100 steps of the recipe: kept" in printed.file.getvalue()
+    assert json.loads((tmp_path / "runs" / "tiny" / "pipeline.json").read_text())["time_budget"]["steps"] == 100
+
+
+def test_the_budgets_decision_is_recorded_and_a_new_invocation_reuses_it_without_measuring(tmp_path, corpus_dir,
+                                                                                            monkeypatch):
+    """What a resumed `effkit run` sees before training: the recorded count, the same fingerprints, no probe."""
+    import io
+
+    from effkit import artifacts
+    from effkit.pipeline import RECORD, StageRecord, fingerprints, fit_time_budget
+
+    recipe = budget_recipe(tmp_path, corpus_dir, 0.5)
+    quiet = Console(file=io.StringIO(), width=400)
+    fake_probe(monkeypatch, 0.5)
+    plan = make_plan(str(recipe))
+    with artifacts.run_lock(plan.run_dir):
+        decided = fit_time_budget(plan, StageRecord(plan, quiet), quiet)
+        assert decided["steps"] == plan.train.optim.max_steps == 55 and plan.schedule is decided
+        fp = fingerprints(plan)
+        assert json.loads((plan.run_dir / RECORD).read_text())["time_budget"]["steps"] == 55
+        fake_probe(monkeypatch, None)
+        again = make_plan(str(recipe))
+        record = StageRecord(again, quiet)
+        assert fit_time_budget(again, record, quiet)["steps"] == again.train.optim.max_steps == 55
+        assert record.now == fingerprints(again) == fp
+        doubled = make_plan(str(recipe), {"time_budget_min": 1.0})  # another budget: decided again
+        fake_probe(monkeypatch, 0.5)
+        assert fit_time_budget(doubled, StageRecord(doubled, quiet), quiet)["steps"] == 100
+
+
+def test_no_budget_keeps_the_recipes_steps_and_measures_nothing(tmp_path, corpus_dir, monkeypatch):
+    plan = make_plan(str(budget_recipe(tmp_path, corpus_dir, 0)))
+    from effkit.pipeline import StageRecord, fit_time_budget
+
+    fake_probe(monkeypatch, None)
+    with __import__("effkit").artifacts.run_lock(plan.run_dir):
+        assert fit_time_budget(plan, StageRecord(plan, Console(file=__import__("io").StringIO())), None) is None
+    assert plan.train.optim.max_steps == 100 and plan.schedule is None
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--time-budget-min", "-1"], "--time-budget-min must be a finite number >= 0 (got -1.0)"),
+    (["--time-budget-min", "5", "--full"], "--full trains the recipe's full schedule; drop --time-budget-min"),
+])
+def test_a_bad_time_budget_is_one_line(args, needle, tmp_path, corpus_dir, capsys, monkeypatch):
+    recipe = budget_recipe(tmp_path, corpus_dir, 0.5)
+    monkeypatch.setattr(sys, "argv", ["effkit", "run", *args, str(recipe)])
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and len(err.splitlines()) == 1 and needle in err, err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_step_time_probe_times_the_recipes_training_step(tiny_cfg):
+    from effkit.train import PROBE_STEPS, probe_step_time
+
+    seconds, how = probe_step_time(tiny_cfg())
+    assert seconds > 0 and "steps timed before training, fp32" in how
+    assert PROBE_STEPS[0] <= int(how.split("median of ")[1].split()[0]) <= PROBE_STEPS[1]
+    assert probe_step_time(tiny_cfg(parallel="ddp"))[0] is None
