@@ -3,22 +3,22 @@
     python benchmarks/decode_gpt2.py [--tokens 256] [--rounds 4] [--out reports/decode-gpt2]
 
 A GPT-2 of the `gpt2` preset shape (12 x 768, context 1024) with random weights and the quickstart's tokenizer
-(vocabulary 8192: 92M parameters) is saved as a plain Hugging Face folder; effkit exports it with past key/values
-to ONNX Runtime int8 (`effkit export --format onnx --int8`) and to CTranslate2 int8 (`--format ctranslate2
---int8`); `effkit bench --peers` then times all of them with the dense PyTorch model and the peer rows (the same
-weights through CTranslate2's converter and through ONNX Runtime's quantize_dynamic) in the same interleaved
-rounds: prefill at batch 1 and 12, greedy decoding of `--tokens` new tokens at batch 1 and 12. The machine's
-memory bandwidth is measured (a 128 MB fp32 matrix-vector product), and each artifact's batch-1 decode is put
-against the bound bandwidth / weight bytes read per token: in the bench, and alone (each artifact by itself, its
-decodings between bandwidth measurements, since the machine's streaming rate drifts). OpenVINO too (#38): effkit's
-export with NNCF int8 weights (`--format openvino --int8`, the CPU plug-in's own inference precision) and the peer
-row of OpenVINO's default export. At batch 12 the limit is the slower of streaming the weights once per step
-and computing it on the matrix units: both are probed in the same run (the bandwidth as above; the matrix units as
-the best square-GEMM rate in fp32 and bf16, oneDNN through torch), and the fastest artifact at batch 12 gets its
-share of that limit and, for an OpenVINO artifact, a profile of one decode (the plug-in's per-operator counters:
-matrix products, attention, the rest; then the time outside the graph: sampling and Python). Writes `decode.md`
-and `decode.json` under --out.
-"""
+(vocabulary 8192: 92M parameters) is saved as a plain Hugging Face folder; effkit exports it with past key/values to
+ONNX Runtime int8 (`effkit export --format onnx --int8`) and to CTranslate2 int8 (`--format ctranslate2 --int8`);
+`effkit bench --peers` then times all of them with the dense PyTorch model and the peer rows (the same weights
+through CTranslate2's converter and through ONNX Runtime's quantize_dynamic) in the same interleaved rounds: prefill
+at batch 1 and 12, greedy decoding of `--tokens` new tokens at batch 1 and 12. The machine's memory bandwidth is
+measured (a 128 MB fp32 matrix-vector product), and each artifact's batch-1 decode is put against the bound
+bandwidth / weight bytes read per token: in the bench, and alone (each artifact by itself, its decodings between
+bandwidth measurements, since the machine's streaming rate drifts). OpenVINO too (#38): effkit's export with NNCF
+int8 weights (`--format openvino --int8`, the CPU plug-in's own inference precision) and the peer row of OpenVINO's
+default export; llama.cpp too (#44): effkit's GGUF export in Q8_0 and the peer row (f16 GGUF quantized to Q8_0, as a
+llama.cpp user makes it), decoded by llama.cpp's own server loop. At batch 12 the limit is the slower of streaming
+the weights once per step and computing it on the matrix units: both are probed in the same run (the bandwidth as
+above; the matrix units as the best square-GEMM rate in fp32 and bf16, oneDNN through torch), and the fastest
+artifact at batch 12 gets its share of that limit and, for an OpenVINO artifact, a profile of one decode (the plug-
+in's per-operator counters: matrix products, attention, the rest; then the time outside the graph: sampling and
+Python). Writes `decode.md` and `decode.json` under --out."""
 
 from __future__ import annotations
 
@@ -47,6 +47,8 @@ def weight_bytes_per_token(path: Path, model) -> tuple[int, str]:
     inner = c.n_inner or 4 * c.n_embd
     per_layer = c.n_embd * 3 * c.n_embd + c.n_embd * c.n_embd + 2 * c.n_embd * inner
     n = c.n_layer * per_layer + c.vocab_size * c.n_embd
+    if "gguf" in path.name or "llamacpp" in path.name:  # GGUF Q8_0 (--int8): 32 int8 and one f16 scale per block
+        return n * 34 // 32, "34 bytes per 32 block-matrix and LM-head weights (GGUF Q8_0)"
     if "int8" in path.name:
         return n, "1 byte per block matrix and LM-head weight (int8)"
     if getattr(model, "inference_precision", "") == "bf16":  # OpenVINO holds fp32 weights in bf16 to compute in it
@@ -179,6 +181,12 @@ def main() -> None:
         print(f"openvino: not run: {reason}")
     else:
         formats.append("openvino")
+    from effkit.engines.llamacpp import llamacpp_unavailable
+
+    if reason := llamacpp_unavailable():
+        print(f"gguf (llama.cpp): not run: {reason}")
+    else:
+        formats.append("gguf")  # effkit's GGUF export, Q8_0 (--int8); the peer row is llama.cpp's f16 -> Q8_0
     exported = [run_export(ExportConfig.from_flat(source=str(folder), format=f, int8=True, latency_rounds=2,
                                                   latency_repeats=1, gen_tokens=8, **dirs))["artifact"]
                 for f in formats]
