@@ -68,7 +68,17 @@ def test_two_equal_ones_never_claim_a_difference_and_tie_on_a_quieter_machine():
 def test_samples_last_long_enough_and_the_old_one_call_rounds_would_not():
     c = run(0, 0.020, 0.028)
     assert c.record["calls_per_sample"]["a"] >= 7  # a 28 ms call repeated to fill 0.2 s
-    assert all(len(rnd) == c.record["calls_per_sample"][n] for n, s in c.samples.items() for rnd in s)
+    screen = choice.Rule().rounds
+    assert all(len(rnd) == c.record["calls_per_sample"][n] for n, s in c.samples.items() for rnd in s[:screen])
+
+
+def test_the_head_to_head_runs_samples_of_at_least_half_a_second():
+    c = run(2, 0.02, 0.02)  # equal: the screen leaves them open
+    screen, later = choice.Rule().rounds, c.record["calls_per_sample_after_screen"]
+    assert c.record["looks"] > 1 and set(later) == {"a", "b"}
+    assert all(later[n] >= 15 > c.record["calls_per_sample"][n] for n in later)  # ~0.5 s of ~20 ms calls, not 0.2
+    assert all(len(rnd) == later[n] for n in later for rnd in c.samples[n][screen:])
+    assert "0.5 s head to head" in c.record["rule"]
 
 
 def test_the_slow_are_screened_out_after_the_first_look_and_the_leaders_go_on():

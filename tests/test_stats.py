@@ -205,6 +205,33 @@ def test_sequential_samples_last_long_enough_and_fixed_rounds_run_as_asked():
     assert "samples of at least 0.2 s" in stopping.Stopping().describe()
 
 
+def test_the_looks_after_the_first_run_samples_of_at_least_half_a_second():
+    """What the first look leaves open runs on in samples of at least `h2h_sample_s` (a 62.5 ms call about 8
+    times), recorded beside the first look's."""
+    from effkit.measure import stopping
+
+    now, rng = [0.0], random.Random(5)
+
+    def timer(seconds):
+        def call():
+            took = seconds * (1 + rng.gauss(0, 0.3))  # equal and noisy: the first look leaves them open
+            now[0] += took
+            return took
+        return call
+    rule = stopping.Stopping(rounds=4, precision=0.001, budget_s=1e4)
+    m = stopping.measure({"a": timer(0.0625), "b": timer(0.0625)}, rule, repeats=1, warmup=1,
+                         clock=lambda: now[0])
+    first, later = m.record["calls_per_sample"], m.record["calls_per_sample_after_screen"]
+    assert m.record["looks"] > 1 and all(later[n] >= 7 > first[n] for n in "ab")  # ~0.5 s at ~62.5 ms a call
+    assert all(len(r) == first[n] for n in "ab" for r in m[n][:4])
+    assert all(len(r) == later[n] for n in "ab" for r in m[n][4:])
+    assert "after the first look, samples of at least 0.5 s" in rule.describe()
+    short = stopping.measure({"a": timer(0.0625), "b": timer(0.0625)},
+                             stopping.Stopping(rounds=4, precision=0.001, budget_s=1e4, h2h_sample_s=0.2),
+                             repeats=1, warmup=1, clock=lambda: now[0])
+    assert "calls_per_sample_after_screen" not in short.record  # no longer than the screen's: as before
+
+
 def test_general_t_quantiles():
     for df in (1, 3, 12, 29):
         assert stats.t_quantile(0.95 + 1e-12, df) == pytest.approx(stats.t95(df), abs=1e-3)

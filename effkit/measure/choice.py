@@ -9,9 +9,9 @@ machine. Every automatic choice goes through `choose`, one rule (DESIGN.md, "Dec
    Whatever is decided slower than the leader (the best paired point estimate) is dropped, and so is whatever is
    already the same as the leader within +-`precision` (a tie).
 3. **Head to head.** The leader and the contenders still open against it run further looks (twice the rounds
-   each time, at most `looks` looks) until every one of them is decided against the leader or within the
-   precision. The budget scales with what is at stake: `budget_s` seconds for each contender still open against
-   the leader, and the second look always runs, however small the budget.
+   each time, at most `looks` looks, samples of at least `h2h_sample_s`) until every one of them is decided
+   against the leader or within the precision. The budget scales with what is at stake: `budget_s` seconds for
+   each contender still open against the leader, and the second look always runs, however small the budget.
 4. **The pick.** Decided: the leader. Ties within the precision: the preferred one among the leader and its ties
    (smaller folder, the default, fewer threads: the caller says). A leader still undecided against someone when the
    looks or the budget end: the leader, by its paired point estimate, labelled "undecided: chosen by point
@@ -33,7 +33,16 @@ from typing import Any
 from effkit.errors import EffkitError
 from effkit.measure import stats, timing
 from effkit.measure.results import PairedRatio
-from effkit.measure.stopping import ALPHA, MAX_CALLS, MIN_SAMPLE_S, leader_of, settled
+from effkit.measure.stopping import (
+    ALPHA,
+    H2H_MAX_CALLS,
+    H2H_SAMPLE_S,
+    MAX_CALLS,
+    MIN_SAMPLE_S,
+    leader_of,
+    lengthened,
+    settled,
+)
 
 
 @dataclass(frozen=True)
@@ -46,6 +55,7 @@ class Rule:
     budget_s: float = 20.0  # seconds of head-to-head looks per contender still open against the leader
     min_sample_s: float = MIN_SAMPLE_S  # each sample lasts at least this long (calls repeated within it)
     max_calls: int = MAX_CALLS  # at most this many calls in one sample
+    h2h_sample_s: float = H2H_SAMPLE_S  # the samples of the head-to-head looks (after the screen)
     seed: int = 0  # the rounds' orders are shuffled from it
 
     @property
@@ -56,7 +66,8 @@ class Rule:
         return [self.rounds * 2 ** k for k in range(self.looks)]
 
     def describe(self) -> str:
-        return (f"samples of at least {self.min_sample_s:g} s (each the median of its calls); a screen of "
+        return (f"samples of at least {self.min_sample_s:g} s in the screen, {self.h2h_sample_s:g} s head to head "
+                f"(each the median of its calls); a screen of "
                 f"{self.rounds} interleaved rounds of every contender, shuffled from seed {self.seed}; those "
                 f"decided slower than the leader, or within +-{self.precision:.0%} of it, leave; the leader and the "
                 f"rest run on, twice the rounds each look, at most {self.looks} looks ({self.schedule()[-1]} rounds), "
@@ -73,7 +84,7 @@ class Rule:
 
 
 DECIDED, TIE, UNDECIDED = "decided", "tie", "undecided"
-RULE_VERSION = "choice rule 2"  # in the keys of cached choices: one made under an older rule is made again
+RULE_VERSION = "choice rule 3"  # in the keys of cached choices: one made under an older rule is made again
 
 
 @dataclass
@@ -135,6 +146,7 @@ class _Samples:
         self.calls: dict[str, int] = {}
         self.samples: dict[str, list[list[float]]] = {}
         self.wall: dict[str, float] = {}
+        self.long: set[str] = set()  # the contenders whose samples were lengthened for the head to head
 
     def settle(self, n: str) -> None:
         if (pause := getattr(self.contenders[n], "settle_s", 0.0)) > 0:
@@ -175,10 +187,23 @@ class _Samples:
                 self.wall[n] += self.clock() - t
                 self.settle(n)
 
+    def per_call(self, n: str) -> float:
+        """Seconds per call of `n` so far."""
+        return self.wall[n] / max(sum(len(s) for s in self.samples[n]), 1)
+
+    def lengthen(self, names: list[str]) -> None:
+        """The head-to-head's samples: at least `h2h_sample_s` each (`stopping.lengthened`), sized once, from the
+        screen's calls."""
+        todo = [n for n in names if n not in self.long]
+        if self.rule.h2h_sample_s > self.rule.min_sample_s and todo:
+            self.calls |= lengthened({n: self.calls[n] for n in todo}, {n: self.per_call(n) for n in todo},
+                                     self.rule.h2h_sample_s, max(self.rule.max_calls, H2H_MAX_CALLS))
+        self.long.update(todo)
+
     def round_seconds(self, names: list[str]) -> float:
-        """What one more round of `names` is expected to take (their samples so far, and their idle time)."""
-        return sum(self.wall[n] / len(self.samples[n]) + getattr(self.contenders[n], "settle_s", 0.0)
-                   for n in names)
+        """What one more round of `names` is expected to take (their calls at their seconds per call so far, and
+        their idle time)."""
+        return sum(self.per_call(n) * self.calls[n] + getattr(self.contenders[n], "settle_s", 0.0) for n in names)
 
 
 def _head_to_head(timed: _Samples, live: list[str], higher: bool, rule: Rule) -> tuple[list[str], int, str, list]:
@@ -199,6 +224,7 @@ def _head_to_head(timed: _Samples, live: list[str], higher: bool, rule: Rule) ->
             stopped = "max-rounds"
             break
         done, total = schedule[looks - 1], schedule[looks]
+        timed.lengthen([lead, *still])
         per_round = timed.round_seconds([lead, *still])
         spent = timed.clock() - h2h_start
         if looks > 1 and spent + per_round * (total - done) > rule.budget_s * len(still):
@@ -238,9 +264,12 @@ def choose(contenders: dict[str, Callable[[], float]], higher_is_better: bool, r
     level, higher = rule.level, higher_is_better
     reference_ratios = ({n: _ratio(samples, reference, n, level, higher) for n in live}
                         if reference is not None and reference not in invalid else {})
+    screen_calls = dict(timed.calls)
     active, looks, stopped, per_look = _head_to_head(timed, live, higher, rule)
+    longer = {n: c for n, c in timed.calls.items() if c != screen_calls[n]}
     record = {"rule": rule.describe(), "looks": looks, "stopped": stopped, "contenders_per_look": per_look,
-              "calls_per_sample": timed.calls, "seconds": round(clock() - start, 3),
+              "calls_per_sample": screen_calls, **({"calls_per_sample_after_screen": longer} if longer else {}),
+              "seconds": round(clock() - start, 3),
               "order": f"shuffled each round from seed {rule.seed}"}
     c = decide({n: samples[n] for n in live}, higher, level, rule.precision,
                prefer=lambda n: ((prefer or names.index)(n), names.index(n)), leader_among=active, record=record)

@@ -8,7 +8,10 @@ the precision asked for), when the last look is done, or when the next look woul
 the time budget. A contender whose comparisons have all settled is not measured in later looks (each ratio
 is computed over the rounds both of its contenders ran, a prefix of the longer one's), so later looks cost only
 what is still undecided. A ratio whose interval contains 1 and is still wider than the precision when measuring
-stops is marked `undecided` (printed `?`): no difference was shown, and none was shown to be absent.
+stops is marked `undecided` (printed `?`): no difference was shown, and none was shown to be absent. The
+first look's samples last `min_sample_s` (a screen: most ratios decide there); the later looks', run only for what
+is still open, `h2h_sample_s` (`lengthened`): on a small shared machine whole rounds drift, and a longer sample's
+median drifts less.
 
 Looking more than once inflates the chance that noise alone crosses the line somewhere. The correction is
 Bonferroni over the looks planned: every look's interval is taken at 1 - 0.05 / looks (98.3% for 3 looks), so
@@ -35,14 +38,20 @@ from effkit.measure.results import PairedRatio
 ALPHA = 1.0 - stats.CONFIDENCE
 MIN_SAMPLE_S = 0.2  # sequential: a round's sample of a contender lasts at least this long (calls repeated in it)
 MAX_CALLS = 64  # at most this many calls in one sample
+# after the screen (the first look), the contenders still open run samples this long: two copies of one ONNX Runtime
+# graph on a 2-core EPYC, 30 s of rounds per setting, interleaved blocks: 0.5 s samples gave a narrower interval
+# for the same seconds than 0.2 s in 5 of 6 blocks under load, 1 s in none (docs/benchmarks.md, session 17); the
+# screen keeps 0.2 s, where most ratios decide
+H2H_SAMPLE_S = 0.5
+H2H_MAX_CALLS = 256  # at most this many calls in one sample after the screen
 
 METHOD = ("sequential: samples of at least {min_sample_s:g} s (a contender's call repeated within its sample of a "
-          "round, at least the repeats asked for; the sample's figure the median of its calls); looks after {first}, "
-          "then twice as many rounds each time, at most {looks} looks "
-          "({max_rounds} rounds); stops when every compared ratio's interval excludes 1 or its half-width is "
-          "under {precision:.0%}, or when the next look would exceed {budget_s:.0f} s; a contender whose ratios are "
-          "settled is not measured in later looks (each ratio is over the rounds both of its contenders ran); each "
-          "look's interval at "
+          "round, at least the repeats asked for; the sample's figure the median of its calls; after the first look, "
+          "samples of at least {h2h_sample_s:g} s); looks after {first}, then twice as many rounds each time, at "
+          "most {looks} looks ({max_rounds} rounds); stops when every compared ratio's interval excludes 1 or its "
+          "half-width is under {precision:.0%}, or when the next look would exceed {budget_s:.0f} s; a contender whose "
+          "ratios are settled is not measured in later looks (each ratio is over the rounds both of its contenders "
+          "ran); each look's interval at "
           "{level:.2%} (Bonferroni: 95% over the {looks} looks planned, so the look that stops covers with at "
           "least 95%)")
 
@@ -58,6 +67,7 @@ class Stopping:
     looks: int = 3  # planned looks: rounds, 2 x rounds, 4 x rounds
     seed: int = 0  # the rounds' orders are shuffled from it (written in the record)
     min_sample_s: float = MIN_SAMPLE_S  # sequential only: fixed rounds run exactly `repeats` calls a round
+    h2h_sample_s: float = H2H_SAMPLE_S  # sequential only: the samples of the looks after the first
 
     @property
     def planned(self) -> int:
@@ -75,9 +85,9 @@ class Stopping:
     def describe(self) -> str:
         if self.fixed:
             return f"fixed: {self.rounds} rounds, 95% intervals"
-        return METHOD.format(min_sample_s=self.min_sample_s, first=self.rounds, looks=self.looks,
-                             max_rounds=self.schedule()[-1], precision=self.precision, budget_s=self.budget_s,
-                             level=self.level)
+        return METHOD.format(min_sample_s=self.min_sample_s, h2h_sample_s=self.h2h_sample_s, first=self.rounds,
+                             looks=self.looks, max_rounds=self.schedule()[-1], precision=self.precision,
+                             budget_s=self.budget_s, level=self.level)
 
     @classmethod
     def of(cls, measure: Any, rounds_key: str = "rounds") -> Stopping:
@@ -153,6 +163,14 @@ def calls_per_sample(timed: dict[str, Callable[[], float]], repeats: int, warmup
     return calls
 
 
+def lengthened(calls: dict[str, int], per_call_s: dict[str, float], sample_s: float,
+               max_calls: int = H2H_MAX_CALLS) -> dict[str, int]:
+    """The calls of each contender's samples after the screen: as many as last `sample_s` at its measured seconds
+    per call (`per_call_s`), never fewer than before nor more than `max_calls`."""
+    return {n: max(c, min(max_calls, math.ceil(sample_s / per_call_s[n]) if per_call_s.get(n, 0) > 0 else c))
+            for n, c in calls.items()}
+
+
 def leader_of(samples: dict[str, list[list[float]]], names: Sequence[str], higher: bool) -> str:
     """The best of `names` by paired point estimate: the longest measured first, then each of the others, longest
     first, takes the lead when its paired ratio to the leader, over the rounds both ran, favours it (a contender
@@ -211,6 +229,10 @@ def measure(contenders: dict[str, Callable[[], float]], stopping: Stopping, repe
         samples = timing.interleaved(timed, schedule[0], repeats, warmup=warmup, seed=stopping.seed)
     first = clock() - start
     looks, stopped, measured = 1, "fixed", [len(names)]
+    screen_calls = dict(calls)
+    if sized and stopping.h2h_sample_s > stopping.min_sample_s:  # the looks after the screen: longer samples
+        calls = lengthened(calls, {n: spent[n][0] / spent[n][1] for n in names if spent[n][1]},
+                           stopping.h2h_sample_s)
     while not stopping.fixed:
         open_pairs = [(a, b) for a, b in pairs
                       if not settled(PairedRatio.of(_paired(samples, a, b, stopping.level)), stopping.precision)]
@@ -240,6 +262,8 @@ def measure(contenders: dict[str, Callable[[], float]], stopping: Stopping, repe
     return Measured(samples, {"rounds": schedule[looks - 1], "looks": looks, "stopped": stopped,
                               "level": stopping.level, "contenders_per_look": measured,
                               "order": f"shuffled each round from seed {stopping.seed}",
-                              "calls_per_sample": calls,
+                              "calls_per_sample": screen_calls,
+                              **({"calls_per_sample_after_screen": calls} if looks > 1 and calls != screen_calls
+                                 else {}),
                               **({} if stopping.fixed else {"precision": stopping.precision}),
                               "seconds": round(clock() - start, 3)})
