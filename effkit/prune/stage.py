@@ -212,7 +212,10 @@ def prune_plan(cfg: PruneConfig, probe: bool = False) -> stageplan.StagePlan:
     its gradients, its optimizer's moments, the step's activations and temporaries, and on a CPU the process
     runtime measured once per machine and shape). With the control arm the largest moment is the control's
     fine-tuning (a third model, the student held beside it); with distillation the teacher's logits and the KL
-    term's two softmaxes are added (batch x block x vocabulary, fp32). `probe`: measure the runtime now where it is
+    term's two softmaxes are added (batch x block x vocabulary, fp32). Two things a simulation does not see are
+    counted from what a run showed (gpt2, 92M parameters: docs/benchmarks.md, session 17): a loaded model keeps
+    its safetensors file mapped (clean pages in the resident set: the file's size per load alive), and a real
+    step's peak holds gradients beside activations (counted whole). `probe`: measure the runtime now where it is
     not cached (seconds to minutes), else leave it out and say so."""
     from effkit import memplan
     from effkit.parallel import resolve_device
@@ -229,13 +232,19 @@ def prune_plan(cfg: PruneConfig, probe: bool = False) -> stageplan.StagePlan:
     model_bytes = states["parameters"]
     f = cfg.finetune
     student = "student: its copy, which the rounds cut (at most the parent's size)"
-    parts = {"teacher: the dense parent (frozen, fp32)": model_bytes, student: model_bytes}
+    weights_file = sum(p.stat().st_size for p in Path(source).glob("*.safetensors")) or model_bytes
+    loads = 2 if f.finetune_steps and f.control else 1  # the parent (teacher), and the control arm's own load
+    parts = {"teacher: the dense parent (frozen, fp32)": model_bytes, student: model_bytes,
+             f"the weights' file, mapped by each of the {loads} load(s) alive (clean pages)": loads * weights_file}
     notes = []
     if f.finetune_steps:
         who = "the control arm's" if f.control else "the student's"
         if not f.control:  # the student is the model being fine-tuned: counted there
             del parts[student]
         parts |= {f"fine-tuning ({who}): {k}": v for k, v in states.items()}
+        # a real step's peak holds the gradients already computed beside the activations still alive, which the
+        # simulation's peak (the end of the forward) does not: counted whole, an upper bound
+        parts[f"fine-tuning ({who}): gradients"] = max(states.get("gradients", 0), model_bytes)
         if cfg.distilling:
             mc = memplan._model_config(ft)
             parts["distillation: the teacher's logits and the KL's two softmaxes"] = \
