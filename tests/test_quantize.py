@@ -267,8 +267,9 @@ def test_int4_measured_settings_travel_in_the_graph_and_reload_in_plain_onnxrunt
     assert len(attrs) == 2 * 4 + 1  # every block's matmuls and the head
     assert {(a["block_size"], a.get("accuracy_level", 0), a["bits"]) for a in attrs} == {
         (picked["block_size"], picked["accuracy_level"], 4)}
-    assert int4["settings"] == {"bits": 4, "block_size": picked["block_size"],
+    assert int4["settings"] == {"bits": 4, "block_size": picked["block_size"], "zero_points": "none",
                                 "accuracy_level": picked["accuracy_level"], "nodes": len(attrs)}
+    assert int4["algorithm"] == "rtn" and int4["calibration"] is None
 
     # a plain ONNX Runtime session loads it, and its loss is the one effkit reported
     config = json.loads((folder / "config.json").read_text())
@@ -321,6 +322,16 @@ def test_int4_settings_asked_by_hand_are_written_as_asked(trained):
     (["--accuracy-level", "2"], "unknown --accuracy-level '2'; choose one of auto, 1, 4"),
     (["--int4-block-size", "48"], "unknown --int4-block-size '48'; choose one of auto, 16, 32, 64, 128, 256"),
     (["--int4-block-size", "128"], "--int4-block-size 128 does not divide this model's width (64)"),
+    (["--int4-algorithm", "awq"], "unknown --int4-algorithm 'awq'; choose one of rtn, hqq, gptq, auto"),
+    (["--int4-algorithm", "hqq", "--int4-bits", "8"],
+     "--int4-algorithm hqq --int4-bits 8: ONNX Runtime's CPU MatMulNBits takes no 8-bit weights with HQQ's float "
+     "zero points"),
+    (["--int4-algorithm", "gptq", "--int4-bits", "8"], "--int4-algorithm gptq --int4-bits 8: ONNX Runtime's GPTQ "
+                                                       "writes MatMulNBits for 4 bits only"),
+    (["--int4-algorithm", "hqq", "--accuracy-level", "4"], "--int4-algorithm hqq --accuracy-level 4: HQQ's float zero "
+                                                           "points"),
+    (["--int4-algorithm", "gptq", "--int4-block-size", "64"], "--int4-algorithm gptq --int4-block-size 64: ONNX "
+                                                              "Runtime's GPTQ packs zero points two a byte"),
 ])
 def test_int4_bad_option_is_one_line(extra, needle, trained, capsys, monkeypatch):
     tmp, artifact, _ = trained
@@ -338,14 +349,148 @@ def test_int4_without_avx2_does_not_run_int8_compute(monkeypatch):
     monkeypatch.setattr(int4_backend.platform, "machine", lambda: "x86_64")
     monkeypatch.setattr(hardware, "cpu_flags", lambda: [])
     todo, skipped = int4_backend.candidates(int4_backend.Options(), 256)
-    assert todo == [(32, 1), (128, 1)]
+    assert todo == [("rtn", 4, 32, 1), ("rtn", 4, 128, 1)]
     assert set(skipped) == {"block32-level4", "block128-level4"}
     assert all(s.startswith("not run: no AVX2") for s in skipped.values())
     asked = QuantizeConfig.from_flat(backend="onnxruntime-int4", accuracy_level="4")  # by hand: refused in one line
     assert backends.get("onnxruntime-int4").refuses(asked).startswith("--accuracy-level 4: no AVX2")
     monkeypatch.setattr(hardware, "cpu_flags", lambda: ["avx2"])
-    assert int4_backend.candidates(int4_backend.Options(), 256) == ([(32, 1), (32, 4), (128, 1), (128, 4)], {})
+    assert int4_backend.candidates(int4_backend.Options(), 256) == (
+        [("rtn", 4, 32, 1), ("rtn", 4, 32, 4), ("rtn", 4, 128, 1), ("rtn", 4, 128, 4)], {})
     assert backends.get("onnxruntime-int4").refuses(asked) is None
+
+
+# ------------------------------------------------- #45: onnxruntime-int4's data-aware algorithms (HQQ, GPTQ), 8 bits
+def tied_embedding_vs_head(model_path: Path, config: dict) -> float:
+    """The largest difference between the embedding rows the rewired lookup gives and the LM head's MatMulNBits
+    weights dequantized by ONNX Runtime itself (the head node run on an identity matrix), over the vocabulary."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper, numpy_helper
+
+    m = onnx.load(str(model_path))
+    g = m.graph
+    head = next(n for n in g.node if n.op_type == "MatMulNBits" and any(
+        a.name == "N" and a.i == config["vocab_size"] for a in n.attribute))
+    g.initializer.append(numpy_helper.from_array(np.eye(config["n_embd"], dtype=np.float32), "test_eye"))
+    node = helper.make_node("MatMulNBits", ["test_eye", *head.input[1:]], ["test_head"], domain="com.microsoft")
+    node.attribute.extend(head.attribute)
+    g.node.append(node)
+    lookup = [o for n in g.node if any(i.startswith("effkit_tied") for i in n.input) for o in n.output
+              if not o.startswith("effkit_tied")]
+    assert len(lookup) == 1  # the tied path ends in the original lookup's output
+    g.output.extend(helper.make_tensor_value_info(o, onnx.TensorProto.FLOAT, None) for o in ("test_head", *lookup))
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    ids = np.arange(config["vocab_size"], dtype=np.int64)[None, :config["n_positions"]]
+    feed = {"input_ids": ids, "attention_mask": np.ones_like(ids), "position_ids": np.arange(ids.shape[1])[None]}
+    head_dim = config["n_embd"] // config["n_head"]
+    for i in range(config["n_layer"]):
+        for kv in ("key", "value"):
+            feed[f"past_key_values.{i}.{kv}"] = np.zeros((1, config["n_head"], 0, head_dim), np.float32)
+    deq, rows = sess.run(["test_head", lookup[0]], feed)
+    return float(np.abs(rows[0] - deq.T[ids[0]]).max())
+
+
+def assert_nbits_artifact(report, algorithm: str, bits: int, zero_points: str, eval_blocks):
+    """What onnx.json records is what the graph holds; the embedding reads the quantized head (no fp32 table); a
+    plain ONNX Runtime session gives the loss effkit reported."""
+    import onnx
+
+    folder = Path(report["artifact"])
+    int4 = json.loads((folder / "onnx.json").read_text())["int4"]
+    assert json.loads((folder / "quantization.json").read_text())["onnx"]["int4"] == int4
+    assert int4["algorithm"] == algorithm and int4["table"][int4["picked"]]["algorithm"] == algorithm
+    config = json.loads((folder / "config.json").read_text())
+    graph = onnx.load(str(folder / "model.onnx")).graph
+    nbits = [{a.name: onnx.helper.get_attribute_value(a) for a in n.attribute} for n in graph.node
+             if n.op_type == "MatMulNBits"]
+    assert len(nbits) == 2 * 4 + 1 and {a["bits"] for a in nbits} == {bits}  # every block's matmuls and the head
+    assert int4["settings"] == {"bits": bits, "block_size": 32, "accuracy_level": 1, "zero_points": zero_points,
+                                "nodes": len(nbits)}
+    assert not [i.name for i in graph.initializer if i.data_type == onnx.TensorProto.FLOAT
+                and list(i.dims) == [config["vocab_size"], config["n_embd"]]]  # no fp32 copy of the tied table
+    assert tied_embedding_vs_head(folder / "model.onnx", config) < 1e-5
+    loss = plain_onnxruntime_loss(folder / "model.onnx", config, eval_blocks)
+    assert loss == pytest.approx(report["metrics"]["eval_loss"], rel=1e-4)
+    return int4, graph
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm, bits, zero_points", [("hqq", "4", "float32"), ("rtn", "8", "none")])
+def test_int4_hqq_and_8bit_artifacts_reload_with_the_reported_loss(algorithm, bits, zero_points, trained):
+    tmp, artifact, eval_blocks = trained
+    report = run_quantize(qcfg(tmp, artifact, backend="onnxruntime-int4", int4_algorithm=algorithm, int4_bits=bits,
+                               int4_block_size="32", accuracy_level="1", latency_rounds=2, latency_repeats=1))
+    assert report["tag"] == "quantize-onnxruntime-int4" + ("-hqq" if algorithm == "hqq" else "-8bit") + "-b32-level1"
+    int4, graph = assert_nbits_artifact(report, algorithm, int(bits), zero_points, eval_blocks)
+    assert int4["calibration"] is None
+    lookups = [n for n in graph.node if n.op_type == "GatherBlockQuantized"]
+    if algorithm == "hqq":  # float zero points: the embedding is dequantized by standard operators
+        assert lookups == []
+    else:
+        assert [a.i for a in lookups[0].attribute if a.name == "bits"] == [8]
+
+
+@pytest.mark.slow
+def test_int4_gptq_calibrates_on_training_blocks_only(trained, monkeypatch):
+    """GPTQ's Hessians come from blocks of the run's training split, never from the held-out blocks the artifact's
+    loss is measured on: what ONNX Runtime's GPTQ actually consumed is captured where it reads the data reader."""
+    from onnxruntime.quantization.neural_compressor import weight_only
+
+    from effkit import artifacts
+    from effkit.config import DataConfig
+    from effkit.quantize.backends.onnxruntime_int4 import GPTQ_CALIBRATION_BLOCKS
+
+    tmp, artifact, eval_blocks = trained
+    seen = []
+    real = weight_only.prepare_inputs
+
+    def capture(*args, **kwargs):
+        inputs, so = real(*args, **kwargs)
+        seen.extend(inputs)
+        return inputs, so
+
+    monkeypatch.setattr(weight_only, "prepare_inputs", capture)
+    report = run_quantize(qcfg(tmp, artifact, backend="onnxruntime-int4", int4_algorithm="gptq",
+                               int4_block_size="32", accuracy_level="1", latency_rounds=2, latency_repeats=1))
+    int4, graph = assert_nbits_artifact(report, "gptq", 4, "uint8", eval_blocks)
+    assert [a.i for n in graph.node if n.op_type == "GatherBlockQuantized" for a in n.attribute
+            if a.name == "bits"] == [4]  # the embedding reads the head with its uint8 zero points
+
+    data = prepare(DataConfig.from_dict(artifacts.data_section(Path(artifact))), tokenizer_from=artifact).blocks
+    assert torch_equal(data.eval, eval_blocks)  # the same held-out blocks the loss was measured on
+    calib = int4["calibration"]
+    n = min(GPTQ_CALIBRATION_BLOCKS, len(data.train))
+    assert calib["split"] == "train" and calib["blocks"] == n == len(seen)
+    train_rows = {tuple(r) for r in data.train.tolist()}
+    held_rows = {tuple(r) for r in eval_blocks.tolist()}
+    fed = [tuple(f["input_ids"][0].tolist()) for f in seen]
+    assert all(f["input_ids"].shape == (1, eval_blocks.shape[1]) for f in seen)
+    assert not set(fed) & held_rows  # never a held-out block
+    assert all(r in train_rows for r in fed)  # every one a training block
+    assert fed == [tuple(data.train[i].tolist()) for i in calib["block_indices"]]  # the ones recorded
+
+
+def torch_equal(a, b) -> bool:
+    return a.shape == b.shape and bool((a == b).all())
+
+
+def test_int4_algorithm_candidates(monkeypatch):
+    """auto writes every algorithm ONNX Runtime runs at these settings and says why the others were not run."""
+    from effkit.quantize.backends import onnxruntime_int4 as int4_backend
+
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: ["avx2"])
+    todo, skipped = int4_backend.candidates(int4_backend.Options(int4_algorithm="auto", int4_block_size="32"), 256)
+    assert todo == [("rtn", 4, 32, 1), ("rtn", 4, 32, 4), ("hqq", 4, 32, 1), ("gptq", 4, 32, 1), ("gptq", 4, 32, 4)]
+    assert list(skipped) == ["hqq-block32-level4"] and "fp32 at any accuracy level" in skipped["hqq-block32-level4"]
+    todo, skipped = int4_backend.candidates(int4_backend.Options(int4_algorithm="auto", int4_bits="8",
+                                                                 int4_block_size="32", accuracy_level="1"), 256)
+    assert todo == [("rtn", 8, 32, 1)] and set(skipped) == {"hqq-8bit-block32-level1", "gptq-8bit-block32-level1"}
+    # one block of 64 per row of a 64-wide model: ONNX Runtime's GPTQ cannot pack its zero points
+    todo, skipped = int4_backend.candidates(int4_backend.Options(int4_algorithm="auto", int4_block_size="64",
+                                                                 accuracy_level="1"), 64, (64, 256))
+    assert [t[0] for t in todo] == ["rtn", "hqq"] and "odd number of blocks" in skipped["gptq-block64-level1"]
 
 
 @pytest.mark.slow

@@ -449,58 +449,223 @@ def quantize_standard(src: Path, dst: Path) -> dict[str, Any]:
                          "Gemm]), its defaults otherwise (per tensor)", "int8": int8_counts(dst)}
 
 
-def quantize_int4(src: Path, dst: Path, block_size: int = INT4_BLOCK, accuracy_level: int | None = None
-                  ) -> dict[str, Any]:
-    """Weight-only 4-bit: ONNX Runtime's `MatMulNBitsQuantizer` (round-to-nearest, symmetric, blocks of
-    `block_size` along the input dimension; `accuracy_level`, MatMulNBits' attribute: 1 computes in fp32 over the
-    dequantized weights, 4 quantizes the activations to int8 per block for the int8 kernels, None writes no
-    attribute: ONNX Runtime's default 0, fp32 on the CPU) on every MatMul with a constant weight, the LM head
-    included; then the token-embedding lookup reads that 4-bit head through `GatherBlockQuantized` (the head's
-    (vocab, blocks, bytes) layout is one packed row per token) and the fp32 embedding table is dropped, so the tied
-    weight is stored once, in 4 bits. Refused if the file is not smaller than the fp32 graph."""
+INT4_ALGORITHMS = ("rtn", "hqq", "gptq")  # MatMulNBitsQuantizer's round-to-nearest default, HQQ, GPTQ
+
+
+def calibration_feeds(blocks: torch.Tensor, config) -> list[dict[str, np.ndarray]]:
+    """GPTQ's calibration inputs: one feed of the with-past graph per token block (batch 1, empty past, every
+    position attended), the inputs the graph declares."""
+    feeds = []
+    for row in blocks[:, :config.n_positions]:
+        ids = row[None].cpu().long().numpy()
+        feeds.append({"input_ids": ids, "attention_mask": np.ones_like(ids),
+                      "position_ids": np.arange(ids.shape[1], dtype=np.int64)[None], **empty_past(config, 1)})
+    return feeds
+
+
+class FeedReader:
+    """An `onnxruntime.quantization.CalibrationDataReader` (it has `get_next`) over a list of feeds; ONNX Runtime's
+    GPTQ deep-copies it and iterates the copy."""
+
+    def __init__(self, feeds: list[dict[str, np.ndarray]]):
+        self.feeds, self.at = list(feeds), 0
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        if self.at >= len(self.feeds):
+            return None
+        self.at += 1
+        return self.feeds[self.at - 1]
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        if (feed := self.get_next()) is None:
+            raise StopIteration
+        return feed
+
+    def __len__(self) -> int:
+        return len(self.feeds)
+
+
+def set_accuracy_level(model, accuracy_level: int | None) -> None:
+    """Every MatMulNBits node of `model` (an `onnx.ModelProto`, in place) with `accuracy_level` (none: the
+    attribute removed, ONNX Runtime's default 0). HQQ's quantizer writes no level; a graph quantized once is
+    re-stamped for another level (the weights do not depend on it)."""
+    import onnx
+
+    for n in model.graph.node:
+        if n.op_type == "MatMulNBits":
+            for a in [a for a in n.attribute if a.name == "accuracy_level"]:
+                n.attribute.remove(a)
+            if accuracy_level:
+                n.attribute.append(onnx.helper.make_attribute("accuracy_level", int(accuracy_level)))
+
+
+def with_accuracy_level(src: Path, dst: Path, desc: dict[str, Any], accuracy_level: int | None) -> dict[str, Any]:
+    """`src`, a graph `quantize_int4` wrote (described by `desc`), written to `dst` with another accuracy level;
+    its description."""
+    import onnx
+
+    model = onnx.load(str(src))
+    set_accuracy_level(model, accuracy_level)
+    onnx.save(model, str(dst))
+    return {**desc, "quantizer": _int4_quantizer(desc["algorithm"], desc["bits"], desc["block_size"],
+                                                 accuracy_level, desc["symmetric"], desc.get("calibration")),
+            "accuracy_level": accuracy_level or 0, "int8": int8_counts(dst)}
+
+
+def _int4_quantizer(algorithm: str, bits: int, block_size: int, accuracy_level: int | None, symmetric: bool,
+                    calibration: dict[str, Any] | None) -> str:
+    config = {"rtn": "None (DefaultWeightOnlyQuantConfig: round-to-nearest)",
+              "hqq": f"HQQWeightOnlyQuantConfig(block_size={block_size}, bits={bits})",
+              "gptq": f"GPTQWeightOnlyQuantConfig(calibration_data_reader=<{(calibration or {}).get('feeds', 0)} "
+                      "feeds>) (its defaults otherwise: percdamp=0.01, block_size=128, actorder=False, mse=False)",
+              }[algorithm]
+    return (f"onnxruntime.quantization.matmul_nbits_quantizer.MatMulNBitsQuantizer(bits={bits}, "
+            f"block_size={block_size}, is_symmetric={symmetric}, accuracy_level={accuracy_level}, "
+            f"algo_config={config})")
+
+
+def _tie_embedding_to_nbits_head(model) -> str:
+    """Make the fp32 token-embedding lookup of `model` (an `onnx.ModelProto`, in place) read the LM head's
+    MatMulNBits weights (one packed row of (N, blocks, bytes) per token), and drop the fp32 table. Integer (or no)
+    zero points: `GatherBlockQuantized` over the head's own initializers, viewed as (vocab, ...); HQQ's float zero
+    points, which `GatherBlockQuantized` does not take: the row gathered, unpacked and dequantized by standard
+    operators, `(q - zero_point) * scale` per block, as MatMulNBits computes it. Returns what was done."""
     import onnx
     from onnx import helper, numpy_helper
-    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
+    graph = model.graph
+    inits = {i.name: i for i in graph.initializer}
+    tables = [n for n in graph.node if n.op_type == "Gather" and n.input[0] in inits and len(inits[n.input[0]].dims)
+              == 2 and inits[n.input[0]].data_type == onnx.TensorProto.FLOAT]
+    tables.sort(key=lambda n: n.input[1] != "input_ids")  # the token lookup reads the ids (not the positions)
+    heads = {}
+    for n in graph.node:
+        if n.op_type == "MatMulNBits" and n.input[1] in inits:
+            a = {x.name: helper.get_attribute_value(x) for x in n.attribute}
+            heads.setdefault((int(a["N"]), int(a["K"])), (n, a))
+    lookup = next((n for n in tables if tuple(inits[n.input[0]].dims) in heads), None)
+    if lookup is None:
+        return "own fp32 table (the LM head was not quantized by MatMulNBits)"
+    vocab, n_embd = (int(d) for d in inits[lookup.input[0]].dims)
+    head, attrs = heads[(vocab, n_embd)]
+    bits, block = int(attrs["bits"]), int(attrs["block_size"])
+    data, scales = head.input[1], head.input[2]
+    zp = head.input[3] if len(head.input) > 3 and head.input[3] else None
+    ids, out, p = lookup.input[1], lookup.output[0], "effkit_tied"
+    const = lambda name, value: graph.initializer.append(  # noqa: E731
+        numpy_helper.from_array(np.asarray(value), f"{p}_{name}"))
+    const("rows", np.array([vocab, -1], dtype=np.int64))
+    float_zp = zp is not None and inits[zp].data_type != onnx.TensorProto.UINT8
+    if not float_zp:
+        new = [helper.make_node("Reshape", [data, f"{p}_rows"], [f"{p}_q"]),
+               helper.make_node("Reshape", [scales, f"{p}_rows"], [f"{p}_scales"])]
+        if zp is not None:  # packed like the data along a row (low-order bits first)
+            new.append(helper.make_node("Reshape", [zp, f"{p}_rows"], [f"{p}_zp"]))
+        new.append(helper.make_node(
+            "GatherBlockQuantized", [f"{p}_q", ids, f"{p}_scales", *([f"{p}_zp"] if zp is not None else [])], [out],
+            domain="com.microsoft", bits=bits, block_size=block, gather_axis=0, quantize_axis=1,
+            name=f"{p}_embedding"))
+        how = f"GatherBlockQuantized (bits={bits}" + (", the head's uint8 zero points)" if zp else ")")
+    else:
+        blocks = -(-n_embd // block)
+        const("axes", np.array([-1], dtype=np.int64))
+        const("block_shape", np.array([0, 0, blocks, block], dtype=np.int64))
+        const("out_shape", np.array([0, 0, n_embd], dtype=np.int64))
+        new = [helper.make_node("Gather", [data, ids], [f"{p}_packed"], axis=0)]  # (B, T, blocks, bytes)
+        if bits == 4:  # two weights a byte, the first in the low-order bits
+            const("mask", np.array(15, dtype=np.uint8))
+            const("shift", np.array(4, dtype=np.uint8))
+            new += [helper.make_node("BitwiseAnd", [f"{p}_packed", f"{p}_mask"], [f"{p}_lo"]),
+                    helper.make_node("BitShift", [f"{p}_packed", f"{p}_shift"], [f"{p}_hi"], direction="RIGHT"),
+                    helper.make_node("Unsqueeze", [f"{p}_lo", f"{p}_axes"], [f"{p}_lo1"]),
+                    helper.make_node("Unsqueeze", [f"{p}_hi", f"{p}_axes"], [f"{p}_hi1"]),
+                    helper.make_node("Concat", [f"{p}_lo1", f"{p}_hi1"], [f"{p}_pairs"], axis=-1)]
+            unpacked = f"{p}_pairs"
+        elif bits == 8:
+            unpacked = f"{p}_packed"
+        else:
+            raise EffkitError(f"the tied embedding cannot read a {bits}-bit head with float zero points")
+        new += [helper.make_node("Reshape", [unpacked, f"{p}_block_shape"], [f"{p}_qb"]),  # (B, T, blocks, block)
+                helper.make_node("Cast", [f"{p}_qb"], [f"{p}_qf"], to=onnx.TensorProto.FLOAT)]
+        for name, src in (("zp", zp), ("scale", scales)):  # one per (token, block), broadcast over the block
+            new += [helper.make_node("Reshape", [src, f"{p}_rows"], [f"{p}_{name}_rows"]),
+                    helper.make_node("Gather", [f"{p}_{name}_rows", ids], [f"{p}_{name}_g"], axis=0),
+                    helper.make_node("Unsqueeze", [f"{p}_{name}_g", f"{p}_axes"], [f"{p}_{name}_u"])]
+        new += [helper.make_node("Sub", [f"{p}_qf", f"{p}_zp_u"], [f"{p}_c"]),
+                helper.make_node("Mul", [f"{p}_c", f"{p}_scale_u"], [f"{p}_w"]),
+                helper.make_node("Reshape", [f"{p}_w", f"{p}_out_shape"], [out])]
+        how = "standard operators ((q - zero_point) * scale per block: GatherBlockQuantized takes no float zero points)"
+    nodes = []
+    for n in graph.node:
+        nodes.extend(new if n is lookup else [n])
+    del graph.node[:]
+    graph.node.extend(nodes)
+    table = lookup.input[0]
+    if not any(table in n.input for n in graph.node):
+        graph.initializer.remove(inits[table])
+    return f"read from the {bits}-bit LM head through {how}, stored once, as the PyTorch model ties them"
+
+
+def quantize_int4(src: Path, dst: Path, block_size: int = INT4_BLOCK, accuracy_level: int | None = None,
+                  algorithm: str = "rtn", bits: int = 4, calibration: list[dict[str, np.ndarray]] | None = None
+                  ) -> dict[str, Any]:
+    """Weight-only block quantization by ONNX Runtime's `MatMulNBitsQuantizer` of every MatMul with a constant
+    weight, the LM head included, to `bits` (4, or 8 with `rtn`) in blocks of `block_size` along the input
+    dimension; `accuracy_level`, MatMulNBits' attribute: 1 computes in fp32 over the dequantized weights, 4
+    quantizes the activations to int8 per block for the int8 kernels, None writes no attribute (ONNX Runtime's
+    default 0, fp32 on the CPU). `algorithm`:
+
+    - `rtn`: its default (`DefaultWeightOnlyQuantConfig`): round-to-nearest, symmetric (no zero points);
+    - `hqq`: Half-Quadratic Quantization (`HQQWeightOnlyQuantConfig`, torch): scales and float zero points
+      fitted to each block without data (asymmetric; ONNX Runtime computes float zero points in fp32 whatever the
+      level);
+    - `gptq`: GPTQ (`GPTQWeightOnlyQuantConfig`) over `calibration`, feeds of the graph's inputs
+      (`calibration_feeds`): the rounding error of each input row compensated on the rows not yet rounded,
+      weighted by the activations' Hessian; asymmetric (uint8 zero points): ONNX Runtime re-quantizes GPTQ's
+      fake-quantized weights with a fresh scale, which lands on GPTQ's own grid for asymmetric blocks but not for
+      symmetric ones (their scale is refitted to the largest level, 16/15 or 14/15 of GPTQ's).
+
+    Then the token-embedding lookup reads that quantized head (`_tie_embedding_to_nbits_head`) and the fp32 table
+    is dropped, so the tied weight is stored once. Refused if the file is not smaller than the fp32 graph."""
+    import onnx
+    from onnxruntime.quantization.matmul_nbits_quantizer import (
+        GPTQWeightOnlyQuantConfig,
+        HQQWeightOnlyQuantConfig,
+        MatMulNBitsQuantizer,
+    )
+
+    if algorithm not in INT4_ALGORITHMS:
+        raise EffkitError(f"unknown MatMulNBits algorithm {algorithm!r}; choose one of {', '.join(INT4_ALGORITHMS)}")
+    if bits not in (4, 8) or (bits == 8 and algorithm != "rtn"):
+        raise EffkitError(f"{algorithm} at {bits} bits: ONNX Runtime's MatMulNBits runs 4 bits, and 8 with rtn only")
+    if algorithm == "gptq" and not calibration:
+        raise EffkitError("GPTQ needs calibration inputs (calibration_feeds of training blocks)")
+    symmetric = algorithm == "rtn"
+    config = (HQQWeightOnlyQuantConfig(block_size=block_size, bits=bits) if algorithm == "hqq" else
+              GPTQWeightOnlyQuantConfig(calibration_data_reader=FeedReader(calibration)) if algorithm == "gptq" else
+              None)
     with quiet_exporter():
-        quantizer = MatMulNBitsQuantizer(onnx.load(str(src)), block_size=block_size, is_symmetric=True,
-                                         accuracy_level=accuracy_level)
+        quantizer = MatMulNBitsQuantizer(onnx.load(str(src)), bits=bits, block_size=block_size,
+                                         is_symmetric=symmetric, accuracy_level=accuracy_level, algo_config=config)
         quantizer.process()
         quantizer.model.save_model_to_file(str(dst), use_external_data_format=False)
     model = onnx.load(str(dst))
-    graph = model.graph
-    inits = {i.name: i for i in graph.initializer}
-    tied = "own fp32 table (the LM head was not quantized to 4 bits)"
-    if "head_Q4" in inits and "head_scales" in inits:
-        vocab = int(inits["head_Q4"].dims[0])
-        lookup = next((n for n in graph.node if n.op_type == "Gather" and n.input[0] in inits
-                       and list(inits[n.input[0]].dims)[0] == vocab and numpy_helper.to_array(
-                           inits[n.input[0]]).dtype == np.float32), None)
-        if lookup is not None:  # the head's own initializers, viewed as (vocab, bytes) and (vocab, blocks)
-            table, p = lookup.input[0], "effkit_tied"
-            graph.initializer.append(numpy_helper.from_array(np.array([vocab, -1], dtype=np.int64), f"{p}_shape"))
-            new = [helper.make_node("Reshape", ["head_Q4", f"{p}_shape"], [f"{p}_q4"]),
-                   helper.make_node("Reshape", ["head_scales", f"{p}_shape"], [f"{p}_scales"]),
-                   helper.make_node("GatherBlockQuantized", [f"{p}_q4", lookup.input[1], f"{p}_scales"],
-                                    [lookup.output[0]], domain="com.microsoft", bits=4, block_size=block_size,
-                                    gather_axis=0, quantize_axis=1, name=f"{p}_embedding")]
-            nodes = []
-            for n in graph.node:
-                nodes.extend(new if n is lookup else [n])
-            del graph.node[:]
-            graph.node.extend(nodes)
-            if not any(table in n.input for n in graph.node):
-                graph.initializer.remove(inits[table])
-            tied = "read from the 4-bit LM head (GatherBlockQuantized), stored once, as the PyTorch model ties them"
-            onnx.save(model, str(dst))
+    set_accuracy_level(model, accuracy_level)  # what was asked, on every node (HQQ's quantizer writes none)
+    tied = _tie_embedding_to_nbits_head(model)
+    onnx.save(model, str(dst))
     if dst.stat().st_size >= src.stat().st_size:
-        raise EffkitError(f"the 4-bit graph ({dst.stat().st_size / 2**20:.1f} MiB) is not smaller than the fp32 one "
-                          f"({src.stat().st_size / 2**20:.1f} MiB): something stayed in fp32; use int8")
-    return {"quantizer": f"onnxruntime.quantization.matmul_nbits_quantizer.MatMulNBitsQuantizer(block_size="
-                         f"{block_size}, is_symmetric=True, accuracy_level={accuracy_level}) (round-to-nearest, "
-                         "weight-only 4-bit)",
-            "block_size": block_size, "accuracy_level": accuracy_level or 0,
-            "token_embedding": tied, "int8": int8_counts(dst)}
+        raise EffkitError(f"the {bits}-bit graph ({dst.stat().st_size / 2**20:.1f} MiB) is not smaller than the fp32 "
+                          f"one ({src.stat().st_size / 2**20:.1f} MiB): something stayed in fp32; use int8")
+    calib = {"feeds": len(calibration)} if algorithm == "gptq" else None
+    return {"quantizer": _int4_quantizer(algorithm, bits, block_size, accuracy_level, symmetric, calib),
+            "algorithm": algorithm, "bits": bits, "block_size": block_size, "accuracy_level": accuracy_level or 0,
+            "symmetric": symmetric,
+            "zero_points": ("none (symmetric: the midpoint implied)" if symmetric else
+                            "float, one per block (HQQ)" if algorithm == "hqq" else "uint8, one per block"),
+            **({"calibration": calib} if calib else {}), "token_embedding": tied, "int8": int8_counts(dst)}
 
 
 def write_artifact(folder: Path, model: nn.Module, tokenizer, int8: bool, fused: bool,
@@ -525,8 +690,8 @@ def write_artifact(folder: Path, model: nn.Module, tokenizer, int8: bool, fused:
         quantize = (int4_quantize or quantize_int4) if int4 else quantize_standard if standard_int8 else quantize_int8
         desc.update(quantize(fp32, folder / ONNX_FILE))
         if int4:  # the settings the quantizer wrote, not the default typed above
-            desc["precision"] = (f"int4 (weight-only, blocks of {desc['block_size']}, MatMulNBits accuracy_level "
-                                 f"{desc['accuracy_level']})")
+            desc["precision"] = (f"int{desc.get('bits', 4)} (weight-only, {desc.get('algorithm', 'rtn')}, blocks "
+                                 f"of {desc['block_size']}, MatMulNBits accuracy_level {desc['accuracy_level']})")
         fp32.unlink()
         for extra in fp32.parent.glob(fp32.name + "*"):  # external-data side files, if any
             extra.unlink()

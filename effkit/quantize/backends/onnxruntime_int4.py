@@ -1,7 +1,21 @@
-"""`onnxruntime-int4`: weight-only 4-bit of the with-past ONNX export through ONNX Runtime's
-`MatMulNBitsQuantizer` (round-to-nearest, symmetric), the tied token embedding read from the 4-bit LM head
+"""`onnxruntime-int4`: weight-only 4-bit (or 8-bit) of the with-past ONNX export through ONNX Runtime's
+`MatMulNBitsQuantizer`, the tied token embedding read from the quantized LM head
 (`effkit.engines.onnxruntime.quantize_int4`). Batch-1 decoding reads every weight once per token, so halving the
 bytes of int8 is what can speed it up; `auto` keeps it only within its loss budget.
+
+How the weights are rounded (`--int4-algorithm`): `rtn` (the default; ONNX Runtime's own round-to-nearest,
+symmetric, no zero points), `hqq` (Half-Quadratic Quantization: each block's scale and a float zero point fitted to
+its weights, no data; ONNX Runtime computes float zero points in fp32 at any accuracy level, so HQQ runs level 1
+only, its embedding read by standard operators, since `GatherBlockQuantized` takes no float zero point; and ONNX
+Runtime's CPU kernel runs float zero points on a slow path: one (1x256)x(256x8192) MatMulNBits took 1908 us against
+113 without zero points, and the quickstart model's HQQ graph decoded about 15x slower than `rtn`'s) or
+`gptq` (GPTQ: the rounding error of each input row compensated on the rows not yet rounded, weighted by the
+activations of `GPTQ_CALIBRATION_BLOCKS` blocks of the run's TRAINING split, evenly spaced over it: never the
+held-out blocks the loss is then measured on; asymmetric, uint8 zero points: ONNX Runtime re-quantizes GPTQ's
+result with a fresh scale, which keeps GPTQ's grid for asymmetric blocks only). `auto` writes all three and judges
+them as it judges block sizes: loss first, then speed. `--int4-bits 8` writes MatMulNBits' 8-bit form (`rtn`
+only: ONNX Runtime's GPTQ writes MatMulNBits for 4 bits only, and its CPU kernel takes no 8-bit weights with HQQ's
+float zero points); the embedding reads it through `GatherBlockQuantized` with bits=8.
 
 Two settings of MatMulNBits decide its speed and its loss, and both travel in the graph as the operator's
 attributes: `block_size` (weights per fp32 scale: 32 stores 0.625 bytes per weight, 128 0.53) and
@@ -14,11 +28,13 @@ AUTO_LOSS_BUDGET: a setting is not worth any loss) are timed at the run's `--opt
 (`effkit.measure.choice.choose`), a tie within the precision going to the smaller file, then to fp32 compute;
 when none reaches +0.2%, the lowest loss is taken without timing. The loss was measured inside the backend, not
 left to the stage, because accuracy level 4 quantizes activations: a choice by speed alone could ship a setting
-that the stage would only find too lossy afterwards.
+that the stage would only find too lossy afterwards. A graph is quantized once per algorithm, bits and block size;
+its other accuracy level is the same weights with the attribute changed.
 
-The decision (every setting's loss and status, the choice's `to_dict()` with its raw samples), the settings read
-back from the written graph, and the weight bytes a decoded token reads (with the memory-bandwidth bound they imply,
-measured in the same run, and the share of it batch-1 decoding reached) are in `onnx.json` (`int4`), which
+The decision (every setting's loss and status, the choice's `to_dict()` with its raw samples), the algorithm, the
+settings read back from the written graph (bits, block size, accuracy level, zero points), GPTQ's calibration (its
+split, blocks and their indices), and the weight bytes a decoded token reads (with the memory-bandwidth bound they
+imply, measured in the same run, and the share of it batch-1 decoding reached) are in `onnx.json` (`int4`), which
 `quantization.json` holds as `onnx`."""
 
 from __future__ import annotations
@@ -40,9 +56,23 @@ onnx_export = lazy_module("effkit.engines.onnxruntime")
 
 BLOCK_SIZES = (32, 128)  # auto's candidates: ONNX Runtime's default 128, and 32, whose finer scales lose less
 ACCURACY_LEVELS = (1, 4)  # fp32 compute (ONNX Runtime's default 0 runs the same kernels on a CPU), int8 compute
+ALGORITHMS = ("rtn", "hqq", "gptq")  # auto's candidates (`effkit.engines.onnxruntime.INT4_ALGORITHMS`)
+GPTQ_CALIBRATION_BLOCKS = 32  # training blocks GPTQ's Hessians are measured on (evenly spaced over the split)
 INT4_LOSS_BUDGET = 0.002  # a setting is timed only if its paired loss delta's interval ends within +0.2%
 DECODE_TOKENS = 32  # new tokens per timed call (within the model's context)
 VARIANTS = ".int4-variants"  # scratch inside the artifact folder, removed before the folder is complete
+
+
+def refused_combination(algorithm: str, bits: int, accuracy_level: int | None) -> str | None:
+    """Why ONNX Runtime cannot run this algorithm at these bits or this accuracy level as asked, or None."""
+    if bits == 8 and algorithm == "hqq":
+        return "ONNX Runtime's CPU MatMulNBits takes no 8-bit weights with HQQ's float zero points"
+    if bits == 8 and algorithm == "gptq":
+        return "ONNX Runtime's GPTQ writes MatMulNBits for 4 bits only (other widths stay fp32)"
+    if algorithm == "hqq" and accuracy_level == 4:
+        return ("HQQ's float zero points: ONNX Runtime computes those MatMulNBits in fp32 at any accuracy level "
+                "(level 4 would run fp32)")
+    return None
 
 
 @dataclass(frozen=True)
@@ -58,6 +88,25 @@ class Options:
         "help": "onnxruntime-int4: MatMulNBits compute: auto (measured: loss, then speed), 1 (fp32, what ONNX "
                 "Runtime's default 0 runs on a CPU) or 4 (int8 activations)",
         "choices": ("auto", "1", "4")})
+    int4_algorithm: str = field(default="rtn", metadata={
+        "help": "onnxruntime-int4: how MatMulNBits' weights are rounded: rtn (round-to-nearest, symmetric), hqq "
+                "(Half-Quadratic, float zero points, no data), gptq (calibrated on training blocks) or auto (all "
+                "three measured: loss, then speed)",
+        "choices": ("rtn", "hqq", "gptq", "auto")})
+    int4_bits: str = field(default="4", metadata={
+        "help": "onnxruntime-int4: bits per MatMulNBits weight: 4, or 8 (rtn only)",
+        "choices": ("4", "8")})
+
+    def __post_init__(self):
+        from effkit.errors import EffkitError
+
+        if self.int4_algorithm not in ALGORITHMS or self.int4_bits not in ("4", "8") or self.accuracy_level not in (
+                "auto", "1", "4"):
+            return  # auto, or a value outside the choices (refused by name where the choices are checked)
+        level = None if self.accuracy_level == "auto" else int(self.accuracy_level)
+        if why := refused_combination(self.int4_algorithm, int(self.int4_bits), level):
+            asked = f"--int4-bits {self.int4_bits}" if self.int4_bits != "4" else f"--accuracy-level {level}"
+            raise EffkitError(f"--int4-algorithm {self.int4_algorithm} {asked}: {why}")
 
 
 def int8_compute_unavailable() -> str | None:
@@ -70,43 +119,91 @@ def int8_compute_unavailable() -> str | None:
     return None
 
 
-def candidates(o: Options, n_embd: int) -> tuple[list[tuple[int, int]], dict[str, str]]:
-    """The (block_size, accuracy_level) settings to write for these options, and those ruled out by the CPU or the
-    model's shape: a block must divide the width, since the token embedding reads the LM head's packed rows (one
-    padded block would give it a row wider than the model)."""
+def candidates(o: Options, n_embd: int, widths: tuple[int, ...] = ()
+               ) -> tuple[list[tuple[str, int, int, int]], dict[str, str]]:
+    """The (algorithm, bits, block_size, accuracy_level) settings to write for these options, and those ruled out
+    by the CPU, the model's shape or ONNX Runtime: a block must divide the width, since the token embedding reads
+    the LM head's packed rows (one padded block would give it a row wider than the model); GPTQ's zero points need
+    an even number of blocks in every matmul's input width (`widths`, the width itself at least: ONNX Runtime's
+    GPTQ packs them two a byte over the whole matrix, across rows)."""
     from effkit.errors import EffkitError
 
     sizes = BLOCK_SIZES if o.int4_block_size == "auto" else (int(o.int4_block_size),)
     levels = ACCURACY_LEVELS if o.accuracy_level == "auto" else (int(o.accuracy_level),)
+    algorithms = ALGORITHMS if o.int4_algorithm == "auto" else (o.int4_algorithm,)
+    bits = int(o.int4_bits)
     skipped: dict[str, str] = {}
     for b in [b for b in sizes if n_embd % b]:
         if o.int4_block_size != "auto":
             raise EffkitError(f"--int4-block-size {b} does not divide this model's width ({n_embd}); choose a "
                               "divisor of it (16, 32, 64, ...) or auto")
-        skipped.update({variant_name(b, lv): f"not run: blocks of {b} do not divide the model's width ({n_embd})"
-                        for lv in levels})
+        skipped.update({variant_name(a, bits, b, lv): f"not run: blocks of {b} do not divide the model's width "
+                        f"({n_embd})" for a in algorithms for lv in levels})
     sizes = tuple(b for b in sizes if not n_embd % b)
     if o.accuracy_level == "auto" and (reason := int8_compute_unavailable()):
         levels = tuple(lv for lv in levels if lv != 4)
-        skipped.update({variant_name(b, 4): f"not run: {reason}" for b in sizes})
-    return [(b, lv) for b in sizes for lv in levels], skipped
+        skipped.update({variant_name(a, bits, b, 4): f"not run: {reason}" for a in algorithms for b in sizes})
+    todo = []
+    for a in algorithms:
+        for b in sizes:
+            odd = sorted({w for w in (n_embd, *widths) if -(-w // b) % 2})
+            packs = (f"ONNX Runtime's GPTQ packs zero points two a byte across rows, and an input width of {odd[0]} "
+                     f"holds an odd number of blocks of {b}") if a == "gptq" and odd else None
+            if packs and o.int4_block_size != "auto" and o.int4_algorithm != "auto":
+                raise EffkitError(f"--int4-algorithm gptq --int4-block-size {b}: {packs}; choose a smaller block")
+            for lv in levels:
+                if why := refused_combination(a, bits, lv) or packs:
+                    skipped[variant_name(a, bits, b, lv)] = f"not run: {why}"
+                else:
+                    todo.append((a, bits, b, lv))
+    if not todo:
+        raise EffkitError("no MatMulNBits setting of these options runs here: "
+                          + next(iter(skipped.values()), "none asked").removeprefix("not run: "))
+    return todo, skipped
 
 
-def variant_name(block_size: int, accuracy_level: int) -> str:
-    return f"block{block_size}-level{accuracy_level}"
+def variant_name(algorithm: str, bits: int, block_size: int, accuracy_level: int) -> str:
+    """`block32-level1` for 4-bit round-to-nearest (the default), else prefixed: `gptq-block32-level4`,
+    `8bit-block32-level1`."""
+    return "-".join([*([algorithm] if algorithm != "rtn" else []), *([f"{bits}bit"] if bits != 4 else []),
+                     f"block{block_size}", f"level{accuracy_level}"])
+
+
+def calibration(source: Path, cfg, config) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """GPTQ's calibration feeds: GPTQ_CALIBRATION_BLOCKS blocks of the TRAINING split of the data the stage reads
+    (its data section, its tokenizer), evenly spaced over it, never the held-out blocks; and the record of them."""
+    from effkit import artifacts
+    from effkit.config import DataConfig
+    from effkit.data import prepare
+
+    section = artifacts.data_section(source, cfg.inputs.data)
+    train = prepare(DataConfig.from_dict(section), tokenizer_from=str(source)).blocks.train
+    n = min(GPTQ_CALIBRATION_BLOCKS, len(train))
+    picks = [(i * len(train)) // n for i in range(n)]
+    blocks = train[picks]
+    feeds = onnx_export.calibration_feeds(blocks, config)
+    tokens = int(feeds[0]["input_ids"].shape[1])
+    return feeds, {"split": "train", "data": section.get("source"), "blocks": n, "tokens_per_block": tokens,
+                   "tokens": n * tokens, "of_train_blocks": int(len(train)), "block_indices": picks,
+                   "how": f"{n} of the training split's {len(train)} blocks, evenly spaced over it (never the "
+                          "held-out blocks the loss is measured on), each one feed of batch 1 with an empty past"}
 
 
 def matmulnbits_settings(path: Path) -> dict[str, Any]:
     """The settings read back from a graph's MatMulNBits nodes (`bits`, `block_size`, `accuracy_level`, 0 where the
-    attribute is absent, as ONNX Runtime reads it): one value each when every node agrees, else the sorted list."""
+    attribute is absent, as ONNX Runtime reads it; `zero_points`: none, uint8 or float, the type of the fourth
+    input): one value each when every node agrees, else the sorted list."""
     import onnx
 
-    nodes = [n for n in onnx.load(str(path)).graph.node if n.op_type == "MatMulNBits"]
-    seen: dict[str, set[int]] = {"bits": set(), "block_size": set(), "accuracy_level": set()}
+    graph = onnx.load(str(path)).graph
+    types = {i.name: onnx.helper.tensor_dtype_to_np_dtype(i.data_type).name for i in graph.initializer}
+    nodes = [n for n in graph.node if n.op_type == "MatMulNBits"]
+    seen: dict[str, set] = {"bits": set(), "block_size": set(), "accuracy_level": set(), "zero_points": set()}
     for n in nodes:
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
-        for k in seen:
+        for k in ("bits", "block_size", "accuracy_level"):
             seen[k].add(int(attrs.get(k, 0)))
+        seen["zero_points"].add(types.get(n.input[3], "?") if len(n.input) > 3 and n.input[3] else "none")
     return {**{k: (next(iter(v)) if len(v) == 1 else sorted(v)) for k, v in seen.items()}, "nodes": len(nodes)}
 
 
@@ -200,12 +297,16 @@ def _bandwidth(graph: Path, model, tokenizer, samples, name: str, w) -> dict[str
 class OnnxRuntimeInt4(OnnxRuntime):
     name = "onnxruntime-int4"
     options = Options
-    summary = "ONNX Runtime 4-bit weight-only (MatMulNBits; block size and compute measured)"
+    summary = ("ONNX Runtime 4-bit (or 8-bit) weight-only (MatMulNBits: rtn, hqq or gptq; block size and compute "
+               "measured)")
 
     def tag(self, cfg) -> str:
         o = cfg.options.of(Options)
         # a setting asked for by hand is its own artifact beside the measured one
-        return ("quantize-onnxruntime-int4" + ("" if o.int4_block_size == "auto" else f"-b{o.int4_block_size}")
+        return ("quantize-onnxruntime-int4"
+                + {"rtn": "", "auto": "-auto-algorithm"}.get(o.int4_algorithm, f"-{o.int4_algorithm}")
+                + ("" if o.int4_bits == "4" else f"-{o.int4_bits}bit")
+                + ("" if o.int4_block_size == "auto" else f"-b{o.int4_block_size}")
                 + ("" if o.accuracy_level == "auto" else f"-level{o.accuracy_level}"))
 
     def refuses(self, cfg) -> str | None:
@@ -222,8 +323,9 @@ class OnnxRuntimeInt4(OnnxRuntime):
         int4 = onnx["int4"]
         s = int4["settings"]
         return {"format": self.format, "include_head": True, "layers": sorted(onnx["int8"]), "onnx": onnx,
-                "storage": f"ONNX graph with 4-bit block-quantized weights (model.onnx): MatMulNBits (blocks of "
-                           f"{s['block_size']}, accuracy_level {s['accuracy_level']}; {int4['chosen']}) for every "
+                "storage": f"ONNX graph with {s['bits']}-bit block-quantized weights (model.onnx): MatMulNBits "
+                           f"({int4['algorithm']}, blocks of {s['block_size']}, accuracy_level "
+                           f"{s['accuracy_level']}, zero points {s['zero_points']}; {int4['chosen']}) for every "
                            f"MatMul with a constant weight, the LM head included; token embedding: "
                            f"{onnx['token_embedding']}"}
 
@@ -236,23 +338,34 @@ class OnnxRuntimeInt4(OnnxRuntime):
         from effkit import workloads
 
         o = cfg.options.of(Options)
-        todo, skipped = candidates(o, parent.config.n_embd)
+        widths = tuple(sorted({m.in_features for m in parent.modules() if isinstance(m, nn.Linear)}))
+        todo, skipped = candidates(o, parent.config.n_embd, widths)
         table: dict[str, dict[str, Any]] = {n: {"status": why} for n, why in skipped.items()}
         w = workloads.get(cfg.method.optimize_for)
+        feeds, calib = calibration(source, cfg, parent.config) if any(a == "gptq" for a, *_ in todo) else (None, None)
         scratch = dst.parent / VARIANTS
         scratch.mkdir(exist_ok=True)
         try:
-            descs, models = {}, {}
-            for b, lv in todo:
-                name = variant_name(b, lv)
+            descs, models, written = {}, {}, {}
+            for a, bits, b, lv in todo:
+                name = variant_name(a, bits, b, lv)
                 (scratch / name).mkdir()
-                descs[name] = onnx_export.quantize_int4(src, scratch / name / onnx_export.ONNX_FILE, b, lv)
+                path = scratch / name / onnx_export.ONNX_FILE
+                if (a, bits, b) in written:  # the same weights: only the accuracy level differs
+                    first = written[(a, bits, b)]
+                    descs[name] = onnx_export.with_accuracy_level(scratch / first / onnx_export.ONNX_FILE, path,
+                                                                  descs[first], lv)
+                else:
+                    descs[name] = onnx_export.quantize_int4(src, path, b, lv, a, bits, feeds if a == "gptq" else None)
+                    if a == "gptq":
+                        descs[name]["calibration"] = calib
+                    written[(a, bits, b)] = name
                 models[name] = load_variant(scratch / name, dst.parent, parent)
-                table[name] = {"block_size": b, "accuracy_level": lv,
-                               "size_bytes": (scratch / name / onnx_export.ONNX_FILE).stat().st_size}
+                table[name] = {"algorithm": a, "bits": bits, "block_size": b, "accuracy_level": lv,
+                               "size_bytes": path.stat().st_size}
             decision, loss_rule = None, "not measured here: one setting, as asked (the stage measures the artifact's)"
             if len(todo) == 1:
-                picked, how = next(iter(models)), "as asked (--int4-block-size, --accuracy-level)"
+                picked, how = next(iter(models)), "as asked (--int4-algorithm, --int4-block-size, --accuracy-level)"
                 chosen = how
             else:
                 within, loss_rule = within_loss(models, table, parent, source, cfg, INT4_LOSS_BUDGET)
@@ -276,7 +389,9 @@ class OnnxRuntimeInt4(OnnxRuntime):
             table[picked]["status"] = "picked"
             shutil.copyfile(scratch / picked / onnx_export.ONNX_FILE, dst)
             record = {"picked": picked, "chosen": chosen, "how_chosen": how, "loss_rule": loss_rule,
+                      "algorithm": table[picked]["algorithm"],
                       "settings": matmulnbits_settings(dst),  # what travels: read back from the graph written
+                      "calibration": descs[picked].get("calibration"),  # GPTQ's (None for the others)
                       "table": table, "decision": decision}
             record.update(_bandwidth(dst, models[picked], tokenizer, decision and decision["samples"], picked, w))
             return {**descs[picked], "int4": record}
