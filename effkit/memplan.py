@@ -116,15 +116,15 @@ SIMULATIONS = "memplan_simulation"  # the effkit cache's file of simulations alr
 def simulate(model_config, batch: int, block: int, *, checkpointing: bool, optim: str = "adamw",
              amp_dtype: torch.dtype | None = None, layers: int | None = None) -> dict[str, int]:
     """Bytes by kind at the peak of the second of two simulated training steps of `batch` blocks of `block`
-    tokens on a model with `layers` blocks (default: all). Kept in the effkit cache by shape and torch version: a
-    simulation is a function of them, and it takes seconds that every later plan of the same shape saves."""
+    tokens on a model with `layers` blocks (default: all). Kept in the effkit cache by model configuration, shapes
+    and torch version: a simulation is a function of them, and it takes seconds that every later plan of the same
+    configuration saves."""
     import json
 
     from effkit.measure.machine_cache import machine_cached
 
-    shape = {k: model_config.to_dict().get(k) for k in ("vocab_size", "n_embd", "n_head", "n_inner", "n_positions",
-                                                         "n_layer")}
-    key = json.dumps({"shape": shape, "layers": layers, "batch": batch, "block": block, "ckpt": checkpointing,
+    config = model_config.to_dict()  # all of it: dropout, for one, changes what a step saves
+    key = json.dumps({"config": config, "layers": layers, "batch": batch, "block": block, "ckpt": checkpointing,
                       "optim": optim, "amp": str(amp_dtype), "torch": torch.__version__}, sort_keys=True)
     value, _ = machine_cached(SIMULATIONS, key, lambda: _simulate(model_config, batch, block,
                                                                   checkpointing=checkpointing, optim=optim,
