@@ -110,6 +110,12 @@ def predicted_total(plan: Plan, timer: Stage, train_steps: int, step_s: float) -
     return sum(expected_seconds(stage_work(trial), stage_budgets(trial), step_s).values())
 
 
+# seconds a run spends outside its steps' estimates (starting, the step-time probe, the data it prepares before the
+# first step, the last lines): 31 s of a 16.8-min Zen 4 EPYC quickstart (docs/benchmarks.md, session 17); the time
+# budget counts them
+OUTSIDE_S = 30.0
+
+
 def choose_steps(full: int, fewest: int, total: Any, budget_s: float) -> int:
     """The largest round count of training steps (`step_grain`) up to the recipe's `full` whose predicted `total`
     (seconds, a function of the steps) fits `budget_s`; `full` when it fits; never under `fewest` (rounded up)."""
@@ -167,13 +173,14 @@ def fit_time_budget(plan: Plan, record: StageRecord, console: Console) -> dict[s
             console.print(f"time budget {budget:g} min: not applied ({how}); training all {full:,} steps",
                           highlight=False)
         else:
-            total = lambda n: predicted_total(plan, timer, n, step_s)  # noqa: E731
+            total = lambda n: predicted_total(plan, timer, n, step_s) + OUTSIDE_S  # noqa: E731
             fewest = max(math.ceil(FEWEST_SHARE * full), timer.fewest_training_steps(plan))
             chosen = choose_steps(full, fewest, total, budget * 60)
             decision.update(steps=chosen, step_time_s=step_s, step_time_how=how, predicted_full_s=total(full),
                             predicted_s=total(chosen), how_chosen=(
                                 f"the whole run predicted as each step's work in training steps x the step time "
-                                f"measured before training + {BUDGET_USED:.0%} of each measuring step's time budget; "
+                                f"measured before training + {BUDGET_USED:.0%} of each measuring step's time budget "
+                                f"+ {OUTSIDE_S:.0f} s outside the steps; "
                                 f"the largest multiple of {step_grain(full)} steps up to the recipe's whose "
                                 f"prediction fits the budget, at least {FEWEST_SHARE:.0%} of the recipe's"))
             said = (f"time budget {budget:g} min: one training step {step_s:.3f} s ({how}); the recipe's {full:,} "

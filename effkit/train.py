@@ -734,8 +734,9 @@ class TrainStep(Step):
 
 
 # what a training stage spends beside its steps and evaluations (its data and tokenizer, the model, the precision
-# probe, saving), in training steps: 31 s of a Zen 4 EPYC quickstart at 0.173 s a step (docs/benchmarks.md, session 17)
-TRAIN_SETUP = 180.0
+# probe, saving), in training steps: two Zen 4 EPYC quickstarts at 0.173-0.175 s a step spent 180 (1,500 steps) and
+# 40 (900 steps) beyond their steps; the mean (docs/benchmarks.md, session 17)
+TRAIN_SETUP = 110.0
 
 
 class TrainStage(Stage):

@@ -218,7 +218,7 @@ def test_the_looks_after_the_first_run_samples_of_at_least_half_a_second():
             now[0] += took
             return took
         return call
-    rule = stopping.Stopping(rounds=4, precision=0.001, budget_s=1e4)
+    rule = stopping.Stopping(rounds=4, precision=0.001, budget_s=1e4, h2h_sample_s=stopping.H2H_SAMPLE_S)
     m = stopping.measure({"a": timer(0.0625), "b": timer(0.0625)}, rule, repeats=1, warmup=1,
                          clock=lambda: now[0])
     first, later = m.record["calls_per_sample"], m.record["calls_per_sample_after_screen"]
@@ -227,9 +227,10 @@ def test_the_looks_after_the_first_run_samples_of_at_least_half_a_second():
     assert all(len(r) == later[n] for n in "ab" for r in m[n][4:])
     assert "after the first look, samples of at least 0.5 s" in rule.describe()
     short = stopping.measure({"a": timer(0.0625), "b": timer(0.0625)},
-                             stopping.Stopping(rounds=4, precision=0.001, budget_s=1e4, h2h_sample_s=0.2),
+                             stopping.Stopping(rounds=4, precision=0.001, budget_s=1e4),
                              repeats=1, warmup=1, clock=lambda: now[0])
-    assert "calls_per_sample_after_screen" not in short.record  # no longer than the screen's: as before
+    assert "calls_per_sample_after_screen" not in short.record  # the default (the bench's): as long as the screen's
+    assert "after the first look" not in stopping.Stopping().describe()
 
 
 def test_general_t_quantiles():

@@ -8,10 +8,9 @@ the precision asked for), when the last look is done, or when the next look woul
 the time budget. A contender whose comparisons have all settled is not measured in later looks (each ratio
 is computed over the rounds both of its contenders ran, a prefix of the longer one's), so later looks cost only
 what is still undecided. A ratio whose interval contains 1 and is still wider than the precision when measuring
-stops is marked `undecided` (printed `?`): no difference was shown, and none was shown to be absent. The
-first look's samples last `min_sample_s` (a screen: most ratios decide there); the later looks', run only for what
-is still open, `h2h_sample_s` (`lengthened`): on a small shared machine whole rounds drift, and a longer sample's
-median drifts less.
+stops is marked `undecided` (printed `?`): no difference was shown, and none was shown to be absent. Each
+sample lasts at least `min_sample_s`; the looks after the first may run longer ones (`h2h_sample_s`, `lengthened`:
+a decision's head to head does, `effkit.measure.choice`).
 
 Looking more than once inflates the chance that noise alone crosses the line somewhere. The correction is
 Bonferroni over the looks planned: every look's interval is taken at 1 - 0.05 / looks (98.3% for 3 looks), so
@@ -38,16 +37,17 @@ from effkit.measure.results import PairedRatio
 ALPHA = 1.0 - stats.CONFIDENCE
 MIN_SAMPLE_S = 0.2  # sequential: a round's sample of a contender lasts at least this long (calls repeated in it)
 MAX_CALLS = 64  # at most this many calls in one sample
-# after the screen (the first look), the contenders still open run samples this long: two copies of one ONNX Runtime
-# graph on a 2-core EPYC, 30 s of rounds per setting, interleaved blocks: 0.5 s samples gave a narrower interval
-# for the same seconds than 0.2 s in 5 of 6 blocks under load, 1 s in none (docs/benchmarks.md, session 17); the
-# screen keeps 0.2 s, where most ratios decide
+# a decision's head to head (`effkit.measure.choice`: after its screen, the contenders still open) runs samples this
+# long: two copies of one ONNX Runtime graph on a 2-core EPYC, 30 s of rounds per setting, interleaved blocks: 0.5 s
+# samples gave a narrower interval for the same seconds than 0.2 s in 5 of 6 blocks under load, 1 s in none
+# (docs/benchmarks.md, session 17). The bench's reported ratios keep 0.2 s in every look by default
+# (`Stopping.h2h_sample_s`): with 0.5 s its later looks took 68 s more of a quickstart and decided no more ratios
 H2H_SAMPLE_S = 0.5
 H2H_MAX_CALLS = 256  # at most this many calls in one sample after the screen
 
 METHOD = ("sequential: samples of at least {min_sample_s:g} s (a contender's call repeated within its sample of a "
-          "round, at least the repeats asked for; the sample's figure the median of its calls; after the first look, "
-          "samples of at least {h2h_sample_s:g} s); looks after {first}, then twice as many rounds each time, at "
+          "round, at least the repeats asked for; the sample's figure the median of its calls{later}); looks after "
+          "{first}, then twice as many rounds each time, at "
           "most {looks} looks ({max_rounds} rounds); stops when every compared ratio's interval excludes 1 or its "
           "half-width is under {precision:.0%}, or when the next look would exceed {budget_s:.0f} s; a contender whose "
           "ratios are settled is not measured in later looks (each ratio is over the rounds both of its contenders "
@@ -67,7 +67,7 @@ class Stopping:
     looks: int = 3  # planned looks: rounds, 2 x rounds, 4 x rounds
     seed: int = 0  # the rounds' orders are shuffled from it (written in the record)
     min_sample_s: float = MIN_SAMPLE_S  # sequential only: fixed rounds run exactly `repeats` calls a round
-    h2h_sample_s: float = H2H_SAMPLE_S  # sequential only: the samples of the looks after the first
+    h2h_sample_s: float = MIN_SAMPLE_S  # sequential only: the samples of the looks after the first (longer: slower)
 
     @property
     def planned(self) -> int:
@@ -85,7 +85,9 @@ class Stopping:
     def describe(self) -> str:
         if self.fixed:
             return f"fixed: {self.rounds} rounds, 95% intervals"
-        return METHOD.format(min_sample_s=self.min_sample_s, h2h_sample_s=self.h2h_sample_s, first=self.rounds,
+        later = (f"; after the first look, samples of at least {self.h2h_sample_s:g} s"
+                 if self.h2h_sample_s > self.min_sample_s else "")
+        return METHOD.format(min_sample_s=self.min_sample_s, later=later, first=self.rounds,
                              looks=self.looks, max_rounds=self.schedule()[-1], precision=self.precision,
                              budget_s=self.budget_s, level=self.level)
 
