@@ -734,9 +734,9 @@ class TrainStep(Step):
 
 
 # what a training stage spends beside its steps and evaluations (its data and tokenizer, the model, the precision
-# probe, saving), in training steps: two Zen 4 EPYC quickstarts at 0.173-0.175 s a step spent 180 (1,500 steps) and
-# 40 (900 steps) beyond their steps; the mean (docs/benchmarks.md, session 17)
-TRAIN_SETUP = 110.0
+# probe, saving), in training steps: four Zen 4 EPYC quickstarts at 0.167-0.198 s a step spent 40-180 beyond their
+# steps and evaluations; about their mean (docs/benchmarks.md, session 17)
+TRAIN_SETUP = 80.0
 
 
 class TrainStage(Stage):

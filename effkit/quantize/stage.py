@@ -228,9 +228,9 @@ def _write_and_measure(cfg: QuantizeConfig, device: torch.device, source: Path, 
 
 # ------------------------------------------------------------------------------------- the stage in `effkit run`
 # per quantized artifact: `auto` writes, reloads and evaluates every backend that runs here, chooses, then measures
-# the pick against its parent (training steps): 766 = (155 s, the mean of the two quantize steps of a Zen 4 EPYC
-# quickstart, less the share of their budget the estimate adds) / its 0.175 s step (docs/benchmarks.md, session 17)
-QUANTIZE = 766.0
+# the pick against its parent (training steps): three Zen 4 EPYC quickstarts spent 733-865 step times on each (the
+# mean of their two quantize steps less the share of the budget the estimate adds; docs/benchmarks.md, session 17)
+QUANTIZE = 790.0
 BEST_PRUNED = "best-pruned"
 
 
