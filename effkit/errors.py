@@ -2,6 +2,8 @@
 (a launched process crashed: exit 1), `Interrupted` (Ctrl-C during training, after a checkpoint), and the Ctrl-C
 handling every command shares (`watch_interrupts`, `interrupt_received`, `exit_interrupted`: one line, exit 130)."""
 
+import os
+
 
 class EffkitError(Exception):
     """A user-facing error: the CLI prints its message on one line and exits with `exit_code` (2: bad input)."""
@@ -36,10 +38,12 @@ _interrupt_received = False
 
 
 def watch_interrupts() -> None:
-    """Remember that Ctrl-C arrived, then raise KeyboardInterrupt as Python's own handler does. A Ctrl-C that lands
-    inside a C extension's import becomes some other error there (numpy raises "numpy._core.umath failed to
-    import"); the CLI asks `interrupt_received()` and still ends in one line with exit code 130. A SIGINT the
-    process was told to ignore stays ignored."""
+    """Remember that Ctrl-C arrived, then raise KeyboardInterrupt as Python's own handler does, but never while torch
+    is being imported: raised there, it can land in Python code that torch's C++ called, which cannot pass it on and
+    aborts the process (SIGABRT and a stack dump; seen once in CI). Such a Ctrl-C waits until that import is over
+    (asked again every 50 ms; torch loads in 1-2 s). A C extension that still turns a Ctrl-C into its own error
+    (numpy: "numpy._core.umath failed to import") is caught by the CLI through `interrupt_received()`: one line and
+    exit code 130 all the same. A SIGINT the process was told to ignore stays ignored."""
     import signal
 
     if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
@@ -48,9 +52,39 @@ def watch_interrupts() -> None:
     def handler(signum, frame):
         global _interrupt_received
         _interrupt_received = True
+        if _inside_torch_import(frame):
+            _ask_again(0.05)
+            return
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGINT, handler)
+
+
+def _inside_torch_import(frame) -> bool:
+    """Whether the main thread is importing torch (any module of it): the import that aborts on a KeyboardInterrupt."""
+    importing = in_torch = False
+    while frame is not None:
+        name = frame.f_code.co_filename
+        importing = importing or name.startswith("<frozen importlib")
+        in_torch = in_torch or f"{os.sep}torch{os.sep}" in name
+        frame = frame.f_back
+    return importing and in_torch
+
+
+def _ask_again(delay_s: float) -> None:
+    """Deliver SIGINT to the main thread's handler again after `delay_s` (a daemon timer; one pending at a time)."""
+    import _thread
+    import threading
+
+    global _retry
+    if _retry is not None and _retry.is_alive():
+        return
+    _retry = threading.Timer(delay_s, _thread.interrupt_main)
+    _retry.daemon = True
+    _retry.start()
+
+
+_retry = None
 
 
 def interrupt_received() -> bool:

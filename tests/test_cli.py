@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -181,7 +182,6 @@ def test_output_folder_that_is_a_file_fails_before_training(tmp_path, corpus_dir
 @pytest.mark.slow
 def test_one_process_per_run_and_a_stale_lock_is_taken_over(tmp_path, corpus_dir):
     import os
-    import time
 
     args = [sys.executable, "-m", "effkit", *tiny(tmp_path, corpus_dir)]
     args[args.index("--run-name") + 1] = "busy"
@@ -205,7 +205,6 @@ def test_one_process_per_run_and_a_stale_lock_is_taken_over(tmp_path, corpus_dir
 @pytest.mark.parametrize("delay", [0.3, 1.5])
 def test_ctrl_c_while_libraries_load_ends_in_one_line(delay, tmp_path, corpus_dir):
     import signal
-    import time
 
     # a child inherits an ignored SIGINT (a background job, nohup): give it the default, as a terminal would
     proc = subprocess.Popen([sys.executable, "-m", "effkit", *tiny(tmp_path, corpus_dir, "--max-steps", "500")],
@@ -216,6 +215,31 @@ def test_ctrl_c_while_libraries_load_ends_in_one_line(delay, tmp_path, corpus_di
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-2000:]
     assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("effkit: interrupted"), err[-2000:]
+
+
+def test_ctrl_c_while_torch_imports_waits_for_the_import_to_finish(tmp_path):
+    """A KeyboardInterrupt raised inside torch's import can abort the process (SIGABRT) from torch's C++: effkit's
+    handler holds it until the import is over. A stand-in package named torch sleeps in its import."""
+    import signal
+
+    (tmp_path / "pkg" / "torch").mkdir(parents=True)
+    (tmp_path / "pkg" / "torch" / "__init__.py").write_text(
+        "import time\nopen(__file__ + '.started', 'w').close()\ntime.sleep(1.0)\nFINISHED = True\n")
+    script = ("import sys\nsys.path.insert(0, sys.argv[1])\n"
+              "from effkit.errors import watch_interrupts\nwatch_interrupts()\n"
+              "try:\n    import torch\n    import time\n    time.sleep(30)\n"
+              "except KeyboardInterrupt:\n    print('finished' if getattr(sys.modules.get('torch'), 'FINISHED', 0) "
+              "else 'cut short')\n")
+    proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "pkg")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    started = tmp_path / "pkg" / "torch" / "__init__.py.started"
+    deadline = time.monotonic() + 60
+    while not started.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and out.strip() == "finished", (out, err)
 
 
 def test_nested_stage_configs_keep_their_flat_keys_and_every_one_is_a_flag():
