@@ -72,14 +72,22 @@ def _inside_torch_import(frame) -> bool:
 
 
 def _ask_again(delay_s: float) -> None:
-    """Deliver SIGINT to the main thread's handler again after `delay_s` (a daemon timer; one pending at a time)."""
+    """SIGINT to the main thread again after `delay_s` (a daemon timer; one pending at a time). Sent to that thread
+    itself, so that a blocking call it has gone on to (a sleep, a wait) is interrupted as by the first Ctrl-C."""
     import _thread
+    import signal
     import threading
 
     global _retry
     if _retry is not None and _retry.is_alive():
         return
-    _retry = threading.Timer(delay_s, _thread.interrupt_main)
+    main = threading.main_thread().ident
+    if hasattr(signal, "pthread_kill"):
+        def again() -> None:
+            signal.pthread_kill(main, signal.SIGINT)
+    else:  # no POSIX threads' kill (Windows): the handler runs at the main thread's next bytecode
+        again = _thread.interrupt_main
+    _retry = threading.Timer(delay_s, again)
     _retry.daemon = True
     _retry.start()
 
