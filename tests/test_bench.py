@@ -233,3 +233,18 @@ def test_generate_and_corrupt_quantized_artifacts_fail_in_one_line(run_with_arti
     weights.write_bytes(weights.read_bytes()[:1000])
     code, err = run_cli(["generate", "--from", str(broken)], capsys, monkeypatch)
     assert code == 2 and len(err.splitlines()) == 1 and "unreadable or truncated" in err, err
+
+
+def test_no_rounds_are_spent_on_a_ratio_between_two_runs_of_the_same_computation():
+    from effkit.bench.timing import compared, ties_of
+
+    static = [{"tag": "train", "computation": None}, {"tag": "quantize-onnxruntime", "computation": "abc"},
+              {"tag": "peer-onnxruntime-int8", "computation": "abc"}, {"tag": "peer-openvino", "computation": None},
+              {"tag": "peer-ctranslate2-int8", "computation": "def"}]
+    ties = ties_of(static)
+    assert ties == {frozenset({"quantize-onnxruntime", "peer-onnxruntime-int8"})}
+    names = [r["tag"] for r in static]
+    pairs = compared(names, [n for n in names if n.startswith("peer-")], ties)
+    assert ("peer-onnxruntime-int8", "quantize-onnxruntime") not in pairs
+    assert ("peer-openvino", "quantize-onnxruntime") in pairs and ("train", "peer-onnxruntime-int8") in pairs
+    assert len(pairs) == len(compared(names, [n for n in names if n.startswith("peer-")])) - 1

@@ -22,7 +22,7 @@ from effkit.bench.discover import find_artifacts, make_peers, tags
 from effkit.bench.render import verdicts, write_reports
 from effkit.bench.rows import combine
 from effkit.bench.static import bench_isolated
-from effkit.bench.timing import TRAIN_BATCHES, contest_of, timed_side_by_side
+from effkit.bench.timing import TRAIN_BATCHES, contest_of, ties_of, timed_side_by_side
 from effkit.config import BenchConfig, DataConfig, build_config
 from effkit.data import prepare
 from effkit.errors import EffkitError
@@ -77,7 +77,7 @@ def _measure(cfg: BenchConfig, device: torch.device, paths: list[Path], data: di
     if not progress:
         static = [bench_isolated(p, cfg, data, paths[0]) for p in paths]
         return static, timed_side_by_side(paths, cfg, prepared.tokenizer, block, device,
-                                          contest_of(static, paths, deliver))
+                                          contest_of(static, paths, deliver), ties_of(static))
     from rich.progress import Progress
 
     with Progress() as bar:
@@ -88,7 +88,8 @@ def _measure(cfg: BenchConfig, device: torch.device, paths: list[Path], data: di
             static.append(bench_isolated(p, cfg, data, paths[0]))
             bar.advance(task)
         bar.update(task, description=f"bench: timing {len(paths)} artifacts side by side")
-        timed = timed_side_by_side(paths, cfg, prepared.tokenizer, block, device, contest_of(static, paths, deliver))
+        timed = timed_side_by_side(paths, cfg, prepared.tokenizer, block, device, contest_of(static, paths, deliver),
+                                   ties_of(static))
         bar.advance(task)
     return static, timed
 
@@ -150,7 +151,10 @@ def protocol(cfg: BenchConfig, device: torch.device, first: Path, prepared, bloc
                                "tokens / wall time; " + interleave.format(repeats=cfg.measure.train_steps),
         "peak_memory": memory.PeakMemory(device).method + ", while loading the artifact, evaluating it and "
                        "running each timed workload once, each artifact in a fresh process",
-        "reference": f"ratios and deltas are relative to the first artifact ({reference})",
+        "reference": f"ratios and deltas are relative to the first artifact ({reference}); a ratio between two "
+                     "artifacts whose engines run the very same computation (the same digest of the graph or "
+                     "model and its compute type) is a tie by construction: reported, but no round is run to "
+                     "settle it",
     }
 
 

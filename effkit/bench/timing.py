@@ -53,14 +53,16 @@ def compiled_twins(models: dict[str, Any], engine: dict[str, Any], tokenizer, bl
 
 
 def timed_side_by_side(paths: list[Path], cfg: BenchConfig, tokenizer, block: int, device: torch.device,
-                       contest: tuple[str, list[str]] | None = None) -> dict[str, dict[str, Any]]:
+                       contest: tuple[str, list[str]] | None = None,
+                       ties: frozenset[frozenset[str]] = frozenset()) -> dict[str, dict[str, Any]]:
     """Every artifact loaded at once and timed in interleaved rounds: {measure: {tag: per-round samples}}.
     Measures: each workload's (`w.measure`: prefill seconds, or new tokens/s of greedy decoding with the KV cache),
     and the training steps' (`train_b4`, `train_b12`: tokens/s, dense and pruned artifacts only). With `compile`,
     each PyTorch artifact's compiled twin (`<tag> (compiled)`) joins the prefill rounds, and its compiled decoding
     (static KV cache) the batch-1 decode rounds; `compile_status` and `generation_compile_status` say, per
     artifact, whether they compiled. `contest`: (workload, tags) of a decision read off that workload's rounds (the
-    deliverable): its leader against each of them must settle too (`stopping.contest_pairs`)."""
+    deliverable): its leader against each of them must settle too (`stopping.contest_pairs`). `ties`: pairs of tags
+    that run the very same computation (`ties_of`): their ratio is reported, but no round is run to settle it."""
     names = tags(paths)
     models = {tag: load_any(p, device).eval() for tag, p in zip(names, paths, strict=True)}
     engine = {tag: engine_of(p) for tag, p in zip(names, paths, strict=True)}
@@ -90,7 +92,7 @@ def timed_side_by_side(paths: list[Path], cfg: BenchConfig, tokenizer, block: in
     peers = [t for t, p in zip(names, paths, strict=True) if artifacts.read_meta(p)["stage"] == "peer"]
     decision = workloads.get(contest[0]) if contest else None
     plan = {name: (fns, repeats) for name, (fns, repeats) in plan.items() if fns}  # nothing trainable: no train_b*
-    timed = {name: stopping.measure(fns, stop, repeats, warmup=2, pairs=compared(list(fns), peers),
+    timed = {name: stopping.measure(fns, stop, repeats, warmup=2, pairs=compared(list(fns), peers, ties),
                                     contest=(contest[1], decision.higher_is_better)
                                     if decision is not None and decision.measure == name else None)
              for name, (fns, repeats) in plan.items()}
@@ -117,11 +119,22 @@ def contest_of(static: list[dict[str, Any]], paths: list[Path],
     return deliver[0], members
 
 
-def compared(names: list[str], peers: list[str]) -> list[tuple[str, str]]:
+def ties_of(static: list[dict[str, Any]]) -> frozenset[frozenset[str]]:
+    """The pairs of artifacts (by tag) whose engines report one and the same computation (`Engine.computation`):
+    ties by construction, such as effkit's standard int8 and ONNX Runtime's own of the same export."""
+    digests = [(r["tag"], r.get("computation")) for r in static]
+    return frozenset(frozenset((a, b)) for i, (a, da) in enumerate(digests) for b, db in digests[i + 1:]
+                     if da and da == db)
+
+
+def compared(names: list[str], peers: list[str],
+             ties: frozenset[frozenset[str]] = frozenset()) -> list[tuple[str, str]]:
     """The ratios the bench reports, which its rounds must settle: every contender against the first (the
-    reference), every artifact against every peer, a compiled twin against its eager self."""
+    reference), every artifact against every peer, a compiled twin against its eager self; none between two
+    contenders that run the same computation (`ties`): their difference is noise, which no number of rounds
+    settles (on a 2-core EPYC that one pair alone kept two workloads running to the last look)."""
     ref = names[0]
     pairs = [(ref, n) for n in names[1:]]
     pairs += [(p, n) for p in peers for n in names if n not in peers and not n.endswith(COMPILED)]
     pairs += [(n.removesuffix(COMPILED), n) for n in names if n.endswith(COMPILED)]
-    return pairs
+    return [(a, b) for a, b in pairs if frozenset((a, b)) not in ties]
