@@ -30,7 +30,11 @@ the prefix, and reports say so.
 
 from __future__ import annotations
 
+import atexit
+import hashlib
 import json
+import shutil
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -93,12 +97,57 @@ def empty_past(config, batch: int) -> dict[str, np.ndarray]:
     return {name: np.zeros(shape, np.float32) for name in past_names(config.n_layer)}
 
 
+# exports kept for reuse within this process (`export_fp32`): {digest of the model: (kept graph, description)}
+_EXPORTED: dict[str, tuple[Path, dict[str, Any]]] = {}
+KEEP_EXPORT_BYTES = 2**30  # models whose fp32 weights are larger are exported every time, not kept
+
+
+def _model_digest(model: nn.Module) -> str | None:
+    """A digest of what the exporter sees (the model's class, config and every tensor's name, shape, dtype and
+    bytes), or None for a model too large to keep its export."""
+    state = model.state_dict()
+    if sum(t.numel() * t.element_size() for t in state.values()) > KEEP_EXPORT_BYTES:
+        return None
+    h = hashlib.sha256(f"{type(model).__module__}.{type(model).__qualname__} opset {OPSET}".encode())
+    h.update(json.dumps(model.config.to_dict(), sort_keys=True, default=str).encode())
+    for name, t in state.items():
+        h.update(f"{name} {tuple(t.shape)} {t.dtype}".encode())
+        h.update(t.detach().cpu().contiguous().flatten().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _kept_exports() -> Path:
+    """This process's folder of kept exports (removed when it exits)."""
+    if not hasattr(_kept_exports, "folder"):
+        folder = Path(tempfile.mkdtemp(prefix="effkit-onnx-exports-"))
+        atexit.register(shutil.rmtree, folder, True)
+        _kept_exports.folder = folder  # type: ignore[attr-defined]
+    return _kept_exports.folder  # type: ignore[attr-defined]
+
+
 @torch.no_grad()
 def export_fp32(model: nn.Module, out: Path) -> dict[str, Any]:
     """Export `model` (effkit's Linear form, on the CPU, eval mode) with past key/values to `out`, and refuse it
-    unless it passes the parity gate (`check_parity`)."""
+    unless it passes the parity gate (`check_parity`). The same model (by `_model_digest`) exported again in this
+    process gets a copy of its first export (quantize's auto exports one parent for several ONNX candidates); the
+    description says so (`reused_export`)."""
     require_onnx()
     model = model.cpu().eval()
+    digest = _model_digest(model)
+    if digest in _EXPORTED:
+        kept, desc = _EXPORTED[digest]
+        shutil.copyfile(kept, out)
+        return {**desc, "reused_export": "a copy of this process's export of the same model (same class, config "
+                                         "and tensors), which passed the parity gate"}
+    desc = _export_fp32(model, out)
+    if digest is not None and not list(out.parent.glob(out.name + "?*")):  # one file (no external data): kept
+        kept = _kept_exports() / f"{digest}.onnx"
+        shutil.copyfile(out, kept)
+        _EXPORTED[digest] = (kept, desc)
+    return desc
+
+
+def _export_fp32(model: nn.Module, out: Path) -> dict[str, Any]:
     c = model.config
     wrapper = WithPast(model).eval()
     b, n, p = 2, min(5, c.n_positions - 3), 3  # sizes other than 0 and 1, which torch.export would specialize
