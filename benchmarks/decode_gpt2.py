@@ -1,6 +1,6 @@
 """Decoding on the `gpt2` shape: effkit's exports against the standard converters and the bandwidth bound.
 
-    python benchmarks/decode_gpt2.py [--tokens 256] [--rounds 4] [--out reports/decode-gpt2]
+    python benchmarks/decode_gpt2.py [--tokens 256] [--rounds 4] [--fixed-rounds] [--out reports/decode-gpt2]
 
 A GPT-2 of the `gpt2` preset shape (12 x 768, context 1024) with random weights and the quickstart's tokenizer
 (vocabulary 8192: 92M parameters) is saved as a plain Hugging Face folder; effkit exports it with past key/values to
@@ -164,6 +164,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--out", default="reports/decode-gpt2")
+    ap.add_argument("--fixed-rounds", action="store_true",
+                    help="exactly --rounds interleaved rounds (95%% intervals), not rounds until each ratio settles")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -195,6 +197,7 @@ def main() -> None:
     bw, bw_how = roofline.memory_bandwidth()
     peaks = {"fp32": gemm_peak(torch.float32), "bf16": gemm_peak(torch.bfloat16)}
     report = run_bench(BenchConfig.from_flat(paths=(str(folder), *exported), peers=True, rounds=args.rounds, repeats=2,
+                                             fixed_rounds=args.fixed_rounds,
                                              gen_tokens=args.tokens, train_steps=1, **dirs), progress=False)
     lines = [f"# Decoding on the gpt2 shape ({model.config.n_layer} x {model.config.n_embd}, context "
              f"{model.config.n_positions}, vocabulary {len(tokenizer)}, "
