@@ -116,23 +116,26 @@ def test_parity_gate_scales_with_the_logits(trained, monkeypatch):
             ox.check_parity(model, None)
 
 
-def test_one_models_second_onnx_export_in_a_process_is_a_copy_of_its_first(trained, tmp_path):
-    """quantize's auto exports one parent for several ONNX candidates: the first export (parity-checked) is kept;
-    the same model again gets its bytes, a model that differs in one weight is exported afresh."""
+def test_within_an_exports_kept_scope_one_models_second_onnx_export_is_a_copy_of_its_first(trained, tmp_path):
+    """quantize's auto exports one parent for several ONNX candidates: inside its scope the first export
+    (parity-checked) is kept; the same model again gets its bytes, a model that differs in one weight is exported
+    afresh, and outside the scope every export is made."""
     import effkit.engines.onnxruntime as ox
+    from effkit import engines
 
     _, artifact, _ = trained
     model = load_model(artifact).eval()
-    with torch.no_grad():
-        model.transformer.h[0].mlp.c_fc.weight[0, 0] += 0.125  # a model no other test exported
-    first = ox.export_fp32(model, tmp_path / "a.onnx")
-    again = ox.export_fp32(copy.deepcopy(model), tmp_path / "b.onnx")
-    assert "reused_export" not in first and "reused_export" in again
+    (tmp_path / "kept").mkdir()
+    with engines.exports_kept(tmp_path / "kept"):
+        first = ox.export_fp32(model, tmp_path / "a.onnx")
+        again = ox.export_fp32(copy.deepcopy(model), tmp_path / "b.onnx")
+        with torch.no_grad():
+            model.transformer.h[0].mlp.c_fc.weight[0, 0] += 0.125
+        changed = ox.export_fp32(model, tmp_path / "c.onnx")
+    assert "reused_export" not in first and "reused_export" in again and "reused_export" not in changed
     assert (tmp_path / "a.onnx").read_bytes() == (tmp_path / "b.onnx").read_bytes()
-    with torch.no_grad():
-        model.transformer.h[0].mlp.c_fc.weight[0, 0] += 0.125
-    changed = ox.export_fp32(model, tmp_path / "c.onnx")
-    assert "reused_export" not in changed
+    assert len(list((tmp_path / "kept").iterdir())) == 2
+    assert "reused_export" not in ox.export_fp32(model, tmp_path / "d.onnx")  # the scope is closed
 
 
 def run_export_cfg(cfg):

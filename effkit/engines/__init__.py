@@ -16,11 +16,36 @@ The loader (`effkit.artifacts.loader`), the bench's peers, `effkit export` and `
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from effkit.errors import EffkitError
 from effkit.registry import ENGINES
+
+_KEEP: list[tuple[Path, dict[str, Any]]] = []  # the open `exports_kept` scopes: (folder, {key: what was kept})
+
+
+@contextmanager
+def exports_kept(folder: Path) -> Iterator[None]:
+    """Within this block an engine may keep what it exported (in `folder`, the caller's scratch, removed with it)
+    and give the same model's later export a copy (`kept_export`): quantize's auto exports one parent for several
+    candidates of one engine. Inside an open scope, a nested one is that scope (what it keeps lives as long)."""
+    if _KEEP:
+        yield
+        return
+    _KEEP.append((folder, {}))
+    try:
+        yield
+    finally:
+        _KEEP.pop()
+
+
+def kept_export() -> tuple[Path, dict[str, Any]] | None:
+    """The open `exports_kept` scope (its folder, its {key: kept} table), or None outside one."""
+    return _KEEP[-1] if _KEEP else None
+
 
 register = ENGINES.register
 unregister = ENGINES.unregister

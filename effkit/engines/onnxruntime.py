@@ -30,11 +30,9 @@ the prefix, and reports say so.
 
 from __future__ import annotations
 
-import atexit
 import hashlib
 import json
 import shutil
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -46,7 +44,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from effkit.engines import Engine
+from effkit.engines import Engine, kept_export
 from effkit.engines.decoder_step import (
     EXPORT_RTOL,
     PARITY_TOKENS,
@@ -97,8 +95,6 @@ def empty_past(config, batch: int) -> dict[str, np.ndarray]:
     return {name: np.zeros(shape, np.float32) for name in past_names(config.n_layer)}
 
 
-# exports kept for reuse within this process (`export_fp32`): {digest of the model: (kept graph, description)}
-_EXPORTED: dict[str, tuple[Path, dict[str, Any]]] = {}
 KEEP_EXPORT_BYTES = 2**30  # models whose fp32 weights are larger are exported every time, not kept
 
 
@@ -116,34 +112,26 @@ def _model_digest(model: nn.Module) -> str | None:
     return h.hexdigest()
 
 
-def _kept_exports() -> Path:
-    """This process's folder of kept exports (removed when it exits)."""
-    if not hasattr(_kept_exports, "folder"):
-        folder = Path(tempfile.mkdtemp(prefix="effkit-onnx-exports-"))
-        atexit.register(shutil.rmtree, folder, True)
-        _kept_exports.folder = folder  # type: ignore[attr-defined]
-    return _kept_exports.folder  # type: ignore[attr-defined]
-
-
 @torch.no_grad()
 def export_fp32(model: nn.Module, out: Path) -> dict[str, Any]:
     """Export `model` (effkit's Linear form, on the CPU, eval mode) with past key/values to `out`, and refuse it
-    unless it passes the parity gate (`check_parity`). The same model (by `_model_digest`) exported again in this
-    process gets a copy of its first export (quantize's auto exports one parent for several ONNX candidates); the
+    unless it passes the parity gate (`check_parity`). Inside `engines.exports_kept` (quantize's auto), the same
+    model (by `_model_digest`) exported again gets a copy of its first export, parity-checked then; the
     description says so (`reused_export`)."""
     require_onnx()
     model = model.cpu().eval()
-    digest = _model_digest(model)
-    if digest in _EXPORTED:
-        kept, desc = _EXPORTED[digest]
+    scope = kept_export()
+    digest = _model_digest(model) if scope is not None else None
+    if digest is not None and f"onnx {digest}" in scope[1]:
+        kept, desc = scope[1][f"onnx {digest}"]
         shutil.copyfile(kept, out)
-        return {**desc, "reused_export": "a copy of this process's export of the same model (same class, config "
-                                         "and tensors), which passed the parity gate"}
+        return {**desc, "reused_export": "a copy of the export of the same model (same class, config and tensors) "
+                                         "made for another candidate, which passed the parity gate"}
     desc = _export_fp32(model, out)
     if digest is not None and not list(out.parent.glob(out.name + "?*")):  # one file (no external data): kept
-        kept = _kept_exports() / f"{digest}.onnx"
+        kept = scope[0] / f"onnx-{digest}.onnx"
         shutil.copyfile(out, kept)
-        _EXPORTED[digest] = (kept, desc)
+        scope[1][f"onnx {digest}"] = (kept, desc)
     return desc
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from effkit import artifacts, workloads
+from effkit import artifacts, engines, workloads
 from effkit.artifacts.loader import engine_of, is_quantized, kind, load_any, newest_artifact, quantized_layers
 from effkit.config import DataConfig, QuantizeConfig, build_config
 from effkit.data import prepare
@@ -93,26 +93,28 @@ def pick_backend(cfg: QuantizeConfig, device: torch.device, parent: nn.Module, s
     to move into place."""
     table: dict[str, dict[str, Any]] = {}
     candidates: dict[str, nn.Module] = {}
-    for b in backends.names():
-        if reason := backends.unavailable(b, device) or backends.get(b).refuses(cfg):
-            table[b] = {"status": f"not run: {reason}"}
-            continue
-        (scratch / b).mkdir()
-        try:
-            write_quantized(scratch / b, b, parent, source, tokenizer, cfg, device)
-            model = load_any(scratch / b, device)
-        except EffkitError as e:
-            table[b] = {"status": f"not run: {e}"}
-            continue
-        result = evaluation.evaluate(model, eval_blocks, cfg.measure.batch_size, docs=docs)
-        delta = results.LossDelta.of(stats.paired_delta(parent_blocks, result["block_losses"], docs))
-        ok = delta.verdict != results.INVALID and delta.ci95[1] <= AUTO_LOSS_BUDGET
-        table[b] = {"status": "candidate" if ok else f"left out: loss {delta.fmt()}, its interval reaches past "
-                                                     f"{AUTO_LOSS_BUDGET:.0%}",
-                    "eval_loss": result["eval_loss"], "loss_increase": delta.delta, "loss_delta": delta.to_dict(),
-                    "size_bytes": artifacts.dir_size(scratch / b)}
-        if ok:
-            candidates[b] = model
+    (scratch / ".exports").mkdir()
+    with engines.exports_kept(scratch / ".exports"):  # one parent: its export made once for all its candidates
+        for b in backends.names():
+            if reason := backends.unavailable(b, device) or backends.get(b).refuses(cfg):
+                table[b] = {"status": f"not run: {reason}"}
+                continue
+            (scratch / b).mkdir()
+            try:
+                write_quantized(scratch / b, b, parent, source, tokenizer, cfg, device)
+                model = load_any(scratch / b, device)
+            except EffkitError as e:
+                table[b] = {"status": f"not run: {e}"}
+                continue
+            result = evaluation.evaluate(model, eval_blocks, cfg.measure.batch_size, docs=docs)
+            delta = results.LossDelta.of(stats.paired_delta(parent_blocks, result["block_losses"], docs))
+            ok = delta.verdict != results.INVALID and delta.ci95[1] <= AUTO_LOSS_BUDGET
+            table[b] = {"status": "candidate" if ok else f"left out: loss {delta.fmt()}, its interval reaches past "
+                                                         f"{AUTO_LOSS_BUDGET:.0%}",
+                        "eval_loss": result["eval_loss"], "loss_increase": delta.delta, "loss_delta": delta.to_dict(),
+                        "size_bytes": artifacts.dir_size(scratch / b)}
+            if ok:
+                candidates[b] = model
     if not candidates:
         raise EffkitError(f"no int8 backend stays within {AUTO_LOSS_BUDGET:.0%} of the parent's held-out loss "
                           f"here ({', '.join(b + ': ' + t['status'] for b, t in table.items())}); choose one "

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from effkit import engines
 from effkit.registry import lazy_module
 
 torch = lazy_module("torch")
@@ -167,12 +168,13 @@ class OnnxRuntime:
         scratch.mkdir(exist_ok=True)
         try:
             descs, models, table = {}, {}, {}
-            for form in FORMS:
-                (scratch / form).mkdir()
-                descs[form] = onnx_export.write_artifact(scratch / form, copy.deepcopy(parent).cpu(), tokenizer,
-                                                         int8=True, fused=o.fuse, standard_int8=form == "standard")
-                models[form] = onnx_export.OnnxCausalLM(scratch / form)
-                table[form] = {"size_bytes": (scratch / form / onnx_export.ONNX_FILE).stat().st_size}
+            with engines.exports_kept(scratch):  # one export of the parent for both forms
+                for form in FORMS:
+                    (scratch / form).mkdir()
+                    descs[form] = onnx_export.write_artifact(scratch / form, copy.deepcopy(parent).cpu(), tokenizer,
+                                                             int8=True, fused=o.fuse, standard_int8=form == "standard")
+                    models[form] = onnx_export.OnnxCausalLM(scratch / form)
+                    table[form] = {"size_bytes": (scratch / form / onnx_export.ONNX_FILE).stat().st_size}
             within, loss_rule = within_loss(models, table, parent, source, cfg)
             decision = None
             if len(within) > 1:
