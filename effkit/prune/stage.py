@@ -457,7 +457,9 @@ __all__ = ["forward_flops_per_token", "run_prune"]
 
 
 # ------------------------------------------------------------------------------------- the stage in `effkit run`
-PRUNE_ROUND = 25.0  # per pruning round: calibration, the paired latency, evaluations, saving (training steps)
+# per pruning round: calibration, the paired latency, evaluations, saving (training steps): three Zen 4 EPYC
+# quickstarts' two modes spent 237 step times a mode on average (row 291-320, depth 124-169; session 18)
+PRUNE_ROUND = 38.0
 
 
 class PruneStep(Step):

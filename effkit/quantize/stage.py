@@ -230,10 +230,10 @@ def _write_and_measure(cfg: QuantizeConfig, device: torch.device, source: Path, 
 
 # ------------------------------------------------------------------------------------- the stage in `effkit run`
 # per quantized artifact: `auto` writes, reloads and evaluates every backend that runs here, chooses, then measures
-# the pick against its parent (training steps): with the ONNX export made once per process, a Zen 4 EPYC quickstart
-# spent 667 and 566 step times on its two (less the share of the budget the estimate adds; 733-865 before;
-# docs/benchmarks.md, session 18)
-QUANTIZE = 615.0
+# the pick against its parent (training steps): with the ONNX export made once per auto, three Zen 4 EPYC
+# quickstarts spent 566-706 step times on each, 648 on average (less the share of the budget the estimate adds;
+# 733-865 before; docs/benchmarks.md, session 18)
+QUANTIZE = 650.0
 BEST_PRUNED = "best-pruned"
 
 
