@@ -820,7 +820,7 @@ class BenchMeasure(Sequential):
     # interleaved rounds of the first look (of the only one with fixed_rounds)
     rounds: int = opt(8, "interleaved rounds of the first look (every artifact timed in each, order rotated)")
     repeats: int = opt(3, "timed forward passes per artifact per round")
-    gen_tokens: int = opt(128, "new tokens per generation (capped by the context)")
+    gen_tokens: int = opt(workloads.DECODE_TOKENS, "new tokens per generation (capped by the context)")
     train_steps: int = opt(1, "timed training steps per artifact per round")
     compile: bool = opt(False, "also time each PyTorch artifact under torch.compile (Inductor, freezing)")
     batch_size: int = opt(8, "evaluation batch size")

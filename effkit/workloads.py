@@ -17,6 +17,7 @@ from effkit.errors import EffkitError
 from effkit.registry import load_plugins
 
 KINDS = ("prefill", "decode")
+DECODE_TOKENS = 128  # new tokens of a decode workload that names none: the bench's default, and what `auto` times
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,7 @@ class Workload:
     kind: str  # prefill | decode
     batch: int
     tokens: int | None = None  # prefill: tokens per row (None: the model's block); decode: new tokens (None: the
-    # bench's --gen-tokens)
+    # bench's --gen-tokens, DECODE_TOKENS by default)
 
     def __post_init__(self):
         if self.kind not in KINDS or self.batch < 1 or (self.tokens is not None and self.tokens < 1):
@@ -108,6 +109,12 @@ def all_() -> tuple[Workload, ...]:
 
 def of_kind(kind: str) -> tuple[Workload, ...]:
     return tuple(w for w in all_() if w.kind == kind)
+
+
+def other_batch(w: Workload) -> Workload | None:
+    """The built-in workload of `w`'s kind at the other batch (decode-b12 for decode-b1): where a choice made for
+    `w` must not be slower."""
+    return next((o for o in of_kind(w.kind) if o.name in BUILTIN and o.batch != w.batch), None)
 
 
 def get(name: str, what: str = "--optimize-for") -> Workload:

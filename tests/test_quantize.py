@@ -89,18 +89,37 @@ def fake_backend():
 
 
 @pytest.mark.slow
-def test_auto_measures_and_names_its_choice(trained, fake_backend):
+def test_auto_measures_and_names_its_choice(trained, fake_backend, monkeypatch):
+    """Every backend timed through its own engine; here the test's backend's real timer is scaled to lead every
+    engine at batch 1 and trail them at batch 12: it leads at decode-b1, and the default (ONNX Runtime's int8, what a
+    user has without effkit) stays, because auto also judges the leader at the other batch (#42: run 12 shipped a
+    4-bit artifact at 0.79x of ONNX Runtime's int8 at batch 12)."""
+    from effkit.quantize import stage
+
+    real = stage._timers
+
+    def scaled(w, models, engine, tokenizer, block):
+        timers, how = real(w, models, engine, tokenizer, block)
+        if "fake8" in timers:
+            f, k = timers["fake8"], 1e4 if w.batch == 1 else 1e-4
+            timers["fake8"] = lambda: f() * k
+        return timers, how
+
+    monkeypatch.setattr(stage, "_timers", scaled)
     tmp, artifact, _ = trained
     report = run_quantize(qcfg(tmp, artifact, backend="auto"))
     auto = report["metrics"]["auto"]
     assert auto["table"]["fake8"]["status"] == "candidate"  # registered in this test, tried by auto like the rest
-    assert auto["picked"] == report["what_ran"]["backend"]
+    assert auto["picked"] == report["what_ran"]["backend"] == auto["default"] == "onnxruntime"
     timed = [b for b, t in auto["table"].items() if "ratio_to_parent" in t]  # decode-b1 tokens/s by default
     assert auto["optimize_for"] == "decode-b1" and auto["picked"] in timed
-    for b in timed:  # no candidate is measurably faster than the one picked (paired, in the same rounds)
-        assert b == auto["picked"] or auto["table"][b]["ratio_to_picked"]["verdict"] != "faster"
     assert_choice_from_samples(auto["choice"])  # the pick, recomputed from every call of every sample
-    assert auto["choice"]["picked"] == auto["picked"] and auto["verdict"] == auto["choice"]["label"]
+    assert auto["choice"]["picked"] == "fake8" and auto["choice"]["verdict"] == "decided"  # led at batch 1 ...
+    guard = auto["guard"]  # ... and lost to the default at batch 12, in its own paired rounds
+    assert guard["workload"] == "decode-b12" and guard["choice"]["picked"] == "onnxruntime"
+    assert guard["choice"]["ratios"]["fake8"]["verdict"] == "slower"
+    assert_choice_from_samples(guard["choice"])
+    assert auto["verdict"].startswith("kept the default: fake8 led at decode-b1 (decided)")
     assert all(auto["table"][b]["loss_delta"]["ci95"][1] <= AUTO_LOSS_BUDGET for b in timed)
     assert not list((tmp / "runs" / "q").glob(".tmp-auto-*"))  # the candidates' scratch folder is gone
     assert set(auto["table"]) == {"dynamic", "torchao", "bnb", "onnxruntime", "ctranslate2", "onnxruntime-int4",

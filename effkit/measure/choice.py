@@ -15,7 +15,10 @@ machine. Every automatic choice goes through `choose`, one rule (DESIGN.md, "Dec
 4. **The pick.** Decided: the leader. Ties within the precision: the preferred one among the leader and its ties
    (smaller folder, the default, fewer threads: the caller says). A leader still undecided against someone when the
    looks or the budget end: the leader, by its paired point estimate, labelled "undecided: chosen by point
-   estimate". A contender with a non-finite or non-positive timing is never picked.
+   estimate", unless the caller names a `default` (what the user has without the choice, e.g. ONNX Runtime's own
+   int8) and the leader is still undecided against it: then the default stays, labelled "undecided: kept the
+   default". A default is displaced only by a contender decided faster than it, or tied with it within the
+   precision and preferred. A contender with a non-finite or non-positive timing is never picked.
 
 Every interval is taken at 1 - 0.05 / looks (Bonferroni over the looks planned, as `stopping`). Every call of every
 sample is kept (`Choice.samples`), so each ratio and the pick can be recomputed from the report alone.
@@ -84,7 +87,7 @@ class Rule:
 
 
 DECIDED, TIE, UNDECIDED = "decided", "tie", "undecided"
-RULE_VERSION = "choice rule 3"  # in the keys of cached choices: one made under an older rule is made again
+RULE_VERSION = "choice rule 4"  # in the keys of cached choices: one made under an older rule is made again
 
 
 @dataclass
@@ -109,7 +112,8 @@ class Choice:
     def label(self) -> str:
         """`decided`, `tie within +-3%: <preference>` or `undecided: chosen by point estimate`."""
         if self.verdict == UNDECIDED:
-            return "undecided: chosen by point estimate"
+            return ("undecided: kept the default" if self.record.get("kept_default")
+                    else "undecided: chosen by point estimate")
         if self.verdict == TIE:
             return f"tie within +-{self.record.get('precision', 0):.0%}, broken by preference"
         return DECIDED
@@ -238,13 +242,14 @@ def _head_to_head(timed: _Samples, live: list[str], higher: bool, rule: Rule) ->
 
 
 def choose(contenders: dict[str, Callable[[], float]], higher_is_better: bool, rule: Rule = Rule(),
-           prefer: Callable[[str], Any] | None = None, reference: str | None = None, warmup: int = 1,
-           clock: Callable[[], float] = time.perf_counter,
+           prefer: Callable[[str], Any] | None = None, reference: str | None = None, default: str | None = None,
+           warmup: int = 1, clock: Callable[[], float] = time.perf_counter,
            sleep: Callable[[float], None] = time.sleep) -> Choice:
     """Pick the fastest of `contenders` (functions returning one timing, or one rate when `higher_is_better`) by
     the module's rule. `prefer`: a sort key; the smallest breaks ties within the precision (default: the order
     given). `reference`: a contender timed in the screen only, never picked (e.g. the parent: every candidate's
-    ratio to it is reported over the screen's rounds). A contender's `settle_s` attribute: idle seconds after its
+    ratio to it is reported over the screen's rounds). `default`: the contender kept where the leader is still
+    undecided against it at the end (see the module's text). A contender's `settle_s` attribute: idle seconds after its
     calls (runtimes whose threads spin-wait)."""
     names = list(contenders)
     candidates = [n for n in names if n != reference]
@@ -272,7 +277,8 @@ def choose(contenders: dict[str, Callable[[], float]], higher_is_better: bool, r
               "seconds": round(clock() - start, 3),
               "order": f"shuffled each round from seed {rule.seed}"}
     c = decide({n: samples[n] for n in live}, higher, level, rule.precision,
-               prefer=lambda n: ((prefer or names.index)(n), names.index(n)), leader_among=active, record=record)
+               prefer=lambda n: ((prefer or names.index)(n), names.index(n)), leader_among=active, record=record,
+               default=default)
     c.invalid, c.reference = invalid, reference_ratios
     c.samples = samples
     return c
@@ -280,11 +286,12 @@ def choose(contenders: dict[str, Callable[[], float]], higher_is_better: bool, r
 
 def decide(samples: dict[str, list[list[float]]], higher_is_better: bool, level: float, precision: float,
            prefer: Callable[[str], Any] | None = None, leader_among: Sequence[str] | None = None,
-           record: dict[str, Any] | None = None) -> Choice:
+           record: dict[str, Any] | None = None, default: str | None = None) -> Choice:
     """The pick among contenders already measured in interleaved rounds (`samples`: per contender, per round, its
     calls; a contender that left early ran a prefix of the rounds): the leader by paired point estimate (among
     `leader_among`, those measured longest; default all), then decided / tie / undecided as the module says.
-    `prefer`: the sort key that breaks a tie (default: the order of `samples`)."""
+    `prefer`: the sort key that breaks a tie (default: the order of `samples`). `default`: kept where the pick
+    would be a leader still undecided against it."""
     names = list(samples)
     invalid = {n: "non-finite or non-positive timings" for n in names if not _valid(samples[n])}
     live = [n for n in names if n not in invalid]
@@ -297,13 +304,16 @@ def decide(samples: dict[str, list[list[float]]], higher_is_better: bool, level:
     screened = [n for n, r in to_lead.items() if r.verdict == "slower"]
     ties = [n for n, r in to_lead.items() if r.verdict == "same" and settled(r, precision)]
     open_ = [n for n in to_lead if n not in screened and n not in ties]
+    kept_default = bool(open_) and default in open_
     if open_:
-        verdict, picked = UNDECIDED, lead
+        verdict, picked = UNDECIDED, default if kept_default else lead
     elif ties:
         key = prefer or names.index
         verdict, picked = TIE, min([lead, *ties], key=key)
     else:
         verdict, picked = DECIDED, lead
+    if kept_default:  # undecided against the default: the leader and the others still open against the leader
+        open_ = [lead, *(n for n in open_ if n != default)]
     ratios = {}
     for n in live:
         if n != picked:
@@ -312,6 +322,7 @@ def decide(samples: dict[str, list[list[float]]], higher_is_better: bool, level:
                 r["undecided"] = True
             ratios[n] = r
     record = {**(record or {}), "precision": precision, "level": level,
-              "rounds": {n: len(s) for n, s in samples.items()}}
+              "rounds": {n: len(s) for n, s in samples.items()},
+              **({"default": default, "kept_default": kept_default} if default in live else {})}
     return Choice(picked, verdict, lead, higher, ratios, screened, ties, open_, invalid, dict(samples), record)
 

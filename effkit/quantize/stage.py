@@ -35,6 +35,8 @@ from effkit.report import write_stage_report
 from effkit.stage import Plan, RunContext, Stage, Step, complete, fingerprint, most_compressed, pruning_rounds
 
 AUTO_LOSS_BUDGET = 0.01  # `auto` considers backends whose held-out loss is within 1% of the parent's
+AUTO_DEFAULT = "onnxruntime"  # what a user has without effkit (ONNX Runtime's int8): `auto` keeps it unless another
+# backend is decided faster at the workload chosen for and not slower at the other batch
 
 
 def write_quantized(folder: Path, backend: str, parent: nn.Module, source: Path, tokenizer, cfg: QuantizeConfig,
@@ -121,21 +123,14 @@ def pick_backend(cfg: QuantizeConfig, device: torch.device, parent: nn.Module, s
                           "with --backend")
     models = {"parent": parent, **candidates}
     w = workloads.get(cfg.method.optimize_for)
-    workload = w.name
     rule = choice.Rule.of(cfg.measure)
     names = list(candidates)
     engine = {"parent": engine_of(source), **{b: engine_of(scratch / b) for b in candidates}}  # each times its own
-    if w.kind == "decode":
-        new = min(generation.generation_budget(m, tokenizer, w.tokens or cfg.measure.gen_tokens)[0]
-                  for m in models.values())
-        timers = {n: engine[n].decode(m, tokenizer, w.batch, new) for n, m in models.items()}
-        how = f"greedy decoding of {new} new tokens from {w.batch} prompt(s), new tokens/s"
-    else:
-        tokens = w.tokens or block
-        timers = {n: engine[n].prefill(m, w.batch, tokens) for n, m in models.items()}
-        how = f"forward of ({w.batch}, {tokens}) tokens, seconds"
+    timers, how = _timers(w, models, engine, tokenizer, block)
     sizes = {b: table[b]["size_bytes"] for b in names}
-    picked = choice.choose(timers, w.higher_is_better, rule, prefer=lambda b: sizes.get(b, 0), reference="parent")
+    default = AUTO_DEFAULT if AUTO_DEFAULT in candidates else None
+    picked = choice.choose(timers, w.higher_is_better, rule, prefer=lambda b: sizes.get(b, 0), reference="parent",
+                           default=default)
     for b in names:
         if b in picked.samples:
             table[b]["median"] = stats.median_of_rounds(picked.samples[b])  # tokens/s (decode) or s (prefill)
@@ -145,13 +140,39 @@ def pick_backend(cfg: QuantizeConfig, device: torch.device, parent: nn.Module, s
             table[b]["ratio_to_picked"] = picked.ratios[b]
         if b in picked.invalid:
             table[b]["status"] = f"left out: {picked.invalid[b]}"
-    return picked.picked, {"picked": picked.picked, "verdict": picked.label, "table": table, "optimize_for": workload,
-                           "choice": picked.to_dict(), "tied_with": picked.ties,
-                           "how": f"every backend that runs here written and reloaded; those whose held-out loss is "
-                                  f"within {AUTO_LOSS_BUDGET:.0%} of the parent's (upper end of the paired 95% "
-                                  f"interval) timed at {workload} ({how}), each with its own engine, the fp32 parent "
-                                  f"in the screen; the rule: {rule.describe()}; a tie within the precision goes to "
-                                  "the smaller folder"}
+    pick, verdict, guard = picked.picked, picked.label, None
+    if default and pick != default and (other := workloads.other_batch(w)):
+        # not slower than the default at the other batch either: decided faster there, or tied and preferred
+        guard_timers, guard_how = _timers(other, {b: models[b] for b in (pick, default)}, engine, tokenizer, block)
+        g = choice.choose(guard_timers, other.higher_is_better, rule, prefer=lambda b: b != pick, default=default)
+        guard = {"workload": other.name, "how": guard_how, "choice": g.to_dict(), "line": g.line()}
+        if g.picked == default:
+            verdict = (f"kept the default: {pick} led at {w.name} ({picked.label}) but was not shown as fast at "
+                       f"{other.name}: {g.line()}")
+            pick = default
+    return pick, {"picked": pick, "verdict": verdict, "table": table, "optimize_for": w.name,
+                  "choice": picked.to_dict(), "tied_with": picked.ties, "default": default,
+                  **({"guard": guard} if guard else {}),
+                  "how": f"every backend that runs here written and reloaded; those whose held-out loss is within "
+                         f"{AUTO_LOSS_BUDGET:.0%} of the parent's (upper end of the paired 95% interval) timed at "
+                         f"{w.name} ({how}), each with its own engine, the fp32 parent in the screen; the rule: "
+                         f"{rule.describe()}; a tie within the precision goes to the smaller folder; "
+                         + (f"{default} (what a user has without effkit) is kept unless another is decided faster "
+                            f"at {w.name} and not slower at the other batch (decided faster or within the "
+                            "precision there)" if default else "")}
+
+
+def _timers(w: workloads.Workload, models: dict[str, nn.Module], engine: dict, tokenizer,
+            block: int) -> tuple[dict[str, Any], str]:
+    """One timer per model at the workload `w`, each through its own engine, and how it times."""
+    if w.kind == "decode":
+        new = min(generation.generation_budget(m, tokenizer, w.tokens or workloads.DECODE_TOKENS)[0]
+                  for m in models.values())
+        return ({n: engine[n].decode(m, tokenizer, w.batch, new) for n, m in models.items()},
+                f"greedy decoding of {new} new tokens from {w.batch} prompt(s), new tokens/s")
+    tokens = w.tokens or block
+    return ({n: engine[n].prefill(m, w.batch, tokens) for n, m in models.items()},
+            f"forward of ({w.batch}, {tokens}) tokens, seconds")
 
 
 def _quantize(cfg: QuantizeConfig, device: torch.device, source: Path, run_dir: Path) -> dict[str, Any]:

@@ -7,8 +7,9 @@ Gemm, the head included, the token and position embeddings left fp32 beside it: 
 and the peer row runs). Which decodes faster depends on the CPU and the model's size (the forms differ in how the
 embeddings are read and in the graph's quantization plumbing), so `--int8-form auto` (the default) writes both,
 keeps those within +0.2% of the parent's loss (the upper end of the paired interval) and times them at
-`--optimize-for` under the decision rule, a tie going to the smaller file; the record, with its raw samples, is in
-`onnx.json` (`int8_form`).
+`--optimize-for` under the decision rule, a tie going to the smaller file and an undecided leader leaving ONNX
+Runtime's own form in place (the rule's `default`); the record, with its raw samples, is in `onnx.json`
+(`int8_form`).
 
 `within_loss`, `time_settings` and `load_variant` are shared with `onnxruntime-int4`, which chooses its settings the
 same way."""
@@ -83,9 +84,11 @@ def within_loss(models: dict[str, Any], table: dict[str, dict[str, Any]], parent
 
 
 def time_settings(within: list[str], models: dict[str, Any], table: dict[str, dict[str, Any]], tokenizer,
-                  parent: nn.Module, cfg, w, prefer, what: str) -> tuple[str, dict[str, Any], str]:
+                  parent: nn.Module, cfg, w, prefer, what: str,
+                  default: str | None = None) -> tuple[str, dict[str, Any], str]:
     """The fastest of `within` at the workload `w` by the decision rule: the stage's own rule (its precision), its
-    head-to-head budget capped at SETTING_BUDGET_S (one setting of one folder); `prefer` breaks a tie."""
+    head-to-head budget capped at SETTING_BUDGET_S (one setting of one folder); `prefer` breaks a tie; `default`
+    stays where the leader is still undecided against it."""
     from dataclasses import replace
 
     from effkit.measure import choice, generation, stats
@@ -100,7 +103,7 @@ def time_settings(within: list[str], models: dict[str, Any], table: dict[str, di
         tokens = w.tokens or min(128, parent.config.n_positions)
         fns = {n: onnx_export.ENGINE.prefill(models[n], w.batch, tokens) for n in within}
         timed = f"forward of ({w.batch}, {tokens}) tokens, seconds"
-    c = choice.choose(fns, w.higher_is_better, rule, prefer=prefer)
+    c = choice.choose(fns, w.higher_is_better, rule, prefer=prefer, default=default if default in fns else None)
     for n in within:
         if n in c.samples:
             table[n]["median"] = stats.median_of_rounds(c.samples[n])
@@ -180,7 +183,9 @@ class OnnxRuntime:
             if len(within) > 1:
                 picked, decision, how = time_settings(
                     within, models, table, tokenizer, parent, cfg, w, prefer=lambda n: table[n]["size_bytes"],
-                    what="between the int8 forms within +0.2% of the parent's loss; a tie goes to the smaller file")
+                    what="between the int8 forms within +0.2% of the parent's loss; a tie goes to the smaller file, "
+                         "an undecided leader leaves the standard form (ONNX Runtime's own) in place",
+                    default="standard")
             elif within:
                 picked, how = within[0], "the only form within +0.2% of the parent's loss"
             else:
