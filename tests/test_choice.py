@@ -48,12 +48,14 @@ def run(seed: int, fast: float, slow: float, sigma: float = 0.35, rates: bool = 
 def test_the_faster_of_two_1_4x_apart_is_picked_in_95_percent_of_seeds(rates):
     picks = [run(seed, 0.020, 0.028, rates=rates) for seed in range(200)]
     assert sum(c.picked == "b" for c in picks) >= 190
+    assert not any(c.far for c in picks)  # 1.4x apart is never "far slower" before the screen
     # and with samples long enough, most are decided, not guessed
     assert sum(c.verdict == choice.DECIDED for c in picks) >= 180
 
 
 def test_two_equal_ones_never_claim_a_difference_and_tie_on_a_quieter_machine():
     noisy = [run(seed, 0.02, 0.02) for seed in range(200)]
+    assert not any(c.far for c in noisy)
     assert sum(c.verdict != choice.DECIDED for c in noisy) >= 190  # at most 5% false differences
     for c in noisy:  # undecided ones say so: the pick is labelled a point estimate, the ratio marked undecided
         if c.verdict == choice.UNDECIDED:
@@ -106,10 +108,13 @@ def test_the_head_to_head_runs_samples_of_at_least_half_a_second():
 def test_the_slow_are_screened_out_after_the_first_look_and_the_leaders_go_on():
     m = Machine(3)
     cs = {"slow1": m.contender(0.06, 64), "slow2": m.contender(0.05, 64), "lead": m.contender(0.020, 64),
-          "close": m.contender(0.021, 64)}
-    c = choice.choose(cs, True, choice.Rule(seed=3), clock=m.clock, sleep=m.sleep)
-    assert set(c.screened) >= {"slow1", "slow2"}
-    assert c.record["rounds"]["slow1"] == choice.Rule().rounds  # the screen only
+          "close": m.contender(0.021, 64), "hopeless": m.contender(0.4, 64), "default": m.contender(0.5, 64)}
+    c = choice.choose(cs, True, choice.Rule(seed=3), default="default", clock=m.clock, sleep=m.sleep)
+    # 3x and 2.5x slower: by the screen's paired rounds, or before it where this noise made their sizing calls 4x
+    assert {"slow1", "slow2"} <= set(c.screened) | set(c.far) and "default" in c.screened
+    assert all(c.record["rounds"][n] == choice.Rule().rounds for n in c.screened)  # the screen only
+    # 20x slower: gone after its three sizing calls, with by how much; the default (25x) runs the screen all the same
+    assert "hopeless" in c.far and "hopeless" not in c.samples and "far slower" in c.far["hopeless"]
     assert c.record["rounds"]["lead"] > choice.Rule().rounds  # head to head after it
 
 

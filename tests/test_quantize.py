@@ -115,9 +115,9 @@ def test_auto_measures_and_names_its_choice(trained, fake_backend, monkeypatch):
     assert auto["optimize_for"] == "decode-b1" and auto["picked"] in timed
     assert_choice_from_samples(auto["choice"])  # the pick, recomputed from every call of every sample
     assert auto["choice"]["picked"] == "fake8" and auto["choice"]["verdict"] == "decided"  # led at batch 1 ...
-    guard = auto["guard"]  # ... and lost to the default at batch 12, in its own paired rounds
+    guard = auto["guard"]  # ... and lost to the default at batch 12 (far slower: gone before the screen)
     assert guard["workload"] == "decode-b12" and guard["choice"]["picked"] == "onnxruntime"
-    assert guard["choice"]["ratios"]["fake8"]["verdict"] == "slower"
+    assert "fake8" in guard["choice"]["far"] and "fake8" not in guard["choice"]["ratios"]
     assert_choice_from_samples(guard["choice"])
     assert auto["verdict"].startswith("kept the default: fake8 led at decode-b1 (decided)")
     assert all(auto["table"][b]["loss_delta"]["ci95"][1] <= AUTO_LOSS_BUDGET for b in timed)

@@ -5,7 +5,12 @@ machine. Every automatic choice goes through `choose`, one rule (DESIGN.md, "Dec
    and repeated within a sample until the sample lasts at least `min_sample_s`; a sample's figure is the median
    of its calls. A short decode timed once is at the mercy of the scheduler and the timer on a busy small
    machine; a median of a dozen is not.
-2. **Screen.** Every contender runs the first look (`rounds` interleaved rounds, order shuffled from a seed).
+2. **Screen.** A contender whose sizing calls (the median of three, after its warm-up) measured more than `far`
+   times the fastest contender's cost (seconds, or 1 / a rate) leaves at once, "far slower" (PyTorch's dynamic
+   int8, torchao and bitsandbytes decode at 0.02-0.05x of ONNX Runtime on the quickstart: their screens cost more
+   than the rest of the choice; two equal contenders part by 4x only where both medians of three err by 2x, in
+   opposite directions); never the reference nor the default. Every other contender runs the first look
+   (`rounds` interleaved rounds, order shuffled from a seed).
    Whatever is decided slower than the leader (the best paired point estimate) is dropped, and so is whatever is
    already the same as the leader within +-`precision` (a tie).
 3. **Head to head.** The leader and the contenders still open against it run further looks (twice the rounds
@@ -59,6 +64,7 @@ class Rule:
     min_sample_s: float = MIN_SAMPLE_S  # each sample lasts at least this long (calls repeated within it)
     max_calls: int = MAX_CALLS  # at most this many calls in one sample
     h2h_sample_s: float = H2H_SAMPLE_S  # the samples of the head-to-head looks (after the screen)
+    far: float = 4.0  # a contender whose sizing calls cost this many times the fastest's leaves before the screen
     seed: int = 0  # the rounds' orders are shuffled from it
 
     @property
@@ -70,7 +76,8 @@ class Rule:
 
     def describe(self) -> str:
         return (f"samples of at least {self.min_sample_s:g} s in the screen, {self.h2h_sample_s:g} s head to head "
-                f"(each the median of its calls); a screen of "
+                f"(each the median of its calls); a contender whose three sizing calls measured over {self.far:g}x the "
+                f"fastest's cost (medians) leaves before the screen; a screen of "
                 f"{self.rounds} interleaved rounds of every contender, shuffled from seed {self.seed}; those "
                 f"decided slower than the leader, or within +-{self.precision:.0%} of it, leave; the leader and the "
                 f"rest run on, twice the rounds each look, at most {self.looks} looks ({self.schedule()[-1]} rounds), "
@@ -107,6 +114,7 @@ class Choice:
     samples: dict[str, list[list[float]]]  # every call of every sample, by contender and round
     record: dict[str, Any] = field(default_factory=dict)  # rule, calls per sample, rounds, looks, stop, seconds
     reference: dict[str, Any] = field(default_factory=dict)  # each contender vs the reference, over the screen
+    far: dict[str, str] = field(default_factory=dict)  # left before the screen, far slower: by how much
 
     @property
     def label(self) -> str:
@@ -126,7 +134,8 @@ class Choice:
     def to_dict(self) -> dict[str, Any]:
         return {"picked": self.picked, "verdict": self.verdict, "label": self.label, "leader": self.leader,
                 "higher_is_better": self.higher_is_better, "ratios": self.ratios, "screened": self.screened,
-                "ties": self.ties, "undecided": self.undecided, "invalid": self.invalid, "record": self.record,
+                "ties": self.ties, "undecided": self.undecided, "invalid": self.invalid, "far": self.far,
+                "record": self.record,
                 "reference": self.reference, "samples": self.samples}
 
 
@@ -151,6 +160,7 @@ class _Samples:
         self.samples: dict[str, list[list[float]]] = {}
         self.wall: dict[str, float] = {}
         self.long: set[str] = set()  # the contenders whose samples were lengthened for the head to head
+        self.sized: dict[str, float] = {}  # the median of the sizing calls' figures, as a cost (1 / a rate)
 
     def settle(self, n: str) -> None:
         if (pause := getattr(self.contenders[n], "settle_s", 0.0)) > 0:
@@ -165,11 +175,12 @@ class _Samples:
             try:
                 for _ in range(warmup):
                     self.contenders[n]()
-                took = []
+                took, cost = [], []  # seconds a call takes; what it measures, as a cost (1 / a rate)
                 for _ in range(3):  # a timing contender's own figure is its call's length; a rate's is the clock's
                     t = clock()
                     value = self.contenders[n]()
                     took.append(clock() - t if higher_is_better else value)
+                    cost.append(1.0 / value if higher_is_better and value else value)
             except Exception as e:  # noqa: BLE001 - a contender that fails is never picked, and the report says why
                 invalid[n] = f"failed: {type(e).__name__}: {str(e).strip().splitlines()[0][:160] if str(e) else ''}"
                 continue
@@ -177,10 +188,24 @@ class _Samples:
             if not all(math.isfinite(x) and x > 0 for x in took):
                 invalid[n] = "non-finite or non-positive timings"
                 continue
+            self.sized[n] = median(cost)
             self.calls[n] = max(1, min(self.rule.max_calls, math.ceil(self.rule.min_sample_s / median(took))))
         self.samples = {n: [] for n in self.calls}
         self.wall = {n: 0.0 for n in self.calls}
         return invalid
+
+    def far(self, among: list[str], keep: set[str]) -> dict[str, str]:
+        """The contenders of `among` (not in `keep`) whose sizing calls measured over `rule.far` times the cost of
+        the fastest of `among`, removed before the screen; returns them, with by how much."""
+        sized = {n: self.sized[n] for n in among if n in self.sized}
+        if not sized:
+            return {}
+        best = min(sized, key=sized.__getitem__)
+        out = {n: f"far slower: {t / sized[best]:.1f}x {best}'s cost per call (medians of 3, before the screen)"
+               for n, t in sized.items() if n not in keep and t > self.rule.far * sized[best]}
+        for n in out:
+            del self.calls[n], self.samples[n], self.wall[n]
+        return out
 
     def look(self, active: list[str], first: int, count: int) -> None:
         """Rounds `first` .. `first + count - 1` of the `active` contenders, each round in its shuffled order."""
@@ -258,12 +283,13 @@ def choose(contenders: dict[str, Callable[[], float]], higher_is_better: bool, r
     start = clock()
     timed = _Samples(contenders, rule, clock, sleep)
     invalid = timed.size(names, warmup, higher_is_better)  # warm-up, then the median of three sizes the sample
+    far = timed.far(candidates, {n for n in (reference, default) if n is not None})
     samples = timed.samples
     timed.look(list(samples), 0, rule.schedule()[0])  # the screen
     for n in list(samples):
         if not _valid(samples[n]):
             invalid[n] = "non-finite or non-positive timings"
-    live = [n for n in candidates if n not in invalid]
+    live = [n for n in candidates if n not in invalid and n not in far]
     if not live:
         raise EffkitError("no contender could be timed: " + "; ".join(f"{n}: {why}" for n, why in invalid.items()))
     level, higher = rule.level, higher_is_better
@@ -279,7 +305,7 @@ def choose(contenders: dict[str, Callable[[], float]], higher_is_better: bool, r
     c = decide({n: samples[n] for n in live}, higher, level, rule.precision,
                prefer=lambda n: ((prefer or names.index)(n), names.index(n)), leader_among=active, record=record,
                default=default)
-    c.invalid, c.reference = invalid, reference_ratios
+    c.invalid, c.reference, c.far = invalid, reference_ratios, far
     c.samples = samples
     return c
 
@@ -324,5 +350,6 @@ def decide(samples: dict[str, list[list[float]]], higher_is_better: bool, level:
     record = {**(record or {}), "precision": precision, "level": level,
               "rounds": {n: len(s) for n, s in samples.items()},
               **({"default": default, "kept_default": kept_default} if default in live else {})}
-    return Choice(picked, verdict, lead, higher, ratios, screened, ties, open_, invalid, dict(samples), record)
+    return Choice(picked, verdict, lead, higher, ratios, screened, ties, open_, invalid, samples=dict(samples),
+                  record=record)
 

@@ -140,6 +140,8 @@ def pick_backend(cfg: QuantizeConfig, device: torch.device, parent: nn.Module, s
             table[b]["ratio_to_picked"] = picked.ratios[b]
         if b in picked.invalid:
             table[b]["status"] = f"left out: {picked.invalid[b]}"
+        if b in picked.far:
+            table[b]["status"] = f"screened: {picked.far[b]}"
     pick, verdict, guard = picked.picked, picked.label, None
     if default and pick != default and (other := workloads.other_batch(w)):
         # not slower than the default at the other batch either: decided faster there, or tied and preferred
