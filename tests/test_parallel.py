@@ -288,13 +288,15 @@ def test_a_multi_node_run_needs_a_run_name(tmp_path, corpus_dir):
 
 @pytest.mark.slow
 def test_a_bad_value_found_inside_the_ranks_exits_2_in_one_line(tmp_path, corpus_dir):
+    (tmp_path / "tmp").mkdir()
     out = _cli(["--data", str(corpus_dir), "--parallel", "ddp", "--nproc", "2", "--max-steps", "20", "--lr", "1e4",
-                "--batch-size", "2", "--run-name", "diverge"], tmp_path)
+                "--batch-size", "2", "--run-name", "diverge"], tmp_path, env={"TMPDIR": str(tmp_path / "tmp")})
     assert out.returncode == 2, out.stderr[-2000:]
     errors = [line for line in out.stderr.splitlines() if line.startswith("effkit:")]
     assert len(errors) == 1 and "training diverged" in errors[0] and "lower --lr" in errors[0], out.stderr[-2000:]
     assert "Traceback" not in out.stderr
     assert not (tmp_path / "runs" / "diverge").exists() and not (tmp_path / "reports" / "diverge").exists()
+    assert not list((tmp_path / "tmp").iterdir())  # nor the launch's folder, which the one line does not name
 
 
 @pytest.mark.slow

@@ -147,7 +147,8 @@ def raise_worker_failure(job: Job, code: int, log: Path) -> None:
     first = failures[0]  # the root cause; the others typically lost their peer
     others = [str(r["rank"]) for r in failures[1:]]
     tail = f" (then rank {', '.join(others)})" if others else ""
-    if first["kind"] == "user":
+    if first["kind"] == "user":  # bad input: the one line says all; the job folder is not named, so not kept
+        job.remove()
         raise EffkitError(f"rank {first['rank']}: {first['message']}{tail}")
     raise WorkerFailed(f"rank {first['rank']} failed: {first['message']}; the other processes were stopped{tail}; "
                        f"traceback in {log}")
