@@ -248,3 +248,40 @@ def test_no_rounds_are_spent_on_a_ratio_between_two_runs_of_the_same_computation
     assert ("peer-onnxruntime-int8", "quantize-onnxruntime") not in pairs
     assert ("peer-openvino", "quantize-onnxruntime") in pairs and ("train", "peer-onnxruntime-int8") in pairs
     assert len(pairs) == len(compared(names, [n for n in names if n.startswith("peer-")])) - 1
+
+
+def test_the_artifacts_alone_run_two_processes_at_once_on_a_cpu_and_keep_their_order(tmp_path, monkeypatch):
+    """Nothing in the fresh processes is timed and each one's peak is its own: two at a time (where memory allows)
+    halve the part of the bench that is mostly process start-up; the rows stay in the artifacts' order."""
+    import threading
+    import time
+
+    import torch
+
+    from effkit.bench import static
+
+    paths = [tmp_path / f"a{i}" for i in range(5)]
+    for p in paths:
+        p.mkdir()
+        (p / "w.bin").write_bytes(b"0" * 1024)
+    running, most = set(), []
+    lock = threading.Lock()
+
+    def fake(path, cfg, data, tokenizer_from):
+        with lock:
+            running.add(path)
+            most.append(len(running))
+        time.sleep(0.05 * (5 - int(path.name[1:])))  # the first finishes last
+        with lock:
+            running.discard(path)
+        return {"tag": path.name}
+
+    monkeypatch.setattr(static, "bench_isolated", fake)
+    done = []
+    out = static.bench_all_isolated(paths, None, {}, paths[0], torch.device("cpu"), done=done.append)
+    assert [r["tag"] for r in out] == [p.name for p in paths] and done == paths
+    import os
+
+    assert max(most) == static.side_by_side_processes(paths, torch.device("cpu")) == min(2, os.cpu_count() or 1)
+    assert static.side_by_side_processes(paths, torch.device("cuda")) == 1
+    assert static.side_by_side_processes(paths[:1], torch.device("cpu")) == 1

@@ -21,7 +21,7 @@ from effkit.bench.deliverable import deliverable
 from effkit.bench.discover import find_artifacts, make_peers, tags
 from effkit.bench.render import verdicts, write_reports
 from effkit.bench.rows import combine
-from effkit.bench.static import bench_isolated
+from effkit.bench.static import bench_all_isolated
 from effkit.bench.timing import TRAIN_BATCHES, contest_of, ties_of, timed_side_by_side
 from effkit.config import BenchConfig, DataConfig, build_config
 from effkit.data import prepare
@@ -76,18 +76,14 @@ def _measure(cfg: BenchConfig, device: torch.device, paths: list[Path], data: di
              deliver: tuple[str, float] | None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """(each artifact alone, in a fresh process; all of them timed side by side), with a progress bar or not."""
     if not progress:
-        static = [bench_isolated(p, cfg, data, paths[0]) for p in paths]
+        static = bench_all_isolated(paths, cfg, data, paths[0], device)
         return static, timed_side_by_side(paths, cfg, prepared.tokenizer, block, device,
                                           contest_of(static, paths, deliver), ties_of(static))
     from rich.progress import Progress
 
     with Progress() as bar:
-        task = bar.add_task("bench", total=len(paths) + 1)
-        static = []
-        for p in paths:
-            bar.update(task, description=f"bench {p.name} (loss, memory)")
-            static.append(bench_isolated(p, cfg, data, paths[0]))
-            bar.advance(task)
+        task = bar.add_task(f"bench: {len(paths)} artifacts alone (loss, memory)", total=len(paths) + 1)
+        static = bench_all_isolated(paths, cfg, data, paths[0], device, done=lambda p: bar.advance(task))
         bar.update(task, description=f"bench: timing {len(paths)} artifacts side by side")
         timed = timed_side_by_side(paths, cfg, prepared.tokenizer, block, device, contest_of(static, paths, deliver),
                                    ties_of(static))
@@ -151,7 +147,9 @@ def protocol(cfg: BenchConfig, device: torch.device, first: Path, prepared, bloc
         "training_throughput": f"one forward+backward+AdamW step on a private copy, batch x {block} tokens, "
                                "tokens / wall time; " + interleave.format(repeats=cfg.measure.train_steps),
         "peak_memory": memory.PeakMemory(device).method + ", while loading the artifact, evaluating it and "
-                       "running each timed workload once, each artifact in a fresh process",
+                       "running each timed workload once, each artifact in a fresh process (two at a time on a "
+                       "CPU where memory allows: each process's high-water mark is its own, and nothing there is "
+                       "timed)",
         "reference": f"ratios and deltas are relative to the first artifact ({reference}); a ratio between two "
                      "artifacts whose engines run the very same computation (the same digest of the graph or "
                      "model and its compute type) is a tie by construction: reported, but no round is run to "

@@ -91,3 +91,35 @@ def bench_isolated(path: Path, cfg: BenchConfig, data: dict[str, Any], tokenizer
     return run_isolated("effkit.bench.static:bench_in_this_process",
                         {"path": str(path), "cfg": cfg.to_dict(), "data": data, "tokenizer_from": str(tokenizer_from),
                          "device": cfg.what.device}, what=f"bench of {path}")
+
+
+def side_by_side_processes(paths: list[Path], device: torch.device) -> int:
+    """How many of the fresh processes run at once: two on a CPU with two cores or more where two of the largest
+    artifacts' processes (each about four copies of its folder: the load, its copy in the engine, the loss
+    evaluation's activations) fit in half the memory available now; else one. Nothing here is timed, and each
+    process's peak is its own high-water mark, so running two at once changes no figure, only the wall time
+    (most of a process is its start and imports, on one core). On a GPU: one (they would share its memory)."""
+    import os
+
+    from effkit.memplan import device_memory
+
+    if device.type != "cpu" or (os.cpu_count() or 1) < 2 or len(paths) < 2:
+        return 1
+    _, available = device_memory(device)
+    largest = sorted((artifacts.dir_size(p) for p in paths), reverse=True)[:2]
+    return 2 if available is not None and 4 * sum(largest) + 2 * 2**30 <= available / 2 else 1
+
+
+def bench_all_isolated(paths: list[Path], cfg: BenchConfig, data: dict[str, Any], tokenizer_from: Path,
+                       device: torch.device, done=lambda path: None) -> list[dict[str, Any]]:
+    """`bench_isolated` of every path, up to `side_by_side_processes` at once, in the order given; `done(path)`
+    after each (a progress bar)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=side_by_side_processes(paths, device)) as pool:
+        futures = [pool.submit(bench_isolated, p, cfg, data, tokenizer_from) for p in paths]
+        out = []
+        for p, f in zip(paths, futures, strict=True):
+            out.append(f.result())
+            done(p)
+    return out
