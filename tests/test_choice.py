@@ -81,7 +81,7 @@ def test_a_default_is_kept_unless_decided_slower_and_displaced_only_by_what_is_d
     assert sum(c.verdict == choice.UNDECIDED for c in close) >= 20
     assert all(c.picked == "int8" for c in close if c.verdict == choice.UNDECIDED)
     assert all(c.label == "undecided: kept the default" and c.ratios["int4"].get("undecided")
-               for c in close if c.verdict == choice.UNDECIDED and c.leader == "int4")
+               for c in close if c.verdict == choice.UNDECIDED)  # whether int4 or the default led
     assert sum(c.picked == "int4" for c in close) <= 5  # only a tie within +-3% goes to the preferred first-listed
     faster = [with_default(seed, 0.020 / 1.4) for seed in range(100)]
     assert sum(c.picked == "int4" for c in faster) >= 95

@@ -33,11 +33,11 @@ from effkit.report import atomic_write_text
 from effkit.stage import Plan, RunContext, Stage, Step, best_of_each_mode, fingerprint, pruning_rounds
 
 # the expected time of the stage (`BenchStep.work`), in seconds
-# (training steps; scaled so that what three Zen 4 EPYC quickstarts' benches spent without rounds on ties by
-# construction, 780-1,186 step times beyond the share of their budget the estimate adds, is about what they
-# predict, the slower two weighted: docs/benchmarks.md, session 18; 1,210-1,610 before)
-BENCH_ARTIFACT_ROUND = 17.0  # per artifact per bench round: every workload and training batch at 128 tokens
-BENCH_ARTIFACT = 28.0  # per artifact: loading, its held-out loss, a sample, its memory
+# (training steps; scaled so that what three Zen 4 EPYC quickstarts' benches of 9 artifacts spent beyond the share
+# of their budget the estimate adds, 709-1,122 step times, 861 on average, is what they predict: docs/benchmarks.md,
+# session 19, runs 13-15; the artifacts alone now run two processes at a time; 780-1,186 in session 18)
+BENCH_ARTIFACT_ROUND = 13.0  # per artifact per bench round: every workload and training batch at 128 tokens
+BENCH_ARTIFACT = 18.0  # per artifact: loading, its held-out loss, a sample, its memory
 
 
 def run_bench(cfg: BenchConfig, progress: bool = True, deliver: tuple[str, float] | None = None,

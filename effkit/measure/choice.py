@@ -330,7 +330,7 @@ def decide(samples: dict[str, list[list[float]]], higher_is_better: bool, level:
     screened = [n for n, r in to_lead.items() if r.verdict == "slower"]
     ties = [n for n, r in to_lead.items() if r.verdict == "same" and settled(r, precision)]
     open_ = [n for n in to_lead if n not in screened and n not in ties]
-    kept_default = bool(open_) and default in open_
+    kept_default = bool(open_) and default is not None and (default in open_ or default == lead)
     if open_:
         verdict, picked = UNDECIDED, default if kept_default else lead
     elif ties:
@@ -338,7 +338,7 @@ def decide(samples: dict[str, list[list[float]]], higher_is_better: bool, level:
         verdict, picked = TIE, min([lead, *ties], key=key)
     else:
         verdict, picked = DECIDED, lead
-    if kept_default:  # undecided against the default: the leader and the others still open against the leader
+    if kept_default and default != lead:  # the leader and the others still open against it, undecided vs the default
         open_ = [lead, *(n for n in open_ if n != default)]
     ratios = {}
     for n in live:

@@ -253,10 +253,10 @@ def _write_and_measure(cfg: QuantizeConfig, device: torch.device, source: Path, 
 
 # ------------------------------------------------------------------------------------- the stage in `effkit run`
 # per quantized artifact: `auto` writes, reloads and evaluates every backend that runs here, chooses, then measures
-# the pick against its parent (training steps): with the ONNX export made once per auto, three Zen 4 EPYC
-# quickstarts spent 566-706 step times on each, 648 on average (less the share of the budget the estimate adds;
-# 733-865 before; docs/benchmarks.md, session 18)
-QUANTIZE = 650.0
+# the pick against its parent (training steps): with the far slower candidates gone before the screen, two Zen 4 EPYC
+# quickstarts spent 429-684 step times on each, 548 on average (less the share of the budget the estimate adds;
+# docs/benchmarks.md, session 19, runs 14-15; 566-706 in session 18)
+QUANTIZE = 550.0
 BEST_PRUNED = "best-pruned"
 
 
