@@ -76,8 +76,10 @@ class Rule:
 
     def describe(self) -> str:
         return (f"samples of at least {self.min_sample_s:g} s in the screen, {self.h2h_sample_s:g} s head to head "
-                f"(each the median of its calls); a contender whose three sizing calls measured over {self.far:g}x the "
-                f"fastest's cost (medians) leaves before the screen; a screen of "
+                f"(each the median of its calls); "
+                + (f"a contender whose three sizing calls measured over {self.far:g}x the fastest's cost (medians) "
+                   "leaves before the screen; " if math.isfinite(self.far) else "")
+                + "a screen of "
                 f"{self.rounds} interleaved rounds of every contender, shuffled from seed {self.seed}; those "
                 f"decided slower than the leader, or within +-{self.precision:.0%} of it, leave; the leader and the "
                 f"rest run on, twice the rounds each look, at most {self.looks} looks ({self.schedule()[-1]} rounds), "

@@ -10,6 +10,7 @@ no native bf16 is not probed: fp32, "bf16 not run: <reason>" (`cpu_choice`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -17,7 +18,8 @@ import torch
 
 from effkit.measure import choice, hardware, machine_cache, stats, timing
 
-PROBE = choice.Rule(rounds=3, budget_s=30.0)  # the decision rule, with a short screen: a step is long
+# the decision rule, with a short screen (a step is long) and no far screen: the probe reports bf16's paired ratio
+PROBE = choice.Rule(rounds=3, budget_s=30.0, far=math.inf)
 
 
 def probe_key(config, batch: int, block: int) -> str:
