@@ -17,9 +17,34 @@ def tiny_study(tmp_path, corpus_dir):
                        batch_sizes=(2,), block_sizes=(32,), max_workers=1, microbatches=(1, 2))
 
 
+def launches_stood_in(monkeypatch, module: str) -> list:
+    """The pipeline-parallel runs of a study replaced by stand-ins (step times, peaks and parameter bytes shaped
+    like a 2-stage pipeline's): those launches are test_parallel's (`parallel_runs`: GPipe and 1F1B against one
+    process, a stage's parameter bytes), so here only the study's own reading, arithmetic, tables and plot are
+    tested, without two minutes of process start-ups. Returns the configurations the study asked for."""
+    import importlib
+
+    study = importlib.import_module(f"effkit.studies.{module}")
+    asked = []
+
+    def stand_in(cfg):
+        asked.append(cfg)
+        p, m = cfg.parallel.nproc, cfg.parallel.microbatches
+        pp = cfg.parallel.mode == "pp"
+        seq = 0.04 * cfg.optim.grad_accum
+        step = seq / p * (1 + (p - 1) / m) if pp and cfg.parallel.launched else seq
+        return {"step_times": [step * 3, step * 0.98, step * 1.02, step], "losses": [4.0, 3.9, 3.8, 3.7],
+                "metrics": {"peak_memory_bytes_per_rank": [(30 if pp else 50) * 2**20] * p},
+                "what_ran": {"parallel_detail": {"param_bytes_this_rank": (8 if pp else 16) * 2**20}}}
+
+    monkeypatch.setattr(study, "_train", stand_in)
+    return asked
+
+
 @pytest.mark.parametrize("name", names())
 @pytest.mark.slow
-def test_study_writes_consistent_json_markdown_and_png(name, tiny_study, tmp_path):
+def test_study_writes_consistent_json_markdown_and_png(name, tiny_study, tmp_path, monkeypatch):
+    asked = launches_stood_in(monkeypatch, name.replace("-", "_")) if name in ("pipeline", "pp-memory") else None
     if name == "memory":  # #39 (6): gpt2-mini, whose own tensors are most of its peak (on gpt2-nano the plan was
         # mostly its one-block runtime probe, compared with itself), with glibc's default allocator, as users run
         # (the 16-configuration grid over both allocators, benchmarks/memory_plan_grid.py, costs 2.5 minutes)
@@ -58,9 +83,14 @@ def test_study_writes_consistent_json_markdown_and_png(name, tiny_study, tmp_pat
             assert r["allocator"] == "default" and 0 < r["runtime_mib"] < 0.3 * r["predicted_mib"]
             assert abs(r["predicted_mib"] - r["measured_mib"]) <= 0.15 * r["measured_mib"], r
         assert data["notes"][0].startswith("glibc's default allocator, as users run")
+    if name == "pipeline":  # what the study asked for: each schedule at each micro-batch count 1F1B allows, on 2
+        launched = [(c.parallel.pp_schedule, c.parallel.microbatches) for c in asked if c.parallel.launched]
+        assert launched == [("gpipe", 1), ("gpipe", 2), ("1f1b", 2)]
+        assert all(c.parallel.nproc == 2 and c.parallel.mode == "pp" for c in asked if c.parallel.launched)
     if name == "pp-memory":
         assert [r["mode"] for r in data["rows"]] == ["ddp", "pp"]
-        assert data["rows"][1]["param_mib_rank0"] < data["rows"][0]["param_mib_rank0"]  # a stage holds part
+        assert [(c.parallel.mode, c.parallel.nproc) for c in asked] == [("ddp", 2), ("pp", 2)]
+        assert data["rows"][1]["param_mib_rank0"] == 8 and data["rows"][1]["peak_memory_mib_per_rank"] == [30, 30]
     if name == "checkpointing":
         on = [r for r in data["rows"] if r["activation_checkpointing"]]
         assert len(on) == 1
