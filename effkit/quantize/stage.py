@@ -1,6 +1,8 @@
 """`effkit quantize`: int8 through one of the registered backends (`effkit.quantize.backends`), behind one
 interface. `auto` builds every backend that runs here, keeps those within 1% of the parent's held-out loss, and
-picks the fastest at `--optimize-for` (greedy decoding at batch 1 by default).
+picks the fastest at `--optimize-for` (greedy decoding at batch 1 by default) by the decision rule; ONNX Runtime's
+int8, what a user has without effkit, stays unless another backend is decided faster there and not slower at the
+other batch.
 
 Every artifact is written first and then reloaded from its folder alone (`effkit.artifacts.loader`); the reloaded
 model is the one measured, and the report counts the int8 layers it really holds. Each backend's module says
