@@ -285,3 +285,18 @@ def test_the_artifacts_alone_run_two_processes_at_once_on_a_cpu_and_keep_their_o
     assert max(most) == static.side_by_side_processes(paths, torch.device("cpu")) == min(2, os.cpu_count() or 1)
     assert static.side_by_side_processes(paths, torch.device("cuda")) == 1
     assert static.side_by_side_processes(paths[:1], torch.device("cpu")) == 1
+    started = []
+
+    def failing(path, cfg, data, tokenizer_from):  # the first fails at once; the next two take long enough
+        started.append(path.name)
+        if path.name == "a0":
+            raise EffkitError("bench of a0 failed: broken")
+        time.sleep(0.5)
+        return {"tag": path.name}
+
+    from effkit.errors import EffkitError
+
+    monkeypatch.setattr(static, "bench_isolated", failing)
+    with pytest.raises(EffkitError, match="a0"):
+        static.bench_all_isolated(paths, None, {}, paths[0], torch.device("cpu"))
+    assert "a3" not in started and "a4" not in started  # those not yet started when it failed never start

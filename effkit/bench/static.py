@@ -116,10 +116,13 @@ def bench_all_isolated(paths: list[Path], cfg: BenchConfig, data: dict[str, Any]
     after each (a progress bar)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(max_workers=side_by_side_processes(paths, device)) as pool:
+    pool = ThreadPoolExecutor(max_workers=side_by_side_processes(paths, device))
+    try:
         futures = [pool.submit(bench_isolated, p, cfg, data, tokenizer_from) for p in paths]
         out = []
         for p, f in zip(paths, futures, strict=True):
             out.append(f.result())
             done(p)
-    return out
+        return out
+    finally:  # on a failure (or Ctrl-C), the processes not yet started are not started
+        pool.shutdown(wait=True, cancel_futures=True)
