@@ -56,10 +56,10 @@ def show_plan(p: Any, fit: bool, changes: list[str]) -> None:
 
 
 def show_stage_plan(p: Any) -> None:
-    """`effkit prune --plan`: a stage's predicted peak (a `stageplan.StagePlan`), its parts and the verdict."""
+    """`effkit <stage> --plan`: a stage's predicted peak (a `stageplan.StagePlan`), its parts and the verdict."""
     from rich.table import Table
 
-    from effkit import memplan, stageplan
+    from effkit import memplan
 
     t = Table(title=f"memory plan: effkit {p.stage}, one process")
     t.add_column("at the peak")
@@ -74,7 +74,7 @@ def show_stage_plan(p: Any) -> None:
     out.print(t)
     for n in p.notes:
         out.print(f"  {n}")
-    out.print(f"plan: {p.verdict()}; predicted from {stageplan.METHOD}")
+    out.print(f"plan: {p.verdict()}; predicted from {p.method}")
 
 
 def show_train(report: dict) -> None:

@@ -20,8 +20,8 @@ METHOD = ("the parts alive at the stage's largest moment, from the model's shape
 
 @dataclass
 class StagePlan:
-    """One stage's predicted peak for one process: its parts (bytes), the device's memory, notes, and the
-    changes that would make it fit (`tricks`) when it does not."""
+    """One stage's predicted peak for one process: its parts (bytes), the device's memory, notes, the changes that
+    would make it fit (`tricks`) when it does not, and how it was predicted (`method`)."""
 
     stage: str
     parts: dict[str, int]
@@ -29,6 +29,7 @@ class StagePlan:
     device_bytes: int | None
     notes: list[str] = field(default_factory=list)
     tricks: list[str] = field(default_factory=list)
+    method: str = METHOD  # how the parts were predicted (each stage says its own)
 
     @property
     def total_bytes(self) -> int:
@@ -55,7 +56,7 @@ class StagePlan:
     def to_dict(self) -> dict[str, Any]:
         return {"stage": self.stage, "parts_bytes": self.parts, "total_bytes": self.total_bytes,
                 "device": self.device, "device_bytes": self.device_bytes, "usable_bytes": self.usable_bytes,
-                "fits": self.fits, "verdict": self.verdict(), "notes": self.notes, "method": METHOD}
+                "fits": self.fits, "verdict": self.verdict(), "notes": self.notes, "method": self.method}
 
 
 def check(plan: StagePlan, force: bool) -> None:

@@ -10,8 +10,13 @@ from effkit.data.corpus import _sotu_dir
 
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_cache(tmp_path_factory):
-    """Every test session gets its own tokenizer / token cache."""
+    """Every test session gets its own tokenizer / token cache, and its own temporary folder: what a failed launch
+    keeps for its logs (named in its error) stays under pytest's folders, not the machine's /tmp."""
+    import tempfile
+
     os.environ["EFFKIT_CACHE"] = str(tmp_path_factory.mktemp("effkit-cache"))
+    os.environ["TMPDIR"] = str(tmp_path_factory.mktemp("tmp"))
+    tempfile.tempdir = None  # read TMPDIR again
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     os.environ["EFFKIT_PG_TIMEOUT"] = "90"  # a hung collective in a multi-process test fails in 90 s, not 300
     if os.environ.get("PYTEST_XDIST_WORKER"):  # one thread per worker: two workers of two spinning OpenMP threads
