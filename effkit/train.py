@@ -42,6 +42,7 @@ from effkit.model import (
     build_model,
     check_block_size,
     check_preset,
+    config_of,
     count_params,
     enable_activation_checkpointing,
     flops_per_token,
@@ -72,8 +73,8 @@ def resolve_amp(o: OptimConfig, device: torch.device, model: torch.nn.Module | N
             return None, f"auto: fp32 ({probe['not_run']})", probe
         cmp = PairedRatio.of(probe["bf16_vs_fp32_time"])
         how = f"{cmp.fmt()} of fp32 on this CPU over {cmp.rounds} paired rounds, {cmp.verdict}"
-        note = (f"auto: {probe['picked']} (bf16 autocast step time {how}; {probe.get('measured', 'measured now')}, "
-                f"probe {probe.get('probe_seconds', 0):.1f} s)")
+        note = (f"auto: {probe['picked']} (bf16 autocast step time {how}, on {probe.get('probed', 'the shape')}; "
+                f"{probe.get('measured', 'measured now')}, probe {probe.get('probe_seconds', 0):.1f} s)")
         return (torch.bfloat16 if probe["picked"] == "bf16" else None), note, probe
     if not o.amp:
         return None, "fp32 (AMP off)", None
@@ -544,16 +545,14 @@ def train_in_processes(cfg: TrainConfig) -> dict[str, Any]:
     pretrained = is_pretrained_source(cfg.model.name)
     data = prepare(cfg.data, tokenizer_from=cfg.model.name if pretrained else None)  # bad data fails here, caches
     check_batch(len(data.blocks.train), cfg.optim.batch_size * cfg.optim.grad_accum)
-    if cfg.optim.amp is None and not torch.cuda.is_available():  # built once; --amp auto measured once, here
-        model = load_model(cfg.model.name) if pretrained else \
-            build_model(cfg.model.name, vocab_size=len(data.tokenizer), eos_token_id=data.tokenizer.eos_token_id)
+    if cfg.optim.amp is None and not torch.cuda.is_available():  # --amp auto measured once, here, on the shape
         before = torch.get_num_threads()
         torch.set_num_threads(threads)  # as each process will run (the choice is cached per thread count)
         try:
-            precision.cpu_choice(model, cfg.optim.batch_size, cfg.data.block_size)
+            precision.cpu_choice(config_of(cfg.model.name, len(data.tokenizer), data.tokenizer.eos_token_id),
+                                 cfg.optim.batch_size, cfg.data.block_size)
         finally:
             torch.set_num_threads(before)
-        del model
     layout = RunLayout.for_run(cfg.run)
     launch({"config": cfg.to_dict(), "dims": dims.to_dict()}, cfg.parallel, cfg.run.run_name)
     if p.node_rank != 0:  # only global rank 0 (on node 0) saves the artifact and writes the report

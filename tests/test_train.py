@@ -155,6 +155,26 @@ def test_amp_probe_is_cached_per_machine_and_model_shape(monkeypatch, tmp_path):
     assert "L2-d64-h2" in first["key"] and "threads" in first["key"]
 
 
+def test_amp_probe_trains_a_shallow_model_of_the_shape_not_copies_of_the_model(monkeypatch, tmp_path):
+    """#47: the probe trained two private copies of the whole model (gpt2-large killed at 17.9 GB on 24 GiB); now
+    a model of the same width, heads and vocabulary with at most PROBE_BLOCKS blocks, and only that is built."""
+    from effkit.measure import hardware, precision
+    from effkit.model.gpt2 import preset_config
+
+    monkeypatch.setenv("EFFKIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: ["avx512_bf16", "avx512f", "avx2"])
+    built = []
+
+    def step_seconds(model, batch, block, dtype):
+        built.append((model.config.n_layer, model.config.n_embd, model.config.vocab_size))
+        return _fake_timer(1.0 if dtype is None else 0.6)
+
+    monkeypatch.setattr(precision, "step_seconds", step_seconds)
+    out = precision.cpu_choice(preset_config("gpt2-medium", vocab_size=512), 4, 32)
+    assert built == [(precision.PROBE_BLOCKS, 1024, 512)] * 2 and out["picked"] == "bf16"
+    assert f"{precision.PROBE_BLOCKS} of its 24 blocks" in out["probed"] and "L4-d1024" in out["key"]
+
+
 @pytest.mark.slow
 def test_default_training_precision_is_measured_and_reported(tiny_cfg, monkeypatch, tmp_path):
     from effkit.measure import hardware

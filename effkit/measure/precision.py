@@ -2,14 +2,18 @@
 
 On CUDA, auto is bf16 autocast (fp16 with GradScaler where the GPU has no bf16). On a CPU, whether bf16 autocast
 beats fp32 depends on the instructions the CPU has (AVX512-BF16, AMX) and on the model's shape, so effkit
-times training steps of both on the actual shape by the decision rule (`effkit.measure.choice`: a tie within the
-precision goes to fp32). The result is cached per machine, thread count,
-torch version and shape, like the GEMM peak, and every report says what was measured. A CPU whose flags show
-no native bf16 is not probed: fp32, "bf16 not run: <reason>" (`cpu_choice`).
+times training steps of both by the decision rule (`effkit.measure.choice`: a tie within the precision goes to
+fp32) on the model's shape cut to at most `PROBE_BLOCKS` blocks: the same width, heads, vocabulary, batch and
+block, random weights (every block does the same work, so the ratio is the model's; the head and embeddings weigh
+a little more in it). A probe of the whole model trained two private copies beside it (gpt2-medium: 497 s and
+13.9 GB resident on a 2-core Zen 4 EPYC; gpt2-large was killed at 17.9 GB on 24 GiB). The result is cached per
+machine, thread count, torch version and probed shape, like the GEMM peak, and every report says what was
+measured. A CPU whose flags show no native bf16 is not probed: fp32, "bf16 not run: <reason>" (`cpu_choice`).
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +24,14 @@ from effkit.measure import choice, hardware, machine_cache, stats, timing
 
 # the decision rule, with a short screen (a step is long) and no far screen: the probe reports bf16's paired ratio
 PROBE = choice.Rule(rounds=3, budget_s=30.0, far=math.inf)
+PROBE_BLOCKS = 4  # the probe's depth: a gpt2-xl probe trains 4 of its 48 blocks (0.14B parameters, not 1.5B)
+
+
+def probe_config(config):
+    """`config` (a `GPT2Config`) with at most PROBE_BLOCKS blocks: the shape the probe trains."""
+    c = copy.deepcopy(config)
+    c.n_layer = min(config.n_layer, PROBE_BLOCKS)
+    return c
 
 
 def probe_key(config, batch: int, block: int) -> str:
@@ -57,19 +69,32 @@ def step_seconds(model: torch.nn.Module, batch: int, block: int, dtype: torch.dt
     return lambda: batch * block / tokens_per_s()
 
 
-def cpu_choice(model: torch.nn.Module, batch: int, block: int,
+def _measure(config, batch: int, block: int) -> dict[str, Any]:
+    """fp32 and bf16 autocast training steps of a randomly initialised model of `config`, by the rule."""
+    from effkit.model.gpt2 import build_from_config
+
+    model = build_from_config(config)
+    return choose({"fp32": step_seconds(model, batch, block, None),
+                   "bf16": step_seconds(model, batch, block, torch.bfloat16)})
+
+
+def cpu_choice(config, batch: int, block: int,
                measure: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
-    """The cached choice for this machine and shape, measured on `model` the first time (`measure` overrides
-    the measurement, for tests). A CPU whose flags show no native bf16 gets fp32 with nothing timed: bf16 is
-    emulated there, and timing it costs a probe many times slower than fp32 only to confirm it."""
-    key = probe_key(model.config, batch, block)
+    """The cached choice for this machine and shape (`config`: the model's `GPT2Config`, or the model), measured
+    the first time on the shape cut to PROBE_BLOCKS blocks (`measure` overrides the measurement, for tests). A CPU
+    whose flags show no native bf16 gets fp32 with nothing timed: bf16 is emulated there, and timing it costs a
+    probe many times slower than fp32 only to confirm it."""
+    config = getattr(config, "config", config)  # a model: its config (its weights are not used)
+    probed = probe_config(config)
+    key = probe_key(probed, batch, block)
     if reason := hardware.no_native_bf16():
         return {"picked": "fp32", "not_run": f"bf16 not run: {reason}", "cpu_flags": hardware.cpu_flags(),
                 "probe_seconds": 0.0, "key": key, "cached": False, "measured": "nothing timed: the CPU's flags"}
     if measure is None:
-        measure = lambda: choose({"fp32": step_seconds(model, batch, block, None),  # noqa: E731
-                                  "bf16": step_seconds(model, batch, block, torch.bfloat16)})
+        measure = lambda: _measure(probed, batch, block)  # noqa: E731
     choice, cached = machine_cache.machine_cached("amp_probe", key,
                                                   lambda: {**measure(), "cpu_flags": hardware.cpu_flags()})
-    return {**choice, "key": key, "cached": cached,
+    depth = (f"the model's shape cut to {probed.n_layer} of its {config.n_layer} blocks (random weights)"
+             if probed.n_layer < config.n_layer else "the model's shape (random weights)")
+    return {**choice, "key": key, "cached": cached, "probed": depth,
             "measured": machine_cache.cache_note("amp_probe", key) if cached else "measured now"}

@@ -70,14 +70,36 @@ def check_preset(name: str) -> dict[str, int]:
     return PRESETS[name]
 
 
-def build_model(name: str, vocab_size: int, dropout: float = 0.0, eos_token_id: int | None = None) -> nn.Module:
-    from transformers import GPT2Config, GPT2LMHeadModel
+def preset_config(name: str, vocab_size: int, dropout: float = 0.0, eos_token_id: int | None = None):
+    """The transformers `GPT2Config` of a preset (nothing allocated)."""
+    from transformers import GPT2Config
 
     check_preset(name)
     cfg = GPT2Config(vocab_size=vocab_size, resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout,
                      bos_token_id=eos_token_id, eos_token_id=eos_token_id, **PRESETS[name])
     cfg._attn_implementation = "sdpa"
-    return _finish(GPT2LMHeadModel(cfg))
+    return cfg
+
+
+def build_from_config(config) -> nn.Module:
+    """A randomly initialised model of a `GPT2Config`, in effkit's Linear layout."""
+    from transformers import GPT2LMHeadModel
+
+    return _finish(GPT2LMHeadModel(config))
+
+
+def config_of(name: str, vocab_size: int, eos_token_id: int | None = None):
+    """The `GPT2Config` a model name stands for: a local folder's or hub id's own, or a preset's with this
+    vocabulary (nothing allocated, no weights read)."""
+    if is_pretrained_source(name):
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(name)
+    return preset_config(name, vocab_size, eos_token_id=eos_token_id)
+
+
+def build_model(name: str, vocab_size: int, dropout: float = 0.0, eos_token_id: int | None = None) -> nn.Module:
+    return build_from_config(preset_config(name, vocab_size, dropout, eos_token_id))
 
 
 def load_model(path: str, dropout: float | None = None) -> nn.Module:
