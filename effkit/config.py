@@ -583,6 +583,8 @@ class PruneFinetune(_Section):
                     "ended)")
     warmup_steps: int = opt(5, "fine-tuning warm-up steps")
     seed: int = opt(1337, "random seed")
+    optim: str = opt("", "fine-tuning optimizer, one of effkit train's --optim (empty: the parent's); adamw8bit keeps "
+                     "a quarter of AdamW's moments", show_default="the parent's")
     control: bool = opt(True, "also fine-tune the unpruned parent with the same steps (the fair baseline)")
     # fine-tune with a KL term to the frozen dense parent's logits; None = auto: on for the structured modes (it
     # measured better than plain fine-tuning for row, width and depth on the quickstart), off for weight
@@ -671,6 +673,8 @@ class PruneConfig(_Staged):
                 raise EffkitError(f"unknown --importance {m.importance!r}; choose one of {', '.join(known)}")
             raise EffkitError(f"--importance {m.importance} applies to --mode {' or '.join(accept)}; --mode "
                               f"{m.mode} ranks by {pruner.ranks_by(self)}")
+        if f.optim:
+            OPTIMIZERS.get(f.optim)  # one line naming the choices
         if f.distill and not pruner.structured:
             structured = [n for n in PRUNERS.names() if PRUNERS.get(n).structured]
             raise EffkitError(f"--distill applies to the structured modes ({', '.join(structured)}), not to "

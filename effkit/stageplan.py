@@ -30,10 +30,18 @@ class StagePlan:
     notes: list[str] = field(default_factory=list)
     tricks: list[str] = field(default_factory=list)
     method: str = METHOD  # how the parts were predicted (each stage says its own)
+    # parts the resident set counts but the kernel can drop under pressure (clean pages of a mapped file): in the
+    # predicted peak, not in what must fit
+    reclaimable: set[str] = field(default_factory=set)
 
     @property
     def total_bytes(self) -> int:
         return sum(self.parts.values())
+
+    @property
+    def required_bytes(self) -> int:
+        """What must fit: the total less the reclaimable parts."""
+        return self.total_bytes - sum(v for k, v in self.parts.items() if k in self.reclaimable)
 
     @property
     def usable_bytes(self) -> int | None:
@@ -43,7 +51,7 @@ class StagePlan:
 
     @property
     def fits(self) -> bool | None:
-        return None if self.device_bytes is None else self.total_bytes <= self.usable_bytes
+        return None if self.device_bytes is None else self.required_bytes <= self.usable_bytes
 
     def verdict(self) -> str:
         """`fits` or `does not fit: <what would make it fit>`, in one line."""
@@ -55,6 +63,7 @@ class StagePlan:
 
     def to_dict(self) -> dict[str, Any]:
         return {"stage": self.stage, "parts_bytes": self.parts, "total_bytes": self.total_bytes,
+                "required_bytes": self.required_bytes, "reclaimable_parts": sorted(self.reclaimable),
                 "device": self.device, "device_bytes": self.device_bytes, "usable_bytes": self.usable_bytes,
                 "fits": self.fits, "verdict": self.verdict(), "notes": self.notes, "method": self.method}
 
@@ -62,6 +71,8 @@ class StagePlan:
 def check(plan: StagePlan, force: bool) -> None:
     """Stop before anything large is allocated when the plan does not fit, unless forced."""
     if plan.fits is False and not force:
-        raise EffkitError(f"{plan.stage}: predicted peak {plan.total_bytes / 2**30:.1f} GiB > "
+        dropped = plan.total_bytes - plan.required_bytes
+        cache = f" ({dropped / 2**30:.1f} GiB of mapped file pages the kernel can drop not counted)" if dropped else ""
+        raise EffkitError(f"{plan.stage}: predicted peak {plan.required_bytes / 2**30:.1f} GiB{cache} > "
                           f"{plan.usable_bytes / 2**30:.1f} GiB usable ({plan.device}); {plan.verdict()}; "
                           "--plan shows the parts, --force runs it anyway")

@@ -441,7 +441,8 @@ def test_the_memory_plan_is_made_before_anything_and_one_that_does_not_fit_stops
     monkeypatch.setattr(memplan, "device_memory", lambda device: ("a 1 MiB machine", 2**20))
     code, err = run_cli(base, capsys, monkeypatch)
     assert code == 2 and len(err.splitlines()) == 1 and err.startswith("effkit: error: prune: predicted peak"), err
-    assert "does not fit: --no-control" in err and "--force runs it anyway" in err
+    assert "does not fit: not even with --no-control --optim adamw8bit --batch-size 1" in err, err
+    assert "--force runs it anyway" in err
     assert not runs.exists() and not reports.exists()  # nothing written
     code, err = run_cli([*base, "--force"], capsys, monkeypatch)
     assert code in (0, None), err
@@ -452,3 +453,15 @@ def test_the_memory_plan_is_made_before_anything_and_one_that_does_not_fit_stops
     parts = mem["plan"]["parts_bytes"]
     assert parts["teacher: the dense parent (frozen, fp32)"] == parts["fine-tuning (the control arm's): parameters"]
     assert sum(parts.values()) == mem["plan"]["total_bytes"]
+    mapped = [k for k in parts if k.startswith("the weights' file, mapped")]  # clean pages: not what must fit
+    assert mem["plan"]["reclaimable_parts"] == mapped and len(mapped) == 1
+    assert mem["plan"]["required_bytes"] == mem["plan"]["total_bytes"] - parts[mapped[0]]
+    # a machine between the plan with every trick and the plan as asked: the plan names the tricks that fit
+    monkeypatch.setattr(memplan, "device_memory",
+                        lambda device: ("this machine", int(mem["plan"]["required_bytes"] / 0.9 * 0.8)))
+    cfg = PruneConfig.from_flat(source=artifact, mode="row", target=0.3, rounds=1, finetune_steps=2, batch_size=2,
+                                runs_dir=str(runs), reports_dir=str(reports))
+    from effkit.prune.stage import prune_plan
+
+    verdict = prune_plan(cfg.validate()).verdict()
+    assert verdict.startswith("does not fit: it would with --no-control") and "GiB predicted" in verdict, verdict

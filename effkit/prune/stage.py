@@ -157,7 +157,7 @@ def finetune_config(cfg: PruneConfig, source: Path, meta: dict[str, Any], data: 
         trained_in, (parent.optim.amp if meta.get("config") else False, parent.optim.amp_dtype))
     return TrainConfig(
         data=data, model=ModelConfig(name=str(source)),
-        optim=parent.optim.replace(amp=amp[0], amp_dtype=amp[1],
+        optim=parent.optim.replace(amp=amp[0], amp_dtype=amp[1], optim=cfg.finetune.optim or parent.optim.optim,
                                    max_steps=cfg.finetune.finetune_steps, max_tokens=0, time_budget=0.0, lr=lr,
                                    min_lr=lr / 10, warmup_steps=cfg.finetune.warmup_steps,
                                    batch_size=cfg.finetune.batch_size,
@@ -205,7 +205,7 @@ def run_prune(cfg: PruneConfig, progress: bool = True) -> dict[str, Any]:
             "measured_how": mem.method})
 
 
-def prune_plan(cfg: PruneConfig, probe: bool = False) -> stageplan.StagePlan:
+def prune_plan(cfg: PruneConfig, probe: bool = False, suggest: bool = True) -> stageplan.StagePlan:
     """The memory plan of `effkit prune` with `cfg` (a PruneConfig, validated), from the model's shapes alone: the
     dense parent, loaded as the frozen teacher and the reference; the student, its copy that the rounds cut; and one
     fine-tuning (`effkit.memplan.predict` of the round's own training configuration: the model being fine-tuned,
@@ -215,8 +215,11 @@ def prune_plan(cfg: PruneConfig, probe: bool = False) -> stageplan.StagePlan:
     term's two softmaxes are added (batch x block x vocabulary, fp32). Two things a simulation does not see are
     counted from what a run showed (gpt2, 92M parameters: docs/benchmarks.md, session 17): a loaded model keeps
     its safetensors file mapped (clean pages in the resident set: the file's size per load alive), and a real
-    step's peak holds gradients beside activations (counted whole). `probe`: measure the runtime now where it is
-    not cached (seconds to minutes), else leave it out and say so."""
+    step's peak holds gradients beside activations (counted whole); the mapped pages are clean, so they count in
+    the predicted peak but not in what must fit. `probe`: measure the runtime now where it is not cached (seconds
+    to minutes), else leave it out and say so. `suggest`: where it does not fit, plan again with the memory tricks
+    added one by one (`--no-control`, `--optim adamw8bit`, halving `--batch-size`) and name the first set that
+    fits."""
     from effkit import memplan
     from effkit.parallel import resolve_device
 
@@ -234,8 +237,9 @@ def prune_plan(cfg: PruneConfig, probe: bool = False) -> stageplan.StagePlan:
     student = "student: its copy, which the rounds cut (at most the parent's size)"
     weights_file = sum(p.stat().st_size for p in Path(source).glob("*.safetensors")) or model_bytes
     loads = 2 if f.finetune_steps and f.control else 1  # the parent (teacher), and the control arm's own load
+    mapped = f"the weights' file, mapped by each of the {loads} load(s) alive (clean pages)"
     parts = {"teacher: the dense parent (frozen, fp32)": model_bytes, student: model_bytes,
-             f"the weights' file, mapped by each of the {loads} load(s) alive (clean pages)": loads * weights_file}
+             mapped: loads * weights_file}
     notes = []
     if f.finetune_steps:
         who = "the control arm's" if f.control else "the student's"
@@ -254,14 +258,39 @@ def prune_plan(cfg: PruneConfig, probe: bool = False) -> stageplan.StagePlan:
                   *[n for n in tuning.notes if n.startswith("runtime")]]
     else:
         notes.append("no fine-tuning (--finetune-steps 0): the two models and an evaluation batch")
-    tricks = []
+    plan = stageplan.StagePlan("prune", parts, tuning.device, tuning.device_bytes, notes, reclaimable={mapped})
+    if suggest and plan.fits is False:
+        plan.tricks = _fitting_tricks(cfg, ft.optim.optim)
+    return plan
+
+
+def _fitting_tricks(cfg: PruneConfig, optim: str) -> list[str]:
+    """The memory tricks, added one at a time in the order they cost the measurement least (no control arm: the
+    loss deltas are then against the dense parent; 8-bit moments; smaller fine-tuning batches), until a plan fits:
+    the first set that fits with its predicted peak, or the last set tried and what it still needs."""
+    f = cfg.finetune
+    steps: list[tuple[str, dict[str, Any]]] = []
     if f.finetune_steps and f.control:
-        tricks.append("--no-control (no third model; the loss deltas are then against the dense parent)")
-    if f.finetune_steps and ft.optim.optim != "adamw8bit":
-        tricks.append("a parent trained with --optim adamw8bit (its fine-tuning keeps 8-bit moments)")
-    if f.finetune_steps and f.batch_size > 1:
-        tricks.append(f"--batch-size {max(1, f.batch_size // 2)}")
-    return stageplan.StagePlan("prune", parts, tuning.device, tuning.device_bytes, notes, tricks)
+        steps.append(("--no-control", {"control": False}))
+    if f.finetune_steps and optim != "adamw8bit":
+        steps.append(("--optim adamw8bit", {"optim": "adamw8bit"}))
+    batch = f.batch_size
+    while f.finetune_steps and batch > 1:
+        batch //= 2
+        steps.append((f"--batch-size {batch}", {"batch_size": batch}))
+    flags: list[str] = []
+    changes: dict[str, Any] = {}
+    p = None
+    for flag, change in steps:
+        flags = [t for t in flags if not t.startswith("--batch-size")] + [flag]
+        changes |= change
+        p = prune_plan(cfg.replace(**changes), suggest=False)
+        if p.fits:
+            return [f"it would with {' '.join(flags)} ({p.required_bytes / 2**30:.1f} GiB predicted)"]
+    if p is None:
+        return []
+    return [f"not even with {' '.join(flags)} ({p.required_bytes / 2**30:.1f} GiB predicted); use a machine with "
+            "more memory"]
 
 
 def _calibration(cfg: PruneConfig, pruner, train_blocks: torch.Tensor) -> list[torch.Tensor] | None:
