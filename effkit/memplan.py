@@ -269,15 +269,16 @@ def simulate_layers(model_config, batch: int, block: int, layers: int, **kw) -> 
 
 
 def predict(cfg, device: torch.device | None = None, probe: bool = False, runtime_bytes: int | None = None,
-            env: dict[str, str] | None = None) -> Plan:
+            env: dict[str, str] | None = None, model_config=None) -> Plan:
     """The plan of `cfg` (a TrainConfig) for one rank of the layout it asks for. On a CPU its runtime term comes
-    from `runtime_bytes` when given, else from the cache, measured first when `probe` (`env`: the probe's)."""
+    from `runtime_bytes` when given, else from the cache, measured first when `probe` (`env`: the probe's).
+    `model_config`: the model's shape, when it is not the one `cfg` names (a pruned student)."""
     from effkit.parallel import ParallelDims
     from effkit.parallel.launch import nproc_per_node
 
     o, p, d = cfg.optim, cfg.parallel, cfg.data
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    mc = _model_config(cfg)
+    mc = model_config or _model_config(cfg)
     nproc = nproc_per_node(p) if p.launched else 1
     world = nproc * p.nnodes
     dims = ParallelDims.build(p.replace(nproc=nproc), world, mc.n_head, mc.n_layer)

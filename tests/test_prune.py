@@ -453,6 +453,8 @@ def test_the_memory_plan_is_made_before_anything_and_one_that_does_not_fit_stops
     parts = mem["plan"]["parts_bytes"]
     assert parts["teacher: the dense parent (frozen, fp32)"] == parts["fine-tuning (the control arm's): parameters"]
     assert sum(parts.values()) == mem["plan"]["total_bytes"]
+    # the student after round 1's cut, from the shapes alone: the size the round reports
+    assert parts["student: its copy after round 1's cut"] == 4 * report["curve"][1]["params"]
     mapped = [k for k in parts if k.startswith("the weights' file, mapped")]  # clean pages: not what must fit
     assert mem["plan"]["reclaimable_parts"] == mapped and len(mapped) == 1
     assert mem["plan"]["required_bytes"] == mem["plan"]["total_bytes"] - parts[mapped[0]]

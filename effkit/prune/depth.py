@@ -10,6 +10,8 @@ similarity is a cheaper proxy for it, which matters for 30-plus-layer models and
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import nn
 
@@ -87,6 +89,12 @@ class DepthPruner:
             raise EffkitError(f"--target {cfg.method.target} removes no block of {c.n_layer} (rounded); use at least "
                               f"{0.5 / c.n_layer:.2f}")
         return {"n_layer": f"{c.n_layer} -> {c.n_layer - remove}"}
+
+    def cut_config(self, cfg, config, fraction: float):
+        """`config` with the blocks a cut of `fraction` keeps (the memory plan's student)."""
+        c = copy.deepcopy(config)
+        c.n_layer = config.n_layer - round(config.n_layer * fraction)
+        return c
 
     def start(self, cfg, model):
         n_layer0 = model.config.n_layer

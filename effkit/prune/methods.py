@@ -40,6 +40,10 @@ class Pruner(Protocol):
 
     def start(self, cfg, model) -> Cut: ...
 
+    # optional: the model's configuration (a GPT2Config) after a cut of `fraction`, from shapes alone, for the memory
+    # plan's student (a method without it is planned at the parent's size, an upper bound)
+    # def cut_config(self, cfg, config, fraction: float): ...
+
 
 def options_of(cfg, options: type) -> Any:
     """A method's own options from a prune config, as its dataclass: from the config's plug-in section where it has

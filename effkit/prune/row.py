@@ -13,6 +13,8 @@ MLP width of 100 could not be exported to them at all.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import nn
 
@@ -63,6 +65,13 @@ class RowPruner:
                               "(--width-multiple); use a larger --target or a smaller --width-multiple")
         return {"n_inner": f"{n} -> {keep} (a multiple of --width-multiple {m}; {1 - keep / n:.1%} removed for "
                            f"--target {target})"}
+
+    def cut_config(self, cfg, config, fraction: float):
+        """`config` with the MLP width a cut of `fraction` keeps (the memory plan's student)."""
+        c = copy.deepcopy(config)
+        c.n_inner = kept_width(config.n_inner or 4 * config.n_embd, fraction, options_of(cfg, Options).width_multiple,
+                               "an MLP width")
+        return c
 
     def start(self, cfg, model):
         n_inner0 = model.config.n_inner or 4 * model.config.n_embd

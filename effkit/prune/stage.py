@@ -230,15 +230,23 @@ def prune_plan(cfg: PruneConfig, probe: bool = False, suggest: bool = True) -> s
     device = resolve_device(cfg.inputs.device)
     ft = finetune_config(cfg, Path(source), meta, data, 1, layout)
     tuning = memplan.predict(ft, device, probe=probe)
+    f = cfg.finetune
+    mc = memplan._model_config(ft)
+    cut = getattr(methods.get(cfg.method.mode), "cut_config", None)  # the student after round 1, the largest tuned
+    student_config = cut(cfg, mc, cfg.method.target / cfg.method.rounds) if cut else mc
+    cut_size = student_config.to_dict() != mc.to_dict()
+    if f.finetune_steps and not f.control and cut_size:  # the student is the model fine-tuned: planned at its shape
+        tuning = memplan.predict(ft, device, probe=probe, model_config=student_config)
     states = dict(tuning.per_rank)
     states["parameters"] += states.pop("buffers", 0)
-    model_bytes = states["parameters"]
-    f = cfg.finetune
-    student = "student: its copy, which the rounds cut (at most the parent's size)"
+    model_bytes = _fp32_bytes(mc)
+    student_bytes = _fp32_bytes(student_config)
+    student = ("student: its copy after round 1's cut" if cut_size else
+               "student: its copy, which the rounds cut (at most the parent's size)")
     weights_file = sum(p.stat().st_size for p in Path(source).glob("*.safetensors")) or model_bytes
     loads = 2 if f.finetune_steps and f.control else 1  # the parent (teacher), and the control arm's own load
     mapped = f"the weights' file, mapped by each of the {loads} load(s) alive (clean pages)"
-    parts = {"teacher: the dense parent (frozen, fp32)": model_bytes, student: model_bytes,
+    parts = {"teacher: the dense parent (frozen, fp32)": model_bytes, student: student_bytes,
              mapped: loads * weights_file}
     notes = []
     if f.finetune_steps:
@@ -248,9 +256,8 @@ def prune_plan(cfg: PruneConfig, probe: bool = False, suggest: bool = True) -> s
         parts |= {f"fine-tuning ({who}): {k}": v for k, v in states.items()}
         # a real step's peak holds the gradients already computed beside the activations still alive, which the
         # simulation's peak (the end of the forward) does not: counted whole, an upper bound
-        parts[f"fine-tuning ({who}): gradients"] = max(states.get("gradients", 0), model_bytes)
+        parts[f"fine-tuning ({who}): gradients"] = max(states.get("gradients", 0), states["parameters"])
         if cfg.distilling:
-            mc = memplan._model_config(ft)
             parts["distillation: the teacher's logits and the KL's two softmaxes"] = \
                 3 * f.batch_size * data.block_size * mc.vocab_size * 4
         notes += [f"the largest moment: {who} fine-tuning, {f.batch_size} x {data.block_size} tokens, "
@@ -258,10 +265,20 @@ def prune_plan(cfg: PruneConfig, probe: bool = False, suggest: bool = True) -> s
                   *[n for n in tuning.notes if n.startswith("runtime")]]
     else:
         notes.append("no fine-tuning (--finetune-steps 0): the two models and an evaluation batch")
+    if cut_size:
+        notes.append(f"the student after round 1 ({cfg.method.target / cfg.method.rounds:.0%} removed): "
+                     f"{student_bytes / model_bytes:.2f}x the parent's parameters")
     plan = stageplan.StagePlan("prune", parts, tuning.device, tuning.device_bytes, notes, reclaimable={mapped})
     if suggest and plan.fits is False:
         plan.tricks = _fitting_tricks(cfg, ft.optim.optim)
     return plan
+
+
+def _fp32_bytes(config) -> int:
+    """The fp32 parameter bytes of a GPT-2 of `config` (tied head counted once), from its shape alone."""
+    d, n_inner = config.n_embd, config.n_inner or 4 * config.n_embd
+    block = 4 * d * d + 4 * d + 2 * d * n_inner + n_inner + d + 4 * d  # attention, MLP, two layer norms
+    return 4 * (config.n_layer * block + (config.vocab_size + config.n_positions) * d + 2 * d)
 
 
 def _fitting_tricks(cfg: PruneConfig, optim: str) -> list[str]:

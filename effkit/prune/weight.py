@@ -95,6 +95,10 @@ class WeightPruner:
     def plan(self, cfg, model) -> dict:
         return {}
 
+    def cut_config(self, cfg, config, fraction: float):
+        """Zeros keep every shape: the student is the parent's size."""
+        return config
+
     def start(self, cfg, model):
         masks = None
 

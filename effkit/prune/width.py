@@ -178,6 +178,12 @@ class WidthPruner:
                           f"{cfg.method.target})",
                 "head_dim": f"{c.n_embd // c.n_head} -> {width // c.n_head}"}
 
+    def cut_config(self, cfg, config, fraction: float):
+        """`config` with the residual width a cut of `fraction` keeps (the memory plan's student)."""
+        c = copy.deepcopy(config)
+        c.n_embd = valid_width(config.n_embd, config.n_head, fraction, options_of(cfg, Options).width_multiple)
+        return c
+
     def start(self, cfg, model):
         n_embd0 = model.config.n_embd
         m = options_of(cfg, Options).width_multiple
