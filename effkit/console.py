@@ -36,8 +36,6 @@ def show_plan(p: Any, fit: bool, changes: list[str]) -> None:
     for k, v in p.per_rank.items():
         t.add_row(k, f"{v / 2**20:,.0f}")
     t.add_row("[bold]total", f"[bold]{p.total_bytes / 2**20:,.0f}")
-    if p.required_bytes != p.total_bytes:
-        t.add_row("must fit (less the clean file pages the kernel can drop)", f"{p.required_bytes / 2**20:,.0f}")
     t.add_row(p.device, f"{p.device_bytes / 2**20:,.0f}" if p.device_bytes else "unknown")
     if p.usable_bytes:
         t.add_row(f"usable (less {memplan.HEADROOM:.0%} kept free)", f"{p.usable_bytes / 2**20:,.0f}")
