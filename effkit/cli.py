@@ -163,24 +163,36 @@ def prune(ctx: typer.Context, recipe: Optional[Path] = _recipe("prune"),
 
 @app.command()
 @with_stage_options(QuantizeConfig)
-def quantize(ctx: typer.Context, recipe: Optional[Path] = _recipe("quantize"), **stage_options):
+def quantize(ctx: typer.Context, recipe: Optional[Path] = _recipe("quantize"),
+             plan: bool = typer.Option(False, "--plan", help="print the predicted peak memory, its parts and "
+                                       "whether it fits, allocate nothing, and stop"),
+             **stage_options):
     """Quantize an artifact to int8 and compare it with its parent (fp32 and bf16)."""
     quiet_libraries()
-    from effkit.quantize.stage import run_quantize
+    from effkit.quantize.stage import quantize_plan, run_quantize
 
     cfg = build_config(QuantizeConfig, str(recipe) if recipe else None, _flags(ctx, QuantizeConfig))
+    if plan:
+        console.show_stage_plan(quantize_plan(cfg.validate()))
+        return
     console.show_quantize(run_quantize(cfg), cfg.folders.reports_dir)
 
 
 @app.command()
 @with_stage_options(ExportConfig)
-def export(ctx: typer.Context, recipe: Optional[Path] = _recipe("export"), **stage_options):
+def export(ctx: typer.Context, recipe: Optional[Path] = _recipe("export"),
+           plan: bool = typer.Option(False, "--plan", help="print the predicted peak memory, its parts and whether "
+                                     "it fits, allocate nothing, and stop"),
+           **stage_options):
     """Export an artifact to ONNX, CTranslate2 or OpenVINO (optionally int8) and compare it with its PyTorch
     parent."""
     quiet_libraries()
-    from effkit.export import run_export
+    from effkit.export import export_plan, run_export
 
     cfg = build_config(ExportConfig, str(recipe) if recipe else None, _flags(ctx, ExportConfig))
+    if plan:
+        console.show_stage_plan(export_plan(cfg))
+        return
     console.show_export(run_export(cfg), cfg.folders.reports_dir)
 
 
@@ -190,6 +202,8 @@ def bench(
     ctx: typer.Context,
     recipe: Optional[Path] = _recipe("bench"),
     json_out: bool = typer.Option(False, "--json", help="print the machine-readable result instead of the table"),
+    plan: bool = typer.Option(False, "--plan", help="print the predicted peak memory, its parts and whether it "
+                              "fits, allocate nothing, and stop"),
     **stage_options,  # BenchConfig's flags (and its paths argument), added by with_stage_options
 ):
     """Measure every artifact of a run with one protocol; table, bench.json/csv/md and leaderboard.json."""
@@ -197,6 +211,11 @@ def bench(
     cfg = build_config(BenchConfig, str(recipe) if recipe else None, _flags(ctx, BenchConfig))
     from effkit.bench import run_bench
 
+    if plan:
+        from effkit.bench.plan import bench_plan
+
+        console.show_stage_plan(bench_plan(cfg))
+        return
     console.show_bench(run_bench(cfg, progress=not json_out), cfg.folders.reports_dir, as_json=json_out)
 
 

@@ -310,6 +310,7 @@ class PruneInputs(Inputs):
 @dataclass(frozen=True)
 class QuantizeInputs(Inputs):
     source: str = opt("", "artifact or Hugging Face GPT-2 folder (default: newest of the latest run)", flag="--from")
+    force: bool = opt(False, "run even where the memory plan (--plan) predicts a peak above the machine's memory")
 
 
 # ------------------------------------------------------------------------------------------- train sections
@@ -785,6 +786,7 @@ class ExportWhat(_Section):
     # the stored weights, for a format with several (its engine's `types`: gguf f16, q8_0, q4_0)
     type: str = opt("", "the stored weights, for a format with several: gguf f16 (default), q8_0 or q4_0 "
                     "(llama.cpp's blocks of 32)")
+    force: bool = opt(False, "run even where the memory plan (--plan) predicts a peak above the machine's memory")
 
 
 @dataclass(frozen=True)
@@ -815,6 +817,7 @@ class BenchWhat(_Section):
     peer_engines: str = opt("", "with --peers: comma-separated engines giving a peer row (default: every engine "
                             "that has one)")
     device: str = opt("auto", DEVICE_HELP)
+    force: bool = opt(False, "run even where the memory plan (--plan) predicts a peak above the machine's memory")
 
 
 @dataclass(frozen=True)

@@ -37,8 +37,19 @@ from effkit.measure import results
 FORWARD = 1 / 3  # a forward pass at the training batch, in training steps
 
 
+NOT_RESULTS = frozenset({"force"})  # options that change whether a stage runs, never what it makes
+
+
+def _results_only(part: Any) -> Any:
+    if isinstance(part, dict):
+        return {k: _results_only(v) for k, v in part.items() if k not in NOT_RESULTS}
+    return part
+
+
 def fingerprint(*parts: Any) -> str:
-    """A short hash of JSON-able parts (a recipe section as resolved, the parents' fingerprints)."""
+    """A short hash of JSON-able parts (a recipe section as resolved, the parents' fingerprints), less the options
+    that change nothing a stage makes (`--force` past a memory plan)."""
+    parts = tuple(_results_only(p) for p in parts)
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

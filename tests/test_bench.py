@@ -300,3 +300,46 @@ def test_the_artifacts_alone_run_two_processes_at_once_on_a_cpu_and_keep_their_o
     with pytest.raises(EffkitError, match="a0"):
         static.bench_all_isolated(paths, None, {}, paths[0], torch.device("cpu"))
     assert "a3" not in started and "a4" not in started  # those not yet started when it failed never start
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory, corpus_dir):
+    tmp = tmp_path_factory.mktemp("bench-plan")
+    dirs = {"runs_dir": str(tmp / "runs"), "reports_dir": str(tmp / "reports")}
+    dense = train(TrainConfig.from_flat(model="gpt2-nano", data=str(corpus_dir), vocab_size=512, block_size=32,
+                                        eval_blocks=4, batch_size=4, max_steps=2, warmup_steps=1, eval_interval=0,
+                                        checkpoint_interval=0, run_name="p", **dirs), progress=False)["artifact"]
+    return tmp, dense
+
+
+def test_the_bench_plan_is_made_before_anything_and_one_that_does_not_fit_stops_the_stage(tiny_run, tmp_path,
+                                                                                         capsys, monkeypatch):
+    """#47: `bench --plan` prints the predicted peak with its parts and writes nothing; a plan that does not fit
+    stops the bench in one line, exit 2, before anything is written, unless --force; a run reports the plan it made
+    beside the peaks it measured (the top process's and each alone process's)."""
+    from effkit import memplan
+
+    tmp, dense = tiny_run
+    reports = tmp_path / "reports"
+    base = ["bench", dense, "--quick", "--runs-dir", str(tmp / "runs"), "--reports-dir", str(reports)]
+    before = sorted(p.name for p in (tmp / "runs" / "p").iterdir())
+    monkeypatch.setattr(sys, "argv", ["effkit", *base, "--plan"])
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    out = capsys.readouterr().out
+    assert exc.value.code in (0, None) and "memory plan: effkit bench" in out and "plan: fits" in out
+    assert "train: fp32 model" in out and "training step, AdamW's moments" in out
+    assert not reports.exists() and sorted(p.name for p in (tmp / "runs" / "p").iterdir()) == before
+    monkeypatch.setattr(memplan, "device_memory", lambda device: ("a 1 MiB machine", 2**20))
+    code, err = run_cli(base, capsys, monkeypatch)
+    assert code == 2 and len(err.splitlines()) == 1 and err.startswith("effkit: error: bench: predicted peak"), err
+    assert "does not fit" in err and "--force runs it anyway" in err
+    assert not reports.exists() and sorted(p.name for p in (tmp / "runs" / "p").iterdir()) == before
+    code, err = run_cli([*base, "--force"], capsys, monkeypatch)
+    assert code in (0, None), err
+    mem = json.loads((reports / "p" / "bench.json").read_text())["memory"]
+    assert mem["plan"]["fits"] is False and mem["plan"]["verdict"].startswith("does not fit")
+    assert mem["measured_peak_bytes"] > 0 and mem["measured_how"].startswith("the top process: cpu RSS")
+    alone = mem["alone_processes"]["train"]
+    assert alone["predicted_bytes"] > 0 and alone["measured_absolute_bytes"] > 0
+    assert sum(mem["plan"]["parts_bytes"].values()) == mem["plan"]["total_bytes"]

@@ -267,8 +267,8 @@ def test_nested_stage_configs_keep_their_flat_keys_and_every_one_is_a_flag():
 
 
 # what a stage command declares besides its config's fields (typer's --help aside)
-NON_STAGE_PARAMS = {"train": {"recipe", "plan", "fit"}, "prune": {"recipe", "plan"}, "quantize": {"recipe"},
-                    "export": {"recipe"}, "bench": {"recipe", "json_out"}}
+NON_STAGE_PARAMS = {"train": {"recipe", "plan", "fit"}, "prune": {"recipe", "plan"}, "quantize": {"recipe", "plan"},
+                    "export": {"recipe", "plan"}, "bench": {"recipe", "json_out", "plan"}}
 
 
 def test_every_stage_flag_is_its_config_field_declared_once():

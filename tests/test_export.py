@@ -431,3 +431,37 @@ def test_bad_export_input(trained, capsys, monkeypatch):
     code, err = run_cli(["export", "--from", artifact, *dirs], capsys, monkeypatch)
     assert code == 2 and "onnxruntime" in err and len(err.splitlines()) == 1
     assert sorted(p.name for p in (tmp / "runs" / "x").iterdir()) == before  # nothing half-written
+
+
+def test_the_export_plan_is_made_before_anything_and_one_that_does_not_fit_stops_the_stage(trained, tmp_path,
+                                                                                          capsys, monkeypatch):
+    """#47: `export --plan` prints the predicted peak with its parts and writes nothing; a plan that does not fit
+    stops the stage in one line, exit 2, before anything is written, unless --force; a run reports the plan it made
+    beside the peak it measured."""
+    from effkit import memplan
+
+    _, artifact, _ = trained
+    runs, reports = tmp_path / "runs", tmp_path / "reports"
+    base = ["export", "--from", artifact, "--fixed-rounds", "--latency-rounds", "2", "--latency-repeats", "1",
+            "--gen-tokens", "4", "--batch-size", "4", "--runs-dir", str(runs), "--reports-dir", str(reports)]
+    monkeypatch.setattr(sys, "argv", ["effkit", *base, "--plan"])
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    out = capsys.readouterr().out
+    assert exc.value.code in (0, None) and "memory plan: effkit export" in out and "plan: fits" in out
+    assert "parent: fp32 model" in out and "the export loaded in its engine" in out
+    assert not runs.exists() and not reports.exists()
+    monkeypatch.setattr(memplan, "device_memory", lambda device: ("a 1 MiB machine", 2**20))
+    code, err = run_cli(base, capsys, monkeypatch)
+    assert code == 2 and len(err.splitlines()) == 1 and err.startswith("effkit: error: export: predicted peak"), err
+    assert "does not fit" in err and "--force runs it anyway" in err
+    assert not runs.exists() and not reports.exists()  # nothing written
+    code, err = run_cli([*base, "--force"], capsys, monkeypatch)
+    assert code in (0, None), err
+    mem = json.loads((reports / "x" / "onnx.json").read_text())["memory"]
+    assert mem["plan"]["fits"] is False and mem["plan"]["verdict"].startswith("does not fit")
+    assert mem["measured_peak_bytes"] > 0 and mem["measured_absolute_bytes"] > mem["measured_peak_bytes"]
+    assert mem["measured_how"].startswith("cpu RSS")
+    parts = mem["plan"]["parts_bytes"]
+    assert parts["parent: fp32 model"] == sum(p.numel() for p in load_model(artifact).parameters()) * 4
+    assert sum(parts.values()) == mem["plan"]["total_bytes"]

@@ -543,3 +543,77 @@ def test_onnxruntime_int8_takes_the_faster_form_within_its_loss_budget_and_recor
                                 latency_repeats=1))
     assert by_hand["tag"] == "quantize-onnxruntime-standard"
     assert not embedding_from_int8_head(Path(by_hand["artifact"]))  # fp32 embeddings, as quantize_dynamic leaves them
+
+
+def test_the_memory_plan_is_made_before_the_parent_and_one_that_does_not_fit_stops_the_stage(trained, capsys,
+                                                                                              monkeypatch):
+    """#47: `quantize --plan` prints the predicted peak with its parts and writes nothing; a plan that does not fit
+    stops the stage in one line, exit 2, before anything is written, unless --force; a run reports the plan it made
+    beside the peak it measured."""
+    from effkit import memplan
+
+    tmp, artifact, _ = trained
+    runs, reports = tmp / "plan-runs", tmp / "plan-reports"
+    base = ["--from", artifact, "--backend", "dynamic", "--batch-size", "4", "--gen-tokens", "4", "--fixed-rounds",
+            "--latency-rounds", "2", "--latency-repeats", "1", "--runs-dir", str(runs), "--reports-dir", str(reports)]
+    monkeypatch.setattr(sys, "argv", ["effkit", "quantize", "--plan", *base])
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    out = capsys.readouterr().out
+    assert exc.value.code in (0, None) and "memory plan: effkit quantize" in out and "plan: fits" in out
+    assert "parent: the fp32 model" in out and "the largest moment: dynamic's" in out
+    assert not runs.exists() and not reports.exists()
+    monkeypatch.setattr(memplan, "device_memory", lambda device: ("a 1 MiB machine", 2**20))
+    code, err = run_cli(base, capsys, monkeypatch)
+    assert code == 2 and len(err.splitlines()) == 1 and err.startswith("effkit: error: quantize: predicted peak"), err
+    assert "--force runs it anyway" in err
+    assert not runs.exists() and not reports.exists()  # nothing written
+    code, err = run_cli([*base, "--force"], capsys, monkeypatch)
+    assert code in (0, None), err
+    report = json.loads((reports / "q" / "quantize-dynamic.json").read_text())
+    mem = report["memory"]
+    assert mem["plan"]["fits"] is False and mem["plan"]["verdict"].startswith("does not fit")
+    assert mem["measured_peak_bytes"] > 0 and mem["measured_how"].startswith("cpu RSS")
+    parts = mem["plan"]["parts_bytes"]
+    assert parts["parent: the fp32 model"] == 4 * report["metrics"]["params"]  # from config.json alone, exact
+    assert sum(parts.values()) == mem["plan"]["total_bytes"]
+
+
+class NoMemory:
+    """A plug-in backend that declares no memory figures (`memory`): `dynamic` in all else."""
+
+    name = "bare8"
+    summary = "a test's backend without memory figures"
+
+    def __getattr__(self, attr):
+        if attr == "memory":
+            raise AttributeError(attr)
+        return getattr(Dynamic(), attr)
+
+
+def test_the_plan_counts_every_candidate_of_auto_and_names_what_would_fit(trained, monkeypatch):
+    """#47: auto's plan holds every candidate that runs here at once (they are timed side by side), a plug-in
+    without memory figures at the largest built-in's (said in a note); a backend's plan that does not fit names its
+    lighter options and the backends that fit, from shapes alone (nothing is loaded)."""
+    from effkit import memplan
+    from effkit.quantize.stage import quantize_plan
+
+    tmp, artifact, _ = trained
+    backends.register(NoMemory())
+    try:
+        auto = quantize_plan(qcfg(tmp, artifact, backend="auto").validate())
+        runs_here = {b for b in backends.names() if backend_available(b) is None}
+    finally:
+        backends.unregister("bare8")
+    held = {k.split()[2].rstrip(",") for k in auto.parts if k.startswith("auto's candidate")}
+    assert held == runs_here and "bare8" in held
+    assert auto.notes[0].startswith("the largest moment: auto: every candidate timed")
+    assert any(n.startswith("bare8 declares no memory figures") for n in auto.notes)
+    onnx = qcfg(tmp, artifact, backend="onnxruntime")
+    both, one = (quantize_plan(c.validate()).total_bytes for c in (onnx, onnx.replace(int8_form="effkit")))
+    assert one < both  # one int8 form written, not two
+    usable = (one + both) // 2  # one form fits, both do not
+    monkeypatch.setattr(memplan, "device_memory", lambda device: ("a small machine", int(usable / 0.9)))
+    plan = quantize_plan(onnx.validate())
+    assert plan.fits is False and plan.tricks[0].startswith("--int8-form effkit (one int8 form")
+    assert all(t.startswith("--backend ") for t in plan.tricks[1:]) and plan.verdict().startswith("does not fit:")

@@ -10,22 +10,24 @@ import json
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from effkit import artifacts, engines, workloads
+from effkit import artifacts, engines, stageplan, workloads
 from effkit.artifacts.loader import cannot_run_on
 from effkit.bench.deliverable import deliverable
-from effkit.bench.discover import find_artifacts, make_peers, tags
+from effkit.bench.discover import make_peers, tags
+from effkit.bench.plan import TOP, benched, plan_and_processes
 from effkit.bench.render import verdicts, write_reports
 from effkit.bench.rows import combine
 from effkit.bench.static import bench_all_isolated
 from effkit.bench.timing import TRAIN_BATCHES, contest_of, ties_of, timed_side_by_side
 from effkit.config import BenchConfig, DataConfig, build_config
 from effkit.data import prepare
-from effkit.errors import EffkitError
 from effkit.measure import evaluation, hardware, memory, stats, stopping
 from effkit.measure.timing import INTERLEAVED_PROTOCOL
 from effkit.parallel import resolve_device
@@ -48,42 +50,53 @@ def run_bench(cfg: BenchConfig, progress: bool = True, deliver: tuple[str, float
     left out, each with where its figures are."""
     cfg = cfg.validate()
     device = resolve_device(cfg.what.device)
-    run_name, found = find_artifacts(cfg)
-    found = [p for p in found if p.name not in (elsewhere or {})]
-    not_run = {p.name: f"not run: {reason}" for p in found if (reason := cannot_run_on(p, device))}
-    not_run |= {tag: f"not benched here: {where}" for tag, where in (elsewhere or {}).items()}
-    paths = [p for p in found if p.name not in not_run]
-    if not paths:
-        raise EffkitError(f"no artifact of run {run_name} can run on {device}: "
-                          + "; ".join(f"{t}: {r}" for t, r in not_run.items()))
+    run_name, paths, not_run = benched(cfg, device, elsewhere)
+    plan, processes = plan_and_processes(cfg, elsewhere)  # before any model is loaded: one that does not fit stops
+    stageplan.check(plan, cfg.what.force)  # here, unless --force
     run_dir = Path(cfg.folders.runs_dir) / run_name
-    with artifacts.run_lock(run_dir):
+    with artifacts.run_lock(run_dir), memory.PeakMemory(device) as mem:
+        memory_of = partial(_memory, plan, processes, mem)
         if not cfg.what.peers:
-            return _bench(cfg, device, run_name, paths, progress, not_run, deliver)
+            return _bench(cfg, device, run_name, paths, progress, not_run, deliver, processes, memory_of)
         # the peers live as long as this bench; removed below, or by the next run lock if the process is killed
         scratch = Path(tempfile.mkdtemp(dir=run_dir, prefix=".tmp-peers-"))
         try:
             peers, peers_not_run = make_peers(paths[0], scratch, cfg.peer_engine_names)
             peers_not_run |= {p.name: f"not run: {reason}" for p in peers if (reason := cannot_run_on(p, device))}
             peers = [p for p in peers if p.name not in peers_not_run]
-            return _bench(cfg, device, run_name, paths + peers, progress, {**not_run, **peers_not_run}, deliver)
+            return _bench(cfg, device, run_name, paths + peers, progress, {**not_run, **peers_not_run}, deliver,
+                          processes, memory_of)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
 
+def _memory(plan: stageplan.StagePlan, processes: dict[str, int], mem: memory.PeakMemory,
+            static: list[dict[str, Any]]) -> dict[str, Any]:
+    """The report's `memory`: the plan made before the bench beside the peaks it measured, the top process's (so
+    far) and each alone process's, each process beside its prediction."""
+    return {"plan": plan.to_dict(), "measured_peak_bytes": mem.read(), "measured_absolute_bytes": mem.absolute_bytes,
+            "measured_how": f"the top process: {mem.method}", "top_process_predicted_bytes": processes[TOP],
+            "alone_processes": {r["tag"]: {"predicted_bytes": processes.get(Path(r["artifact"]).name),
+                                           "measured_absolute_bytes": r.get("peak_memory_absolute_bytes")}
+                                for r in static}}
+
+
 def _measure(cfg: BenchConfig, device: torch.device, paths: list[Path], data: dict[str, Any], prepared,
-             block: int, progress: bool,
-             deliver: tuple[str, float] | None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """(each artifact alone, in a fresh process; all of them timed side by side), with a progress bar or not."""
+             block: int, progress: bool, deliver: tuple[str, float] | None,
+             processes: dict[str, int] | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(each artifact alone, in a fresh process; all of them timed side by side), with a progress bar or not.
+    `processes`: each alone process as the memory plan predicts it, by folder name (how many run at once)."""
+    predicted = [processes[p.name] for p in paths] if processes and all(p.name in processes for p in paths) else None
     if not progress:
-        static = bench_all_isolated(paths, cfg, data, paths[0], device)
+        static = bench_all_isolated(paths, cfg, data, paths[0], device, process_bytes=predicted)
         return static, timed_side_by_side(paths, cfg, prepared.tokenizer, block, device,
                                           contest_of(static, paths, deliver), ties_of(static))
     from rich.progress import Progress
 
     with Progress() as bar:
         task = bar.add_task(f"bench: {len(paths)} artifacts alone (loss, memory)", total=len(paths) + 1)
-        static = bench_all_isolated(paths, cfg, data, paths[0], device, done=lambda p: bar.advance(task))
+        static = bench_all_isolated(paths, cfg, data, paths[0], device, done=lambda p: bar.advance(task),
+                                    process_bytes=predicted)
         bar.update(task, description=f"bench: timing {len(paths)} artifacts side by side")
         timed = timed_side_by_side(paths, cfg, prepared.tokenizer, block, device, contest_of(static, paths, deliver),
                                    ties_of(static))
@@ -93,14 +106,15 @@ def _measure(cfg: BenchConfig, device: torch.device, paths: list[Path], data: di
 
 def _bench(cfg: BenchConfig, device: torch.device, run_name: str, paths: list[Path],
            progress: bool, not_run: dict[str, str] | None = None,
-           deliver: tuple[str, float] | None = None) -> dict[str, Any]:
+           deliver: tuple[str, float] | None = None, processes: dict[str, int] | None = None,
+           memory_of: Callable[[list[dict[str, Any]]], dict[str, Any]] | None = None) -> dict[str, Any]:
     # every artifact is evaluated on the first one's held-out blocks
     data = artifacts.data_section(paths[0], cfg.what.data)
     data_cfg = DataConfig.from_dict(data)
     prepared = prepare(data_cfg, tokenizer_from=str(paths[0]))  # builds the caches once
     block = data_cfg.block_size
     t0 = time.perf_counter()
-    static, timed = _measure(cfg, device, paths, data, prepared, block, progress, deliver)
+    static, timed = _measure(cfg, device, paths, data, prepared, block, progress, deliver, processes)
     for row, tag in zip(static, tags(paths), strict=True):
         row["tag"] = tag
     rows = combine(static, timed)
@@ -116,6 +130,8 @@ def _bench(cfg: BenchConfig, device: torch.device, run_name: str, paths: list[Pa
         "block_losses": {r["tag"]: r["block_losses"] for r in static},
         "block_docs": static[0]["block_docs"],
         "protocol": protocol(cfg, device, paths[0], prepared, block, rows[0]["tag"], timed["new_tokens"]),
+        # the plan made before the stage, beside the peaks it measured (the top process's, each alone process's)
+        "memory": memory_of(static) if memory_of else None,
     }
     write_reports(Path(cfg.folders.reports_dir) / run_name, report)
     return report

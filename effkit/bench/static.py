@@ -63,6 +63,7 @@ def bench_one(path: Path, cfg: BenchConfig, tokenizer, eval_blocks: torch.Tensor
             for once in train_step_timers(model, TRAIN_BATCHES, block).values():
                 once()
     r["peak_memory_bytes"] = mem.peak_bytes
+    r["peak_memory_absolute_bytes"] = mem.absolute_bytes  # the process' own high-water mark (the memory plan's)
     if (control := dense_control_of(path)) is not None:  # after the peak: the control is not part of the footprint
         same_blocks = data is None or data == artifacts.data_section(path)  # what the prune stage evaluated on
         if results.EVAL_LOSS_DELTA_VS_CONTROL in meta["metrics"] and same_blocks:  # the prune stage's, same blocks
@@ -93,12 +94,13 @@ def bench_isolated(path: Path, cfg: BenchConfig, data: dict[str, Any], tokenizer
                          "device": cfg.what.device}, what=f"bench of {path}")
 
 
-def side_by_side_processes(paths: list[Path], device: torch.device) -> int:
+def side_by_side_processes(paths: list[Path], device: torch.device, process_bytes: list[int] | None = None) -> int:
     """How many of the fresh processes run at once: two on a CPU with two cores or more where two of the largest
-    artifacts' processes (each about four copies of its folder: the load, its copy in the engine, the loss
-    evaluation's activations) fit in half the memory available now; else one. Nothing here is timed, and each
-    process's peak is its own high-water mark, so running two at once changes no figure, only the wall time
-    (most of a process is its start and imports, on one core). On a GPU: one (they would share its memory)."""
+    artifacts' processes (each as the memory plan predicts it, `process_bytes` in the order of `paths`, else about
+    four copies of its folder: the load, its copy in the engine, the loss evaluation's activations) and 2 GiB fit
+    in half the memory available now; else one. Nothing here is timed, and each process's peak is its own
+    high-water mark, so running two at once changes no figure, only the wall time (most of a process is its start
+    and imports, on one core). On a GPU: one (they would share its memory)."""
     import os
 
     from effkit.memplan import device_memory
@@ -106,17 +108,19 @@ def side_by_side_processes(paths: list[Path], device: torch.device) -> int:
     if device.type != "cpu" or (os.cpu_count() or 1) < 2 or len(paths) < 2:
         return 1
     _, available = device_memory(device)
-    largest = sorted((artifacts.dir_size(p) for p in paths), reverse=True)[:2]
-    return 2 if available is not None and 4 * sum(largest) + 2 * 2**30 <= available / 2 else 1
+    sizes = process_bytes if process_bytes is not None else [4 * artifacts.dir_size(p) for p in paths]
+    largest = sorted(sizes, reverse=True)[:2]
+    return 2 if available is not None and sum(largest) + 2 * 2**30 <= available / 2 else 1
 
 
 def bench_all_isolated(paths: list[Path], cfg: BenchConfig, data: dict[str, Any], tokenizer_from: Path,
-                       device: torch.device, done=lambda path: None) -> list[dict[str, Any]]:
-    """`bench_isolated` of every path, up to `side_by_side_processes` at once, in the order given; `done(path)`
-    after each (a progress bar)."""
+                       device: torch.device, done=lambda path: None,
+                       process_bytes: list[int] | None = None) -> list[dict[str, Any]]:
+    """`bench_isolated` of every path, up to `side_by_side_processes` at once (`process_bytes`: each process as the
+    memory plan predicts it), in the order given; `done(path)` after each (a progress bar)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    pool = ThreadPoolExecutor(max_workers=side_by_side_processes(paths, device))
+    pool = ThreadPoolExecutor(max_workers=side_by_side_processes(paths, device, process_bytes))
     try:
         futures = [pool.submit(bench_isolated, p, cfg, data, tokenizer_from) for p in paths]
         out = []

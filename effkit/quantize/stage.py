@@ -16,18 +16,19 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from effkit import artifacts, engines, workloads
+from effkit import artifacts, engines, stageplan, workloads
 from effkit.artifacts.loader import engine_of, is_quantized, kind, load_any, newest_artifact, quantized_layers
 from effkit.config import DataConfig, QuantizeConfig, build_config
 from effkit.data import prepare
 from effkit.errors import EffkitError
-from effkit.measure import choice, evaluation, generation, hardware, results, stats
+from effkit.measure import choice, evaluation, generation, hardware, memory, results, stats
 from effkit.measure.compare import bf16_not_run, compare_with_parent, generate_sample
 from effkit.model import load_model
 from effkit.parallel import init_runtime
@@ -58,9 +59,9 @@ def write_quantized(folder: Path, backend: str, parent: nn.Module, source: Path,
     return desc
 
 
-def run_quantize(cfg: QuantizeConfig) -> dict[str, Any]:
-    cfg = cfg.validate()
-    device = init_runtime(cfg.inputs.device).device
+def _checked_source(cfg: QuantizeConfig, device: torch.device) -> Path:
+    """The artifact to quantize, refused in one line where it cannot be (already quantized, another engine's), and
+    the backend asked for, where it cannot run here."""
     runs = cfg.folders.runs_dir
     source = artifacts.resolve_artifact(cfg.inputs.source, runs) if cfg.inputs.source else newest_artifact(runs)
     meta = artifacts.read_meta(source)
@@ -74,9 +75,157 @@ def run_quantize(cfg: QuantizeConfig) -> dict[str, Any]:
             raise EffkitError(f"--backend {cfg.method.backend} cannot run here: {reason}")
         if refused := backends.get(cfg.method.backend).refuses(cfg):
             raise EffkitError(refused)
+    return source
+
+
+def run_quantize(cfg: QuantizeConfig) -> dict[str, Any]:
+    cfg = cfg.validate()
+    device = init_runtime(cfg.inputs.device).device
+    source = _checked_source(cfg, device)
+    plan = quantize_plan(cfg)  # before the parent is loaded: one that does not fit stops here, unless --force
+    stageplan.check(plan, cfg.inputs.force)
     run_dir = Path(cfg.folders.runs_dir) / artifacts.run_of(source)  # inside the runs folder, wherever --from points
-    with artifacts.run_lock(run_dir):
-        return _quantize(cfg, device, source, run_dir)
+    with artifacts.run_lock(run_dir), memory.PeakMemory(device) as mem:
+        return _quantize(cfg, device, source, run_dir, memory_of=lambda: {
+            "plan": plan.to_dict(), "measured_peak_bytes": mem.read(), "measured_absolute_bytes": mem.absolute_bytes,
+            "measured_how": mem.method})
+
+
+# ------------------------------------------------------------------------------------------------ the memory plan
+MIB = 2**20
+# from the stage's start to the parent's load: the corpus read and tokenized, the tokenizer, transformers' model code
+# (gpt2, 92M, the builtin corpus, `effkit quantize --backend onnxruntime`: 340 MiB resident at the stage's start by
+# its report (measured_absolute_bytes - measured_peak_bytes), 476 MiB when the parent's weights began to load in the
+# same command traced (resident set sampled every 5 ms); 2-core AMD EPYC, 24 GiB, #47)
+STAGE_RUNTIME = 136 * MIB
+PLAN_METHOD = ("the parts alive at the stage's largest moment, from the artifact's config.json and file sizes alone "
+               "(no weights read): the fp32 parent and its mapped weights' file, its bf16 weight copies where bf16 "
+               "runs, the logits of the evaluation and of the timing, and each backend's write and reloaded "
+               "artifact as fixed MiB + a multiple of the parent's fp32 weights, measured per backend on two model "
+               "sizes (effkit.quantize.backends.MEASURED)")
+
+
+def model_shapes(source: Path) -> dict[str, int]:
+    """Parameter counts of the GPT-2 in `source`, from its config.json alone: all of them (the tied LM head
+    counted once) and those of the matrices a forward multiplies by (the blocks' and the head's: what bf16
+    autocast copies)."""
+    c = json.loads((source / "config.json").read_text())
+    d, n_layer, vocab = c["n_embd"], c["n_layer"], c["vocab_size"]
+    inner = c.get("n_inner") or 4 * d
+    blocks_mm = n_layer * (4 * d * d + 2 * d * inner)
+    per_block = 4 * d * d + 4 * d + 2 * d * inner + inner + d + 4 * d  # attention, MLP (weights, biases), 2 norms
+    tied = c.get("tie_word_embeddings", True)
+    params = vocab * d + c["n_positions"] * d + n_layer * per_block + 2 * d + (0 if tied else vocab * d)
+    return {"params": params, "matmul": blocks_mm + vocab * d, "vocab": vocab,
+            "n_positions": c["n_positions"]}
+
+
+def _memory_of(b, cfg: QuantizeConfig, fp32: int, alone: bool = True) -> tuple[int, int, str | None]:
+    """A backend's write and its reloaded artifact in bytes (`alone`: measured against the parent; else beside
+    auto's other candidates), from its measured `Memory`, or, for one that declares none, the largest of the
+    built-ins' and a note saying so."""
+    def of(mem: backends.Memory) -> tuple[int, int]:
+        return mem.write_bytes(fp32), mem.loaded_bytes(fp32) if alone else mem.beside_bytes(fp32)
+
+    if hasattr(b, "memory"):
+        return (*of(b.memory(cfg)), None)
+    figures = [of(m.memory(cfg)) for n in backends.names() if hasattr(m := backends.get(n), "memory")]
+    return (max((f[0] for f in figures), default=0), max((f[1] for f in figures), default=0),
+            f"{b.name} declares no memory figures: planned at the largest built-in backend's")
+
+
+def _moments(cfg: QuantizeConfig, source: Path, device: torch.device, backend: str,
+             notes: list[str]) -> list[tuple[str, dict[str, int]]]:
+    """The stage's moments (what is alive at each) with `backend` (a name, or auto), from shapes alone."""
+    shapes = model_shapes(source)
+    fp32 = 4 * shapes["params"]
+    data = artifacts.data_section(source, cfg.inputs.data)
+    block = min(int(data.get("block_size", artifacts.IMPORT_BLOCK_SIZE)), shapes["n_positions"])
+    batch = max(min(cfg.measure.batch_size, int(data.get("eval_blocks", cfg.measure.batch_size))), 12)
+    cpu = device.type == "cpu"
+    common = {"parent: the fp32 model": fp32}
+    if cpu:
+        common["the weights' file, mapped by the parent's load (clean pages)"] = \
+            sum(p.stat().st_size for p in source.glob("*.safetensors")) or fp32
+        common["the stage's runtime: the data and tokenizer, transformers' model code"] = STAGE_RUNTIME
+    # the evaluation (batch x block) and the timing at batch 12: the logits and the loss's log-softmax, fp32
+    common[f"evaluation and timing: logits of {batch} x {block} x {shapes['vocab']} (and the loss's log-softmax)"] = \
+        2 * batch * block * shapes["vocab"] * 4
+    # bf16 autocast keeps its weight copies while the parent is evaluated or timed under it, not while a backend
+    # writes (their pages are then free for the write to reuse)
+    timed = {**common, **({} if bf16_not_run(device) else
+                          {"parent under bf16 autocast: its matrices' bf16 copies": 2 * shapes["matmul"]})}
+    if backend != "auto":
+        write, reloaded, note = _memory_of(backends.get(backend), cfg, fp32)
+        notes += [note] if note else []
+        return [(f"{backend}'s write", {**common, f"{backend}'s write (its exports, copies and quantizer)": write}),
+                (f"{backend}'s artifact measured against the parent",
+                 {**timed, f"the reloaded artifact in its engine ({backend})": reloaded})]
+    moments, loaded = [], {}
+    for name in backends.names():
+        if backends.unavailable(name, device) or backends.get(name).refuses(cfg):
+            continue
+        write, beside, note = _memory_of(backends.get(name), cfg, fp32, alone=False)
+        notes += [note] if note else []
+        moments.append((f"auto: {name}'s write", {**common, f"{name}'s write": write}))
+        loaded[f"auto's candidate {name}, reloaded in its engine"] = beside
+    # every candidate is timed beside the others (interleaved): all of them alive at once, counted as if every
+    # backend that runs here stays within the loss budget (each reloaded model is freed before the next write)
+    moments.append(("auto: every candidate timed", {**timed, **loaded}))
+    return moments
+
+
+def quantize_plan(cfg: QuantizeConfig) -> stageplan.StagePlan:
+    """The memory plan of `effkit quantize` with `cfg` (validated): the peak resident set of the process over the
+    stage, predicted from the artifact's config.json and file sizes alone (no weights read; seconds for any size).
+    The stage's moments: the parent loaded (fp32, its safetensors file mapped: clean pages in the resident set) and
+    evaluated (with its bf16 weight copies where bf16 autocast runs); the backend's write over it (ONNX Runtime's:
+    torch's fp32 ONNX export, the quantizer's copies, both int8 forms with --int8-form auto); the reloaded artifact
+    measured against the parent. With --backend auto every backend that runs here is written in turn (each freed
+    before the next), then every candidate is timed with the others alive at once. A backend's write and reloaded
+    artifact are its `memory(cfg)` figures (effkit.quantize.backends.Memory), measured on two model sizes. The plan
+    is the largest moment; the others are in its notes."""
+    from effkit import memplan
+    from effkit.parallel import resolve_device
+
+    device = resolve_device(cfg.inputs.device)
+    source = _checked_source(cfg, device)
+    name, device_bytes = memplan.device_memory(device)
+    notes: list[str] = []
+    moments = _moments(cfg, source, device, cfg.method.backend, notes)
+    largest, parts = max(moments, key=lambda m: sum(m[1].values()))
+    notes.insert(0, f"the largest moment: {largest}; " + ", ".join(
+        f"{what} {sum(p.values()) / 2**30:.1f} GiB" for what, p in moments if what != largest))
+    if device.type != "cpu":
+        notes.append("on a GPU: the backends' figures measured on a CPU, not checked on a GPU; the mapped file and "
+                     "the libraries are in host memory, left out")
+    notes.append("the increase over the stage (what `memory.measured_peak_bytes` of its report measures); the "
+                 "process's imports before it are already out of the memory available now")
+    plan = stageplan.StagePlan("quantize", parts, name, device_bytes, notes, method=PLAN_METHOD)
+    if plan.fits is False:
+        plan.tricks = _tricks(cfg, source, device, plan.usable_bytes)
+    return plan
+
+
+def _tricks(cfg: QuantizeConfig, source: Path, device: torch.device, usable: int) -> list[str]:
+    """The changes that fit: the backend's own lighter options (ONNX Runtime's one int8 form), then the single
+    backends that fit, smallest first."""
+    def total(c: QuantizeConfig, backend: str) -> int:
+        return max(sum(p.values()) for _, p in _moments(c, source, device, backend, []))
+
+    tricks = []
+    chosen = None if cfg.method.backend == "auto" else backends.get(cfg.method.backend)
+    if chosen is not None and hasattr(chosen, "memory") and (lighter := chosen.memory(cfg).lighter):
+        if (t := total(cfg.replace(**lighter[1]), cfg.method.backend)) <= usable:
+            tricks.append(f"{lighter[0]}: {t / 2**30:.1f} GiB")
+    fitting = []
+    for name in backends.names():
+        if name == cfg.method.backend or backends.unavailable(name, device) or backends.get(name).refuses(cfg):
+            continue
+        if (t := total(cfg, name)) <= usable:
+            fitting.append((t, name))
+    tricks += [f"--backend {n} ({t / 2**30:.1f} GiB)" for t, n in sorted(fitting)[:3]]
+    return tricks
 
 
 def quantize_tag(backend: str, cfg: QuantizeConfig, source: Path) -> str:
@@ -94,9 +243,10 @@ def pick_backend(cfg: QuantizeConfig, device: torch.device, parent: nn.Module, s
     interval; `parent_blocks`: the parent's per-block losses), time them with the parent interleaved at the
     workload `optimize_for` by the decision rule (`effkit.measure.choice`: a screen, then the leaders head to head;
     a tie within the precision goes to the smaller folder). The winner's folder is left in `scratch` for the caller
-    to move into place."""
+    to move into place. Each backend's reloaded model is freed once evaluated, and the candidates are reloaded
+    for the timing: no write runs beside the earlier backends' models (the stage's memory plan counts it so)."""
     table: dict[str, dict[str, Any]] = {}
-    candidates: dict[str, nn.Module] = {}
+    kept: list[str] = []
     (scratch / ".exports").mkdir()
     with engines.exports_kept(scratch / ".exports"):  # one parent: its export made once for all its candidates
         for b in backends.names():
@@ -118,7 +268,9 @@ def pick_backend(cfg: QuantizeConfig, device: torch.device, parent: nn.Module, s
                         "eval_loss": result["eval_loss"], "loss_increase": delta.delta, "loss_delta": delta.to_dict(),
                         "size_bytes": artifacts.dir_size(scratch / b)}
             if ok:
-                candidates[b] = model
+                kept.append(b)
+            del model  # freed before the next backend's write
+    candidates: dict[str, nn.Module] = {b: load_any(scratch / b, device) for b in kept}  # timed side by side
     if not candidates:
         raise EffkitError(f"no int8 backend stays within {AUTO_LOSS_BUDGET:.0%} of the parent's held-out loss "
                           f"here ({', '.join(b + ': ' + t['status'] for b, t in table.items())}); choose one "
@@ -179,7 +331,8 @@ def _timers(w: workloads.Workload, models: dict[str, nn.Module], engine: dict, t
             f"forward of ({w.batch}, {tokens}) tokens, seconds")
 
 
-def _quantize(cfg: QuantizeConfig, device: torch.device, source: Path, run_dir: Path) -> dict[str, Any]:
+def _quantize(cfg: QuantizeConfig, device: torch.device, source: Path, run_dir: Path,
+              memory_of: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
     data_section = artifacts.data_section(source, cfg.inputs.data)
     data_cfg = DataConfig.from_dict(data_section)
     prepared = prepare(data_cfg, tokenizer_from=str(source))
@@ -196,15 +349,17 @@ def _quantize(cfg: QuantizeConfig, device: torch.device, source: Path, run_dir: 
     scratch = Path(tempfile.mkdtemp(dir=run_dir, prefix=".tmp-auto-"))
     try:
         return _write_and_measure(cfg, device, source, run_dir, scratch, data_section, prepared, parent,
-                                  parent_fp32, parent_bf16)
+                                  parent_fp32, parent_bf16, memory_of)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _write_and_measure(cfg: QuantizeConfig, device: torch.device, source: Path, run_dir: Path, scratch: Path,
                        data_section: dict, prepared, parent: nn.Module, parent_fp32: dict,
-                       parent_bf16: dict | None) -> dict[str, Any]:
-    """Choose the backend (auto), write the artifact, reload it, measure it against the parent, report."""
+                       parent_bf16: dict | None, memory_of: Callable[[], dict[str, Any]] | None = None
+                       ) -> dict[str, Any]:
+    """Choose the backend (auto), write the artifact, reload it, measure it against the parent, report (with the
+    memory plan made before the stage beside the peak it measured, `memory_of()`)."""
     tokenizer, eval_blocks, n_bytes = prepared.tokenizer, prepared.blocks.eval, prepared.blocks.eval_bytes
     block = DataConfig.from_dict(data_section).block_size
     backend, auto_note = cfg.method.backend, None
@@ -246,6 +401,7 @@ def _write_and_measure(cfg: QuantizeConfig, device: torch.device, source: Path, 
                      "include_head": description["include_head"], "format": description["format"],
                      "cpu_flags": " ".join(hardware.cpu_flags()) if device.type == "cpu" else ""},
         "versions": meta_out["versions"], "git_commit": meta_out["git_commit"], "protocol": protocol,
+        "memory": memory_of() if memory_of else None,  # the plan made before the stage, beside the peak it measured
     }
     write_stage_report(Path(cfg.folders.reports_dir) / run_dir.name, report)
     return report

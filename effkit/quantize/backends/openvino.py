@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from effkit.quantize.backends import MEASURED, Memory
 from effkit.registry import lazy_module
 
 torch = lazy_module("torch")
@@ -163,6 +164,11 @@ class OpenVINO:
 
     def load_command(self, folder: Path) -> str:
         return ov_export.ENGINE.load_command(folder)
+
+    def memory(self, cfg) -> Memory:
+        # write 1,337 and reload 665 MiB on gpt2, 270 and 265 on gpt2-mini; kept beside the others in auto's
+        # order 592 and 222 (how: effkit.quantize.backends.MEASURED)
+        return Memory(write=(81, 3.57), loaded=(194, 1.34), beside=(156, 1.24), measured=MEASURED)
 
 
 BACKEND = OpenVINO()

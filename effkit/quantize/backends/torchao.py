@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from effkit.quantize.backends import MEASURED, Memory
 from effkit.registry import lazy_module
 
 torch = lazy_module("torch")
@@ -68,6 +69,11 @@ class TorchAO:
 
     def load_command(self, folder: Path) -> str:
         return rowwise.load_command(folder)
+
+    def memory(self, cfg) -> Memory:
+        # write 447 and reload 852 MiB on gpt2, 61 and 170 on gpt2-mini (da8w8); kept beside the others in
+        # auto's order 185 and 28 (how: effkit.quantize.backends.MEASURED)
+        return Memory(write=(0, 1.27), loaded=(49, 2.28), beside=(0, 0.53), measured=MEASURED)
 
 
 BACKEND = TorchAO()
