@@ -201,7 +201,8 @@ def quantize_plan(cfg: QuantizeConfig) -> stageplan.StagePlan:
                      "the libraries are in host memory, left out")
     notes.append("the increase over the stage (what `memory.measured_peak_bytes` of its report measures); the "
                  "process's imports before it are already out of the memory available now")
-    plan = stageplan.StagePlan("quantize", parts, name, device_bytes, notes, method=PLAN_METHOD)
+    plan = stageplan.StagePlan("quantize", parts, name, device_bytes, notes, method=PLAN_METHOD,
+                               reclaimable={k for k in parts if k.startswith("the weights' file, mapped")})
     if plan.fits is False:
         plan.tricks = _tricks(cfg, source, device, plan.usable_bytes)
     return plan
