@@ -316,9 +316,70 @@ def test_int4_takes_the_lowest_loss_untimed_when_no_setting_is_within_the_budget
     report = run_quantize(qcfg(tmp, artifact, backend="onnxruntime-int4", latency_rounds=2, latency_repeats=1))
     int4 = json.loads((Path(report["artifact"]) / "quantization.json").read_text())["onnx"]["int4"]
     measured = {n: t for n, t in int4["table"].items() if "loss_delta" in t}
-    assert len(measured) == 2 and int4["decision"] is None  # nothing timed
+    # both levels in 4 bits, then the mixed graphs at the lower-loss one's level (auto's shares, in turn)
+    level = min((1, 4), key=lambda lv: measured[f"block32-level{lv}"]["eval_loss"])
+    assert set(measured) == {"block32-level1", "block32-level4", f"block32-level{level}-share75",
+                             f"block32-level{level}-share50"} and int4["decision"] is None  # nothing timed
     assert int4["picked"] == min(measured, key=lambda n: measured[n]["eval_loss"])
     assert int4["chosen"].startswith("the lowest loss")
+
+
+@pytest.mark.slow
+def test_int4_mixed_graph_keeps_the_most_sensitive_layers_in_8_bits_measured_on_training_blocks(trained,
+                                                                                                monkeypatch):
+    """Where no all-4-bit setting is within the loss budget, auto tries fewer layers in 4 bits (the least sensitive
+    per weight, sensitivity measured on TRAINING blocks only) and stops at the first share within it; the graph
+    holds what was recorded and reloads in plain ONNX Runtime with the loss effkit reported."""
+    import onnx
+    import torch
+
+    from effkit import artifacts
+    from effkit.config import DataConfig
+    from effkit.quantize.backends import onnxruntime_int4 as int4_backend
+
+    tmp, artifact, eval_blocks = trained
+    real_within, real_sensitivity, seen = int4_backend.within_loss, int4_backend.sensitivity, []
+
+    def within(models, table, parent, source, cfg, budget):  # all-4-bit graphs out, mixed ones in
+        return real_within(models, table, parent, source, cfg, 1.0 if all("share" in n for n in models) else -1.0)
+
+    def sensitivity(parent, blocks, block_size, batch_size):
+        seen.append(blocks.clone())
+        return real_sensitivity(parent, blocks, block_size, batch_size)
+
+    monkeypatch.setattr(int4_backend, "within_loss", within)
+    monkeypatch.setattr(int4_backend, "sensitivity", sensitivity)
+    report = run_quantize(qcfg(tmp, artifact, backend="onnxruntime-int4", int4_block_size="32", latency_rounds=2,
+                               latency_repeats=1))
+    folder = Path(report["artifact"])
+    int4 = json.loads((folder / "onnx.json").read_text())["int4"]
+    table = int4["table"]
+    assert int4["picked"].endswith("-share75") and not [n for n in table if n.endswith("-share50")]  # stopped there
+    assert int4["chosen"].startswith("the only setting within")
+
+    # the layers in 8 bits are those the recorded sensitivities put there, and the graph holds them so
+    sens = int4["sensitivity"]["by_block_size"]["32"]
+    sizes = {n: m.weight.numel() for n, m in load_any(artifact).named_modules() if isinstance(m, torch.nn.Linear)}
+    eight, share = int4_backend.eight_bit_layers(sens, sizes, 0.75)
+    assert table[int4["picked"]]["eight_bit_layers"] == eight and int4["int4_share"] == pytest.approx(share)
+    assert 0 < share <= 0.75 and eight
+    nbits = [{a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+             for n in onnx.load(str(folder / "model.onnx")).graph.node if n.op_type == "MatMulNBits"]
+    assert len(nbits) == 2 * 4 + 1
+    four_bit = sum(a["K"] * a["N"] for a in nbits if a["bits"] == 4)
+    assert four_bit / sum(a["K"] * a["N"] for a in nbits) == pytest.approx(share)
+    assert sum(a["bits"] == 8 for a in nbits) == len(eight) and int4["settings"]["bits"] == [4, 8]
+
+    # sensitivity saw training blocks only: the ones recorded, none held out
+    data = prepare(DataConfig.from_dict(artifacts.data_section(Path(artifact))), tokenizer_from=artifact).blocks
+    assert seen and all(torch_equal(b, data.train[int4["sensitivity"]["block_indices"]]) for b in seen)
+    held = {tuple(r) for r in eval_blocks.tolist()}
+    assert not {tuple(r) for b in seen for r in b.tolist()} & held
+
+    config = json.loads((folder / "config.json").read_text())
+    assert tied_embedding_vs_head(folder / "model.onnx", config) < 1e-5
+    loss = plain_onnxruntime_loss(folder / "model.onnx", config, eval_blocks)
+    assert loss == pytest.approx(report["metrics"]["eval_loss"], rel=1e-4)
 
 
 @pytest.mark.slow

@@ -35,7 +35,7 @@ import json
 import shutil
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -548,20 +548,25 @@ def with_accuracy_level(src: Path, dst: Path, desc: dict[str, Any], accuracy_lev
     set_accuracy_level(model, accuracy_level)
     onnx.save(model, str(dst))
     return {**desc, "quantizer": _int4_quantizer(desc["algorithm"], desc["bits"], desc["block_size"],
-                                                 accuracy_level, desc["symmetric"], desc.get("calibration")),
+                                                 accuracy_level, desc["symmetric"], desc.get("calibration"),
+                                                 len(desc.get("eight_bit_nodes", ()))),
             "accuracy_level": accuracy_level or 0, "int8": int8_counts(dst)}
 
 
 def _int4_quantizer(algorithm: str, bits: int, block_size: int, accuracy_level: int | None, symmetric: bool,
-                    calibration: dict[str, Any] | None) -> str:
+                    calibration: dict[str, Any] | None, eight_bit: int = 0) -> str:
     config = {"rtn": "None (DefaultWeightOnlyQuantConfig: round-to-nearest)",
               "hqq": f"HQQWeightOnlyQuantConfig(block_size={block_size}, bits={bits})",
               "gptq": f"GPTQWeightOnlyQuantConfig(calibration_data_reader=<{(calibration or {}).get('feeds', 0)} "
                       "feeds>) (its defaults otherwise: percdamp=0.01, block_size=128, actorder=False, mse=False)",
               }[algorithm]
-    return (f"onnxruntime.quantization.matmul_nbits_quantizer.MatMulNBitsQuantizer(bits={bits}, "
+    line = (f"onnxruntime.quantization.matmul_nbits_quantizer.MatMulNBitsQuantizer(bits={bits}, "
             f"block_size={block_size}, is_symmetric={symmetric}, accuracy_level={accuracy_level}, "
-            f"algo_config={config})")
+            f"algo_config={config}")
+    if eight_bit:  # a mixed graph: a second pass over the nodes the first left out
+        return (f"{line}, nodes_to_exclude=<{eight_bit} nodes>), then over those: MatMulNBitsQuantizer(bits=8, "
+                f"block_size={block_size}, is_symmetric=True, accuracy_level={accuracy_level})")
+    return line + ")"
 
 
 def _tie_embedding_to_nbits_head(model) -> str:
@@ -647,8 +652,8 @@ def _tie_embedding_to_nbits_head(model) -> str:
 
 
 def quantize_int4(src: Path, dst: Path, block_size: int = INT4_BLOCK, accuracy_level: int | None = None,
-                  algorithm: str = "rtn", bits: int = 4, calibration: list[dict[str, np.ndarray]] | None = None
-                  ) -> dict[str, Any]:
+                  algorithm: str = "rtn", bits: int = 4, calibration: list[dict[str, np.ndarray]] | None = None,
+                  eight_bit: Collection[str] = ()) -> dict[str, Any]:
     """Weight-only block quantization by ONNX Runtime's `MatMulNBitsQuantizer` of every MatMul with a constant
     weight, the LM head included, to `bits` (4, or 8 with `rtn`) in blocks of `block_size` along the input
     dimension; `accuracy_level`, MatMulNBits' attribute: 1 computes in fp32 over the dequantized weights, 4
@@ -665,6 +670,9 @@ def quantize_int4(src: Path, dst: Path, block_size: int = INT4_BLOCK, accuracy_l
       fake-quantized weights with a fresh scale, which lands on GPTQ's own grid for asymmetric blocks but not for
       symmetric ones (their scale is refitted to the largest level, 16/15 or 14/15 of GPTQ's).
 
+    `eight_bit` (`rtn` at 4 bits only): the names of MatMul nodes written in 8 bits instead (MatMulNBits bits=8,
+    the same block size and accuracy level, round-to-nearest): a mixed graph, the rest in 4 bits.
+
     Then the token-embedding lookup reads that quantized head (`_tie_embedding_to_nbits_head`) and the fp32 table
     is dropped, so the tied weight is stored once. Refused if the file is not smaller than the fp32 graph."""
     import onnx
@@ -680,14 +688,22 @@ def quantize_int4(src: Path, dst: Path, block_size: int = INT4_BLOCK, accuracy_l
         raise EffkitError(f"{algorithm} at {bits} bits: ONNX Runtime's MatMulNBits runs 4 bits, and 8 with rtn only")
     if algorithm == "gptq" and not calibration:
         raise EffkitError("GPTQ needs calibration inputs (calibration_feeds of training blocks)")
+    if eight_bit and (algorithm != "rtn" or bits != 4):
+        raise EffkitError(f"8-bit layers in a {bits}-bit {algorithm} graph: mixed graphs are 4-bit rtn with some "
+                          "layers in 8 bits")
     symmetric = algorithm == "rtn"
     config = (HQQWeightOnlyQuantConfig(block_size=block_size, bits=bits) if algorithm == "hqq" else
               GPTQWeightOnlyQuantConfig(calibration_data_reader=FeedReader(calibration)) if algorithm == "gptq" else
               None)
     with quiet_exporter():
         quantizer = MatMulNBitsQuantizer(onnx.load(str(src)), bits=bits, block_size=block_size,
-                                         is_symmetric=symmetric, accuracy_level=accuracy_level, algo_config=config)
+                                         is_symmetric=symmetric, accuracy_level=accuracy_level, algo_config=config,
+                                         nodes_to_exclude=list(eight_bit))
         quantizer.process()
+        if eight_bit:  # the MatMuls left are exactly those excluded above: the same settings at 8 bits
+            quantizer = MatMulNBitsQuantizer(quantizer.model.model, bits=8, block_size=block_size,
+                                             is_symmetric=True, accuracy_level=accuracy_level)
+            quantizer.process()
         quantizer.model.save_model_to_file(str(dst), use_external_data_format=False)
     model = onnx.load(str(dst))
     set_accuracy_level(model, accuracy_level)  # what was asked, on every node (HQQ's quantizer writes none)
@@ -697,12 +713,15 @@ def quantize_int4(src: Path, dst: Path, block_size: int = INT4_BLOCK, accuracy_l
         raise EffkitError(f"the {bits}-bit graph ({dst.stat().st_size / 2**20:.1f} MiB) is not smaller than the fp32 "
                           f"one ({src.stat().st_size / 2**20:.1f} MiB): something stayed in fp32; use int8")
     calib = {"feeds": len(calibration)} if algorithm == "gptq" else None
-    return {"quantizer": _int4_quantizer(algorithm, bits, block_size, accuracy_level, symmetric, calib),
+    return {"quantizer": _int4_quantizer(algorithm, bits, block_size, accuracy_level, symmetric, calib,
+                                         len(eight_bit)),
             "algorithm": algorithm, "bits": bits, "block_size": block_size, "accuracy_level": accuracy_level or 0,
             "symmetric": symmetric,
             "zero_points": ("none (symmetric: the midpoint implied)" if symmetric else
                             "float, one per block (HQQ)" if algorithm == "hqq" else "uint8, one per block"),
-            **({"calibration": calib} if calib else {}), "token_embedding": tied, "int8": int8_counts(dst)}
+            **({"calibration": calib} if calib else {}),
+            **({"eight_bit_nodes": sorted(eight_bit)} if eight_bit else {}),
+            "token_embedding": tied, "int8": int8_counts(dst)}
 
 
 def write_artifact(folder: Path, model: nn.Module, tokenizer, int8: bool, fused: bool,

@@ -31,6 +31,14 @@ left to the stage, because accuracy level 4 quantizes activations: a choice by s
 that the stage would only find too lossy afterwards. A graph is quantized once per algorithm, bits and block size;
 its other accuracy level is the same weights with the attribute changed.
 
+Mixed graphs (`--int4-share`): the layers least sensitive per weight in 4 bits, the rest in MatMulNBits' 8 bits
+(round-to-nearest, the same block size and accuracy level), so that a model whose every-layer 4-bit graph loses too
+much keeps most of the saving. Each Linear's sensitivity is the loss increase on `SENSITIVITY_BLOCKS` TRAINING
+blocks (never the held-out ones) with its weight alone rounded to 4 bits as MatMulNBits stores it (PyTorch, no
+graph written per layer); layers go to 4 bits in order of loss per weight until the share is filled. `auto` tries
+the shares of `AUTO_SHARES` in turn, at the block size and accuracy level of the all-4-bit setting with the lowest
+loss, only where no all-4-bit setting is within +0.2%, and stops at the first within it.
+
 The decision (every setting's loss and status, the choice's `to_dict()` with its raw samples), the algorithm, the
 settings read back from the written graph (bits, block size, accuracy level, zero points), GPTQ's calibration (its
 split, blocks and their indices), and the weight bytes a decoded token reads (with the memory-bandwidth bound they
@@ -59,6 +67,8 @@ BLOCK_SIZES = (32, 128)  # auto's candidates: ONNX Runtime's default 128, and 32
 ACCURACY_LEVELS = (1, 4)  # fp32 compute (ONNX Runtime's default 0 runs the same kernels on a CPU), int8 compute
 ALGORITHMS = ("rtn", "hqq", "gptq")  # auto's candidates (`effkit.engines.onnxruntime.INT4_ALGORITHMS`)
 GPTQ_CALIBRATION_BLOCKS = 32  # training blocks GPTQ's Hessians are measured on (evenly spaced over the split)
+SENSITIVITY_BLOCKS = 16  # training blocks each layer's 4-bit sensitivity is measured on (evenly spaced over the split)
+AUTO_SHARES = (0.75, 0.5)  # auto's mixed graphs, tried in turn when no all-4-bit setting is within the loss budget
 INT4_LOSS_BUDGET = 0.002  # a setting is timed only if its paired loss delta's interval ends within +0.2%
 DECODE_TOKENS = 32  # new tokens per timed call (within the model's context)
 VARIANTS = ".int4-variants"  # scratch inside the artifact folder, removed before the folder is complete
@@ -97,6 +107,11 @@ class Options:
     int4_bits: str = field(default="4", metadata={
         "help": "onnxruntime-int4: bits per MatMulNBits weight: 4, or 8 (rtn only)",
         "choices": ("4", "8")})
+    int4_share: str = field(default="auto", metadata={
+        "help": "onnxruntime-int4 (rtn, 4 bits): the share of the matrices' weights in 4 bits, the rest in 8, the "
+                "layers least sensitive per weight (measured on training blocks) in 4 bits first: auto (1, and "
+                "0.75 then 0.5 where no all-4-bit setting is within +0.2% loss), 1, 0.75 or 0.5",
+        "choices": ("auto", "1", "0.75", "0.5")})
 
     def __post_init__(self):
         from effkit.errors import EffkitError
@@ -108,6 +123,9 @@ class Options:
         if why := refused_combination(self.int4_algorithm, int(self.int4_bits), level):
             asked = f"--int4-bits {self.int4_bits}" if self.int4_bits != "4" else f"--accuracy-level {level}"
             raise EffkitError(f"--int4-algorithm {self.int4_algorithm} {asked}: {why}")
+        if self.int4_share not in ("auto", "1") and (self.int4_algorithm != "rtn" or self.int4_bits != "4"):
+            raise EffkitError(f"--int4-share {self.int4_share} mixes 4-bit and 8-bit round-to-nearest layers; use it "
+                              "with --int4-algorithm rtn --int4-bits 4, or leave it at auto")
 
 
 def int8_compute_unavailable() -> str | None:
@@ -163,31 +181,116 @@ def candidates(o: Options, n_embd: int, widths: tuple[int, ...] = ()
     return todo, skipped
 
 
-def variant_name(algorithm: str, bits: int, block_size: int, accuracy_level: int) -> str:
+def variant_name(algorithm: str, bits: int, block_size: int, accuracy_level: int, share: float = 1.0) -> str:
     """`block32-level1` for 4-bit round-to-nearest (the default), else prefixed: `gptq-block32-level4`,
-    `8bit-block32-level1`."""
+    `8bit-block32-level1`; a mixed graph suffixed with its 4-bit share: `block32-level4-share75`."""
     return "-".join([*([algorithm] if algorithm != "rtn" else []), *([f"{bits}bit"] if bits != 4 else []),
-                     f"block{block_size}", f"level{accuracy_level}"])
+                     f"block{block_size}", f"level{accuracy_level}", *([f"share{round(share * 100)}"]
+                                                                      if share < 1 else [])])
 
 
-def calibration(source: Path, cfg, config) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """GPTQ's calibration feeds: GPTQ_CALIBRATION_BLOCKS blocks of the TRAINING split of the data the stage reads
-    (its data section, its tokenizer), evenly spaced over it, never the held-out blocks; and the record of them."""
+def training_blocks(source: Path, cfg, n: int) -> tuple[Any, dict[str, Any]]:
+    """`n` blocks of the TRAINING split of the data the stage reads (its data section, its tokenizer), evenly
+    spaced over it, never the held-out blocks; and the record of them."""
     from effkit import artifacts
     from effkit.config import DataConfig
     from effkit.data import prepare
 
     section = artifacts.data_section(source, cfg.inputs.data)
     train = prepare(DataConfig.from_dict(section), tokenizer_from=str(source)).blocks.train
-    n = min(GPTQ_CALIBRATION_BLOCKS, len(train))
+    n = min(n, len(train))
     picks = [(i * len(train)) // n for i in range(n)]
-    blocks = train[picks]
+    return train[picks], {"split": "train", "data": section.get("source"), "blocks": n,
+                          "tokens_per_block": int(train.shape[1]), "of_train_blocks": int(len(train)),
+                          "block_indices": picks}
+
+
+def rtn4(weight: torch.Tensor, block_size: int) -> torch.Tensor:
+    """`weight` (out, in) rounded to 4 bits as MatMulNBits' symmetric round-to-nearest stores it: blocks of
+    `block_size` along the input, each scaled so that its largest-magnitude weight lands on -8, rounded and clipped
+    to [-8, 7]."""
+    out, k = weight.shape
+    pad = -k % block_size
+    w = torch.nn.functional.pad(weight.float(), (0, pad)).view(out, -1, block_size)
+    extreme = w.gather(-1, w.abs().argmax(-1, keepdim=True))
+    scale = torch.where(extreme == 0, torch.ones_like(extreme), extreme / -8)
+    q = (w / scale).round().clamp(-8, 7)
+    return (q * scale).view(out, -1)[:, :k].to(weight.dtype)
+
+
+def sensitivity(parent: nn.Module, blocks, block_size: int, batch_size: int) -> dict[str, float]:
+    """Each Linear's sensitivity to 4 bits: the mean loss on `blocks` (training blocks) with that layer's weight
+    alone rounded by `rtn4`, less the parent's. A tied LM head rounds the embedding with it, as the artifact's
+    embedding reads the quantized head."""
+    from effkit.measure import evaluation
+
+    parent.eval()
+    base = evaluation.evaluate(parent, blocks, batch_size)["eval_loss"]
+    out = {}
+    with torch.no_grad():
+        for name, m in parent.named_modules():
+            if isinstance(m, nn.Linear):
+                kept = m.weight.detach().clone()
+                m.weight.copy_(rtn4(kept, block_size))
+                try:
+                    out[name] = evaluation.evaluate(parent, blocks, batch_size)["eval_loss"] - base
+                finally:
+                    m.weight.copy_(kept)
+    return out
+
+
+def onnx_nodes(src: Path, parent: nn.Module) -> dict[str, str]:
+    """The exported graph's MatMul node that computes each Linear of `parent` (`{linear name: node name}`): the
+    node whose constant weight holds that Linear's weight transposed, as the export writes it."""
+    import onnx
+    from onnx import numpy_helper
+
+    graph = onnx.load(str(src)).graph
+    inits = {i.name: i for i in graph.initializer}
+    linears = {n: m.weight.detach().cpu().numpy() for n, m in parent.named_modules() if isinstance(m, nn.Linear)}
+    found: dict[str, str] = {}
+    for node in graph.node:
+        if node.op_type != "MatMul" or node.input[1] not in inits or len(inits[node.input[1]].dims) != 2:
+            continue
+        k, n = (int(d) for d in inits[node.input[1]].dims)
+        corner = numpy_helper.to_array(inits[node.input[1]])[:4, :4]
+        for name, w in linears.items():
+            if name not in found and w.shape == (n, k) and (w[:4, :4].T == corner).all():
+                found[name] = node.name
+                break
+    missing = sorted(set(linears) - set(found))
+    if missing:
+        from effkit.errors import EffkitError
+
+        raise EffkitError(f"no MatMul of the exported graph holds the weight of {', '.join(missing[:3])}: cannot "
+                          "place 8-bit layers; use --int4-share 1")
+    return found
+
+
+def eight_bit_layers(sens: dict[str, float], sizes: dict[str, int], share: float) -> tuple[list[str], float]:
+    """The layers left in 8 bits so that at most `share` of the weights are in 4 bits: the layers that lose least
+    per weight go to 4 bits first (a knapsack filled greedily by loss per weight). Returns them and the share of
+    the weights in 4 bits."""
+    total = sum(sizes.values())
+    four, used = [], 0
+    for name in sorted(sens, key=lambda n: sens[n] / sizes[n]):
+        if used + sizes[name] <= share * total:
+            four.append(name)
+            used += sizes[name]
+    return sorted(set(sens) - set(four)), used / total
+
+
+def calibration(source: Path, cfg, config) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """GPTQ's calibration feeds: GPTQ_CALIBRATION_BLOCKS blocks of the TRAINING split of the data the stage reads
+    (its data section, its tokenizer), evenly spaced over it, never the held-out blocks; and the record of them."""
+    blocks, record = training_blocks(source, cfg, GPTQ_CALIBRATION_BLOCKS)
     feeds = onnx_export.calibration_feeds(blocks, config)
     tokens = int(feeds[0]["input_ids"].shape[1])
-    return feeds, {"split": "train", "data": section.get("source"), "blocks": n, "tokens_per_block": tokens,
-                   "tokens": n * tokens, "of_train_blocks": int(len(train)), "block_indices": picks,
-                   "how": f"{n} of the training split's {len(train)} blocks, evenly spaced over it (never the "
-                          "held-out blocks the loss is measured on), each one feed of batch 1 with an empty past"}
+    n = record["blocks"]
+    return feeds, {**record, "tokens_per_block": tokens, "tokens": n * tokens,
+                   "how": f"{n} of the training split's {record['of_train_blocks']} blocks, evenly spaced over it "
+                          "(never the held-out blocks the loss is measured on), each one feed of batch 1 with an "
+                          "empty past"}
 
 
 def matmulnbits_settings(path: Path) -> dict[str, Any]:
@@ -308,7 +411,8 @@ class OnnxRuntimeInt4(OnnxRuntime):
                 + {"rtn": "", "auto": "-auto-algorithm"}.get(o.int4_algorithm, f"-{o.int4_algorithm}")
                 + ("" if o.int4_bits == "4" else f"-{o.int4_bits}bit")
                 + ("" if o.int4_block_size == "auto" else f"-b{o.int4_block_size}")
-                + ("" if o.accuracy_level == "auto" else f"-level{o.accuracy_level}"))
+                + ("" if o.accuracy_level == "auto" else f"-level{o.accuracy_level}")
+                + ("" if o.int4_share in ("auto", "1") else f"-share{round(float(o.int4_share) * 100)}"))
 
     def refuses(self, cfg) -> str | None:
         if cfg.options.accuracy_level == "4" and (reason := int8_compute_unavailable()):
@@ -323,8 +427,10 @@ class OnnxRuntimeInt4(OnnxRuntime):
                                           int4=True, int4_quantize=measured)
         int4 = onnx["int4"]
         s = int4["settings"]
+        bits = (f"{s['bits']}-bit" if isinstance(s["bits"], int) else
+                f"4-bit ({int4['int4_share']:.0%} of the matrices' weights) and 8-bit")
         return {"format": self.format, "include_head": True, "layers": sorted(onnx["int8"]), "onnx": onnx,
-                "storage": f"ONNX graph with {s['bits']}-bit block-quantized weights (model.onnx): MatMulNBits "
+                "storage": f"ONNX graph with {bits} block-quantized weights (model.onnx): MatMulNBits "
                            f"({int4['algorithm']}, blocks of {s['block_size']}, accuracy_level "
                            f"{s['accuracy_level']}, zero points {s['zero_points']}; {int4['chosen']}) for every "
                            f"MatMul with a constant weight, the LM head included; token embedding: "
@@ -346,30 +452,61 @@ class OnnxRuntimeInt4(OnnxRuntime):
         feeds, calib = calibration(source, cfg, parent.config) if any(a == "gptq" for a, *_ in todo) else (None, None)
         scratch = dst.parent / VARIANTS
         scratch.mkdir(exist_ok=True)
+        asked_share = 1.0 if o.int4_share in ("auto", "1") else float(o.int4_share)
+        mixing: dict[str, Any] = {}  # the sensitivities, measured once a mixed graph is wanted
+
+        def eight_bit(block: int, share: float) -> tuple[list[str], float]:
+            if not mixing:
+                blocks, record = training_blocks(source, cfg, SENSITIVITY_BLOCKS)
+                mixing.update(blocks=blocks, record=record, nodes=onnx_nodes(src, parent), by_block={},
+                              sizes={n: m.weight.numel() for n, m in parent.named_modules()
+                                     if isinstance(m, nn.Linear)})
+            if block not in mixing["by_block"]:
+                mixing["by_block"][block] = sensitivity(parent, mixing["blocks"], block, cfg.measure.batch_size)
+            return eight_bit_layers(mixing["by_block"][block], mixing["sizes"], share)
+
         try:
             descs, models, written = {}, {}, {}
-            for a, bits, b, lv in todo:
-                name = variant_name(a, bits, b, lv)
+
+            def write(a: str, bits: int, b: int, lv: int, share: float = 1.0) -> str:
+                name = variant_name(a, bits, b, lv, share)
                 (scratch / name).mkdir()
                 path = scratch / name / onnx_export.ONNX_FILE
-                if (a, bits, b) in written:  # the same weights: only the accuracy level differs
-                    first = written[(a, bits, b)]
+                if (a, bits, b, share) in written:  # the same weights: only the accuracy level differs
+                    first = written[(a, bits, b, share)]
                     descs[name] = onnx_export.with_accuracy_level(scratch / first / onnx_export.ONNX_FILE, path,
                                                                   descs[first], lv)
+                    eight, four = table[first]["eight_bit_layers"], table[first]["int4_share"]
                 else:
-                    descs[name] = onnx_export.quantize_int4(src, path, b, lv, a, bits, feeds if a == "gptq" else None)
+                    eight, four = eight_bit(b, share) if share < 1 else ([], 1.0)
+                    descs[name] = onnx_export.quantize_int4(src, path, b, lv, a, bits, feeds if a == "gptq" else None,
+                                                            eight_bit=[mixing["nodes"][n] for n in eight])
                     if a == "gptq":
                         descs[name]["calibration"] = calib
-                    written[(a, bits, b)] = name
+                    written[(a, bits, b, share)] = name
                 models[name] = load_variant(scratch / name, dst.parent, parent)
                 table[name] = {"algorithm": a, "bits": bits, "block_size": b, "accuracy_level": lv,
-                               "size_bytes": path.stat().st_size}
+                               "size_bytes": path.stat().st_size, "int4_share": four, "eight_bit_layers": eight}
+                return name
+
+            for a, bits, b, lv in todo:
+                write(a, bits, b, lv, asked_share)
             decision, loss_rule = None, "not measured here: one setting, as asked (the stage measures the artifact's)"
             if len(todo) == 1:
-                picked, how = next(iter(models)), "as asked (--int4-algorithm, --int4-block-size, --accuracy-level)"
+                picked = next(iter(models))
+                how = "as asked (--int4-algorithm, --int4-block-size, --accuracy-level, --int4-share)"
                 chosen = how
             else:
                 within, loss_rule = within_loss(models, table, parent, source, cfg, INT4_LOSS_BUDGET)
+                rtn = [n for n in models if table[n]["algorithm"] == "rtn" and table[n]["bits"] == 4]
+                if not within and o.int4_share == "auto" and rtn:
+                    # fewer layers in 4 bits, the least sensitive kept, at the best all-4-bit setting's block and level
+                    best = table[min(rtn, key=lambda n: table[n]["eval_loss"])]
+                    for share in AUTO_SHARES:
+                        name = write("rtn", 4, best["block_size"], best["accuracy_level"], share)
+                        within, _ = within_loss({name: models[name]}, table, parent, source, cfg, INT4_LOSS_BUDGET)
+                        if within:
+                            break
                 if len(within) > 1:
                     # a tie within the precision: the smaller file (fewer bytes per token), then fp32 compute
                     # (level 1: no rounding of the activations, the more accurate of two settings that run alike)
@@ -393,6 +530,12 @@ class OnnxRuntimeInt4(OnnxRuntime):
                       "algorithm": table[picked]["algorithm"],
                       "settings": matmulnbits_settings(dst),  # what travels: read back from the graph written
                       "calibration": descs[picked].get("calibration"),  # GPTQ's (None for the others)
+                      "int4_share": table[picked]["int4_share"],
+                      "sensitivity": mixing and {
+                          **mixing["record"], "by_block_size": mixing["by_block"],
+                          "how": "each Linear's weight alone rounded to 4 bits (symmetric round-to-nearest, as "
+                                 "MatMulNBits stores it), the mean loss on these training blocks less the "
+                                 "parent's; the layers that lose least per weight go to 4 bits first"} or None,
                       "table": table, "decision": decision}
             record.update(_bandwidth(dst, models[picked], tokenizer, decision and decision["samples"], picked, w))
             return {**descs[picked], "int4": record}
