@@ -144,6 +144,7 @@ BACKENDS: Registry[Any] = Registry("backend", "--backend", {
     "ctranslate2": "effkit.quantize.backends.ctranslate2:BACKEND",
     "onnxruntime-int4": "effkit.quantize.backends.onnxruntime_int4:BACKEND",
     "openvino": "effkit.quantize.backends.openvino:BACKEND",
+    "openvino-int4": "effkit.quantize.backends.openvino_int4:BACKEND",
     "gguf": "effkit.quantize.backends.gguf:BACKEND",
 })
 

@@ -47,11 +47,11 @@ change the numbers by design: their loss is measured by the bench like every oth
 
 Weight compression (`compress`) is NNCF's: int8 and int4 data-free, or int4-data, NNCF's data-aware int4 (AWQ and
 scale estimation) calibrated on blocks of the run's training split handed in by the writer (`calibration_blocks`:
-evenly spaced training blocks, each run through the stateful graph as a fresh prompt, `calibration_inputs`), its
-group size the largest of 128, 64, 32 that divides every int4 matrix's rows (`int4_group_size`). `openvino.json`
-records under `weight_compression` the mode, group size, ratio, the algorithms asked and what AWQ changed (NNCF's
-AWQ patterns match no layer of GPT-2's graph: it is asked, and recorded as having changed none), the calibration
-blocks' split, count and indices, and the NNCF version.
+evenly spaced training blocks, each run through the stateful graph as a fresh prompt, `calibration_inputs`); both
+int4 forms in groups of the largest of 128, 64, 32 that divides every int4 matrix's rows (`int4_group_size`).
+`openvino.json` records under `weight_compression` the mode, group size, ratio, the algorithms asked and what AWQ
+changed (NNCF's AWQ patterns match no layer of GPT-2's graph: it is asked, and recorded as having changed none), the
+calibration blocks' split, count and indices, and the NNCF version.
 """
 
 from __future__ import annotations
@@ -244,8 +244,9 @@ def calibration_inputs(block: np.ndarray) -> dict[str, np.ndarray]:
 
 def compress(om, weights: str, calibration: np.ndarray | None = None, group_size: int = 128) -> dict[str, Any]:
     """NNCF's weight compression of `om` in place. int8: asymmetric per output channel (optimum-cli's
-    `--weight-format int8`), data-free. int4: symmetric in groups of 128 with the embedding / head in int8 (NNCF's
-    defaults for int4), data-free. int4-data: NNCF's data-aware int4: asymmetric (the mode OpenVINO's
+    `--weight-format int8`), data-free. int4: symmetric in groups of `group_size` (128, or 64 / 32 where 128 does
+    not divide a matrix's rows: `int4_group_size`) with the embedding / head in int8 (NNCF's defaults for int4),
+    data-free. int4-data: NNCF's data-aware int4: asymmetric (the mode OpenVINO's
     documentation gives for accuracy over speed, and optimum-cli's int4 default) in groups of `group_size`, every
     layer but the embedding / head in int4 (ratio 1.0), AWQ and scale estimation calibrated on the `calibration`
     blocks ((n, block_size) token ids of the training split: `calibration_blocks`). Returns what was done:
@@ -260,10 +261,11 @@ def compress(om, weights: str, calibration: np.ndarray | None = None, group_size
         kwargs: dict[str, Any] = {}
         record: dict[str, Any] = {"mode": "INT8_ASYM", "group_size": None, "ratio": None, "data": None}
     elif weights == "int4":
-        mode, how = nncf.CompressWeightsMode.INT4_SYM, ("nncf.compress_weights(mode=INT4_SYM, group_size=128, "
-                                                        "ratio=1.0): int4 in groups of 128, data-free")
-        kwargs = {"group_size": 128, "ratio": 1.0}
-        record = {"mode": "INT4_SYM", "group_size": 128, "ratio": 1.0, "awq": False, "scale_estimation": False,
+        mode, how = nncf.CompressWeightsMode.INT4_SYM, (f"nncf.compress_weights(mode=INT4_SYM, group_size="
+                                                        f"{group_size}, ratio=1.0): int4 in groups of {group_size}, "
+                                                        "data-free")
+        kwargs = {"group_size": group_size, "ratio": 1.0}
+        record = {"mode": "INT4_SYM", "group_size": group_size, "ratio": 1.0, "awq": False, "scale_estimation": False,
                   "data": None}
     elif weights == "int4-data":
         if calibration is None or not len(calibration):
@@ -834,7 +836,7 @@ def write_artifact(folder: Path, model: nn.Module, tokenizer, weights: str = "fp
     if (weights in DATA_AWARE) != (calibration is not None):
         raise EffkitError(f"OpenVINO weight format {weights}: calibration blocks are given to the data-aware "
                           f"formats ({', '.join(sorted(DATA_AWARE))}) and to no other")
-    group = int4_group_size(model, weights) if weights in DATA_AWARE else 128  # before the conversion: one line
+    group = int4_group_size(model, weights) if weights.startswith("int4") else 128  # before the conversion: one line
     if runtime_options is None:
         runtime_options = EFFKIT_RUNTIME_OPTIONS
     if precision == "default" and not peer:

@@ -29,7 +29,8 @@ class Options:
     """`effkit quantize --backend openvino`'s own options (flags, recipe keys and --help lines come from here)."""
 
     weight_format: str = field(default="int8", metadata={
-        "help": "openvino: the stored weights (NNCF): int8; int4 (symmetric, groups of 128, data-free); int4-data "
+        "help": "openvino: the stored weights (NNCF): int8; int4 (symmetric, groups of 128 or 64/32 where 128 does "
+                "not divide, data-free); int4-data "
                 "(asymmetric int4 in groups of 128, or 64/32 where 128 does not divide, AWQ + scale estimation "
                 "calibrated on 64 training blocks of the run's data, never held-out ones) (fp32 weights: effkit "
                 "export --format openvino)",
@@ -111,6 +112,10 @@ class OpenVINO:
             return f"nncf does not import ({type(e).__name__}: {str(e)[:80]}); pip install 'effkit[quant]'"
         return None
 
+    def weights(self, cfg) -> str:
+        """The stored weights these options ask for (`--weight-format`)."""
+        return cfg.options.weight_format
+
     def refuses(self, cfg) -> str | None:
         o = cfg.options
         if o.weight_format not in ov_export.WEIGHTS[1:]:
@@ -124,8 +129,8 @@ class OpenVINO:
         return None
 
     def tag(self, cfg) -> str:
-        o = cfg.options
-        return ("quantize-openvino" + ("" if o.weight_format == "int8" else f"-{o.weight_format}")
+        o, weights = cfg.options, self.weights(cfg)
+        return ("quantize-openvino" + ("" if weights == "int8" else f"-{weights}")
                 + ("" if o.inference_precision == "auto" else f"-{o.inference_precision}"))
 
     def write(self, folder: Path, parent: nn.Module, source: Path, tokenizer, cfg, device) -> dict[str, Any]:
@@ -133,15 +138,15 @@ class OpenVINO:
 
         from effkit.measure import choice
 
-        o = cfg.options
+        o, weights = cfg.options, self.weights(cfg)
         asked = o.inference_precision
         # the stage's own rule (its precision, its budget), capped: this is one setting of one folder
         rule = replace(choice.Rule.of(cfg.measure), budget_s=min(cfg.measure.budget_s, ov_export.SETTING_BUDGET_S))
         calibration = None
-        if o.weight_format in ov_export.DATA_AWARE:
-            ov_export.int4_group_size(parent, o.weight_format)  # a width NNCF cannot group: one line, before the data
+        if weights in ov_export.DATA_AWARE:
+            ov_export.int4_group_size(parent, weights)  # a width NNCF cannot group: one line, before the data
             calibration = training_calibration(source, cfg)
-        desc = ov_export.write_artifact(folder, parent, tokenizer, o.weight_format, "f32" if asked == "auto" else asked,
+        desc = ov_export.write_artifact(folder, parent, tokenizer, weights, "f32" if asked == "auto" else asked,
                                         calibration=calibration)
         if asked == "auto":
             picked, how = choose_precision(folder, tokenizer, cfg.method.optimize_for, rule)
@@ -151,7 +156,7 @@ class OpenVINO:
         counts = desc["weight_types"]
         return {"format": self.format, "include_head": True, "openvino": desc,
                 "layers": [f"{k} matrices: {v}" for k, v in counts.items()],
-                "storage": f"OpenVINO IR (openvino_model.xml/.bin), weights {o.weight_format} "
+                "storage": f"OpenVINO IR (openvino_model.xml/.bin), weights {weights} "
                            f"({desc.get('compression', 'uncompressed')}), inference in {desc['inference_precision']}"
                            f" ({desc['precision_how'] or 'as asked'}), LLMPipeline attention "
                            f"{desc.get('attention')}"}
