@@ -175,6 +175,15 @@ def test_quantize_records_what_it_measured_where_plain_openvino_reads_it(exporte
     desc = json.loads((folder / "openvino.json").read_text())
     assert desc["weights"] == "int8" and desc["weight_types"].get("u8", 0) > 0  # NNCF's int8, in the file
     assert report["metrics"]["int8_layers_reloaded"] == desc["weight_types"]["u8"]
+    # #45: the bytes a token reads: the file (the tied token table stored once, read whole by the head), less all
+    # but one row of the position table, only looked up (int8: a byte a weight, each row's uint8 zero point and f16
+    # scale); the bound the bandwidth measured with it sets
+    config = json.loads((folder / "config.json").read_text())
+    per_token = desc["weight_bytes_per_token"]
+    positions = (config["n_positions"] - 1) * (config["n_embd"] + 3)
+    assert per_token["bytes_per_token"] == pytest.approx(per_token["file_bytes"] - positions, rel=0.01)
+    assert per_token["bandwidth_bound_tokens_per_s"] == pytest.approx(
+        per_token["memory_bandwidth_bytes_per_s"] / per_token["bytes_per_token"])
     if reason := bf16_unavailable():  # nothing timed: the CPU's flags rule bf16 out
         assert desc["inference_precision"] == "f32" and desc["precision_how"] == f"bf16 not run: {reason}"
         assert "decision" not in desc["precision_choice"]

@@ -365,6 +365,42 @@ MODEL_FILE = "the model's rt_info runtime_options (the CPU plug-in reads it ther
 LOAD_COMMAND = "the load command"
 
 
+LOOKUP_CHAIN = ("Convert", "Subtract", "Multiply", "Reshape")  # a compressed table's dequantization on its way
+
+
+def weight_bytes_per_token(folder: Path) -> dict[str, Any]:
+    """Bytes of the IR's constants one decoded token reads at batch 1: every constant in full, but of a table that is
+    only looked up (a Gather, through its dequantization: the token and position embeddings) one row. A constant
+    the file stores once for two uses (the tied embedding / LM head: the head reads all of it) counts once, as the
+    head. The KV cache, which grows with the context, is not a weight and is left out."""
+    import openvino as ov
+
+    om = ov.Core().read_model(str(folder / OV_MODEL))
+
+    def consumers(node) -> list:
+        return [t.get_node() for o in node.outputs() for t in o.get_target_inputs()]
+
+    def only_looked_up(node, depth: int = 0) -> bool:
+        users = consumers(node)
+        return bool(users) and all(
+            u.get_type_name() == "Gather" or (u.get_type_name() in LOOKUP_CHAIN and depth < 6
+                                              and only_looked_up(u, depth + 1)) for u in users)
+
+    full = rows = 0
+    for n in om.get_ordered_ops():
+        if n.get_type_name() != "Constant":
+            continue
+        size, shape = int(n.get_byte_size()), list(n.get_output_shape(0))
+        if len(shape) >= 2 and shape[0] > 0 and only_looked_up(n):
+            rows += size // shape[0]
+        else:
+            full += size
+    return {"bytes_per_token": full + rows, "looked_up_rows_bytes": rows,
+            "file_bytes": int((folder / OV_MODEL).with_suffix(".bin").stat().st_size),
+            "how": "every constant of the IR in full, but one row of each table only looked up (Gather, through its "
+                   "dequantization); the tied table counted once, as the LM head; the KV cache not counted"}
+
+
 def record(folder: Path, desc: dict[str, Any]) -> dict[str, Any]:
     """Store the settings `desc` says the artifact in `folder` runs with where plain OpenVINO reads them, and write
     `desc` as its `openvino.json`: its runtime options (the pinned inference precision among them, as a record) in

@@ -90,6 +90,17 @@ def training_calibration(source: Path, cfg) -> tuple[Any, dict[str, Any]]:
                            f"measure the artifact, never used), each a fresh sequence from position 0"}
 
 
+def bandwidth_bound(folder: Path) -> dict[str, Any]:
+    """The weight bytes a decoded token reads (`engines.openvino.weight_bytes_per_token`) and the batch-1 decoding
+    rate the memory bandwidth, measured now, would allow them."""
+    from effkit.measure import roofline
+
+    per_token = ov_export.weight_bytes_per_token(folder)
+    bandwidth, how = roofline.memory_bandwidth()
+    return {**per_token, "memory_bandwidth_bytes_per_s": bandwidth, "memory_bandwidth_how": how,
+            "bandwidth_bound_tokens_per_s": bandwidth / per_token["bytes_per_token"]}
+
+
 class OpenVINO:
     name = "openvino"
     options = Options
@@ -153,6 +164,8 @@ class OpenVINO:
             desc.update(inference_precision=picked, precision_how=how["how"], precision_choice=how)
             ov_export.record(folder, desc)  # the pick travels in the model and the load command
         desc = ov_export.record_attention(folder, tokenizer, cfg.method.optimize_for, rule)
+        desc["weight_bytes_per_token"] = bandwidth_bound(folder)
+        ov_export.record(folder, desc)
         counts = desc["weight_types"]
         return {"format": self.format, "include_head": True, "openvino": desc,
                 "layers": [f"{k} matrices: {v}" for k, v in counts.items()],
