@@ -828,7 +828,8 @@ class BenchMeasure(Sequential):
     rounds: int = opt(8, "interleaved rounds of the first look (every artifact timed in each, order rotated)")
     repeats: int = opt(3, "timed forward passes per artifact per round")
     gen_tokens: int = opt(workloads.DECODE_TOKENS, "new tokens per generation (capped by the context)")
-    train_steps: int = opt(1, "timed training steps per artifact per round")
+    train_steps: int = opt(1, "timed training steps per artifact per round (0: no training measure, its memory "
+                              "neither)")
     compile: bool = opt(False, "also time each PyTorch artifact under torch.compile (Inductor, freezing)")
     batch_size: int = opt(8, "evaluation batch size")
 
@@ -847,8 +848,9 @@ class BenchConfig(_Staged):
 
     def validate(self) -> BenchConfig:
         ms = self.measure
-        if ms.repeats < 1 or ms.gen_tokens < 1 or ms.train_steps < 1:
-            raise EffkitError("--repeats, --gen-tokens and --train-steps must be at least 1")
+        if ms.repeats < 1 or ms.gen_tokens < 1 or ms.train_steps < 0:
+            raise EffkitError("--repeats and --gen-tokens must be at least 1, --train-steps at least 0 (0: no "
+                              "training measure)")
         if ms.rounds < 2:
             raise EffkitError(f"--rounds must be at least 2: a confidence interval needs two rounds "
                               f"(got {ms.rounds})")
@@ -874,7 +876,7 @@ class BenchConfig(_Staged):
         check_folder_option("--reports-dir", self.folders.reports_dir)
         if ms.quick:
             return self.replace(rounds=min(ms.rounds, 3), repeats=min(ms.repeats, 2), fixed_rounds=True,
-                                gen_tokens=min(ms.gen_tokens, 32), train_steps=1, quick=False)
+                                gen_tokens=min(ms.gen_tokens, 32), train_steps=min(ms.train_steps, 1), quick=False)
         return self
 
 

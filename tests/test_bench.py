@@ -312,6 +312,27 @@ def tiny_run(tmp_path_factory, corpus_dir):
     return tmp, dense
 
 
+def test_a_bench_whose_training_measure_does_not_fit_is_told_to_leave_it_out(tiny_run, monkeypatch):
+    """#47: the bench's largest process times a training step of each trainable artifact at batch 12 (for gpt2-xl
+    36 of its 51 GiB); `--train-steps 0` leaves that measure out, its memory with it, and a plan that fits only
+    without it says so, with the peak it would have."""
+    from effkit import memplan
+    from effkit.bench.plan import bench_plan
+    from effkit.config import BenchConfig
+
+    tmp, dense = tiny_run
+    kw = {"paths": [dense], "quick": True, "runs_dir": str(tmp / "runs"), "reports_dir": str(tmp / "reports")}
+    full, bare = (bench_plan(BenchConfig.from_flat(**kw, train_steps=n)) for n in (1, 0))
+    assert [k for k in full.parts if "training step" in k] and not [k for k in bare.parts if "training step" in k]
+    assert bare.total_bytes < full.total_bytes
+    between = (bare.required_bytes + full.required_bytes) // 2
+    monkeypatch.setattr(memplan, "device_memory", lambda device: ("a machine between the two", int(between / 0.9)))
+    plan = bench_plan(BenchConfig.from_flat(**kw, train_steps=1))
+    assert plan.fits is False and plan.tricks[0] == (f"--train-steps 0 (no training measure: "
+                                                     f"{bare.total_bytes / 2**30:.1f} GiB predicted)")
+    assert bench_plan(BenchConfig.from_flat(**kw, train_steps=0)).fits
+
+
 def test_the_bench_plan_is_made_before_anything_and_one_that_does_not_fit_stops_the_stage(tiny_run, tmp_path,
                                                                                          capsys, monkeypatch):
     """#47: `bench --plan` prints the predicted peak with its parts and writes nothing; a plan that does not fit
@@ -335,9 +356,13 @@ def test_the_bench_plan_is_made_before_anything_and_one_that_does_not_fit_stops_
     assert code == 2 and len(err.splitlines()) == 1 and err.startswith("effkit: error: bench: predicted peak"), err
     assert "does not fit" in err and "--force runs it anyway" in err
     assert not reports.exists() and sorted(p.name for p in (tmp / "runs" / "p").iterdir()) == before
-    code, err = run_cli([*base, "--force"], capsys, monkeypatch)
+    code, err = run_cli([*base, "--force", "--train-steps", "0"], capsys, monkeypatch)
     assert code in (0, None), err
-    mem = json.loads((reports / "p" / "bench.json").read_text())["memory"]
+    bench = json.loads((reports / "p" / "bench.json").read_text())
+    assert bench["protocol"]["training_throughput"] == "not measured (--train-steps 0)"
+    assert not [m for m in bench["samples"] if m.startswith("train")]  # no training step was timed
+    assert bench["artifacts"][0]["train_tokens_per_s_b12"] == "not run: --train-steps 0 (no training measure)"
+    mem = bench["memory"]
     assert mem["plan"]["fits"] is False and mem["plan"]["verdict"].startswith("does not fit")
     assert mem["measured_peak_bytes"] > 0 and mem["measured_how"].startswith("the top process: cpu RSS")
     alone = mem["alone_processes"]["train"]

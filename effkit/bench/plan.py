@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import struct
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -154,7 +155,7 @@ def _needs_control(path: Path, data: dict[str, Any]) -> Path | None:
     return None if copied else control
 
 
-def alone_parts(path: Path, tag: str, block: int, data: dict[str, Any]) -> dict[str, int]:
+def alone_parts(path: Path, tag: str, block: int, data: dict[str, Any], train: bool = True) -> dict[str, int]:
     """What the artifact at `path` holds in its alone process beyond the process itself: loaded in its engine,
     evaluated, its sample generated, every workload run once; for a trainable one its training step
     (`training_parts`), for a pruned one (or one made from it) its dense control where it is evaluated again."""
@@ -163,7 +164,7 @@ def alone_parts(path: Path, tag: str, block: int, data: dict[str, Any]) -> dict[
         p, mapped = weights_of(path)
         parts = {f"{tag}: fp32 model": p, f"{tag}: its weights' file, mapped (clean pages)": mapped,
                  f"{tag}: evaluated, its sample, every workload once (PyTorch)": PYTORCH_ALONE}
-        if trainable(path):
+        if trainable(path) and train:
             parts |= {f"{tag}: training step, {k2}": v for k2, v in training_parts(path, block).items()}
     else:
         size = artifacts.dir_size(path)
@@ -220,7 +221,8 @@ def plan_and_processes(cfg: BenchConfig, elsewhere: dict[str, str] | None = None
     n_positions = int(json.loads(config.read_text()).get("n_positions", 1 << 30)) if config.is_file() else 1 << 30
     block = min(int(data.get("block_size", 128)), n_positions)
     names = tags(paths)
-    alone = {tag: alone_parts(p, tag, block, data) for tag, p in zip(names, paths, strict=True)}
+    alone = {tag: alone_parts(p, tag, block, data, cfg.measure.train_steps > 0)
+             for tag, p in zip(names, paths, strict=True)}
     folders = {tag: p.name for tag, p in zip(names, paths, strict=True)}
     peers = []
     if cfg.what.peers and kind(paths[0]) == "pytorch":
@@ -280,6 +282,11 @@ def plan_and_processes(cfg: BenchConfig, elsewhere: dict[str, str] | None = None
     plan = stageplan.StagePlan("bench", processes[largest], name, available, notes, [], BENCH_METHOD)
     if plan.fits is False:
         plan.tricks = _tricks(cfg, largest, names, peers)
+        if cfg.measure.train_steps and any(trainable(p) for p in paths):
+            untrained = plan_and_processes(replace(cfg, measure=replace(cfg.measure, train_steps=0)), elsewhere)[0]
+            if untrained.fits:
+                plan.tricks.insert(0, f"--train-steps 0 (no training measure: "
+                                      f"{untrained.total_bytes / 2**30:.1f} GiB predicted)")
     top_process = max(totals[TIMING], totals.get(PEERS, 0))
     return plan, {**{folders[t]: b for t, b in each.items()}, TOP: top_process}
 

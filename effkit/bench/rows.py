@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from effkit import workloads
-from effkit.bench.timing import COMPILED, TRAIN_BATCHES, train_measure
+from effkit.bench.timing import COMPILED, TRAIN_BATCHES, TRAIN_SKIPPED, train_measure
 from effkit.measure import results, stats
 from effkit.measure.timing import latency_stats
 
@@ -139,7 +139,8 @@ def train_figures(timed: dict[str, Any], tag: str, ref: str, stage: str) -> list
             out.append(TrainFigures(b, stats.median_of_rounds(train[tag]),
                                     train.ratio(ref, tag, higher_is_better=True)))
         else:
-            out.append(TrainFigures(b, f"not run: {stage} artifacts (int8 or ONNX) do not train"))
+            out.append(TrainFigures(b, timed.get(TRAIN_SKIPPED) or
+                                    f"not run: {stage} artifacts (int8 or ONNX) do not train"))
     return out
 
 

@@ -160,8 +160,9 @@ def protocol(cfg: BenchConfig, device: torch.device, first: Path, prepared, bloc
                       f"{copies} copies of the prompt, {new_tokens} new tokens per row (capped by the "
                       "smallest context when needed), new tokens of all rows / wall time (prefill included); "
                       + interleave.format(repeats=1) + "; the b1 decode is also reported as `generation`",
-        "training_throughput": f"one forward+backward+AdamW step on a private copy, batch x {block} tokens, "
-                               "tokens / wall time; " + interleave.format(repeats=cfg.measure.train_steps),
+        "training_throughput": (f"one forward+backward+AdamW step on a private copy, batch x {block} tokens, "
+                                "tokens / wall time; " + interleave.format(repeats=cfg.measure.train_steps)
+                                if cfg.measure.train_steps else "not measured (--train-steps 0)"),
         "peak_memory": memory.PeakMemory(device).method + ", while loading the artifact, evaluating it and "
                        "running each timed workload once, each artifact in a fresh process (two at a time on a "
                        "CPU where memory allows: each process's high-water mark is its own, and nothing there is "

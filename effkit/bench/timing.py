@@ -17,6 +17,8 @@ from effkit.config import BenchConfig
 from effkit.measure import generation, results, stats, stopping
 from effkit.measure.timing import compile_for_inference, train_step_timers
 
+TRAIN_SKIPPED = "train_skipped"  # the timed result's key saying why no training was measured (--train-steps 0)
+
 # the batches of the training steps timed for every trainable artifact (tokens/s); the batches of the prefill
 # workloads are also what a compiled twin is compiled for
 TRAIN_BATCHES = (4, 12)
@@ -85,7 +87,7 @@ def timed_side_by_side(paths: list[Path], cfg: BenchConfig, tokenizer, block: in
                     for t, (kw, timer) in compiled_decoding.items()}
         plan[w.measure] = (fns, 1)
     steppers = {tag: train_step_timers(models[tag], TRAIN_BATCHES, block)
-                for tag, p in zip(names, paths, strict=True) if trainable(p)}
+                for tag, p in zip(names, paths, strict=True) if trainable(p) and cfg.measure.train_steps}
     for b in TRAIN_BATCHES:
         plan[train_measure(b)] = ({t: timers[b] for t, timers in steppers.items()}, cfg.measure.train_steps)
     stop = stopping.Stopping.of(cfg.measure)
@@ -96,7 +98,9 @@ def timed_side_by_side(paths: list[Path], cfg: BenchConfig, tokenizer, block: in
                                     contest=(contest[1], decision.higher_is_better)
                                     if decision is not None and decision.measure == name else None)
              for name, (fns, repeats) in plan.items()}
-    return {**timed, "compile_status": status, "generation_compile_status": gen_status, "new_tokens": new_tokens,
+    skipped = {} if cfg.measure.train_steps else {TRAIN_SKIPPED: "not run: --train-steps 0 (no training measure)"}
+    return {**timed, **skipped, "compile_status": status, "generation_compile_status": gen_status,
+            "new_tokens": new_tokens,
             "stopping": {name: m.record for name, m in timed.items()}}
 
 
