@@ -333,6 +333,30 @@ def test_a_bench_whose_training_measure_does_not_fit_is_told_to_leave_it_out(tin
     assert bench_plan(BenchConfig.from_flat(**kw, train_steps=0)).fits
 
 
+def test_an_artifact_alone_trains_only_where_the_training_measure_runs(tiny_run, monkeypatch):
+    """The artifact-alone process runs every measured workload once for its peak memory, the training steps among
+    them: with --train-steps 0 it must not (gpt2-xl's alone process was killed at 23 GiB, its plan 12 GiB, when it
+    still did)."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from effkit import artifacts
+    from effkit.bench import static
+    from effkit.config import BenchConfig, DataConfig
+    from effkit.data import prepare
+
+    tmp, dense = tiny_run
+    tokenizer = AutoTokenizer.from_pretrained(dense)
+    blocks = prepare(DataConfig.from_dict(artifacts.data_section(Path(dense))), tokenizer_from=dense).blocks.eval
+    real, calls = static.train_step_timers, []
+    monkeypatch.setattr(static, "train_step_timers", lambda *a, **k: calls.append(a) or real(*a, **k))
+    for steps in (0, 1):
+        cfg = BenchConfig.from_flat(paths=[dense], quick=True, train_steps=steps, runs_dir=str(tmp / "runs"),
+                                    reports_dir=str(tmp / "reports")).validate()
+        static.bench_one(Path(dense), cfg, tokenizer, blocks, 32, torch.device("cpu"))
+        assert len(calls) == steps
+
+
 def test_the_bench_plan_is_made_before_anything_and_one_that_does_not_fit_stops_the_stage(tiny_run, tmp_path,
                                                                                          capsys, monkeypatch):
     """#47: `bench --plan` prints the predicted peak with its parts and writes nothing; a plan that does not fit

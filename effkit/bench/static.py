@@ -59,7 +59,7 @@ def bench_one(path: Path, cfg: BenchConfig, tokenizer, eval_blocks: torch.Tensor
         r["computation"] = engine.computation(path)  # the same digest as a peer's: the same computation
         for w in workloads.of_kind("prefill"):
             engine.prefill(model, w.batch, w.tokens or block)()
-        if trainable(path):
+        if trainable(path) and cfg.measure.train_steps:  # --train-steps 0: no training measure, nor its memory
             for once in train_step_timers(model, TRAIN_BATCHES, block).values():
                 once()
     r["peak_memory_bytes"] = mem.peak_bytes
