@@ -297,9 +297,23 @@ def test_effkits_standard_int8_is_the_very_computation_of_onnx_runtimes_peer(tra
     ENGINE.write_peer(folders["peer"], Path(artifact), copy.deepcopy(model), tok)
     write_artifact(folders["standard"], copy.deepcopy(model), tok, int8=True, fused=False, standard_int8=True)
     write_artifact(folders["effkit"], copy.deepcopy(model), tok, int8=True, fused=False)
-    write_artifact(folders["fp32"], copy.deepcopy(model), tok, int8=False, fused=False)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    model.train()
+    use_cache = model.config.use_cache
+    write_artifact(folders["fp32"], model, tok, int8=False, fused=False)  # read in place (a CPU fp32 model): not copied
+    assert model.training and model.config.use_cache == use_cache  # its mode and config given back
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # its weights untouched
+    model.eval()
     digest = {k: ENGINE.computation(f) for k, f in folders.items()}
     assert digest["standard"] == digest["peer"] == graph_digest(folders["peer"])
+    # effkit's quantizer call (one fp32 copy of the graph alive, `engines.onnxruntime.quantize_dynamic`) writes what
+    # ONNX Runtime's public quantize_dynamic writes from the same export
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    (tmp_path / "public").mkdir()
+    quantize_dynamic(str(folders["fp32"] / "model.onnx"), str(tmp_path / "public" / "model.onnx"),
+                     weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"])
+    assert graph_digest(tmp_path / "public") == digest["peer"]
     assert len({digest["peer"], digest["effkit"], digest["fp32"]}) == 3
     # CTranslate2: its converter's int8 file run with int8 compute is the peer's; float32 is another computation
     from effkit.engines.ctranslate2 import ENGINE as CT2

@@ -47,6 +47,30 @@ def kept_export() -> tuple[Path, dict[str, Any]] | None:
     return _KEEP[-1] if _KEEP else None
 
 
+@contextmanager
+def as_exported(model) -> Iterator[Any]:
+    """The model an exporter reads: `model` itself where every tensor is already on the CPU in fp32 (in eval mode
+    inside the block; its mode and its config's `use_cache` are given back after), otherwise a copy moved there.
+    Exporters read the weights and never write them, and a second fp32 copy is what made the large exports not
+    fit: gpt2-xl's weights are 5.6 GiB."""
+    import copy
+
+    import torch
+
+    tensors = [*model.parameters(), *model.buffers()]
+    if any(t.device.type != "cpu" or (t.is_floating_point() and t.dtype != torch.float32) for t in tensors):
+        yield copy.deepcopy(model).cpu().float().eval()
+        return
+    training, use_cache = model.training, getattr(model.config, "use_cache", None)
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(training)
+        if use_cache is not None:
+            model.config.use_cache = use_cache
+
+
 register = ENGINES.register
 unregister = ENGINES.unregister
 names = ENGINES.names

@@ -56,7 +56,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from effkit.engines import Engine
+from effkit.engines import Engine, as_exported
 from effkit.engines.decoder_step import PARITY_TOKENS, probe_ids
 from effkit.errors import EffkitError
 
@@ -695,13 +695,15 @@ def load_line(gguf_path: Path, settings: dict[str, Any]) -> str:
 def write_artifact(folder: Path, model, tokenizer, wtype: str = "f16", peer: bool = False) -> dict[str, Any]:
     """Write `model` into `folder` as one GGUF (`wtype`; the peer: f16 first, then Q8_0 from the f16 values, as a
     llama.cpp user converts and quantizes), its config and tokenizer, and `gguf.json`. Refused unless it passes the
-    gate (`check_parity`)."""
-    import copy
-
+    gate (`check_parity`). `model` is read, not copied, where it is on the CPU in fp32 (`engines.as_exported`)."""
     require()
     if wtype not in TYPES:
         raise EffkitError(f"unknown --type {wtype!r}; choose one of {', '.join(TYPES)}")
-    model = copy.deepcopy(model).cpu().float().eval()
+    with as_exported(model) as m:
+        return _write_artifact(folder, m, tokenizer, wtype, peer)
+
+
+def _write_artifact(folder: Path, model, tokenizer, wtype: str, peer: bool) -> dict[str, Any]:
     check_model(model)
     refuse_shape(model, wtype)
     threads = torch.get_num_threads()

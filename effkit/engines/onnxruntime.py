@@ -44,7 +44,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from effkit.engines import Engine, kept_export
+from effkit.engines import Engine, as_exported, kept_export
 from effkit.engines.decoder_step import (
     EXPORT_RTOL,
     PARITY_TOKENS,
@@ -57,6 +57,7 @@ from effkit.engines.decoder_step import (
     quiet_exporter,
 )
 from effkit.errors import EffkitError
+from effkit.measure.memory import give_back_freed
 from effkit.measure.timing import SETTLE_S  # idle seconds after timing a spinning thread pool
 
 ONNX_FILE = "model.onnx"
@@ -163,7 +164,9 @@ def _export_fp32(model: nn.Module, out: Path) -> dict[str, Any]:
         first = (str(e).strip().splitlines() or [""])[0]
         raise EffkitError(f"ONNX cannot represent this model: {type(e).__name__}: {first[:200]}") from None
     seconds = time.perf_counter() - t0
+    del program
     parity = check_parity(model, session(out))
+    give_back_freed()  # the checking session's copy of the weights
     return {"exporter": f"torch.onnx.export(dynamo=True, optimize=True, opset_version={OPSET}), torch "
                         f"{torch.__version__}",
             "opset": OPSET, "export_seconds": seconds, "max_abs_logit_diff_vs_pytorch": parity["max_abs_logit_diff"],
@@ -247,19 +250,92 @@ def fuse(path: Path, config) -> dict[str, Any]:
     return {k: v for k, v in opt.get_fused_operator_statistics().items() if v}
 
 
+SHAPE_DATA_BYTES = 2**16  # initializers up to this size keep their values for shape inference (Reshape's shapes)
+
+
+def infer_shapes_in_place(model):
+    """ONNX Runtime's `save_and_reload_model_with_shape_infer` without the copies: it deep-copies the graph, saves
+    the copy and reloads it to run ONNX's shape inference past protobuf's 2 GB limit. Shape inference reads the
+    initializers' types and dims (and the values of the small ones: a Reshape's target shape), never the weights:
+    here it runs on a copy of the graph with every initializer above SHAPE_DATA_BYTES reduced to its name, type and
+    dims, and its value_info goes back into `model`, which is returned itself."""
+    import onnx
+    from onnxruntime.quantization.quant_utils import add_infer_metadata
+
+    light = onnx.ModelProto()
+    for f in ("ir_version", "producer_name", "producer_version", "domain", "model_version"):
+        setattr(light, f, getattr(model, f))
+    light.opset_import.extend(model.opset_import)
+    light.functions.extend(model.functions)
+    g, lg = model.graph, light.graph
+    lg.name = g.name
+    lg.node.extend(g.node)
+    lg.input.extend(g.input)
+    lg.output.extend(g.output)
+    lg.value_info.extend(g.value_info)
+    stripped = []
+    for t in g.initializer:
+        if t.ByteSize() <= SHAPE_DATA_BYTES:
+            lg.initializer.append(t)
+        else:
+            lg.initializer.add(name=t.name, data_type=t.data_type, dims=t.dims)
+            stripped.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, t.dims))
+    inferred = onnx.shape_inference.infer_shapes(light)
+    known = {v.name for v in inferred.graph.value_info}
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(inferred.graph.value_info)
+    # the types of the weights themselves, which inference over the full graph also lists (the quantizer looks there)
+    model.graph.value_info.extend(v for v in stripped if v.name not in known)
+    add_infer_metadata(model)
+    return model
+
+
+def quantize_dynamic(src: Path, dst: Path, per_channel: bool, op_types: list[str]) -> None:
+    """`onnxruntime.quantization.quantize_dynamic(src, dst, per_channel=per_channel, weight_type=QInt8,
+    op_types_to_quantize=op_types)`, its steps in its order, with one fp32 copy of the graph alive where it has three:
+    it keeps the graph it loaded in a local while its quantizer deep-copies it, saves the copy and reloads it for
+    shape inference (8.2 GiB over a 2.7 GiB gpt2-large graph at that moment; docs/benchmarks.md, session 22). Here
+    the loaded graph goes straight into the quantizer, whose shape inference runs without the weights
+    (`infer_shapes_in_place`). Where ONNX Runtime's internals differ (another version), its public call."""
+    from onnxruntime.quantization import QuantType
+
+    try:
+        from onnxruntime.quantization import onnx_quantizer
+        from onnxruntime.quantization.quant_utils import QuantizationMode, load_model_with_shape_infer
+        from onnxruntime.quantization.quantize import update_opset_version
+
+        own = onnx_quantizer.save_and_reload_model_with_shape_infer  # the step replaced below
+    except (ImportError, AttributeError):
+        from onnxruntime.quantization import quantize_dynamic as public
+
+        public(str(src), str(dst), per_channel=per_channel, weight_type=QuantType.QInt8,
+               op_types_to_quantize=op_types)
+        return
+    onnx_quantizer.save_and_reload_model_with_shape_infer = infer_shapes_in_place
+    try:
+        quantizer = onnx_quantizer.ONNXQuantizer(
+            update_opset_version(load_model_with_shape_infer(Path(src)), QuantType.QInt8), per_channel, False,
+            QuantizationMode.IntegerOps, False, QuantType.QInt8, QuantType.QUInt8, None, [], [], list(op_types),
+            {"MatMulConstBOnly": True})
+    finally:
+        onnx_quantizer.save_and_reload_model_with_shape_infer = own
+    quantizer.quantize_model()
+    give_back_freed()  # the fp32 weights it replaced
+    quantizer.model.save_model_to_file(str(dst), False)
+    del quantizer
+    give_back_freed()
+
+
 def quantize_int8(src: Path, dst: Path, per_channel: bool = False) -> dict[str, Any]:
     """ONNX Runtime dynamic int8: weights int8 for MatMul and Gather (one scale per tensor, or per output channel
     with `per_channel`), activations quantized at run time. Then the token embedding is re-tied to the int8 LM head
     (`tie_embedding_to_head`). Per tensor is the default: ONNX Runtime's fused int8 matmul decodes faster with one
     scale per tensor than per channel, and the held-out loss that costs is within the noise of a paired comparison
     (the figures: docs/benchmarks.md)."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
     with quiet_exporter():
         # the weight-bearing ops only: left to itself the quantizer turns ONNX `Attention` into com.microsoft's
         # `QAttention`, which rejects the `is_causal` attribute (an invalid graph)
-        quantize_dynamic(str(src), str(dst), per_channel=per_channel, weight_type=QuantType.QInt8,
-                         op_types_to_quantize=["MatMul", "Gemm", "Gather"])
+        quantize_dynamic(src, dst, per_channel, ["MatMul", "Gemm", "Gather"])
     tied = tie_embedding_to_head(dst)
     return {"quantizer": f"onnxruntime.quantization.quantize_dynamic(per_channel={per_channel}, weight_type=QInt8, "
                          "op_types_to_quantize=[MatMul, Gemm, Gather])",
@@ -478,10 +554,8 @@ def quantize_standard(src: Path, dst: Path) -> dict[str, Any]:
     """ONNX Runtime's `quantize_dynamic` as a user who exported the graph would run it (QInt8 weights, per tensor),
     limited to MatMul and Gemm (left to every op type it knows it turns ONNX `Attention` into an invalid
     `QAttention`); no effkit edits: the peer row effkit's own int8 is judged against."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
     with quiet_exporter():
-        quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"])
+        quantize_dynamic(src, dst, False, ["MatMul", "Gemm"])
     return {"quantizer": "onnxruntime.quantization.quantize_dynamic(weight_type=QInt8, op_types_to_quantize=[MatMul, "
                          "Gemm]), its defaults otherwise (per tensor)", "int8": int8_counts(dst)}
 
@@ -731,8 +805,15 @@ def write_artifact(folder: Path, model: nn.Module, tokenizer, int8: bool, fused:
     embedding tied to the int8 head, or ONNX Runtime's defaults with `standard_int8`, or weight-only 4-bit with
     `int4`: `quantize_int4`, or `int4_quantize(fp32 graph, model.onnx)`, which returns what `quantize_int4` does (the
     backend's measured choice of its settings); ORT's fusions first with `fused`), with its config and tokenizer;
-    returns the description written to `onnx.json`."""
-    model.config.use_cache = True  # how a Hugging Face folder is usually saved
+    returns the description written to `onnx.json`. `model` is read, not copied, where it is on the CPU in fp32
+    (`engines.as_exported`)."""
+    with as_exported(model) as m:
+        return _write_artifact(folder, m, tokenizer, int8, fused, standard_int8, int4, int4_quantize)
+
+
+def _write_artifact(folder: Path, model: nn.Module, tokenizer, int8: bool, fused: bool, standard_int8: bool,
+                    int4: bool, int4_quantize: Callable[[Path, Path], dict[str, Any]] | None) -> dict[str, Any]:
+    model.config.use_cache = True  # how a Hugging Face folder is usually saved (`as_exported` gives it back)
     model.config.save_pretrained(folder)
     model.config.use_cache = False
     tokenizer.save_pretrained(folder)
@@ -751,6 +832,7 @@ def write_artifact(folder: Path, model: nn.Module, tokenizer, int8: bool, fused:
         fp32.unlink()
         for extra in fp32.parent.glob(fp32.name + "*"):  # external-data side files, if any
             extra.unlink()
+        give_back_freed()  # the quantizer's copies of the graph
         if not int8_layers(desc["int8"]):
             raise EffkitError("ONNX Runtime's quantizer left no int8 operator in the graph; nothing was quantized")
     desc["runtime"] = ("onnxruntime.InferenceSession, CPUExecutionProvider, intra-op threads = torch threads, "
@@ -787,9 +869,7 @@ class OnnxRuntimeEngine(Engine):
 
     def convert(self, folder: Path, source: Path, model: nn.Module, tokenizer, int8: bool = False,
                 fuse: bool = False, **options: Any) -> dict[str, Any]:
-        import copy
-
-        return write_artifact(folder, copy.deepcopy(model), tokenizer, int8=int8, fused=fuse)
+        return write_artifact(folder, model, tokenizer, int8=int8, fused=fuse)
 
     def exported(self, desc: dict[str, Any], folder: Path, int8: bool) -> tuple[dict[str, Any], dict[str, Any]]:
         ran = {"precision": desc["precision"], "past_key_values": desc["past_key_values"], "runtime": desc["runtime"],
@@ -800,9 +880,7 @@ class OnnxRuntimeEngine(Engine):
                      "parity": desc["parity"]}
 
     def write_peer(self, folder: Path, reference: Path, model: nn.Module, tokenizer) -> dict[str, Any]:
-        import copy
-
-        return write_artifact(folder, copy.deepcopy(model), tokenizer, int8=True, fused=False, standard_int8=True)
+        return write_artifact(folder, model, tokenizer, int8=True, fused=False, standard_int8=True)
 
     def quantized_layers(self, model: nn.Module, path: Path | None = None) -> int:
         return quantized_layers(model)

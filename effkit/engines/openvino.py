@@ -66,7 +66,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from effkit.engines import Engine
+from effkit.engines import Engine, as_exported
 from effkit.engines.decoder_step import (
     EXPORT_RTOL,
     PARITY_TOKENS,
@@ -863,8 +863,6 @@ def write_artifact(folder: Path, model: nn.Module, tokenizer, weights: str = "fp
     pinned to what it picks here unless `peer` (the peer runs as its users run it). `calibration`: a data-aware
     format's (training blocks, what to record of them: their split, count, indices). Refused unless the fp32
     conversion passes the parity gate."""
-    import copy
-
     import openvino as ov
 
     if weights not in WEIGHTS:
@@ -879,7 +877,16 @@ def write_artifact(folder: Path, model: nn.Module, tokenizer, weights: str = "fp
         precision = plain_compile_settings()["INFERENCE_PRECISION_HINT"]
         precision_how = precision_how or (f"the CPU plug-in's default on the CPU that measured it (OpenVINO "
                                           f"{ov.__version__}), pinned; not chosen by measurement")
-    model = copy.deepcopy(model).cpu().float().eval()
+    with as_exported(model) as m:  # read, not copied, where it is on the CPU in fp32
+        return _write_artifact(folder, m, tokenizer, weights, precision, runtime_options, precision_how, peer,
+                               calibration, group)
+
+
+def _write_artifact(folder: Path, model: nn.Module, tokenizer, weights: str, precision: str,
+                    runtime_options: dict[str, str], precision_how: str, peer: bool,
+                    calibration: tuple[np.ndarray, dict[str, Any]] | None, group: int) -> dict[str, Any]:
+    import openvino as ov
+
     t0 = time.perf_counter()
     om = convert(model)
     seconds = time.perf_counter() - t0

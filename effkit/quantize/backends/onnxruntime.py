@@ -16,7 +16,6 @@ same way."""
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -141,7 +140,7 @@ class OnnxRuntime:
     def write(self, folder: Path, parent: nn.Module, source: Path, tokenizer, cfg, device) -> dict[str, Any]:
         o = cfg.options.of(Options)
         if o.int8_form != "auto":
-            onnx = onnx_export.write_artifact(folder, copy.deepcopy(parent).cpu(), tokenizer, int8=True,
+            onnx = onnx_export.write_artifact(folder, parent, tokenizer, int8=True,
                                               fused=o.fuse, standard_int8=o.int8_form == "standard")
             onnx["int8_form"] = {"picked": o.int8_form, "how_chosen": "as asked (--int8-form)"}
         else:
@@ -175,7 +174,7 @@ class OnnxRuntime:
             with engines.exports_kept(scratch):  # one export of the parent for both forms
                 for form in FORMS:
                     (scratch / form).mkdir()
-                    descs[form] = onnx_export.write_artifact(scratch / form, copy.deepcopy(parent).cpu(), tokenizer,
+                    descs[form] = onnx_export.write_artifact(scratch / form, parent, tokenizer,
                                                              int8=True, fused=o.fuse, standard_int8=form == "standard")
                     models[form] = onnx_export.OnnxCausalLM(scratch / form)
                     table[form] = {"size_bytes": (scratch / form / onnx_export.ONNX_FILE).stat().st_size}

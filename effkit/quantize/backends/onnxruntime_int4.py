@@ -47,7 +47,6 @@ imply, measured in the same run, and the share of it batch-1 decoding reached) a
 
 from __future__ import annotations
 
-import copy
 import platform
 import shutil
 import statistics
@@ -424,7 +423,7 @@ class OnnxRuntimeInt4(OnnxRuntime):
         def measured(src: Path, dst: Path) -> dict[str, Any]:  # write_artifact's 4-bit step: the measured settings
             return self.choose_settings(src, dst, parent, source, tokenizer, cfg)
 
-        onnx = onnx_export.write_artifact(folder, copy.deepcopy(parent).cpu(), tokenizer, int8=False, fused=False,
+        onnx = onnx_export.write_artifact(folder, parent, tokenizer, int8=False, fused=False,
                                           int4=True, int4_quantize=measured)
         int4 = onnx["int4"]
         s = int4["settings"]
