@@ -56,8 +56,7 @@ def run_export(cfg: ExportConfig) -> dict[str, Any]:
     run_dir = Path(cfg.folders.runs_dir) / artifacts.run_of(source)
     with artifacts.run_lock(run_dir), memory.PeakMemory(torch.device("cpu")) as mem:
         return _export(cfg, source, run_dir, memory_of=lambda: {
-            "plan": plan.to_dict(), "measured_peak_bytes": mem.read(), "measured_absolute_bytes": mem.absolute_bytes,
-            "measured_how": mem.method})
+            "plan": plan.to_dict(), **mem.record()})
 
 
 def _checked(cfg: ExportConfig) -> tuple[ExportConfig, Path]:

@@ -475,6 +475,9 @@ def test_the_export_plan_is_made_before_anything_and_one_that_does_not_fit_stops
     mem = json.loads((reports / "x" / "onnx.json").read_text())["memory"]
     assert mem["plan"]["fits"] is False and mem["plan"]["verdict"].startswith("does not fit")
     assert mem["measured_peak_bytes"] > 0 and mem["measured_absolute_bytes"] > mem["measured_peak_bytes"]
+    # its anonymous part (what the plan's "must fit" predicts): the imports' and the parent's memory, not the
+    # weights' file the parent's load maps
+    assert 0 < mem["measured_anonymous_bytes"] < mem["measured_absolute_bytes"]
     assert mem["measured_how"].startswith("cpu RSS")
     parts = mem["plan"]["parts_bytes"]
     assert parts["parent: fp32 model"] == sum(p.numel() for p in load_model(artifact).parameters()) * 4

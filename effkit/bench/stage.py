@@ -74,8 +74,9 @@ def _memory(plan: stageplan.StagePlan, processes: dict[str, int], mem: memory.Pe
             static: list[dict[str, Any]]) -> dict[str, Any]:
     """The report's `memory`: the plan made before the bench beside the peaks it measured, the top process's (so
     far) and each alone process's, each process beside its prediction."""
-    return {"plan": plan.to_dict(), "measured_peak_bytes": mem.read(), "measured_absolute_bytes": mem.absolute_bytes,
-            "measured_how": f"the top process: {mem.method}", "top_process_predicted_bytes": processes[TOP],
+    measured = mem.record()
+    return {"plan": plan.to_dict(), **measured, "measured_how": f"the top process: {measured['measured_how']}",
+            "top_process_predicted_bytes": processes[TOP],
             "alone_processes": {r["tag"]: {"predicted_bytes": processes.get(Path(r["artifact"]).name),
                                            "measured_absolute_bytes": r.get("peak_memory_absolute_bytes")}
                                 for r in static}}

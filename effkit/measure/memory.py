@@ -13,7 +13,9 @@ import torch
 class PeakMemory:
     """Peak memory over a stage, measured alike on both devices: the high-water mark minus the value at the start
     of the stage (`peak_bytes`), with the absolute high-water mark beside it (`absolute_bytes`). CUDA:
-    torch.cuda.max_memory_allocated. CPU: the process' resident set sampled every 5 ms by a thread (psutil)."""
+    torch.cuda.max_memory_allocated. CPU: the process' resident set sampled every 5 ms by a thread (psutil), and
+    beside it the high-water mark of its anonymous part (`anonymous_bytes`: the resident set less its file-backed
+    pages, which the kernel drops when memory runs short; what a memory plan's "must fit" predicts)."""
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -22,6 +24,7 @@ class PeakMemory:
                        else "cpu RSS high-water mark over the stage minus RSS at its start (sampled every 5 ms)")
         self.peak_bytes = 0
         self.absolute_bytes = 0
+        self.anonymous_bytes: int | None = None  # CPU only
 
     def __enter__(self):
         if self.device.type == "cuda":
@@ -31,7 +34,9 @@ class PeakMemory:
             import psutil
 
             self._proc = psutil.Process()
-            self._base = self._peak = self._proc.memory_info().rss
+            info = self._proc.memory_info()
+            self._base = self._peak = info.rss
+            self._anon = info.rss - getattr(info, "shared", 0)
             self._stop = threading.Event()
             self._thread = threading.Thread(target=self._sample, daemon=True)
             self._thread.start()
@@ -39,16 +44,31 @@ class PeakMemory:
 
     def _sample(self):
         while not self._stop.wait(0.005):
-            self._peak = max(self._peak, self._proc.memory_info().rss)
+            self._take()
+
+    def _take(self) -> None:
+        info = self._proc.memory_info()
+        self._peak = max(self._peak, info.rss)
+        self._anon = max(self._anon, info.rss - getattr(info, "shared", 0))  # Linux: shared = file-backed pages
 
     def read(self) -> int:
         """The increase over the stage so far (and `absolute_bytes`: the high-water mark itself)."""
         if self.device.type == "cuda":
             self.absolute_bytes = torch.cuda.max_memory_allocated(self.device)
             return self.absolute_bytes - self._base
-        self._peak = max(self._peak, self._proc.memory_info().rss)
-        self.absolute_bytes = self._peak
+        self._take()
+        self.absolute_bytes, self.anonymous_bytes = self._peak, self._anon
         return self._peak - self._base
+
+    def record(self) -> dict:
+        """What a stage's report keeps of it (`memory`, beside the plan): the increase, the high-water mark and its
+        anonymous part (CPU), and how they were measured."""
+        increase = self.read()
+        return {"measured_peak_bytes": increase, "measured_absolute_bytes": self.absolute_bytes,
+                **({"measured_anonymous_bytes": self.anonymous_bytes} if self.anonymous_bytes is not None else {}),
+                "measured_how": self.method + ("; measured_anonymous_bytes: the high-water mark of the resident set "
+                                               "less its file-backed pages" if self.anonymous_bytes is not None
+                                               else "")}
 
     def __exit__(self, *exc):
         if self.device.type != "cuda":

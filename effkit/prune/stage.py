@@ -201,8 +201,7 @@ def run_prune(cfg: PruneConfig, progress: bool = True) -> dict[str, Any]:
     stageplan.check(plan, cfg.inputs.force)
     with artifacts.run_lock(layout.run_dir), memory.PeakMemory(rt.device) as mem:
         return _prune(cfg, rt, source, meta, data_cfg, layout, progress, lr_how, memory_of=lambda: {
-            "plan": plan.to_dict(), "measured_peak_bytes": mem.read(), "measured_absolute_bytes": mem.absolute_bytes,
-            "measured_how": mem.method})
+            "plan": plan.to_dict(), **mem.record()})
 
 
 def prune_plan(cfg: PruneConfig, probe: bool = False, suggest: bool = True) -> stageplan.StagePlan:

@@ -87,8 +87,7 @@ def run_quantize(cfg: QuantizeConfig) -> dict[str, Any]:
     run_dir = Path(cfg.folders.runs_dir) / artifacts.run_of(source)  # inside the runs folder, wherever --from points
     with artifacts.run_lock(run_dir), memory.PeakMemory(device) as mem:
         return _quantize(cfg, device, source, run_dir, memory_of=lambda: {
-            "plan": plan.to_dict(), "measured_peak_bytes": mem.read(), "measured_absolute_bytes": mem.absolute_bytes,
-            "measured_how": mem.method})
+            "plan": plan.to_dict(), **mem.record()})
 
 
 # ------------------------------------------------------------------------------------------------ the memory plan
