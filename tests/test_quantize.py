@@ -673,9 +673,9 @@ def test_the_plan_counts_every_candidate_of_auto_and_names_what_would_fit(traine
     assert auto.notes[0].startswith("the largest moment: auto: every candidate timed")
     assert any(n.startswith("bare8 declares no memory figures") for n in auto.notes)
     onnx = qcfg(tmp, artifact, backend="onnxruntime")
-    both, one = (quantize_plan(c.validate()).total_bytes for c in (onnx, onnx.replace(int8_form="effkit")))
+    both, one = (quantize_plan(c.validate()).required_bytes for c in (onnx, onnx.replace(int8_form="effkit")))
     assert one < both  # one int8 form written, not two
-    usable = (one + both) // 2  # one form fits, both do not
+    usable = (one + both) // 2  # what must fit: one form's does, both forms' do not
     monkeypatch.setattr(memplan, "device_memory", lambda device: ("a small machine", int(usable / 0.9)))
     plan = quantize_plan(onnx.validate())
     assert plan.fits is False and plan.tricks[0].startswith("--int8-form effkit (one int8 form")

@@ -201,17 +201,21 @@ def quantize_plan(cfg: QuantizeConfig) -> stageplan.StagePlan:
     notes.append("the increase over the stage (what `memory.measured_peak_bytes` of its report measures); the "
                  "process's imports before it are already out of the memory available now")
     plan = stageplan.StagePlan("quantize", parts, name, device_bytes, notes, method=PLAN_METHOD,
-                               reclaimable={k for k in parts if k.startswith("the weights' file, mapped")})
+                               reclaimable={k for k in parts if k.startswith(RECLAIMABLE)})
     if plan.fits is False:
         plan.tricks = _tricks(cfg, source, device, plan.usable_bytes)
     return plan
 
 
+RECLAIMABLE = "the weights' file, mapped"  # the parts the kernel can drop (clean file pages): not in what must fit
+
+
 def _tricks(cfg: QuantizeConfig, source: Path, device: torch.device, usable: int) -> list[str]:
     """The changes that fit: the backend's own lighter options (ONNX Runtime's one int8 form), then the single
     backends that fit, smallest first."""
-    def total(c: QuantizeConfig, backend: str) -> int:
-        return max(sum(p.values()) for _, p in _moments(c, source, device, backend, []))
+    def total(c: QuantizeConfig, backend: str) -> int:  # what must fit, as the plan judges it
+        return max(sum(v for k, v in p.items() if not k.startswith(RECLAIMABLE))
+                   for _, p in _moments(c, source, device, backend, []))
 
     tricks = []
     chosen = None if cfg.method.backend == "auto" else backends.get(cfg.method.backend)
