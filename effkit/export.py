@@ -233,7 +233,8 @@ def export_plan(cfg: ExportConfig, tricks: bool = True) -> stageplan.StagePlan:
     skipped = bf16_not_run(device)
     fmt = cfg.what.format
     measured = fmt in CONVERSION
-    like = fmt if measured else "openvino"  # an engine not calibrated: counted as OpenVINO's, the largest after it
+    # an engine not calibrated: counted as the calibrated one whose residue and timing lines together are steepest
+    like = fmt if measured else max(CONVERSION, key=lambda f: CONVERSION[f][1] + TIMING[f][1])
     logits12 = LATENCY_BATCH * block * vocab * 4
     calibrated_logits = TIMING_LOGIT_COPIES * LATENCY_BATCH * CALIBRATION_BLOCK * CALIBRATION_VOCAB * 4
     parent = {f"the process: Python, torch, transformers, {engine.label}; the tokenizer, the held-out blocks":
@@ -269,8 +270,8 @@ def export_plan(cfg: ExportConfig, tricks: bool = True) -> stageplan.StagePlan:
     if skipped is not None:
         notes.append(f"the parent under bf16 autocast: {skipped}")
     if not measured:
-        notes.append(f"--format {fmt}: not calibrated; counted as OpenVINO's after the conversion and as the "
-                     "largest measured conversion (llama.cpp's) during it")
+        notes.append(f"--format {fmt}: not calibrated; counted as {like}'s after the conversion (the steepest "
+                     f"measured lines there) and as the largest measured conversion ({steepest}'s) during it")
     if cfg.what.int8 or cfg.what.type or cfg.what.fuse:
         notes.append("int8, --type and --fuse exports: counted as the fp32 (gguf: f16) export of the format "
                      "(calibrated on those only)")
