@@ -329,7 +329,7 @@ def test_a_bench_whose_training_measure_does_not_fit_is_told_to_leave_it_out(tin
     monkeypatch.setattr(memplan, "device_memory", lambda device: ("a machine between the two", int(between / 0.9)))
     plan = bench_plan(BenchConfig.from_flat(**kw, train_steps=1))
     assert plan.fits is False and plan.tricks[0] == (f"--train-steps 0 (no training measure: "
-                                                     f"{bare.total_bytes / 2**30:.1f} GiB predicted)")
+                                                     f"{bare.required_bytes / 2**30:.1f} GiB must fit)")
     assert bench_plan(BenchConfig.from_flat(**kw, train_steps=0)).fits
 
 
@@ -392,3 +392,18 @@ def test_the_bench_plan_is_made_before_anything_and_one_that_does_not_fit_stops_
     alone = mem["alone_processes"]["train"]
     assert alone["predicted_bytes"] > 0 and alone["measured_absolute_bytes"] > 0
     assert sum(mem["plan"]["parts_bytes"].values()) == mem["plan"]["total_bytes"]
+    # the artifact's mapped weights' file is in the peak but not in what must fit (the kernel drops those pages)
+    mapped = [k for k in mem["plan"]["parts_bytes"] if "mapped (clean pages)" in k]
+    assert mem["plan"]["reclaimable_parts"] == mapped and len(mapped) == 1
+    assert mem["plan"]["required_bytes"] == mem["plan"]["total_bytes"] - mem["plan"]["parts_bytes"][mapped[0]]
+
+
+def test_the_bench_plan_counts_a_pytorch_prefill_by_its_kv_cache_and_logits(tiny_run):
+    """A PyTorch artifact's largest prefill (batch 12 x block) builds its KV cache beside the logits: the part
+    grows with layers x width and with the vocabulary (gpt2-large's bench came 1.3 GiB over a constant there)."""
+    from effkit.bench.plan import PREFILL_KEPT, prefill_bytes
+
+    tmp, dense = tiny_run
+    c = json.loads((Path(dense) / "config.json").read_text())
+    assert prefill_bytes(dense, 32) == 4 * 12 * 32 * (2 * c["n_layer"] * c["n_embd"] + c["vocab_size"])
+    assert prefill_bytes(dense, 64) == 2 * prefill_bytes(dense, 32) and PREFILL_KEPT >= 1

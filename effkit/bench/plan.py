@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from effkit import artifacts, engines, memplan, stageplan
+from effkit import artifacts, engines, memplan, stageplan, workloads
 from effkit.artifacts.loader import cannot_run_on, engine_of, kind, trainable
 from effkit.bench.discover import find_artifacts, tags
 from effkit.bench.static import side_by_side_processes
@@ -59,9 +59,13 @@ ALONE = {"onnxruntime": (155.3 * MIB, 3.136), "openvino": (254.1 * MIB, 3.343), 
 # for a folder of 15.3 MiB)
 UNCALIBRATED = (183.0 * MIB, 4.0)
 # a dense or pruned PyTorch artifact alone beyond its fp32 model, its mapped file and its training step
-# (`training_parts`), the largest of four alone processes: gpt2 3,998 and 4,191 MiB less 351.5 + 351.5 + 3,179 =
-# 116 and 309; gpt2-mini 1,088 and 1,130 less 53 + 53 + 843 = 139 and 181
-PYTORCH_ALONE = 310 * MIB
+# (`training_parts`): its largest prefill's KV cache and logits (`prefill_bytes`: the PyTorch engine's prefill builds
+# the cache), which the allocator keeps about as much again of after the forward (glibc's heap, freed blocks it does
+# not hand back): `PREFILL_KEPT` times. Measured beyond the loaded model: gpt2 116 and 309 MiB (the largest of four
+# alone processes, 3,998 and 4,191 MiB less 351.5 + 351.5 + 3,179), 312 counted; gpt2-mini 139 and 181, 150 counted;
+# gpt2-large (36 x 1,280; session 23, prefill b12 x 128 after the load, anonymous memory) 0.69, 0.69, 1.30 and 1.51
+# GiB in four processes, 1.15 counted (0.58 GiB of cache and logits)
+PREFILL_KEPT = 2.0
 # what a real training step held beyond memplan's simulation of it (`train_step_timers` in the top process: the
 # copy, then batch 4 and 12): gpt2-mini 825 MiB measured, 743 simulated; gpt2 2,966 measured, 3,080 simulated
 TRAIN_RUNTIME = 100 * MIB
@@ -89,6 +93,7 @@ EARLIER_KEPT = 0.35
 # its peak during them, gpt2 (onnxruntime) 1,751 / 2,917 = 0.60, gpt2-mini (four peers) 967 / 1,255 = 0.77
 PEERS_KEPT = 0.8
 LARGEST_TRAIN_BATCH = max(TRAIN_BATCHES)
+MAPPED = "weights' file, mapped (clean pages)"  # in a part's name: pages the kernel can drop (not what must fit)
 ACTIVATIONS = "activations, batch"  # how a training step's activations are named (one step at a time)
 
 
@@ -103,6 +108,15 @@ def weights_of(path: Path) -> tuple[int, int]:
             header = json.loads(fh.read(n))
         fp32 += 4 * sum(math.prod(t["shape"]) for k, t in header.items() if k != "__metadata__")
     return fp32, files
+
+
+def prefill_bytes(path: Path, block: int) -> int:
+    """The KV cache and logits (fp32) of the largest prefill workload the bench runs on the PyTorch artifact at
+    `path`, from its config.json: per token, keys and values of every layer (2 x n_layer x n_embd) and a row of
+    logits (the vocabulary)."""
+    c = json.loads((Path(path) / "config.json").read_text())
+    tokens = max(w.batch * (w.tokens or block) for w in workloads.of_kind("prefill"))
+    return 4 * tokens * (2 * int(c["n_layer"]) * int(c["n_embd"]) + int(c["vocab_size"]))
 
 
 def _line(ab: tuple[float, float], size: int) -> int:
@@ -162,8 +176,9 @@ def alone_parts(path: Path, tag: str, block: int, data: dict[str, Any], train: b
     k = kind(path)
     if k == "pytorch":
         p, mapped = weights_of(path)
-        parts = {f"{tag}: fp32 model": p, f"{tag}: its weights' file, mapped (clean pages)": mapped,
-                 f"{tag}: evaluated, its sample, every workload once (PyTorch)": PYTORCH_ALONE}
+        parts = {f"{tag}: fp32 model": p, f"{tag}: {MAPPED}": mapped,
+                 f"{tag}: evaluated, its sample, every workload once (PyTorch: the largest prefill's KV cache and "
+                 f"logits, and what the allocator keeps of them)": int(PREFILL_KEPT * prefill_bytes(path, block))}
         if trainable(path) and train:
             parts |= {f"{tag}: training step, {k2}": v for k2, v in training_parts(path, block).items()}
     else:
@@ -178,7 +193,8 @@ def alone_parts(path: Path, tag: str, block: int, data: dict[str, Any], train: b
                      "four copies of its folder)": _line(UNCALIBRATED, size)}
     if (control := _needs_control(path, data)) is not None:
         p, mapped = weights_of(control)
-        parts[f"{tag}: its dense control, loaded to evaluate against"] = p + mapped
+        parts[f"{tag}: its dense control, loaded to evaluate against"] = p
+        parts[f"{tag}: its dense control's {MAPPED}"] = mapped
     return parts
 
 
@@ -237,8 +253,8 @@ def plan_and_processes(cfg: BenchConfig, elsewhere: dict[str, str] | None = None
         conv = {e.peer_tag: _line(PEER_CONVERSION.get(e.name, PEER_CONVERSION_UNCALIBRATED), ref_p) for e in peers}
         big = max(conv, key=conv.get)
         processes[PEERS] = {
-            **top, f"top process: the reference {names[0]}, fp32, its weights' file mapped, transformers' objects":
-            ref_p + ref_mapped + LOAD_OVERHEAD,
+            **top, f"top process: the reference {names[0]}, fp32, transformers' objects": ref_p + LOAD_OVERHEAD,
+            f"top process: the reference's {MAPPED}": ref_mapped,
             **{f"top process: converting it for {t}" + ("" if t == big else ", what the allocator keeps of it"):
                v if t == big else int(EARLIER_KEPT * v) for t, v in conv.items()}}
     timing = dict(top)
@@ -264,13 +280,15 @@ def plan_and_processes(cfg: BenchConfig, elsewhere: dict[str, str] | None = None
             f"alone process {tag}: Python and its libraries, the held-out blocks": ALONE_PROCESS,
             **{f"alone process {k}": v for k, v in parts.items()}}
     totals = {name: sum(parts.values()) for name, parts in processes.items()}
-    largest = max(totals, key=totals.get)
+    must_fit = {name: sum(v for k, v in parts.items() if MAPPED not in k) for name, parts in processes.items()}
+    largest = max(must_fit, key=must_fit.get)  # as every plan judges: by what must fit
     each = {tag: totals[f"the alone process of {tag}"] for tag in alone}
     n = side_by_side_processes([*paths, *(Path(e.peer_tag) for e in peers)], device, list(each.values()))
     pair = sorted(each.values(), reverse=True)[:n]
     kept = int(PEERS_KEPT * totals[PEERS]) if peers else BENCH_PROCESS
     what_kept = ", what it keeps of the peers' conversions" if peers else ""
-    notes = [f"the largest process: {largest}; " + ", ".join(f"{name}: {t / 2**30:.2f} GiB"
+    notes = [f"the largest process: {largest}; " + ", ".join(f"{name}: {t / 2**30:.2f} GiB "
+                                                             f"({must_fit[name] / 2**30:.2f} must fit)"
                                                              for name, t in totals.items()),
              f"artifact-alone processes: {'two side by side' if n > 1 else 'one at a time'} (side_by_side_processes, "
              f"from these predictions): at most {(kept + sum(pair)) / 2**30:.2f} GiB at once with the top process "
@@ -279,14 +297,16 @@ def plan_and_processes(cfg: BenchConfig, elsewhere: dict[str, str] | None = None
         notes.append(f"on {device}: the parts are a CPU's resident set (calibrated on a CPU), an upper bound of "
                      "what the GPU holds")
     name, available = memplan.device_memory(device)
-    plan = stageplan.StagePlan("bench", processes[largest], name, available, notes, [], BENCH_METHOD)
+    parts = processes[largest]
+    plan = stageplan.StagePlan("bench", parts, name, available, notes, [], BENCH_METHOD,
+                               reclaimable={k for k in parts if MAPPED in k})
     if plan.fits is False:
         plan.tricks = _tricks(cfg, largest, names, peers)
         if cfg.measure.train_steps and any(trainable(p) for p in paths):
             untrained = plan_and_processes(replace(cfg, measure=replace(cfg.measure, train_steps=0)), elsewhere)[0]
             if untrained.fits:
                 plan.tricks.insert(0, f"--train-steps 0 (no training measure: "
-                                      f"{untrained.total_bytes / 2**30:.1f} GiB predicted)")
+                                      f"{untrained.required_bytes / 2**30:.1f} GiB must fit)")
     top_process = max(totals[TIMING], totals.get(PEERS, 0))
     return plan, {**{folders[t]: b for t, b in each.items()}, TOP: top_process}
 
