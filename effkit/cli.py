@@ -322,6 +322,8 @@ def run_cmd(
     recipe: Optional[str] = typer.Argument(None, help="TOML recipe (default: recipes/quickstart.toml)"),
     force: bool = typer.Option(False, "--force", help="redo every stage, even complete ones"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the plan (stages, launch command, artifacts) only"),
+    plan: bool = typer.Option(False, "--plan", help="print each stage's predicted peak memory and whether it fits, "
+                              "and the run's predicted time (one training step timed now); runs nothing else"),
     workload: Optional[str] = typer.Option(None, help="the workload the delivered artifact (and auto's backend) is "
                                            "chosen for, among every engine: " + ", ".join(workloads.names()) +
                                            " (default: the recipe's \\[run] optimize_for, else decode-b1)"),
@@ -342,6 +344,11 @@ def run_cmd(
         if overrides.get("time_budget_min"):
             raise EffkitError("--full trains the recipe's full schedule; drop --time-budget-min (or --full)")
         overrides["time_budget_min"] = 0.0
+    if plan:
+        from effkit.runplan import run_plan
+
+        console.show_run_plan(run_plan(recipe, overrides or None))
+        return
     result = run_pipeline(recipe, force=force, dry_run=dry_run, console=out, overrides=overrides or None)
     console.show_run(result, recipe, dry_run, out)
 

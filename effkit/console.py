@@ -55,6 +55,39 @@ def show_plan(p: Any, fit: bool, changes: list[str]) -> None:
                       "--parallel fsdp (or a GPU with more memory), or a smaller model")
 
 
+def show_run_plan(r: dict) -> None:
+    """`effkit run --plan`: each stage's memory plan (`effkit.runplan`) and the run's predicted time."""
+    from rich.table import Table
+
+    time = r["time"]
+    seconds = time.get("seconds", {})
+    t = Table(title=f"plan of the run {r['run']} ({r['recipe']})")
+    for c in ("stage", "what", "peak GiB", "must fit GiB", "usable GiB", "memory", "predicted time"):
+        t.add_column(c, justify="right" if "GiB" in c or c == "predicted time" else "left")
+    for row in r["memory"]:
+        keys = [k for k in seconds if k == row["stage"] or k.startswith(f"{row['stage']} ")]
+        secs = sum(seconds[k] for k in keys)
+        t.add_row(row["stage"], row["what"], f"{row['total_bytes'] / 2**30:.2f}",
+                  f"{row['required_bytes'] / 2**30:.2f}",
+                  f"{row['usable_bytes'] / 2**30:.1f}" if row["usable_bytes"] else "unknown", row["verdict"],
+                  f"{secs / 60:.1f} min" if keys else "")
+    out = terminal()
+    out.print(t)
+    for n in r["notes"]:
+        out.print(f"  {n}")
+    if "total_s" in time:
+        steps = (f"{time['steps']:,} of the recipe's {time['recipe_steps']:,} training steps (its "
+                 f"{time['budget_min']:g}-minute budget)" if time["steps"] < time["recipe_steps"]
+                 else f"all {time['steps']:,} training steps")
+        out.print(f"time: {time['total_s'] / 60:.1f} min predicted, {steps}; one training step {time['step_s']:.3f} s "
+                  f"({time['how']}); {time['model']}")
+    else:
+        out.print(f"time: {time['how']}")
+    fits = all(row["fits"] is not False for row in r["memory"])
+    out.print("plan: every stage fits" if fits else "plan: a stage does NOT fit; `effkit <stage> --plan` shows its "
+              "parts, and the stage would stop before loading")
+
+
 def show_stage_plan(p: Any) -> None:
     """`effkit <stage> --plan`: a stage's predicted peak (a `stageplan.StagePlan`), its parts and the verdict."""
     from rich.table import Table

@@ -94,6 +94,18 @@ class Plan:
 
 
 @dataclass
+class ShapeRun:
+    """The artifacts a run would leave, as shapes without weights (`artifacts.shape_only`), in a temporary
+    `folders` (`effkit run --plan`): `artifacts` by tag, in the order the stages made them; `notes` on what is
+    planned at an upper bound."""
+
+    folders: Any  # config.Folders
+    run_dir: Path
+    artifacts: dict[str, Path] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
 class RunContext:
     """What the steps of one `effkit run` share while it runs: the plan, the console, the expected-time tracker,
     and what earlier steps left for later ones (`results`: e.g. the bench's report, the best-pruned choice)."""
@@ -206,6 +218,13 @@ class Stage:
 
     def steps(self, plan: Plan) -> list[Step]:
         """The steps it runs when the recipe lists it."""
+        return []
+
+    def memory_plans(self, plan: Plan, shapes: ShapeRun) -> list[tuple[str, str, Any]]:
+        """`effkit run --plan`: this stage's memory plans for the recipe, as (label, what, plan), each plan a
+        `stageplan.StagePlan` (or training's `memplan.Plan`) made as the stage makes its own before loading, from
+        the shape-only artifacts in `shapes` (`effkit.runplan`), to which it adds those it would leave for the
+        stages after it. None by default."""
         return []
 
     def fingerprints(self, plan: Plan, before: dict[str, str]) -> dict[str, str]:

@@ -55,7 +55,7 @@ from effkit.parallel import ParallelDims, Runtime, init_runtime
 from effkit.parallel.launch import launch, nproc_per_node
 from effkit.parallel.parallelize import parallelize_gpt2
 from effkit.report import plot_loss_curve, write_rows_csv, write_stage_report
-from effkit.stage import FORWARD, Plan, RunContext, Stage, Step, complete, fingerprint
+from effkit.stage import FORWARD, Plan, RunContext, ShapeRun, Stage, Step, complete, fingerprint
 
 
 def resolve_amp(o: OptimConfig, device: torch.device, model: torch.nn.Module | None = None,
@@ -779,6 +779,19 @@ class TrainStage(Stage):
 
     def steps(self, plan: Plan) -> list[Step]:
         return [TrainStep()]
+
+    def memory_plans(self, plan: Plan, shapes: ShapeRun) -> list[tuple[str, str, Any]]:
+        """Training's plan (`effkit train --plan`), and the dense model it leaves, as shapes, for the stages after
+        it (the same shape whether or not this recipe trains it)."""
+        from effkit import memplan
+
+        t = plan.train
+        shapes.artifacts["train"] = artifacts.shape_only(shapes.run_dir / "train", memplan._model_config(t),
+                                                         t.data.to_dict(), config=t.to_dict())
+        if self.name not in plan.stages:
+            return []
+        return [("train", f"{t.model.name}, batch {t.optim.batch_size} x {t.data.block_size}, {t.optim.optim}",
+                 memplan.predict(t, probe=True))]
 
     def fingerprints(self, plan: Plan, before: dict[str, str]) -> dict[str, str]:
         return {"train": TrainStep().fingerprint(plan, before)}  # every later stage depends on it

@@ -33,7 +33,7 @@ LAYERS = [
     ("plug-ins", {"effkit.quantize", "effkit.quantize.backends", "effkit.prune"}),
     ("stages", {"effkit.train", "effkit.prune.stage", "effkit.quantize.stage", "effkit.export", "effkit.bench",
                 "effkit.studies", "effkit.worker"}),
-    ("run", {"effkit.pipeline"}),
+    ("run", {"effkit.pipeline", "effkit.runplan"}),
     ("console", {"effkit.console"}),  # what the commands print (reads the stages' reports and formatters)
     ("entry", {"effkit.cli", "effkit.__main__"}),
 ]

@@ -549,3 +549,38 @@ def test_the_step_time_probe_times_the_recipes_training_step(tiny_cfg):
     assert seconds > 0 and "steps timed before training, fp32" in how
     assert PROBE_STEPS[0] <= int(how.split("median of ")[1].split()[0]) <= PROBE_STEPS[1]
     assert probe_step_time(tiny_cfg(parallel="ddp"))[0] is None
+
+
+def test_run_plan_plans_every_stage_from_shapes_and_prices_the_run_as_the_run_does(tmp_path, corpus_dir, capsys,
+                                                                                    monkeypatch):
+    """#47: `effkit run --plan` gives each stage's memory plan before anything runs (the later stages' from
+    shape-only artifacts in a temporary folder: a safetensors header over a hole), and the run's time by the model
+    `effkit run` fits its budget with; it writes nothing in the run's folders."""
+    from effkit import pipeline
+    from effkit.artifacts import shape_only
+    from effkit.bench.plan import weights_of
+    from effkit.model import build_model
+    from effkit.model.gpt2 import save_model
+    from effkit.runplan import run_plan
+
+    model = build_model("gpt2-nano", vocab_size=512)  # a shape-only artifact reads as the saved model does
+    save_model(model, tmp_path / "real")
+    fake = shape_only(tmp_path / "shape", model.config, {"block_size": 32})
+    assert weights_of(fake)[0] == weights_of(tmp_path / "real")[0] == 4 * model.num_parameters()
+    assert fake.joinpath("model.safetensors").stat().st_blocks * 512 < weights_of(fake)[0]  # a hole, not weights
+
+    recipe = write_recipe(tmp_path, corpus_dir)
+    fake_probe(monkeypatch, 0.05)
+    r = run_plan(str(recipe))
+    assert [row["stage"] for row in r["memory"]] == ["train", "prune row", "quantize", "bench"]
+    assert all(row["fits"] and 0 < row["required_bytes"] <= row["total_bytes"] for row in r["memory"])
+    t = r["time"]
+    assert t["step_s"] == 0.05 and t["steps"] == t["recipe_steps"] == 4
+    assert t["total_s"] == pytest.approx(sum(t["seconds"].values()) + pipeline.OUTSIDE_S)
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "reports").exists()
+    monkeypatch.setattr(sys, "argv", ["effkit", "run", "--plan", str(recipe)])
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    out = capsys.readouterr().out
+    assert exc.value.code in (0, None) and "plan of the run tiny" in out and "plan: every stage fits" in out
+    assert not (tmp_path / "runs").exists()

@@ -262,6 +262,40 @@ def hf_gpt2_config(folder: Path) -> dict[str, Any]:
     return config
 
 
+def shape_only(folder: Path, model_config: Any, data: dict[str, Any], stage: str = "train",
+               parent: str | None = None, config: dict[str, Any] | None = None) -> Path:
+    """An artifact folder with the shapes of `model_config` and no weights: config.json, effkit.json (`stage`, its
+    data section) and model.safetensors, whose header names every tensor a saved GPT-2 holds (fp32; the tied head
+    saved once, as `save_model` does) over a hole of their size. What the stages' plans read, not a model."""
+    import math
+    import struct
+
+    import torch
+    from transformers import GPT2LMHeadModel
+
+    folder = Path(folder)
+    folder.mkdir(parents=True)
+    with torch.device("meta"):
+        model = GPT2LMHeadModel(model_config)
+    state = model.state_dict()
+    if getattr(model_config, "tie_word_embeddings", True):
+        state.pop("lm_head.weight", None)
+    header: dict[str, Any] = {}
+    offset = 0
+    for name, t in state.items():
+        size = 4 * math.prod(t.shape)
+        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(folder / "model.safetensors", "wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw)
+        f.truncate(8 + len(raw) + offset)  # the weights' bytes: a hole
+    model_config.to_json_file(folder / "config.json")
+    write_meta(folder, stage, config or {}, {}, data, parent=parent)
+    return folder
+
+
 def read_meta(folder: Path) -> dict[str, Any]:
     """`effkit.json` of an artifact; for a plain Hugging Face GPT-2 folder, what effkit knows of it (stage
     `import`: no parent, no config, evaluated on the built-in corpus unless a stage is given --data)."""

@@ -32,7 +32,7 @@ from effkit.measure import evaluation, hardware, memory, stats, stopping
 from effkit.measure.timing import INTERLEAVED_PROTOCOL
 from effkit.parallel import resolve_device
 from effkit.report import atomic_write_text
-from effkit.stage import Plan, RunContext, Stage, Step, best_of_each_mode, fingerprint, pruning_rounds
+from effkit.stage import Plan, RunContext, ShapeRun, Stage, Step, best_of_each_mode, fingerprint, pruning_rounds
 
 # the expected time of the stage (`BenchStep.work`), in seconds
 # (training steps; scaled so that what three Zen 4 EPYC quickstarts' benches of 9 artifacts spent beyond the share
@@ -259,6 +259,22 @@ class BenchStage(Stage):
 
     def steps(self, plan: Plan) -> list[Step]:
         return [BenchStep()]
+
+    def memory_plans(self, plan: Plan, shapes: ShapeRun) -> list[tuple[str, str, Any]]:
+        """The plan (`effkit bench --plan`) of every artifact the stages before it would leave, as shapes: the
+        dense model and each prune mode's first round (the run's int8 artifacts are not known before the run:
+        the notes say so)."""
+        from effkit.bench.plan import bench_plan
+
+        if self.name not in plan.stages or not shapes.artifacts:
+            return []
+        b = plan.bench
+        b = b.replace(paths=tuple(str(p) for p in shapes.artifacts.values()), **shapes.folders.to_dict()).validate()
+        if "quantize" in plan.stages:
+            shapes.notes.append("the bench planned without the run's int8 artifacts (each a quarter of its parent's "
+                                "fp32 bytes or less), which do not exist before the run")
+        return [("bench", f"{len(shapes.artifacts)} artifact(s)" + (", the peers" if b.what.peers else ""),
+                 bench_plan(b))]
 
     def fingerprints(self, plan: Plan, before: dict[str, str]) -> dict[str, str]:
         return {"bench": BenchStep().fingerprint(plan, before)}

@@ -35,7 +35,7 @@ from effkit.prune import methods
 from effkit.prune.distill import Distiller
 from effkit.prune.structure import prunable_linears, sparsity
 from effkit.report import atomic_write_text, plot_prune_curves, write_rows_csv
-from effkit.stage import FORWARD, Plan, RunContext, Stage, Step, complete, fingerprint
+from effkit.stage import FORWARD, Plan, RunContext, ShapeRun, Stage, Step, complete, fingerprint
 from effkit.train import finetune, lr_lambda
 
 LAT_BATCHES = (1, 12)
@@ -567,6 +567,30 @@ class PruneStage(Stage):
 
     def steps(self, plan: Plan) -> list[Step]:
         return [PruneStep(m) for m in plan.prune]
+
+    def memory_plans(self, plan: Plan, shapes: ShapeRun) -> list[tuple[str, str, Any]]:
+        """Each mode's plan (`effkit prune --plan`) from the dense model's shapes, and its first round (the
+        largest) at the shape its cut leaves, for the stages after it."""
+        dense = shapes.artifacts.get("train")
+        if self.name not in plan.stages or dense is None:
+            return []
+        out = []
+        for mode, c in plan.prune.items():
+            c = c.replace(source=str(dense), **shapes.folders.to_dict()).validate()
+            out.append((PruneStep(mode).key, f"to {c.method.target:g} in {c.method.rounds} round(s)",
+                        prune_plan(c, probe=True)))
+            from transformers import GPT2Config
+
+            mc = GPT2Config.from_pretrained(dense)
+            cut = getattr(methods.get(c.method.mode), "cut_config", None)
+            tag = artifacts.prune_tag(c.label, 1)
+            shapes.artifacts[tag] = artifacts.shape_only(
+                shapes.run_dir / tag, cut(c, mc, c.method.target / c.method.rounds) if cut else mc,
+                artifacts.data_section(dense), "prune", parent=str(dense))
+        if any(c.method.rounds > 1 for c in plan.prune.values()):
+            shapes.notes.append("each prune mode's later rounds (smaller than its first) are not planned for the "
+                                "stages after it")
+        return out
 
     def fingerprints(self, plan: Plan, before: dict[str, str]) -> dict[str, str]:
         return {s.key: s.fingerprint(plan, before) for s in self.steps(plan)}  # quantize's best-pruned reads them

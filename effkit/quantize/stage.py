@@ -35,7 +35,7 @@ from effkit.parallel import init_runtime
 from effkit.quantize import backends
 from effkit.quantize.backends import QUANT_FILE
 from effkit.report import write_stage_report
-from effkit.stage import Plan, RunContext, Stage, Step, complete, fingerprint, most_compressed, pruning_rounds
+from effkit.stage import Plan, RunContext, ShapeRun, Stage, Step, complete, fingerprint, most_compressed, pruning_rounds
 
 AUTO_LOSS_BUDGET = 0.01  # `auto` considers backends whose held-out loss is within 1% of the parent's
 AUTO_DEFAULT = "onnxruntime"  # what a user has without effkit (ONNX Runtime's int8): `auto` keeps it unless another
@@ -531,6 +531,18 @@ class QuantizeStage(Stage):
 
     def steps(self, plan: Plan) -> list[Step]:
         return [QuantizeStep(plan, w) for w in plan.run.pipeline.quantize_from]
+
+    def memory_plans(self, plan: Plan, shapes: ShapeRun) -> list[tuple[str, str, Any]]:
+        """The plan (`effkit quantize --plan`) from the dense model's shapes: the largest parent it may have."""
+        dense = shapes.artifacts.get("train")
+        if self.name not in plan.stages or dense is None:
+            return []
+        q = plan.quantize
+        q = q.replace(source=str(dense), **shapes.folders.to_dict()).validate()
+        if set(plan.run.pipeline.quantize_from) - {"train"}:
+            shapes.notes.append("quantize planned from the dense model for each of its parents (a pruned parent "
+                                "is smaller)")
+        return [("quantize", f"{q.method.backend}, from the dense model", quantize_plan(q))]
 
 
 STAGE = QuantizeStage()

@@ -1,0 +1,80 @@
+"""`effkit run --plan`: the whole recipe planned before anything runs (#47): each stage's memory plan (its largest
+process, as the stage makes its own before loading) and the run's time (the model `effkit run` prints and fits its
+time budget with: one training step timed now, each step's work in training steps, the measuring steps' budgets).
+
+The stages after training plan from their input artifacts' shapes (config.json, safetensors headers, file sizes),
+which do not exist before the run: each stage (`Stage.memory_plans`, in the registry's order) plans from the
+shape-only artifacts the stages before it would leave (`artifacts.shape_only`: a safetensors header over a hole, in
+a temporary folder) and adds its own: training the dense model, each prune mode its first round at the shape its cut
+leaves (the largest round). What is not known before the run is planned at an upper bound, and the notes say so.
+Like `pipeline.py`, this module never names a stage."""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from effkit.config import Folders
+from effkit.registry import STAGES
+from effkit.stage import Plan, ShapeRun
+
+
+def _row(label: str, what: str, p: Any) -> dict[str, Any]:
+    """A stage's line of the run's plan, from its `StagePlan` (or training's `memplan.Plan`)."""
+    required = getattr(p, "required_bytes", p.total_bytes)
+    verdict = p.verdict() if hasattr(p, "verdict") else (
+        "fit unknown (the device's memory is unknown)" if p.fits is None else "fits" if p.fits else
+        "does not fit: `effkit train --plan --fit` proposes what would")
+    return {"stage": label, "what": what, "total_bytes": p.total_bytes, "required_bytes": required,
+            "fits": p.fits, "verdict": verdict, "device": p.device, "usable_bytes": p.usable_bytes}
+
+
+def memory_rows(plan: Plan) -> tuple[list[dict[str, Any]], list[str]]:
+    """Each stage's memory plans for the recipe (see the module's text), and the notes on what is bounded."""
+    with tempfile.TemporaryDirectory(prefix="effkit-run-plan-") as tmp:
+        folders = Folders(runs_dir=str(Path(tmp) / "runs"), reports_dir=str(Path(tmp) / "reports"))
+        shapes = ShapeRun(folders, Path(folders.runs_dir) / plan.run.pipeline.run_name)
+        rows = [_row(label, what, p) for name in STAGES.names()
+                for label, what, p in STAGES.get(name).memory_plans(plan, shapes)]
+    return rows, shapes.notes
+
+
+def time_rows(plan: Plan) -> dict[str, Any]:
+    """The run's time as `effkit run` predicts it before training (`effkit.pipeline`): one training step timed
+    now, the time budget's choice of steps, each step's seconds."""
+    from effkit import pipeline
+
+    timer = pipeline.step_timer(plan)
+    if timer is None:
+        return {"how": "no stage times a training step: nothing to price the stages with"}
+    step_s, how = timer.probe_step_time(plan)
+    if step_s is None or step_s <= 0:
+        return {"how": f"not predicted: {how}"}
+    full = timer.training_steps(plan)
+    budget = plan.run.pipeline.time_budget_min
+    total = lambda n: pipeline.predicted_total(plan, timer, n, step_s) + pipeline.OUTSIDE_S  # noqa: E731
+    steps = full
+    if budget > 0 and full > 0:
+        fewest = max(math.ceil(pipeline.FEWEST_SHARE * full), timer.fewest_training_steps(plan))
+        steps = pipeline.choose_steps(full, fewest, total, budget * 60 * (1 - pipeline.BUDGET_MARGIN))
+    trial = Plan(plan.recipe, plan.run, dict(plan.configs))
+    timer.with_training_steps(trial, steps)
+    seconds = pipeline.expected_seconds(pipeline.stage_work(trial), pipeline.stage_budgets(trial), step_s)
+    return {"step_s": step_s, "how": how, "recipe_steps": full, "steps": steps, "budget_min": budget,
+            "seconds": seconds, "total_s": total(steps),
+            "model": f"each step's work in training steps x {step_s:.3f} s + {pipeline.BUDGET_USED:.0%} of each "
+                     f"measuring step's time budget + {pipeline.OUTSIDE_S:.0f} s outside the steps (the estimate "
+                     "`effkit run` prints)"}
+
+
+def run_plan(recipe: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`effkit run --plan`: {"memory": rows, "notes": [...], "time": {...}}. Nothing is written outside a
+    temporary folder; nothing is loaded but the plans' simulations and one timed training step."""
+    from effkit.pipeline import make_plan
+
+    plan = make_plan(recipe, overrides)
+    rows, notes = memory_rows(plan)
+    return {"recipe": recipe, "run": plan.run.pipeline.run_name, "memory": rows, "notes": notes,
+            "time": time_rows(plan)}
