@@ -45,6 +45,13 @@ def show_plan(p: Any, fit: bool, changes: list[str]) -> None:
         out.print(f"  {n}")
     verdict = ("fits" if p.fits else "does NOT fit") if p.fits is not None else "fit unknown (device memory unknown)"
     out.print(f"plan: {verdict}; predicted by {memplan.METHOD}")
+    if p.step_s is not None:
+        steps = c.get("steps") or 0
+        total = f", {steps:,} steps: {p.step_s * steps / 60:.1f} min of training" if steps else ""
+        out.print(f"time: one training step {p.step_s:.2f} s predicted{total} (the runtime probe's steps of one and "
+                  "two blocks, extended to the whole model; evaluations, the checkpoints and the save not counted"
+                  + ("; in fp32: --amp auto may choose bf16 where it measures faster" if c["amp"] == "auto" else "")
+                  + ")")
     if fit:
         if not changes and p.fits:
             out.print("--fit: fits as asked; nothing to change")

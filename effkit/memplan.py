@@ -53,6 +53,9 @@ class Plan:
     device: str
     device_bytes: int | None
     notes: list[str] = field(default_factory=list)
+    # one training step's seconds, predicted from the runtime probe's steps of one and two blocks
+    # (`predicted_step_seconds`); None where no probe ran (not measured yet, a GPU, several processes)
+    step_s: float | None = None
 
     @property
     def usable_bytes(self) -> int | None:
@@ -66,8 +69,8 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         return {"config": self.config, "per_rank_bytes": self.per_rank, "total_bytes": self.total_bytes,
                 "steps_bytes": self.steps_bytes, "device": self.device, "device_bytes": self.device_bytes,
-                "usable_bytes": self.usable_bytes,
-                "fits": self.fits, "notes": self.notes, "method": METHOD}
+                "usable_bytes": self.usable_bytes, "fits": self.fits, "notes": self.notes, "method": METHOD,
+                "step_s": self.step_s}
 
 
 METHOD = ("two training steps of one rank's share simulated under FakeTensorMode with PyTorch's MemTracker "
@@ -192,9 +195,14 @@ def _one_block(model_config) -> Any:
 
 
 def probe_runtime(model_config: dict[str, Any], batch: int, block: int, checkpointing: bool, optim: str,
-                  amp: str | None, steps: int = RUNTIME_STEPS) -> int:
+                  amp: str | None, steps: int = RUNTIME_STEPS) -> dict[str, float]:
     """How much the resident set grows over `steps` real training steps of the one-block model `model_config`
-    (measured as training measures it: the model built and placed first). Run in a process of its own."""
+    (measured as training measures it: the model built and placed first), and the seconds of a step after the
+    first (the median), then of a two-block model's (what `predicted_step_seconds` extends to the whole model).
+    Run in a process of its own."""
+    import statistics
+    import time
+
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from effkit import optim as optimizers
@@ -214,16 +222,25 @@ def probe_runtime(model_config: dict[str, Any], batch: int, block: int, checkpoi
     opt, _ = optimizers.build_optimizer(model, optim, 1e-4, 0.1)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp or "")
     cpu = torch.device("cpu")
+    def step(model, opt) -> float:
+        t = time.perf_counter()
+        x = torch.randint(0, mc.vocab_size, (batch, block))
+        with autocast_ctx(cpu, dtype):
+            loss = lm_loss(model(x).logits, x)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return time.perf_counter() - t
+
     with PeakMemory(cpu) as mem:
-        for _ in range(steps):
-            x = torch.randint(0, mc.vocab_size, (batch, block))
-            with autocast_ctx(cpu, dtype):
-                loss = lm_loss(model(x).logits, x)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-    return mem.peak_bytes
+        one = [step(model, opt) for _ in range(steps)]
+    del model, opt  # then a two-block model's steps, for the time a block adds (after the memory is measured)
+    mc.n_layer = 2
+    model = _finish(GPT2LMHeadModel(mc)).train()
+    opt, _ = optimizers.build_optimizer(model, optim, 1e-4, 0.1)
+    two = [step(model, opt) for _ in range(steps)]
+    return {"bytes": mem.peak_bytes, "step_s": statistics.median(one[1:]), "step2_s": statistics.median(two[1:])}
 
 
 CACHE = "memplan_runtime"
@@ -250,17 +267,39 @@ def runtime(model_config, batch: int, block: int, *, checkpointing: bool, optim:
     malloc = {k: v for k, v in {**os.environ, **(env or {})}.items() if k.startswith("MALLOC_")}
     shape = {k: args["model_config"].get(k) for k in ("vocab_size", "n_embd", "n_head", "n_inner", "n_positions")}
     key = (f"{describe_device(torch.device('cpu'))}|torch {torch.__version__}|{json.dumps(shape, sort_keys=True)}|"
-           f"b{batch}x{block}|ckpt {checkpointing}|{optim}|{amp}|{json.dumps(malloc, sort_keys=True)}")
+           f"b{batch}x{block}|ckpt {checkpointing}|{optim}|{amp}|{json.dumps(malloc, sort_keys=True)}|v3")
     measure = (lambda: run_isolated("effkit.memplan:probe_runtime", args, what="the memory plan's runtime probe",
                                     env=env)) if probe else None
-    measured, cached = machine_cached(CACHE, key, measure)
-    if measured is None:
-        return None, "not measured on this machine for this shape yet (effkit train --plan measures it)"
+    probed, cached = machine_cached(CACHE, key, measure)
+    if probed is None:
+        return None, "not measured on this machine for this shape yet (effkit train --plan measures it)", None
+    measured = probed["bytes"]
     sim = simulate(mc, batch, block, checkpointing=checkpointing, optim=optim, amp_dtype=amp_dtype)
     sim_steps = sum(v for k, v in sim.items() if k not in ("params_count", "parameters", "buffers"))
     how = (f"one-block probe: {measured / 2**20:,.1f} MiB measured over {RUNTIME_STEPS} steps, "
            f"{sim_steps / 2**20:,.1f} MiB of it tensors ({cache_note(CACHE, key) if cached else 'measured now'})")
-    return max(0, int(measured) - sim_steps), how
+    return max(0, int(measured) - sim_steps), how, (probed["step_s"], probed["step2_s"])
+
+
+def step_flops(model_config, layers: int, tokens: int, block: int) -> float:
+    """FLOPs of a training step of `tokens` tokens in blocks of `block` on `layers` blocks of `model_config`: six
+    per token per matrix weight (forward and backward; the head over the vocabulary included) and the attention's
+    twelve per token per layer per position of the block (PaLM's accounting)."""
+    d, inner = model_config.n_embd, model_config.n_inner or 4 * model_config.n_embd
+    matrices = layers * (4 * d * d + 2 * d * inner) + model_config.vocab_size * d
+    return tokens * (6 * matrices + 12 * layers * d * block)
+
+
+def predicted_step_seconds(model_config, layers: int, block: int, probe_s: tuple[float, float]) -> float:
+    """A training step of the whole model (`layers` blocks) predicted from the runtime probe's steps of one and
+    two blocks (same width, vocabulary, batch, block, optimizer and precision): the one-block step and, for each
+    further block, what the second block added; where the two did not differ by more than the noise (a block's
+    share of the FLOPs under half of what it added), the one-block step scaled by the FLOPs."""
+    one, two = probe_s
+    flops = step_flops(model_config, 1, 1, block)
+    per_block = (step_flops(model_config, 2, 1, block) - flops) / flops * one
+    added = two - one if two - one > per_block / 2 else per_block
+    return one + (layers - 1) * added
 
 
 def simulate_layers(model_config, batch: int, block: int, layers: int, **kw) -> dict[str, int]:
@@ -329,6 +368,7 @@ def predict(cfg, device: torch.device | None = None, probe: bool = False, runtim
         notes.append("cpu offload: sharded parameters, gradients and optimizer state live in CPU memory")
         for k in states:
             states[k] = 0
+    step_s = None
     acts = sim["activations"] * in_flight
     per_rank = {**states, "activations": acts, "temporaries": sim["temporaries"], "buffers": sim["buffers"]}
     if device.type == "cpu" and (amp is not None or o.amp is None):  # autocast (or auto, which may choose it)
@@ -340,8 +380,11 @@ def predict(cfg, device: torch.device | None = None, probe: bool = False, runtim
             per_rank[AUTOCAST_KEPT] = kept
     if device.type == "cpu":
         if runtime_bytes is None:
-            runtime_bytes, how = runtime(mc, micro, d.block_size, checkpointing=cfg.model.activation_checkpointing,
-                                         optim=o.optim, amp_dtype=amp, probe=probe, env=env)
+            runtime_bytes, how, probe_s = runtime(mc, micro, d.block_size,
+                                                  checkpointing=cfg.model.activation_checkpointing, optim=o.optim,
+                                                  amp_dtype=amp, probe=probe, env=env)
+            if probe_s and world == 1:  # one process: its step priced from the probe's
+                step_s = predicted_step_seconds(mc, layers, d.block_size, probe_s) * o.grad_accum
         else:
             how = "as measured for the configuration asked"
         notes.append(f"runtime (libraries' buffers, per process): {how}")
@@ -352,7 +395,10 @@ def predict(cfg, device: torch.device | None = None, probe: bool = False, runtim
     conf = {"model": cfg.model.name, "params": sim["params_count"] if dims.tp == 1 and not dims.pp_enabled else None,
             "parallel": p.mode, "world": world, "batch_size": o.batch_size, "block_size": d.block_size,
             "activation_checkpointing": cfg.model.activation_checkpointing, "optim": o.optim,
-            "amp": o.amp_dtype if o.amp else ("auto" if o.amp is None else "fp32")}
+            "amp": o.amp_dtype if o.amp else ("auto" if o.amp is None else "fp32"),
+            "steps": min([s for s in (o.max_steps, math.ceil(o.max_tokens / (o.batch_size * o.grad_accum * dims.dp
+                                                                              * d.block_size)) if o.max_tokens
+                                      else 0) if s > 0] or [0])}
     if o.amp is None:
         notes.append("--amp auto: planned in fp32 (its activations are the larger), with the weight copies bf16 "
                      "autocast leaves in the allocator at the optimizer step")
@@ -360,7 +406,8 @@ def predict(cfg, device: torch.device | None = None, probe: bool = False, runtim
         notes.append(f"{AUTOCAST_KEPT}: the forward's 16-bit copies of the matrices, freed in the backward into "
                      "blocks half the size of the fp32 gradients that follow, so glibc still holds them at the "
                      "optimizer step (gpt2-xl, batch 2, bf16: 3.0 GiB measured there, 2.8 counted)")
-    return Plan(conf, per_rank, total, total - per_rank["parameters"] - per_rank["buffers"], name, avail, notes)
+    return Plan(conf, per_rank, total, total - per_rank["parameters"] - per_rank["buffers"], name, avail, notes,
+                step_s)
 
 
 def fit(cfg, device: torch.device | None = None, budget_bytes: int | None = None) -> tuple[Plan, Any, list[str]]:

@@ -137,3 +137,14 @@ def tmp_path_of(cfg: TrainConfig):
     from pathlib import Path
 
     return Path(cfg.run.reports_dir) / cfg.run.run_name
+
+
+def test_the_plan_prices_a_step_from_the_probes_one_and_two_block_steps():
+    """The runtime probe times steps of one and two blocks; a step of the whole model is the one-block step plus,
+    per further block, what the second added (where that stands out of the noise; else the FLOPs scale it)."""
+    probed = memplan.probe_runtime(MC.to_dict() | {"n_layer": 1}, 2, 16, False, "adamw", None)
+    assert probed["bytes"] > 0 and probed["step_s"] > 0 and probed["step2_s"] > 0
+    assert memplan.predicted_step_seconds(MC, 6, 16, (1.0, 1.5)) == pytest.approx(1.0 + 5 * 0.5)
+    flops_one, flops_six = (memplan.step_flops(MC, n, 1, 16) for n in (1, 6))
+    assert memplan.predicted_step_seconds(MC, 6, 16, (1.0, 1.0)) == pytest.approx(flops_six / flops_one)
+    assert memplan.step_flops(MC, 2, 10, 16) == 10 * memplan.step_flops(MC, 2, 1, 16)
