@@ -6,7 +6,8 @@ The stages after training plan from their input artifacts' shapes (config.json, 
 which do not exist before the run: each stage (`Stage.memory_plans`, in the registry's order) plans from the
 shape-only artifacts the stages before it would leave (`artifacts.shape_only`: a safetensors header over a hole, in
 a temporary folder) and adds its own: training the dense model, each prune mode its first round at the shape its cut
-leaves (the largest round). What is not known before the run is planned at an upper bound, and the notes say so.
+leaves (the largest round). What is not known before the run is planned at an upper bound where there is one
+(quantize from the dense model), and what is left out is said in the notes (the bench's int8 artifacts).
 Like `pipeline.py`, this module never names a stage."""
 
 from __future__ import annotations

@@ -262,6 +262,11 @@ def prune_plan(cfg: PruneConfig, probe: bool = False, suggest: bool = True) -> s
         notes += [f"the largest moment: {who} fine-tuning, {f.batch_size} x {data.block_size} tokens, "
                   f"{ft.optim.optim}, {'bf16 autocast' if ft.optim.amp else 'fp32'}",
                   *[n for n in tuning.notes if n.startswith("runtime")]]
+        if tuning.step_s is not None:  # priced as `train --plan` prices a step (at the shape planned)
+            steps = finetune_work(cfg)
+            notes.append(f"time of the fine-tuning: {steps:.3g} steps' work x {tuning.step_s:.2f} s = "
+                         f"{steps * tuning.step_s / 60:.1f} min predicted (the evaluations and the latency "
+                         "comparisons not counted)")
     else:
         notes.append("no fine-tuning (--finetune-steps 0): the two models and an evaluation batch")
     if cut_size:
@@ -507,6 +512,13 @@ __all__ = ["forward_flops_per_token", "run_prune"]
 PRUNE_ROUND = 38.0
 
 
+def finetune_work(c: PruneConfig) -> float:
+    """The fine-tuning of every round in training steps: the student's, the control arm's where there is one, and
+    the teacher's forward per step where it distils."""
+    ft = c.finetune
+    return c.method.rounds * ft.finetune_steps * (1 + (FORWARD if c.distilling else 0)) * (2 if ft.control else 1)
+
+
 class PruneStep(Step):
     """One pruning mode of the recipe (`prune row`): every round, its control, its report."""
 
@@ -535,9 +547,7 @@ class PruneStep(Step):
 
     def work(self, plan: Plan) -> float:
         c = self.cfg(plan)
-        ft = c.finetune
-        per_round = ft.finetune_steps * (1 + (FORWARD if c.distilling else 0)) * (2 if ft.control else 1)
-        return c.method.rounds * (per_round + PRUNE_ROUND)
+        return finetune_work(c) + c.method.rounds * PRUNE_ROUND
 
     def budget(self, plan: Plan) -> float:
         c = self.cfg(plan)
