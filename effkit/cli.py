@@ -323,7 +323,7 @@ def run_cmd(
     force: bool = typer.Option(False, "--force", help="redo every stage, even complete ones"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the plan (stages, launch command, artifacts) only"),
     plan: bool = typer.Option(False, "--plan", help="print each stage's predicted peak memory and whether it fits, "
-                              "and the run's predicted time (one training step timed now); runs nothing else"),
+                              "and the run's predicted time (a few training steps timed now); runs nothing else"),
     workload: Optional[str] = typer.Option(None, help="the workload the delivered artifact (and auto's backend) is "
                                            "chosen for, among every engine: " + ", ".join(workloads.names()) +
                                            " (default: the recipe's \\[run] optimize_for, else decode-b1)"),

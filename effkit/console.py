@@ -88,11 +88,19 @@ def show_run_plan(r: dict) -> None:
                  else f"all {time['steps']:,} training steps")
         out.print(f"time: {time['total_s'] / 60:.1f} min predicted, {steps}; one training step {time['step_s']:.3f} s "
                   f"({time['how']}); {time['model']}")
+        if time.get("under_way"):
+            out.print("  this run is under way: the plan is the whole recipe's; `effkit run` skips what is complete "
+                      "and keeps the training steps it decided when it started")
     else:
         out.print(f"time: {time['how']}")
-    fits = all(row["fits"] is not False for row in r["memory"])
-    out.print("plan: every stage fits" if fits else "plan: a stage does NOT fit; `effkit <stage> --plan` shows its "
-              "parts, and the stage would stop before loading")
+    fits = [row["fits"] for row in r["memory"]]
+    if False in fits:
+        out.print("plan: a stage does NOT fit; `effkit <stage> --plan` shows its parts, and the stage would stop "
+                  "before loading")
+    elif not fits or None in fits:
+        out.print("plan: fit unknown (a device's memory is unknown, or no stage has a memory plan)")
+    else:
+        out.print("plan: every stage fits")
 
 
 def show_stage_plan(p: Any) -> None:

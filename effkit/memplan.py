@@ -195,11 +195,12 @@ def _one_block(model_config) -> Any:
 
 
 def probe_runtime(model_config: dict[str, Any], batch: int, block: int, checkpointing: bool, optim: str,
-                  amp: str | None, steps: int = RUNTIME_STEPS) -> dict[str, float]:
+                  amp: str | None, steps: int = RUNTIME_STEPS, threads: int = 0) -> dict[str, float]:
     """How much the resident set grows over `steps` real training steps of the one-block model `model_config`
-    (measured as training measures it: the model built and placed first), and the seconds of a step after the
-    first (the median), then of a two-block model's (what `predicted_step_seconds` extends to the whole model).
-    Run in a process of its own."""
+    (measured as training measures it: the model built and placed first); then, outside that measure, the
+    seconds of its steps after the first and of a two-block model's (their medians: what `predicted_step_seconds`
+    extends to the whole model), on `threads` threads (0: torch's default, as training). Run in a process of its
+    own."""
     import statistics
     import time
 
@@ -213,15 +214,23 @@ def probe_runtime(model_config: dict[str, Any], batch: int, block: int, checkpoi
     from effkit.model.gpt2 import _finish
 
     torch.manual_seed(0)
+    if threads:
+        torch.set_num_threads(threads)
     mc = GPT2Config.from_dict(model_config)
     mc._attn_implementation = "sdpa"
-    model = _finish(GPT2LMHeadModel(mc))
-    if checkpointing:
-        enable_activation_checkpointing(model)
-    model.train()
-    opt, _ = optimizers.build_optimizer(model, optim, 1e-4, 0.1)
+
+    def build(layers: int):
+        mc.n_layer = layers
+        model = _finish(GPT2LMHeadModel(mc))
+        if checkpointing:
+            enable_activation_checkpointing(model)
+        model.train()
+        return model, optimizers.build_optimizer(model, optim, 1e-4, 0.1)[0]
+
+    model, opt = build(1)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp or "")
     cpu = torch.device("cpu")
+
     def step(model, opt) -> float:
         t = time.perf_counter()
         x = torch.randint(0, mc.vocab_size, (batch, block))
@@ -234,23 +243,24 @@ def probe_runtime(model_config: dict[str, Any], batch: int, block: int, checkpoi
         return time.perf_counter() - t
 
     with PeakMemory(cpu) as mem:
-        one = [step(model, opt) for _ in range(steps)]
-    del model, opt  # then a two-block model's steps, for the time a block adds (after the memory is measured)
-    mc.n_layer = 2
-    model = _finish(GPT2LMHeadModel(mc)).train()
-    opt, _ = optimizers.build_optimizer(model, optim, 1e-4, 0.1)
+        for _ in range(steps):
+            step(model, opt)
+    one = [step(model, opt) for _ in range(steps)]  # timed outside the memory's sampling thread
+    del model, opt
+    model, opt = build(2)  # the time a block adds
     two = [step(model, opt) for _ in range(steps)]
-    return {"bytes": mem.peak_bytes, "step_s": statistics.median(one[1:]), "step2_s": statistics.median(two[1:])}
+    return {"bytes": mem.peak_bytes, "step_s": statistics.median(one), "step2_s": statistics.median(two[1:])}
 
 
 CACHE = "memplan_runtime"
 
 
 def runtime(model_config, batch: int, block: int, *, checkpointing: bool, optim: str = "adamw",
-            amp_dtype: torch.dtype | None = None, probe: bool = True,
-            env: dict[str, str] | None = None) -> tuple[int | None, str]:
-    """The process runtime's bytes at the peak on this CPU for this shape (see the module's text), and how it
-    was obtained; (None, why) when it is not cached and `probe` is off. The probe runs in a fresh process (one
+            amp_dtype: torch.dtype | None = None, probe: bool = True, env: dict[str, str] | None = None,
+            threads: int = 0) -> tuple[int | None, str, tuple[float, float] | None]:
+    """The process runtime's bytes at the peak on this CPU for this shape (see the module's text), how it was
+    obtained, and the probe's step seconds of one and two blocks on `threads` threads (`probe_runtime`); (None,
+    why, None) when it is not cached and `probe` is off. The probe runs in a fresh process (one
     forked from a process that imported the libraries measures their code pages again as it touches them: 5 MiB
     more on gpt2-nano), `env` on top of this one's (the allocator's settings change what the resident set keeps)."""
     import json
@@ -263,11 +273,12 @@ def runtime(model_config, batch: int, block: int, *, checkpointing: bool, optim:
     mc = _one_block(model_config)
     amp = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(amp_dtype)
     args = {"model_config": json.loads(mc.to_json_string()), "batch": batch, "block": block,
-            "checkpointing": checkpointing, "optim": optim, "amp": amp}
+            "checkpointing": checkpointing, "optim": optim, "amp": amp, "threads": threads}
     malloc = {k: v for k, v in {**os.environ, **(env or {})}.items() if k.startswith("MALLOC_")}
     shape = {k: args["model_config"].get(k) for k in ("vocab_size", "n_embd", "n_head", "n_inner", "n_positions")}
     key = (f"{describe_device(torch.device('cpu'))}|torch {torch.__version__}|{json.dumps(shape, sort_keys=True)}|"
-           f"b{batch}x{block}|ckpt {checkpointing}|{optim}|{amp}|{json.dumps(malloc, sort_keys=True)}|v3")
+           f"b{batch}x{block}|ckpt {checkpointing}|{optim}|{amp}|{json.dumps(malloc, sort_keys=True)}|"
+           f"threads {threads}|v3")
     measure = (lambda: run_isolated("effkit.memplan:probe_runtime", args, what="the memory plan's runtime probe",
                                     env=env)) if probe else None
     probed, cached = machine_cached(CACHE, key, measure)
@@ -293,12 +304,12 @@ def step_flops(model_config, layers: int, tokens: int, block: int) -> float:
 def predicted_step_seconds(model_config, layers: int, block: int, probe_s: tuple[float, float]) -> float:
     """A training step of the whole model (`layers` blocks) predicted from the runtime probe's steps of one and
     two blocks (same width, vocabulary, batch, block, optimizer and precision): the one-block step and, for each
-    further block, what the second block added; where the two did not differ by more than the noise (a block's
-    share of the FLOPs under half of what it added), the one-block step scaled by the FLOPs."""
+    further block, what the second block added, kept within half and twice a block's share of the one-block
+    step by FLOPs (a difference of two short timings is noisy)."""
     one, two = probe_s
     flops = step_flops(model_config, 1, 1, block)
     per_block = (step_flops(model_config, 2, 1, block) - flops) / flops * one
-    added = two - one if two - one > per_block / 2 else per_block
+    added = min(max(two - one, per_block / 2), 2 * per_block)
     return one + (layers - 1) * added
 
 
@@ -382,7 +393,7 @@ def predict(cfg, device: torch.device | None = None, probe: bool = False, runtim
         if runtime_bytes is None:
             runtime_bytes, how, probe_s = runtime(mc, micro, d.block_size,
                                                   checkpointing=cfg.model.activation_checkpointing, optim=o.optim,
-                                                  amp_dtype=amp, probe=probe, env=env)
+                                                  amp_dtype=amp, probe=probe, env=env, threads=p.threads)
             if probe_s and world == 1:  # one process: its step priced from the probe's
                 step_s = predicted_step_seconds(mc, layers, d.block_size, probe_s) * o.grad_accum
         else:

@@ -50,29 +50,33 @@ def time_rows(plan: Plan) -> dict[str, Any]:
     timer = pipeline.step_timer(plan)
     if timer is None:
         return {"how": "no stage times a training step: nothing to price the stages with"}
+    full = timer.training_steps(plan)
+    if full <= 0:
+        return {"how": "not predicted: the recipe's training is bounded by tokens or time, not steps"}
     step_s, how = timer.probe_step_time(plan)
     if step_s is None or step_s <= 0:
         return {"how": f"not predicted: {how}"}
-    full = timer.training_steps(plan)
-    budget = plan.run.pipeline.time_budget_min
+    budget = plan.run.pipeline.time_budget_min if timer.name in plan.stages else 0.0  # as `fit_time_budget`
     total = lambda n: pipeline.predicted_total(plan, timer, n, step_s) + pipeline.OUTSIDE_S  # noqa: E731
     steps = full
-    if budget > 0 and full > 0:
+    if budget > 0:
         fewest = max(math.ceil(pipeline.FEWEST_SHARE * full), timer.fewest_training_steps(plan))
         steps = pipeline.choose_steps(full, fewest, total, budget * 60 * (1 - pipeline.BUDGET_MARGIN))
     trial = Plan(plan.recipe, plan.run, dict(plan.configs))
     timer.with_training_steps(trial, steps)
     seconds = pipeline.expected_seconds(pipeline.stage_work(trial), pipeline.stage_budgets(trial), step_s)
+    under_way = (plan.run_dir / pipeline.RECORD).is_file()
     return {"step_s": step_s, "how": how, "recipe_steps": full, "steps": steps, "budget_min": budget,
-            "seconds": seconds, "total_s": total(steps),
+            "seconds": seconds, "total_s": total(steps), "under_way": under_way,
             "model": f"each step's work in training steps x {step_s:.3f} s + {pipeline.BUDGET_USED:.0%} of each "
                      f"measuring step's time budget + {pipeline.OUTSIDE_S:.0f} s outside the steps (the estimate "
                      "`effkit run` prints)"}
 
 
 def run_plan(recipe: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """`effkit run --plan`: {"memory": rows, "notes": [...], "time": {...}}. Nothing is written outside a
-    temporary folder; nothing is loaded but the plans' simulations and one timed training step."""
+    """`effkit run --plan`: {"memory": rows, "notes": [...], "time": {...}}. The run's folders are not touched
+    (the shapes lie in a temporary folder); the effkit cache keeps the probes and simulations, as each stage's
+    `--plan` does; nothing is trained but the timed steps (the runtime probe's and the run's step probe)."""
     from effkit.pipeline import make_plan
 
     plan = make_plan(recipe, overrides)

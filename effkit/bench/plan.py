@@ -64,8 +64,10 @@ UNCALIBRATED = (183.0 * MIB, 4.0)
 # not hand back): `PREFILL_KEPT` times. Measured beyond the loaded model: gpt2 116 and 309 MiB (the largest of four
 # alone processes, 3,998 and 4,191 MiB less 351.5 + 351.5 + 3,179), 312 counted; gpt2-mini 139 and 181, 150 counted;
 # gpt2-large (36 x 1,280; session 23, prefill b12 x 128 after the load, anonymous memory) 0.69, 0.69, 1.30 and 1.51
-# GiB in four processes, 1.15 counted (0.58 GiB of cache and logits)
+# GiB in four processes, 1.15 counted (0.58 GiB of cache and logits); never under the 310 MiB a small model's
+# evaluation, sample and workloads were measured at before this line (`PYTORCH_ALONE`: gpt2-mini 139 and 181 MiB)
 PREFILL_KEPT = 2.0
+PYTORCH_ALONE = 310 * MIB
 # what a real training step held beyond memplan's simulation of it (`train_step_timers` in the top process: the
 # copy, then batch 4 and 12): gpt2-mini 825 MiB measured, 743 simulated; gpt2 2,966 measured, 3,080 simulated
 TRAIN_RUNTIME = 100 * MIB
@@ -117,6 +119,12 @@ def prefill_bytes(path: Path, block: int) -> int:
     c = json.loads((Path(path) / "config.json").read_text())
     tokens = max(w.batch * (w.tokens or block) for w in workloads.of_kind("prefill"))
     return 4 * tokens * (2 * int(c["n_layer"]) * int(c["n_embd"]) + int(c["vocab_size"]))
+
+
+def pytorch_workloads(path: Path, block: int) -> int:
+    """What a PyTorch artifact's evaluation, sample and workloads hold beyond its model: `PREFILL_KEPT` times its
+    largest prefill's KV cache and logits, at least `PYTORCH_ALONE`."""
+    return max(PYTORCH_ALONE, int(PREFILL_KEPT * prefill_bytes(path, block)))
 
 
 def _line(ab: tuple[float, float], size: int) -> int:
@@ -178,7 +186,7 @@ def alone_parts(path: Path, tag: str, block: int, data: dict[str, Any], train: b
         p, mapped = weights_of(path)
         parts = {f"{tag}: fp32 model": p, f"{tag}: {MAPPED}": mapped,
                  f"{tag}: evaluated, its sample, every workload once (PyTorch: the largest prefill's KV cache and "
-                 f"logits, and what the allocator keeps of them)": int(PREFILL_KEPT * prefill_bytes(path, block))}
+                 f"logits, and what the allocator keeps of them)": pytorch_workloads(path, block)}
         if trainable(path) and train:
             parts |= {f"{tag}: training step, {k2}": v for k2, v in training_parts(path, block).items()}
     else:

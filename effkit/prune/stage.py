@@ -255,7 +255,13 @@ def prune_plan(cfg: PruneConfig, probe: bool = False, suggest: bool = True) -> s
         parts |= {f"fine-tuning ({who}): {k}": v for k, v in states.items()}
         # a real step's peak holds the gradients already computed beside the activations still alive, which the
         # simulation's peak (the end of the forward) does not: counted whole, an upper bound
-        parts[f"fine-tuning ({who}): gradients"] = max(states.get("gradients", 0), states["parameters"])
+        bumped = max(states.get("gradients", 0), states["parameters"])
+        parts[f"fine-tuning ({who}): gradients"] = bumped
+        kept = f"fine-tuning ({who}): {memplan.AUTOCAST_KEPT}"
+        if kept in parts:  # memplan counted the optimizer step's whole gradients in it: not twice
+            parts[kept] = max(0, parts[kept] - (bumped - states.get("gradients", 0)))
+            if not parts[kept]:
+                del parts[kept]
         if cfg.distilling:
             parts["distillation: the teacher's logits and the KL's two softmaxes"] = \
                 3 * f.batch_size * data.block_size * mc.vocab_size * 4
@@ -264,7 +270,7 @@ def prune_plan(cfg: PruneConfig, probe: bool = False, suggest: bool = True) -> s
                   *[n for n in tuning.notes if n.startswith("runtime")]]
         if tuning.step_s is not None:  # priced as `train --plan` prices a step (at the shape planned)
             steps = finetune_work(cfg)
-            notes.append(f"time of the fine-tuning: {steps:.3g} steps' work x {tuning.step_s:.2f} s = "
+            notes.append(f"time of the fine-tuning: {steps:,.1f} steps' work x {tuning.step_s:.2f} s = "
                          f"{steps * tuning.step_s / 60:.1f} min predicted (the evaluations and the latency "
                          "comparisons not counted)")
     else:
