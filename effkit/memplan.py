@@ -411,8 +411,8 @@ def predict(cfg, device: torch.device | None = None, probe: bool = False, runtim
                                                                               * d.block_size)) if o.max_tokens
                                       else 0) if s > 0] or [0])}
     if o.amp is None:
-        notes.append("--amp auto: planned in fp32 (its activations are the larger), with the weight copies bf16 "
-                     "autocast leaves in the allocator at the optimizer step")
+        notes.append("--amp auto: planned in fp32, with the weight copies bf16 autocast leaves in the allocator at "
+                     "the optimizer step (bf16's activations are about half, its forward holds the copies too)")
     if AUTOCAST_KEPT in per_rank:
         notes.append(f"{AUTOCAST_KEPT}: the forward's 16-bit copies of the matrices, freed in the backward into "
                      "blocks half the size of the fp32 gradients that follow, so glibc still holds them at the "
