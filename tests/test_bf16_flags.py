@@ -190,3 +190,16 @@ def test_a_model_is_timed_with_its_own_engines_decoder(avx2_only, train_tiny, tm
     assert m["generation"]["tokens_per_s"] == pytest.approx(1000.0, rel=0.02)
     assert m["samples"]["generation"]["int8"][0] in ([1000.0], [1010.0], [990.0])
     assert "OwnDecoder" in protocol["generation"]
+
+
+@pytest.mark.parametrize("flags", [AVX2_ONLY, ["avx2", "avx512f", "avx512_bf16"]])
+def test_the_amp_probe_times_bf16_only_where_the_flags_allow_it(flags, monkeypatch):
+    """Both answers of the code that decides (`hardware.no_native_bf16`), whatever CPU runs the suite: the report's
+    amp probe holds timings only where bf16 is native, and says why nothing was timed elsewhere."""
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: list(flags))
+    timed = {"picked": "fp32", "fp32_step_s": 1.0, "bf16_step_s": 2.0, "how": "fake timings"}
+    out = precision.cpu_choice(build_model("gpt2-nano", vocab_size=512), 4, 32, measure=lambda: dict(timed))
+    if reason := hardware.no_native_bf16():
+        assert out["not_run"] == f"bf16 not run: {reason}" and "fp32_step_s" not in out
+    else:
+        assert out["fp32_step_s"] == 1.0 and out["how"] == "fake timings" and "not_run" not in out
