@@ -3,9 +3,12 @@ imports counted), `effkit --help` stays free of torch, and every tensor effkit c
 that model's device (checked on the `meta` device, the closest a GPU-less machine comes to a CPU/GPU mix-up)."""
 
 import ast
+import io
 import os
+import re
 import subprocess
 import sys
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -279,3 +282,161 @@ def test_measurement_inputs_land_on_the_models_device(meta_model):
     held_out = torch.zeros(5, 16, dtype=torch.long)  # the cached blocks live on the CPU
     batches = list(evaluation.eval_batches(meta_model, held_out, 2))
     assert [b.shape[0] for b in batches] == [2, 2, 1] and all(b.device.type == "meta" for b in batches)
+
+
+# ------------------------------------------------------------------------------ the shape of the code, held by tests
+# Each check takes a root folder, so that a planted violation in a temporary tree shows it is not vacuous.
+FUNCTION_LINES = 80
+MODULE_LINES = 500
+# modules allowed over MODULE_LINES, each with the reason it stays whole
+LARGE_MODULES = {
+    "config.py": "every stage's options dataclasses and the one mechanism that validates them, read by the CLI",
+}
+FIGURE = re.compile(r"\d[\d,.]*\s*(MiB|GiB|KiB|GB|MB|ms|tok/s|tokens/s|x\b|%)")
+HISTORY = re.compile(r"(?i)\bsession \d|(?<![\w/])#\d+\b|\bissue \d")
+OPTION_LIMIT = 12
+
+
+def python_files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def long_functions(root: Path) -> list[str]:
+    out = []
+    for path in python_files(root):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > FUNCTION_LINES:
+                    out.append(f"{path.relative_to(root)}:{node.lineno} {node.name} ({n} lines)")
+    return out
+
+
+def large_modules(root: Path) -> list[str]:
+    out = []
+    for path in python_files(root):
+        rel = path.relative_to(root).as_posix()
+        n = len(path.read_text().splitlines())
+        if n > MODULE_LINES and rel not in LARGE_MODULES:
+            out.append(f"{rel} ({n} lines)")
+    return out
+
+
+def comments(path: Path) -> list[tuple[int, str]]:
+    tokens = tokenize.generate_tokens(io.StringIO(path.read_text()).readline)
+    return [(t.start[0], t.string) for t in tokens if t.type == tokenize.COMMENT]
+
+
+def figure_comments(root: Path) -> list[str]:
+    """Comment lines carrying a measured figure or a piece of the work's history: figures belong in
+    docs/benchmarks.md or a data file a benchmarks/ script writes; comments say why."""
+    return [f"{path.relative_to(root)}:{line} {text.strip()[:70]}" for path in python_files(root)
+            for line, text in comments(path) if FIGURE.search(text) or HISTORY.search(text)]
+
+
+def option_flags(root: Path) -> list[tuple[str, str]]:
+    """(where, flag) of every `typer.Option(...)` written with a literal `--flag` (the generic one that makes a stage
+    field's flag from its metadata names none)."""
+    out = []
+    for path in python_files(root):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "Option"
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "typer"):
+                flags = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)
+                         and a.value.startswith("--")]
+                out += [(f"{path.relative_to(root)}:{node.lineno}", f) for f in flags or ["(from a field)"]]
+    return out
+
+
+def stage_field_flags() -> set[str]:
+    from effkit.config import STAGES as CONFIGS
+    from effkit.config import flat_fields
+
+    return {"--" + key.replace("_", "-") for cls in CONFIGS.values() for key in flat_fields(cls)}
+
+
+def engine_words() -> set[str]:
+    """Every engine's name and export format: the words a module would switch on."""
+    return set(ENGINES.names()) | {f for n in ENGINES.names() if (f := getattr(ENGINES.get(n), "format", None))}
+
+
+def owner(rel: str, words: set[str]) -> str | None:
+    """The engine a module belongs to: its package under engines/, or the quantize backend of its format."""
+    parts = rel.removesuffix(".py").split("/")
+    if parts[0] == "engines" and len(parts) > 1:
+        return parts[1]
+    if parts[:2] == ["quantize", "backends"] and len(parts) > 2:
+        return next((w for w in words if parts[2].startswith(w)), None)
+    return None
+
+
+def name_switches(root: Path, words: set[str]) -> list[str]:
+    """Places outside an engine's own package (and the registry's tables) that compare with, key a table by, or
+    match on an engine's name or format."""
+    out = []
+    for path in python_files(root):
+        rel = path.relative_to(root).as_posix()
+        if rel == "registry.py":
+            continue
+        mine = owner(rel, words)
+        for node in ast.walk(ast.parse(path.read_text())):
+            consts: list[ast.AST] = []
+            if isinstance(node, ast.Compare):
+                for c in [node.left, *node.comparators]:
+                    consts += c.elts if isinstance(c, (ast.Tuple, ast.List, ast.Set)) else [c]
+            elif isinstance(node, ast.Dict):
+                consts = [k for k in node.keys if k is not None]
+            elif isinstance(node, ast.MatchValue):
+                consts = [node.value]
+            hits = {c.value for c in consts if isinstance(c, ast.Constant) and c.value in words}
+            if mine is not None:
+                hits = {h for h in hits if not (h.startswith(mine) or mine.startswith(h))}
+            out += [f"{rel}:{node.lineno} {sorted(hits)}"] if hits else []
+    return out
+
+
+def test_no_function_is_over_80_lines():
+    assert long_functions(PACKAGE) == []
+
+
+def test_no_module_is_over_its_size_unless_listed_with_a_reason():
+    assert large_modules(PACKAGE) == []
+    assert all(len(why) > 20 and (PACKAGE / rel).is_file() for rel, why in LARGE_MODULES.items())
+
+
+def test_no_comment_carries_a_measured_figure_or_history():
+    assert figure_comments(PACKAGE) == []
+
+
+def test_options_are_declared_once():
+    """Few `typer.Option`s, and none for a stage field: a stage's flags come from its config's fields."""
+    flags = option_flags(PACKAGE)
+    assert len(flags) <= OPTION_LIMIT, flags
+    assert [(w, f) for w, f in flags if f in stage_field_flags()] == []
+
+
+def test_no_module_outside_an_engine_switches_on_its_name():
+    assert name_switches(PACKAGE, engine_words()) == []
+
+
+def test_the_shape_checks_find_planted_violations(tmp_path):
+    """Each check flags what it is for in a planted tree, and only that."""
+    body = "\n".join(f"    x{i} = {i}" for i in range(FUNCTION_LINES))
+    (tmp_path / "long.py").write_text(f"def f():\n{body}\n")
+    (tmp_path / "big.py").write_text("x = 1\n" * (MODULE_LINES + 1))
+    (tmp_path / "figures.py").write_text("# the write took 1,337 MiB on gpt2\ny = 2  # 1.55x faster\n"
+                                         "# measured in session 22\n# why: ONNX Runtime's threads spin\n")
+    (tmp_path / "cli.py").write_text('import typer\ndef c(plan: bool = typer.Option(False, "--plan"), '
+                                     'lr: float = typer.Option(0.1, "--lr")): ...\n')
+    engines_dir = tmp_path / "engines" / "onnxruntime"
+    engines_dir.mkdir(parents=True)
+    switch = 'def g(e):\n    return 1 if e.name == "onnxruntime" else {"openvino": 2}\n'
+    (engines_dir / "x.py").write_text(switch)
+    (tmp_path / "bench.py").write_text(switch)
+    assert [s.split(" ")[0] for s in long_functions(tmp_path)] == ["long.py:1"]
+    assert large_modules(tmp_path) == [f"big.py ({MODULE_LINES + 1} lines)"]
+    assert [s.split(" ")[0] for s in figure_comments(tmp_path)] == ["figures.py:1", "figures.py:2", "figures.py:3"]
+    flags = [f for _, f in option_flags(tmp_path)]
+    assert flags == ["--plan", "--lr"] and "--lr" in stage_field_flags()
+    assert [s.split(" ")[0] for s in name_switches(tmp_path, {"onnxruntime", "openvino"})] == [
+        "bench.py:2", "bench.py:2", "engines/onnxruntime/x.py:2"]
