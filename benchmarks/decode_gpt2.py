@@ -183,7 +183,7 @@ def main() -> None:
         print(f"openvino: not run: {reason}")
     else:
         formats.append("openvino")
-    from effkit.engines.llamacpp import llamacpp_unavailable
+    from effkit.engines.llamacpp.runtime import llamacpp_unavailable
 
     if reason := llamacpp_unavailable():
         print(f"gguf (llama.cpp): not run: {reason}")
