@@ -86,7 +86,7 @@ def openvino_profile(path: Path, tokenizer, tokens: int, batch: int = 12) -> dic
     import numpy as np
     import openvino as ov
 
-    from effkit.engines.openvino import OV_MODEL, compile_config
+    from effkit.engines.openvino.settings import OV_MODEL, compile_config
 
     desc = json.loads((path / "openvino.json").read_text())
     compiled = ov.Core().compile_model(str(path / OV_MODEL), "CPU", {
@@ -177,13 +177,13 @@ def main() -> None:
     save_model(model, folder, tokenizer)  # a plain Hugging Face folder (Conv1D layout), no effkit.json
     dirs = {"runs_dir": str(work / "runs"), "reports_dir": str(work / "reports")}
     formats = ["onnx", "ctranslate2"]
-    from effkit.engines.openvino import ov_unavailable
+    from effkit.engines.openvino.settings import ov_unavailable
 
     if reason := ov_unavailable():
         print(f"openvino: not run: {reason}")
     else:
         formats.append("openvino")
-    from effkit.engines.llamacpp import llamacpp_unavailable
+    from effkit.engines.llamacpp.runtime import llamacpp_unavailable
 
     if reason := llamacpp_unavailable():
         print(f"gguf (llama.cpp): not run: {reason}")

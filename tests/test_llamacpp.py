@@ -15,7 +15,7 @@ import torch
 from conftest import assert_ratio_from_samples
 
 from effkit import cli
-from effkit.engines.llamacpp import llamacpp_unavailable
+from effkit.engines.llamacpp.runtime import llamacpp_unavailable
 from effkit.errors import EffkitError
 
 pytestmark = pytest.mark.skipif(llamacpp_unavailable() is not None, reason=f"not run: {llamacpp_unavailable()}")
@@ -137,6 +137,8 @@ def test_a_row_pruned_model_exports_with_pytorchs_greedy_tokens(exported):
     from effkit.config import DataConfig, PruneConfig
     from effkit.data import prepare
     from effkit.engines import llamacpp as ll
+    from effkit.engines.llamacpp import writer
+    from effkit.engines.llamacpp.artifact import write_artifact
     from effkit.measure import evaluation
     from effkit.model import load_model
     from effkit.prune.stage import run_prune
@@ -150,7 +152,7 @@ def test_a_row_pruned_model_exports_with_pytorchs_greedy_tokens(exported):
     assert model.config.n_inner == 128
     for wtype in ("f16", "q8_0"):
         (folder := tmp / f"pruned-{wtype}").mkdir()
-        desc = ll.write_artifact(folder, model, tok, wtype)
+        desc = write_artifact(folder, model, tok, wtype)
         assert desc["parity"]["greedy_tokens_equal"] == 32
         gguf_model = ll.ENGINE.load(folder, torch.device("cpu"))
         prompt = torch.tensor([[5, 17, 42, 9, 100, 3, 77, 250], [1, 2, 3, 4, 5, 6, 7, 8]])
@@ -161,7 +163,7 @@ def test_a_row_pruned_model_exports_with_pytorchs_greedy_tokens(exported):
             blocks = prepare(DataConfig.from_dict(data_section(Path(pruned))), tokenizer_from=pruned).blocks.eval
             ours, theirs = (evaluation.evaluate(m, blocks, 4)["eval_loss"] for m in (gguf_model, model))
             assert abs(ours / theirs - 1) < 0.01
-        assert ll.tensor_types(folder / "model.gguf")[{"f16": "F16", "q8_0": "Q8_0"}[wtype]] == 2 * 4 + 1
+        assert writer.tensor_types(folder / "model.gguf")[{"f16": "F16", "q8_0": "Q8_0"}[wtype]] == 2 * 4 + 1
 
 
 def test_the_conv1d_layout_of_a_plain_hugging_face_gpt2_is_written_as_effkits_linear_one(tmp_path):
@@ -169,7 +171,7 @@ def test_the_conv1d_layout_of_a_plain_hugging_face_gpt2_is_written_as_effkits_li
     gives the same arrays as effkit's Linear form of the same weights."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from effkit.engines.llamacpp import tensors
+    from effkit.engines.llamacpp.writer import tensors
     from effkit.model import load_model
 
     hf = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=64, n_head=2, n_positions=32, vocab_size=96)).eval()
@@ -193,11 +195,14 @@ def test_engine_and_backend_come_through_the_registries_only(exported):
     sys.path.insert(0, str(Path(__file__).parent))
     from test_architecture import import_graph
 
-    importers = {m for m, edges in import_graph().items() if "effkit.engines.llamacpp" in edges}
+    package = "effkit.engines.llamacpp"  # its modules import one another
+    importers = {m for m, edges in import_graph().items() if not (m == package or m.startswith(package + "."))
+                 and any(e == package or e.startswith(package + ".") for e in edges)}
     assert importers == {"effkit.quantize.backends.gguf"}, importers  # the registry names it by its dotted path
     root = Path(__file__).parents[1] / "effkit"
     for path in root.rglob("*.py"):
-        if path.name not in ("llamacpp.py", "gguf.py") and path != root / "registry.py":
+        own = path.name == "gguf.py" or root / "engines" / "llamacpp" in path.parents  # the backend, the package
+        if not own and path != root / "registry.py":
             text = path.read_text()
             assert '"llamacpp"' not in text and "engines.llamacpp" not in text, path
 
@@ -247,9 +252,10 @@ def test_a_shape_q8_0_cannot_store_and_a_missing_binding_are_one_line(exported, 
                        (["--from", artifact, "--format", "onnx", "--type", "q8_0"], "--type applies to --format gguf")):
         code, err, _ = run_cli(["export", *args, *dirs], capsys, monkeypatch)
         assert code == 2 and says in err and len(err.splitlines()) == 1, (args, err)
-    import effkit.engines.llamacpp as ll
+    from effkit.engines.llamacpp import artifact as gguf_artifact
+    from effkit.engines.llamacpp import parity, writer
 
-    write = ll.write_gguf
+    write = writer.write_gguf
 
     def every_token_is_7(path, model, tokenizer, wtype, **kw):  # a wrong f16 file behind a right f32 conversion
         if wtype == "f16":
@@ -259,11 +265,11 @@ def test_a_shape_q8_0_cannot_store_and_a_missing_binding_are_one_line(exported, 
                 model.transformer.ln_f.bias.copy_(1000 * model.transformer.wte.weight[7])
         return write(path, model, tokenizer, wtype, **kw)
 
-    monkeypatch.setattr(ll, "write_gguf", every_token_is_7)
+    monkeypatch.setattr(gguf_artifact, "write_gguf", every_token_is_7)
     code, err, _ = run_cli(["export", "--from", artifact, "--format", "gguf", *dirs], capsys, monkeypatch)
     assert code == 2 and "cannot be stored in f16 faithfully" in err and len(err.splitlines()) == 1, err
-    monkeypatch.setattr(ll, "write_gguf", write)
-    monkeypatch.setattr(ll, "GGUF_RTOL", -1.0)  # the f32 conversion's logits gate refuses
+    monkeypatch.setattr(gguf_artifact, "write_gguf", write)
+    monkeypatch.setattr(parity, "GGUF_RTOL", -1.0)  # the f32 conversion's logits gate refuses
     code, err, _ = run_cli(["export", "--from", artifact, "--format", "gguf", *dirs], capsys, monkeypatch)
     assert code == 2 and "does not reproduce the model" in err and len(err.splitlines()) == 1, err
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("*.gguf"))  # nothing written
@@ -278,7 +284,7 @@ def test_a_shape_q8_0_cannot_store_and_a_missing_binding_are_one_line(exported, 
     made, not_run = make_peers(Path(artifact), tmp_path, ["llamacpp"])
     assert made == [] and not_run["peer-llamacpp"].startswith("not run: llama.cpp's bindings do not import")
     with pytest.raises(EffkitError, match="llama.cpp cannot run here"):
-        from effkit.engines.llamacpp import LlamaCppCausalLM
+        from effkit.engines.llamacpp.runtime import LlamaCppCausalLM
 
         LlamaCppCausalLM.open(tmp / "runs" / "ll" / "gguf")
 
@@ -290,7 +296,7 @@ def test_q6_k_by_llamacpps_quantizer_round_trips_through_gguf_py(monkeypatch):
     import gguf
     import numpy as np
 
-    import effkit.engines.llamacpp as ll
+    from effkit.engines.llamacpp import q6k as ll
 
     Q = gguf.GGMLQuantizationType
     x = (np.random.default_rng(0).standard_normal((96, 512)) * 0.05).astype(np.float32)
@@ -323,7 +329,7 @@ def test_a_256_wide_q4_0_file_stores_its_head_in_q6_k_and_llamacpp_decodes_it(ex
     import numpy as np
     from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
-    import effkit.engines.llamacpp as ll
+    from effkit.engines.llamacpp import q6k, runtime, writer
 
     _, artifact, _ = exported
     tok = AutoTokenizer.from_pretrained(artifact)
@@ -333,15 +339,15 @@ def test_a_256_wide_q4_0_file_stores_its_head_in_q6_k_and_llamacpp_decodes_it(ex
     model = GPT2LMHeadModel(config).eval()
     capsys.readouterr()
     path = tmp_path / "q6_k.gguf"
-    assert ll.write_gguf(path, model, tok, "q4_0") == {"Q6_K": 1, "Q4_0": 2 * 4, "F32": 19}
+    assert writer.write_gguf(path, model, tok, "q4_0") == {"Q6_K": 1, "Q4_0": 2 * 4, "F32": 19}
     assert capsys.readouterr().err == ""  # no fallback to say
     stored = {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors}
     assert stored["token_embd.weight"] == "Q6_K" and "output.weight" not in stored
-    m = ll.LlamaCppCausalLM(path, config, threads=2)
+    m = runtime.LlamaCppCausalLM(path, config, threads=2)
     wte = model.transformer.wte.weight.detach().numpy()
     assert np.abs(m.head() - wte).max() <= 0.02 * np.abs(wte).max()
     prompt = [[5, 17, 42, 9, 100, 3, 77, 250]]
-    r = m.complete(prompt, 1, {**ll.greedy_body(), "logprobs": 5})
+    r = m.complete(prompt, 1, {**runtime.greedy_body(), "logprobs": 5})
     theirs = r["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
     ours = torch.log_softmax(m(torch.tensor(prompt)).logits[0, -1], -1)
     assert len(theirs) == 5 and max(abs(t["logprob"] - float(ours[t["id"]])) for t in theirs) < 1e-2
@@ -351,12 +357,12 @@ def test_a_256_wide_q4_0_file_stores_its_head_in_q6_k_and_llamacpp_decodes_it(ex
     del m
     # untied: llama.cpp reads its own output.weight, stored Q6_K as well
     untied = GPT2LMHeadModel(GPT2Config(**{**config.to_dict(), "tie_word_embeddings": False})).eval()
-    assert ll.write_gguf(tmp_path / "untied.gguf", untied, tok, "q4_0") == {"Q6_K": 2, "Q4_0": 2 * 4, "F32": 19}
-    assert ll.LlamaCppCausalLM(tmp_path / "untied.gguf", untied.config, threads=2).generate(
+    assert writer.write_gguf(tmp_path / "untied.gguf", untied, tok, "q4_0") == {"Q6_K": 2, "Q4_0": 2 * 4, "F32": 19}
+    assert runtime.LlamaCppCausalLM(tmp_path / "untied.gguf", untied.config, threads=2).generate(
         torch.tensor(prompt), 4, min_new_tokens=4).shape == (1, 12)
     # llama.cpp's quantizer unreachable: Q8_0, one line on stderr saying why, and a larger file
-    monkeypatch.setattr(ll, "_GGML", {"why": "llama.cpp's quantizer cannot be reached (a test)"})
-    assert ll.write_gguf(tmp_path / "q8_0.gguf", model, tok, "q4_0") == {"Q8_0": 1, "Q4_0": 2 * 4, "F32": 19}
+    monkeypatch.setattr(q6k, "_GGML", {"why": "llama.cpp's quantizer cannot be reached (a test)"})
+    assert writer.write_gguf(tmp_path / "q8_0.gguf", model, tok, "q4_0") == {"Q8_0": 1, "Q4_0": 2 * 4, "F32": 19}
     err = capsys.readouterr().err.strip()
     assert err.startswith("effkit: note: the tied embedding / LM head in Q8_0") and "(a test)" in err
     assert len(err.splitlines()) == 1

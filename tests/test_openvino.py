@@ -17,7 +17,7 @@ import pytest
 import torch
 from conftest import assert_choice_from_samples, assert_ratio_from_samples, independent_ratio
 
-from effkit.engines.openvino import ov_unavailable
+from effkit.engines.openvino.settings import ov_unavailable
 from effkit.errors import EffkitError
 
 pytestmark = [pytest.mark.skipif(ov_unavailable() is not None, reason=f"not run: {ov_unavailable()}"),
@@ -111,13 +111,14 @@ def test_backend_and_engine_come_through_the_registries(exported):
     # no engine or backend module is named in code outside its own module and the registry
     root = Path(__file__).parents[1] / "effkit"
     for path in root.rglob("*.py"):
-        if path.name != "openvino.py" and path != root / "registry.py":
+        own = path.name == "openvino.py" or root / "engines" / "openvino" in path.parents  # the backend, the package
+        if not own and path != root / "registry.py":
             text = path.read_text()
             assert '== "openvino"' not in text and "engines.openvino" not in text, path
 
 
 def _stand_in_timer(rates: dict):
-    """In place of `engines.openvino.pipeline_timer`: new tokens/s around `rates[(inference precision, attention
+    """In place of `engines.openvino.tune.pipeline_timer`: new tokens/s around `rates[(inference precision, attention
     backend)]` with 2% seeded noise and no time spent, so that the choices do not hang on this machine's timings."""
 
     def make(model, ids, new_tokens, attention):
@@ -157,13 +158,13 @@ def test_quantize_records_what_it_measured_where_plain_openvino_reads_it(exporte
 
     from effkit.artifacts.loader import load_command
     from effkit.config import QuantizeConfig
-    from effkit.engines import openvino as ov_engine
-    from effkit.engines.openvino import bf16_unavailable
+    from effkit.engines.openvino import tune
+    from effkit.engines.openvino.settings import bf16_unavailable
     from effkit.quantize.stage import run_quantize
 
     # a cache of its own: the backend is chosen here, and the stand-in's choice is never read by another test
     monkeypatch.setenv("EFFKIT_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(ov_engine, "pipeline_timer", _stand_in_timer(
+    monkeypatch.setattr(tune, "pipeline_timer", _stand_in_timer(
         {("f32", "PA"): 1000.0, ("f32", "SDPA"): 1300.0, ("bf16", "PA"): 700.0, ("bf16", "SDPA"): 900.0}))
     artifact, _ = exported
     cfg = QuantizeConfig.from_flat(source=artifact, backend="openvino", fixed_rounds=True, latency_rounds=2,
@@ -218,12 +219,13 @@ def test_a_tie_goes_to_f32_and_to_pa(exported, tmp_path, monkeypatch):
     PA (LLMPipeline's default), recomputed from the recorded samples."""
     from transformers import AutoTokenizer
 
-    from effkit.engines import openvino as ov_engine
-    from effkit.engines.openvino import OpenVINOCausalLM, bf16_unavailable, choose_attention
-    from effkit.quantize.backends.openvino import choose_precision
+    from effkit.engines.openvino import tune
+    from effkit.engines.openvino.runtime import OpenVINOCausalLM
+    from effkit.engines.openvino.settings import bf16_unavailable
+    from effkit.engines.openvino.tune import choose_attention, choose_precision
 
     monkeypatch.setenv("EFFKIT_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(ov_engine, "pipeline_timer", _stand_in_timer(
+    monkeypatch.setattr(tune, "pipeline_timer", _stand_in_timer(
         {(p, a): 1000.0 for p in ("f32", "bf16") for a in ("PA", "SDPA")}))
     folder = Path(exported[1]["artifact"])
     tok = AutoTokenizer.from_pretrained(folder)
@@ -248,14 +250,15 @@ def test_a_precision_picked_after_writing_is_written_into_the_model_and_its_load
     import openvino as ov
 
     from effkit.engines import openvino as ov_engine
+    from effkit.engines.openvino import settings
 
     source = Path(exported[1]["artifact"])
     folder = tmp_path / "repicked"
     shutil.copytree(source, folder)
-    desc = ov_engine.read_description(folder)
+    desc = settings.read_description(folder)
     other = "f32" if desc["inference_precision"] == "bf16" else "bf16"
     desc.update(inference_precision=other, precision_how="picked after writing (test)")
-    desc = ov_engine.record(folder, desc)
+    desc = settings.record(folder, desc)
     om = ov.Core().read_model(str(folder / "openvino_model.xml"))
     assert om.get_rt_info(["runtime_options", "INFERENCE_PRECISION_HINT"]).astype(str) == other
     assert om.get_rt_info(["runtime_options", "KV_CACHE_PRECISION"]).astype(str) == "f16"
@@ -275,27 +278,28 @@ def test_a_pa_that_cannot_be_built_is_not_run_and_the_defaults_fallback_is_seen(
     import openvino_genai
     from transformers import AutoTokenizer
 
-    from effkit.engines import openvino as ov_engine
+    from effkit.engines.openvino import convert, tune
+    from effkit.engines.openvino.runtime import OpenVINOCausalLM
     from effkit.model import load_model
 
     artifact, report = exported
     folder = tmp_path / "stateless"
     shutil.copytree(report["artifact"], folder)
-    monkeypatch.setattr(ov_engine, "_stateful", lambda *a, **k: None)
-    ov.save_model(ov_engine.convert(load_model(artifact).eval()), str(folder / "openvino_model.xml"),
+    monkeypatch.setattr(convert, "_stateful", lambda *a, **k: None)
+    ov.save_model(convert.convert(load_model(artifact).eval()), str(folder / "openvino_model.xml"),
                   compress_to_fp16=False)
     monkeypatch.undo()
     assert openvino_genai.LLMPipeline(str(folder), "CPU") is not None  # the default builds: it fell back, unseen
     timed = []
-    monkeypatch.setattr(ov_engine, "pipeline_timer", lambda *a: timed.append(a))
-    model = ov_engine.OpenVINOCausalLM(folder)
-    chosen = ov_engine.choose_attention(model, AutoTokenizer.from_pretrained(folder), "decode-b1")
+    monkeypatch.setattr(tune, "pipeline_timer", lambda *a: timed.append(a))
+    model = OpenVINOCausalLM(folder)
+    chosen = tune.choose_attention(model, AutoTokenizer.from_pretrained(folder), "decode-b1")
     assert chosen["attention"] == "SDPA" and not timed and "decision" not in chosen
     assert chosen["how"].startswith("SDPA, untimed: PA: not run: RuntimeError:") and "stateful" in chosen["how"]
     ran, how = model.default_attention()
     assert ran == "SDPA" and "falls back to SDPA silently" in how
     # the real artifact: an explicit PA builds, so its default ran PA
-    assert ov_engine.OpenVINOCausalLM(report["artifact"]).default_attention()[0] == "PA"
+    assert OpenVINOCausalLM(report["artifact"]).default_attention()[0] == "PA"
 
 
 def test_llmpipelines_tokens_are_checked_against_effkits_loop_and_the_samples_are_its_own(exported, monkeypatch):
@@ -304,7 +308,8 @@ def test_llmpipelines_tokens_are_checked_against_effkits_loop_and_the_samples_ar
     LLMPipeline, and the check is in the generation note."""
     from transformers import AutoTokenizer
 
-    from effkit.engines.openvino import ENGINE, OpenVINOCausalLM
+    from effkit.engines.openvino import ENGINE
+    from effkit.engines.openvino.runtime import OpenVINOCausalLM
     from effkit.measure.compare import generate_sample
 
     folder = Path(exported[1]["artifact"])
@@ -336,6 +341,7 @@ def test_the_peer_names_its_deviations_and_is_not_run_where_llmpipeline_cannot_r
     LLMPipeline needs, it is "not run: <reason>", never effkit's loop under LLMPipeline's label."""
     from effkit.bench import make_peers
     from effkit.engines import openvino as ov_engine
+    from effkit.engines.openvino import convert
 
     artifact, _ = exported
     how = ov_engine.ENGINE.peer_how
@@ -347,7 +353,7 @@ def test_the_peer_names_its_deviations_and_is_not_run_where_llmpipeline_cannot_r
     assert desc["peer"] and desc["inference_precision"] == "default" and "load_properties" not in desc
     assert desc["attention_ran"] == "PA" and desc["deviations"][0].startswith("INFERENCE_NUM_THREADS=")
     assert json.loads((made[0] / "effkit.json").read_text())["config"]["how"] == how
-    monkeypatch.setattr(ov_engine, "write_tokenizer_models", lambda folder, tok: "not written: openvino_tokenizers "
+    monkeypatch.setattr(convert, "write_tokenizer_models", lambda folder, tok: "not written: openvino_tokenizers "
                                                                                 "failed (stand-in)")
     (tmp_path / "b").mkdir()
     made, not_run = make_peers(Path(artifact), tmp_path / "b", ["openvino"])
@@ -384,7 +390,7 @@ def data_aware(exported, tmp_path_factory):
     import nncf
 
     from effkit.config import QuantizeConfig
-    from effkit.engines import openvino as ov_engine
+    from effkit.engines.openvino import tune
     from effkit.quantize.stage import run_quantize
 
     tmp = tmp_path_factory.mktemp("int4data")
@@ -399,7 +405,7 @@ def data_aware(exported, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("EFFKIT_CACHE", str(tmp / "cache"))
         mp.setattr(nncf, "compress_weights", capture)
-        mp.setattr(ov_engine, "pipeline_timer", _stand_in_timer({(p, a): 1000.0 for p in ("f32", "bf16")
+        mp.setattr(tune, "pipeline_timer", _stand_in_timer({(p, a): 1000.0 for p in ("f32", "bf16")
                                                                  for a in ("PA", "SDPA")}))
         cfg = QuantizeConfig.from_flat(source=artifact, backend="openvino", weight_format="int4-data",
                                        inference_precision="f32", fixed_rounds=True, latency_rounds=2,

@@ -1,9 +1,8 @@
-"""`gguf`: the model written as one GGUF file by effkit's own converter and stored in llama.cpp's block formats by
-gguf-py (`--gguf-type q8_0` by default: blocks of 32 int8 values with one f16 scale; or `q4_0`: 4-bit blocks, the tied
-embedding / LM head in Q6_K by llama.cpp's own quantizer as llama-quantize stores it, Q8_0 where n_embd is not a
-multiple of 256), run by llama.cpp (`xllamacpp`). The folder is a plain llama.cpp model: `model.gguf` holds the
-weights and the tokenizer (`effkit.engines.llamacpp`). A model whose widths are not multiples of 32 cannot be stored
-in blocks of 32: refused in one line (`quantize --backend auto` then says "not run" for it)."""
+"""`gguf`: llama.cpp's format as its engine package writes it (`effkit.engines.llamacpp`, through `ENGINE.write`, the
+writer `effkit export --format gguf` calls too): one GGUF file in llama.cpp's block formats (`--gguf-type q8_0` by
+default, or `q4_0`, its tied embedding / LM head in Q6_K), weights and tokenizer inside, run by llama.cpp
+(`xllamacpp`). A model whose widths are not multiples of 32 cannot be stored in blocks of 32: refused in one line
+(`quantize --backend auto` then says "not run" for it)."""
 
 from __future__ import annotations
 
@@ -18,8 +17,6 @@ torch = lazy_module("torch")
 nn = lazy_module("torch.nn")
 llamacpp = lazy_module("effkit.engines.llamacpp")
 
-GGUF_TYPES = ("q8_0", "q4_0")
-
 
 @dataclass(frozen=True)
 class Options:
@@ -27,7 +24,7 @@ class Options:
 
     gguf_type: str = field(default="q8_0", metadata={
         "help": "gguf: llama.cpp's block format, q8_0 or q4_0 (f16: effkit export --format gguf)",
-        "choices": GGUF_TYPES})
+        "choices": ("q8_0", "q4_0")})
 
 
 class Gguf:
@@ -39,16 +36,15 @@ class Gguf:
 
     @property
     def portability(self) -> str:
-        return llamacpp.PORTABILITY
+        return llamacpp.ENGINE.portability
 
     def available(self, device: torch.device | None = None) -> str | None:
-        if device is not None and device.type != "cpu":
-            return "effkit runs llama.cpp artifacts on the CPU only; use --device cpu"
-        return llamacpp.llamacpp_unavailable()
+        return llamacpp.ENGINE.available(device)
 
     def refuses(self, cfg) -> str | None:
-        if cfg.options.gguf_type not in GGUF_TYPES:
-            return f"unknown --gguf-type {cfg.options.gguf_type!r}; choose one of {', '.join(GGUF_TYPES)}"
+        types = tuple(llamacpp.writer.QUANTIZED)
+        if cfg.options.gguf_type not in types:
+            return f"unknown --gguf-type {cfg.options.gguf_type!r}; choose one of {', '.join(types)}"
         if cfg.method.include_head:
             return ("--include-head with gguf: GGUF always stores the tied embedding / LM head quantized (Q8_0; Q6_K "
                     "with q4_0)")
@@ -59,8 +55,8 @@ class Gguf:
         return "quantize-gguf" + ("" if t == "q8_0" else f"-{t}")
 
     def write(self, folder: Path, parent: nn.Module, source: Path, tokenizer, cfg, device) -> dict[str, Any]:
-        desc = llamacpp.write_artifact(folder, parent, tokenizer, cfg.options.gguf_type)
-        counts = llamacpp.tensor_types(folder / llamacpp.GGUF_FILE)
+        desc = llamacpp.ENGINE.write(folder, parent, tokenizer, cfg.options.gguf_type)
+        counts = llamacpp.writer.tensor_types(folder / llamacpp.GGUF_FILE)
         return {"format": self.format, "include_head": True, "gguf": desc,
                 "layers": [f"{k} matrices: {v}" for k, v in counts.items()],
                 "storage": f"one GGUF file (model.gguf, tokenizer inside): {desc['quantizer']}; norms, biases and the "
@@ -75,9 +71,7 @@ class Gguf:
     def load_command(self, folder: Path) -> str:
         return llamacpp.ENGINE.load_command(folder)
 
-    def memory(self, cfg) -> Memory:
-        # write 2,873 and reload 1,379 MiB on gpt2, 341 and 282 on gpt2-mini (q8_0); kept beside the others
-        # in auto's order 1,390 and 287 (how: effkit.quantize.backends.MEASURED)
+    def memory(self, cfg) -> Memory:  # the figures behind these lines: docs/benchmarks.md
         return Memory(write=(0, 8.17), loaded=(87, 3.68), beside=(91, 3.70), measured=MEASURED)
 
 
