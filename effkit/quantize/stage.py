@@ -500,7 +500,9 @@ class QuantizeStep(Step):
 
     def budget(self, plan: Plan) -> float:
         q = plan.quantize
-        return 0.0 if q.measure.fixed_rounds else q.measure.budget_s * (3 + (q.method.backend == "auto"))
+        # the parent comparison's measurements (one per prefill workload, the generation), and auto's choice
+        looks = len(workloads.of_kind("prefill")) + 1 + (q.method.backend == "auto")
+        return 0.0 if q.measure.fixed_rounds else q.measure.budget_s * looks
 
     def describe(self, plan: Plan) -> dict[str, Any]:
         what = (f"the most compressed pruning round within {plan.run.pipeline.max_loss_increase:.1%} of train"
