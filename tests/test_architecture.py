@@ -4,6 +4,7 @@ that model's device (checked on the `meta` device, the closest a GPU-less machin
 
 import ast
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -279,3 +280,20 @@ def test_measurement_inputs_land_on_the_models_device(meta_model):
     held_out = torch.zeros(5, 16, dtype=torch.long)  # the cached blocks live on the CPU
     batches = list(evaluation.eval_batches(meta_model, held_out, 2))
     assert [b.shape[0] for b in batches] == [2, 2, 1] and all(b.device.type == "meta" for b in batches)
+
+
+def interface_getattrs(source: str) -> list[str]:
+    """The string getattrs in `source` of an attribute the engine models declare (`EngineModel`)."""
+    from effkit.measure.engine_model import EngineModel
+
+    names = "|".join(EngineModel.__annotations__)
+    return re.findall(rf'getattr\([^,()]+, "({names})"', source)
+
+
+def test_the_engine_model_interface_is_read_through_its_declaration():
+    """What an engine's model declares (`EngineModel`: settle_s, compilable, ...) is read with its declared default
+    (`model_attr`), never through a string getattr carrying a default of its own."""
+    assert interface_getattrs('pause = getattr(fn, "settle_s", 0.0)') == ["settle_s"]  # the check sees one
+    found = {str(p.relative_to(PACKAGE)): hits for p in PACKAGE.rglob("*.py")
+             if (hits := interface_getattrs(p.read_text()))}
+    assert found == {}, found

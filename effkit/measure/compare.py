@@ -14,6 +14,7 @@ from torch import nn
 
 from effkit import workloads
 from effkit.measure import evaluation, generation, hardware, results, stats, stopping, timing
+from effkit.measure.engine_model import model_attr
 from effkit.measure.results import LossDelta
 
 PROMPT = generation.GENERATION_PROMPT
@@ -31,7 +32,7 @@ def generate_sample(model: nn.Module, tokenizer, max_new_tokens: int) -> dict[st
             "greedy_repeated_fraction": generation.repeated_fraction(ids.tolist()),
             "sampled_text": tokenizer.decode(sampled),
             "sampling": f"top-k {s['top_k']}, temperature {s['temperature']}, seed {s['seed']}",
-            **({"note": "; ".join(notes)} if (notes := [n for n in (note, getattr(model, "generation_note", None))
+            **({"note": "; ".join(notes)} if (notes := [n for n in (note, model_attr(model, "generation_note"))
                                                          if n]) else {})}
 
 
@@ -141,7 +142,7 @@ def _protocol(measure, model: nn.Module, own, label: str, block: int, stop: stop
                   f"interleaved (rounds: {stop.describe()}); new tokens / wall time; each model decodes with its "
                   f"own KV cache, through the decoder of the engine that owns it (the parent: PyTorch; {label}: "
                   f"{own.label or own.name}), as the bench times it"
-                  + (f"; {note}" if (note := getattr(model, "generation_note", None)) else ""))
+                  + (f"; {note}" if (note := model_attr(model, "generation_note")) else ""))
     bf16_how = f"parent under bf16 autocast ({skipped})" if skipped else "parent under bf16 autocast"
     return {"eval_loss": evaluation.EVAL_PROTOCOL + "; " + stats.LOSS_METHOD,
             "latency": f"forward of (batch, {block}) random tokens: fp32 parent, {bf16_how} and "
