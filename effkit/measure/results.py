@@ -45,8 +45,8 @@ class PairedRatio:
     verdict: str
     rounds: int | None = None  # paired, interleaved rounds
     method: str | None = None  # "unpaired" for separate runs
-    # the interval's own confidence where it is not 0.95: one look of a sequential measurement, taken at
-    # 1 - 0.05 / looks planned so that the look that stops still covers with at least 95%
+    # the interval's own confidence where it is not the usual one (`stats.CONFIDENCE`): one look of a sequential
+    # measurement, taken at 1 - alpha / looks planned so that the look that stops still covers at least as often
     level: float | None = None
     # a sequential measurement whose interval contains 1 but is wider than the precision asked for: it ran out of
     # rounds or time before deciding (`same` says no difference was shown, not that there is none)
