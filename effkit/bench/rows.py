@@ -38,7 +38,8 @@ def figure(w: workloads.Workload, rounds: list[list[float]]) -> Any:
 def peer_workloads() -> tuple[workloads.Workload, ...]:
     """The workloads of the peer table: every one but prefill at batch 1 (a forward too short to tell engines
     apart; it stays in each row's own figures), decode ones first."""
-    return tuple(sorted((w for w in workloads.all_() if w != workloads.PREFILL_B1), key=lambda w: w.kind != "decode"))
+    return tuple(sorted((w for w in workloads.all_() if w.name != workloads.PREFILL_B1.name),
+                        key=lambda w: w.kind != "decode"))
 
 
 @dataclass
