@@ -326,7 +326,8 @@ def run_cmd(
                               "and the run's predicted time (a few training steps timed now); runs nothing else"),
     workload: Optional[str] = typer.Option(None, help="the workload the delivered artifact (and auto's backend) is "
                                            "chosen for, among every engine: " + ", ".join(workloads.names()) +
-                                           " (default: the recipe's \\[run] optimize_for, else decode-b1)"),
+                                           " (default: the recipe's \\[run] optimize_for, else "
+                                           f"{workloads.GENERATION})"),
     full: bool = typer.Option(False, "--full", help="train the recipe's full schedule, whatever the time budget "
                               "(the same as --time-budget-min 0)"),
     **stage_options,  # the [run] keys in RUN_FLAGS, added by with_stage_options

@@ -707,8 +707,8 @@ class BackendOptions(_Section):
     backend: str = opt("auto", lambda: "auto (the fastest within 1% of the parent's loss) or a backend: "
                        + ", ".join(BACKENDS.names()))
     # what auto picks the fastest backend for: a workload (effkit.workloads)
-    optimize_for: str = opt("decode-b1", "the workload auto picks the fastest backend for: {choices} (decode: greedy "
-                            "tokens/s; prefill: latency)", choices=workloads.names)
+    optimize_for: str = opt(workloads.GENERATION, "the workload auto picks the fastest backend for: {choices} "
+                            "(decode: greedy tokens/s; prefill: latency)", choices=workloads.names)
     # also the (tied) LM head and token embeddings
     include_head: bool = opt(False, "also quantize the tied LM head / token embedding")
 
@@ -900,7 +900,7 @@ class RunPlan(_Section):
                                    "(relative)")
     # the workload the delivered artifact is chosen for: decode-b1, decode-b12 (greedy tokens/s with the KV cache)
     # or prefill-b12 (one forward of 12 x block); every table shows all three
-    optimize_for: str = opt("decode-b1", "the workload the delivered artifact is chosen for: {choices}",
+    optimize_for: str = opt(workloads.GENERATION, "the workload the delivered artifact is chosen for: {choices}",
                             choices=workloads.names)
     # minutes the whole run may take on this machine: where the recipe's schedule would take longer, training runs
     # fewer steps, chosen once before it starts from a step time measured then (kept in pipeline.json, reused on

@@ -198,7 +198,7 @@ def _quantize_table(report: dict):
         gen = r.get("generation", {}).get("tokens_per_s")
         t.add_row(label, f"{r['eval_loss']:.4f}", fmt_delta(delta) if delta else "ref",
                   f"{r['size_bytes'] / 2**20:.1f} MiB" if "size_bytes" in r else "",
-                  f"{r['latency_b12']['p50_s'] * 1000:.1f} ms", fmt_ratio(ratio) if ratio else "ref",
+                  f"{r[results.LATENCY_B12]['p50_s'] * 1000:.1f} ms", fmt_ratio(ratio) if ratio else "ref",
                   f"{gen:.0f}" if gen else "")
     return t
 

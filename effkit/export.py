@@ -1,7 +1,7 @@
 """`effkit export --format onnx | ctranslate2 | openvino | gguf [--int8]`: a dense or pruned artifact for another
 engine (ONNX Runtime, with past key/values; CTranslate2 through its own converter; OpenVINO; llama.cpp: any engine
 of `effkit.engines` with a `format`), reloaded from its folder alone and measured against its PyTorch parent with
-quantize's protocol (held-out loss per block, interleaved prefill latency at batch 1 and 12, generation), so
+quantize's protocol (held-out loss per block, interleaved prefill latency at every prefill workload, generation), so
 `bench`, `generate` and the engine itself can use it."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from effkit import artifacts, stageplan
+from effkit import artifacts, stageplan, workloads
 from effkit.artifacts.loader import engine_of, kind, quantized_layers
 from effkit.config import DataConfig, ExportConfig
 from effkit.data import prepare
@@ -183,7 +183,7 @@ TIMING_LOGIT_COPIES = 2
 # openvino's lines had counted those pages as memory that must fit: 5.44x, 1.93x and 3.67x the fp32 bytes
 EXPORT_FILE_MAPS = {"openvino": (2.00, 2.17)}
 CALIBRATION_BLOCK, CALIBRATION_VOCAB = 128, 8192  # the calibration models' block and vocabulary
-LATENCY_BATCH = 12  # the larger of the two prefill batches `compare_with_parent` times
+CALIBRATION_BATCH = 12  # the calibration exports' largest timed prefill batch
 
 
 def safetensors_bytes(folder: Path) -> tuple[int, int]:
@@ -235,8 +235,10 @@ def export_plan(cfg: ExportConfig, tricks: bool = True) -> stageplan.StagePlan:
     measured = fmt in CONVERSION
     # an engine not calibrated: counted as the calibrated one whose residue and timing lines together are steepest
     like = fmt if measured else max(CONVERSION, key=lambda f: CONVERSION[f][1] + TIMING[f][1])
-    logits12 = LATENCY_BATCH * block * vocab * 4
-    calibrated_logits = TIMING_LOGIT_COPIES * LATENCY_BATCH * CALIBRATION_BLOCK * CALIBRATION_VOCAB * 4
+    # the largest prefill `compare_with_parent` times (one per prefill workload): its logits
+    batch, tokens = max(((w.batch, w.tokens or block) for w in workloads.of_kind("prefill")), key=lambda w: w[0] * w[1])
+    logits12 = batch * tokens * vocab * 4
+    calibrated_logits = TIMING_LOGIT_COPIES * CALIBRATION_BATCH * CALIBRATION_BLOCK * CALIBRATION_VOCAB * 4
     parent = {f"the process: Python, torch, transformers, {engine.label}; the tokenizer, the held-out blocks":
               EXPORT_PROCESS,
               "parent: fp32 model": p,
@@ -251,8 +253,8 @@ def export_plan(cfg: ExportConfig, tricks: bool = True) -> stageplan.StagePlan:
     after = {**parent,
              f"{engine.label} conversion: its residue (kept by the allocator) and the export loaded in its engine":
              _line(CONVERSION[like], p),
-             f"the export's evaluation and timing beside its parent, batch {LATENCY_BATCH} x {block}: KV caches, "
-             f"logits {LATENCY_BATCH} x {block} x {vocab}, {engine.label}'s work buffers":
+             f"the export's evaluation and timing beside its parent, batch {batch} x {tokens}: KV caches, "
+             f"logits {batch} x {tokens} x {vocab}, {engine.label}'s work buffers":
              max(0, _line(TIMING[like], p) - calibrated_logits) + TIMING_LOGIT_COPIES * logits12}
     mapped_export = f"the export's weights' file, mapped by {engine.label}'s loads (clean pages)"
     if like in EXPORT_FILE_MAPS:
@@ -260,7 +262,7 @@ def export_plan(cfg: ExportConfig, tricks: bool = True) -> stageplan.StagePlan:
         after[mapped_export] = int(EXPORT_FILE_MAPS[like][1] * p)
     reclaimable = {"the parent's weights' file, mapped (clean pages)", mapped_export}
     moments = {"the conversion, at its own peak": during,
-               f"the export evaluated and timed beside its parent (batch {LATENCY_BATCH}), after the conversion":
+               f"the export evaluated and timed beside its parent (batch {batch}), after the conversion":
                after}
     totals = {m: sum(v for k, v in parts.items() if k not in reclaimable) for m, parts in moments.items()}
     peak = max(totals, key=totals.get)  # by what must fit

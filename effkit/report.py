@@ -251,7 +251,8 @@ def plot_comparison(out: Path) -> Path | None:
     if not bench.is_file():
         return None
     rows = json.loads(bench.read_text())["artifacts"]
-    shown = sorted((w for w in workloads.all_() if w.name != "prefill-b1"), key=lambda w: w.kind != "prefill")
+    shown = sorted((w for w in workloads.all_() if w.name != workloads.PREFILL_B1.name),
+                   key=lambda w: w.kind != "prefill")
     panels = [(w.ratio, f"{w.label} {'time' if w.kind == 'prefill' else 'tokens/s'}") for w in shown
               if w.ratio in rows[0]]
     plt = pyplot()

@@ -257,7 +257,7 @@ def pruning_rounds(plan: Plan) -> list[dict[str, Any]]:
             rows.append({"tag": d.name, "label": cfg.label, "size_bytes": artifacts.dir_size(d),
                          "loss_delta": delta.delta, "loss_delta_ci95": list(delta.ci95), "vs": "dense parent",
                          "loss_delta_vs_control": results.LossDelta.of(control).delta if control else None,
-                         "latency_b12_s": m["latency_b12"]["p50_s"],
+                         f"{results.LATENCY_B12}_s": m[results.LATENCY_B12]["p50_s"],
                          "within_budget": delta.verdict != results.INVALID and delta.ci95[1] <= budget})
     return rows
 
@@ -265,7 +265,7 @@ def pruning_rounds(plan: Plan) -> list[dict[str, Any]]:
 def most_compressed(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     """Among rounds within the budget: the smallest folder (parameters really removed), then the lowest latency."""
     within = [r for r in rows if r["within_budget"]]
-    return min(within, key=lambda r: (r["size_bytes"], r["latency_b12_s"])) if within else None
+    return min(within, key=lambda r: (r["size_bytes"], r[f"{results.LATENCY_B12}_s"])) if within else None
 
 
 def best_of_each_mode(plan: Plan) -> dict[str, str]:

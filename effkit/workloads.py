@@ -39,7 +39,7 @@ class Workload:
         return self.name.replace("-", "_")
 
     @property
-    def _tail(self) -> str:
+    def tail(self) -> str:
         """The name past its kind (`b12` of decode-b12, `b12_long` of decode-b12-long, the whole name where it does
         not start with its kind). Every key below is `<what>_<tail>`, so two workloads' keys differ because their
         names do (register refuses the few names that would still meet, e.g. a decode named `foo` and `decode-foo`),
@@ -49,17 +49,17 @@ class Workload:
     @property
     def measure(self) -> str:
         """The bench's measure (its rounds, its stopping record): `latency_b12` for prefill, `decode_b12`."""
-        return f"{'latency' if self.kind == 'prefill' else 'decode'}_{self._tail}"
+        return f"{'latency' if self.kind == 'prefill' else 'decode'}_{self.tail}"
 
     @property
     def figure(self) -> str:
         """A bench row's own figure: `latency_b12` (p50/p90/p99 seconds) or `decode_tokens_per_s_b12`."""
-        return self.measure if self.kind == "prefill" else f"decode_tokens_per_s_{self._tail}"
+        return self.measure if self.kind == "prefill" else f"decode_tokens_per_s_{self.tail}"
 
     @property
     def ratio(self) -> str:
         """A row's paired ratio to the reference: `latency_ratio_b12` or `decode_ratio_b12`."""
-        return f"{'latency' if self.kind == 'prefill' else 'decode'}_ratio_{self._tail}"
+        return f"{'latency' if self.kind == 'prefill' else 'decode'}_ratio_{self.tail}"
 
     @property
     def keys(self) -> frozenset[str]:
@@ -124,7 +124,10 @@ def get(name: str, what: str = "--optimize-for") -> Workload:
     return _TABLE[name]
 
 
-BUILTIN = ("prefill-b1", "prefill-b12", "decode-b1", "decode-b12")
-for _w in (Workload("prefill-b1", "prefill", 1), Workload("prefill-b12", "prefill", 12),
-           Workload("decode-b1", "decode", 1), Workload("decode-b12", "decode", 12)):
-    register(_w)
+PREFILL_B1, PREFILL_B12, DECODE_B1, DECODE_B12 = (register(_w) for _w in (
+    Workload("prefill-b1", "prefill", 1), Workload("prefill-b12", "prefill", 12),
+    Workload("decode-b1", "decode", 1), Workload("decode-b12", "decode", 12)))
+BUILTIN = tuple(w.name for w in (PREFILL_B1, PREFILL_B12, DECODE_B1, DECODE_B12))
+# the decode workload whose figures are also the generation's (a bench row's `generation.tokens_per_s` and
+# `generation_ratio`, a parent comparison's generation) and what a deliverable is chosen for unless told
+GENERATION = DECODE_B1.name

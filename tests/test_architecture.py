@@ -448,3 +448,20 @@ def test_the_shape_checks_find_planted_violations(tmp_path):
     assert flags == ["--plan", "--lr"] and "--lr" in stage_field_flags()
     assert [s.split(" ")[0] for s in name_switches(tmp_path, {"onnxruntime", "openvino"})] == [
         "bench.py:2", "bench.py:2", "engines/onnxruntime/x.py:2"]
+
+
+def interface_getattrs(source: str) -> list[str]:
+    """The string getattrs in `source` of an attribute the engine models declare (`EngineModel`)."""
+    from effkit.measure.engine_model import EngineModel
+
+    names = "|".join(EngineModel.__annotations__)
+    return re.findall(rf'getattr\([^,()]+, "({names})"', source)
+
+
+def test_the_engine_model_interface_is_read_through_its_declaration():
+    """What an engine's model declares (`EngineModel`: settle_s, compilable, ...) is read with its declared default
+    (`model_attr`), never through a string getattr carrying a default of its own."""
+    assert interface_getattrs('pause = getattr(fn, "settle_s", 0.0)') == ["settle_s"]  # the check sees one
+    found = {str(p.relative_to(PACKAGE)): hits for p in PACKAGE.rglob("*.py")
+             if (hits := interface_getattrs(p.read_text()))}
+    assert found == {}, found

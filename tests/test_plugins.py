@@ -213,3 +213,44 @@ def test_a_registered_workload_adds_its_columns_to_every_table_and_the_builtins_
     finally:
         for w in added:
             workloads.unregister(w.name)
+
+
+def test_a_registered_prefill_workload_joins_the_parent_comparisons_under_its_own_keys():
+    """The parent comparisons of quantize, export and prune timed batch 1 and 12 by hand: a registered prefill
+    workload was measured by the bench but not beside the parent. They now time every prefill workload at its batch
+    and tokens, under its keys; the built-ins keep theirs."""
+    from effkit import workloads
+    from effkit.measure import compare
+    from effkit.measure.stopping import Stopping, measure
+    from effkit.prune.stage import _round_row
+
+    asked = []
+
+    def contender(b, t):
+        asked.append((b, t))
+        return lambda: 0.01 * b
+
+    extra = workloads.Workload("prefill-b4", "prefill", 4, tokens=16)
+    try:
+        workloads.register(extra)
+        timed = compare.side_by_side({n: contender for n in ("fp32", "bf16", "int8", "fp32 compiled")}, 32,
+                                     Stopping(rounds=2, fixed=True), 1)
+        assert set(timed) == {"b1", "b12", "b4"} and {(1, 32), (12, 32), (4, 16)} == set(asked)
+        gen = measure({"fp32": lambda: 1.0, "int8": lambda: 1.0}, Stopping(rounds=2, fixed=True), 1)
+        m = compare._timing_ratios(timed, gen, None, {"fp32": "compiled"})
+        for tail in ("b1", "b12", "b4"):
+            assert {f"latency_ratio_{tail}", f"latency_ratio_{tail}_vs_bf16", f"bf16_latency_ratio_{tail}"} <= set(m)
+            assert f"latency_{tail}" in m["stopping"] and tail in m["samples"]
+            assert f"fp32_compiled_vs_fp32_{tail}" in m["compiled"]
+        ratio = {"ratio": 1.0, "ci95": [0.9, 1.1], "verdict": "same"}
+        metrics = {**{k: 0.0 for k in ("achieved_sparsity", "block_params_removed", "n_embd", "n_layer", "n_inner",
+                                        "eval_loss", "eval_loss_ci95", "params", "flops_per_token_dense",
+                                        "speedup_projected_from_flops")}, "eval_loss_delta_vs_dense": ratio,
+                   **{w.measure: {"p50_s": 0.01} for w in workloads.of_kind("prefill")},
+                   **{w.ratio: ratio for w in workloads.of_kind("prefill")}}
+        row = _round_row(1, 0.5, {"metrics": metrics, "artifact": "a"}, structured=True)
+        assert {"latency_b1_s", "latency_b12_s", "latency_b4_s", "latency_ratio_b1", "latency_ratio_b12",
+                "latency_ratio_b4"} <= set(row)
+    finally:
+        workloads.unregister(extra.name)
+    assert set(compare.side_by_side({"fp32": contender}, 32, Stopping(rounds=2, fixed=True), 1)) == {"b1", "b12"}

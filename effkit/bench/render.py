@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from effkit import workloads
-from effkit.bench.rows import GENERATION, peer_workloads, tail, train_figure, train_ratio
+from effkit.bench.rows import peer_workloads, train_figure, train_ratio
 from effkit.bench.timing import TRAIN_BATCHES
 from effkit.measure import results, stats
 from effkit.report import atomic_write_text, write_rows_csv
@@ -168,20 +168,22 @@ def compiled_lines(report: dict[str, Any]) -> list[str]:
     if not rows:
         return []
     ref = report["artifacts"][0]["tag"]
+    big, small = workloads.PREFILL_B12, workloads.PREFILL_B1  # the table's two prefill workloads
     lines = ["Compiled (torch.compile, Inductor; forward with freezing, decoding with a static KV cache) vs eager, "
              "same interleaved rounds:", "",
-             f"| artifact | eager b12 ms | compiled b12 ms | compiled vs eager b12 | compiled vs {ref} (eager) b12 | "
-             "compiled vs eager b1 | compiled gen tok/s | compiled vs eager gen |", "|---|---|---|---|---|---|---|---|"]
+             f"| artifact | eager {big.tail} ms | compiled {big.tail} ms | compiled vs eager {big.tail} | "
+             f"compiled vs {ref} (eager) {big.tail} | compiled vs eager {small.tail} | compiled gen tok/s | "
+             "compiled vs eager gen |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         c = r["compiled"]
-        if "latency_b12" in c:
-            fwd = (f"{c['latency_b12']['p50_s'] * 1e3:.1f} | {stats.fmt_ratio(c['ratio_vs_eager_b12'])} | "
-                   f"{stats.fmt_ratio(c[results.LATENCY_RATIO_B12])} | {stats.fmt_ratio(c['ratio_vs_eager_b1'])}")
+        if big.figure in c:
+            fwd = (f"{c[big.figure]['p50_s'] * 1e3:.1f} | {stats.fmt_ratio(c[f'ratio_vs_eager_{big.tail}'])} | "
+                   f"{stats.fmt_ratio(c[big.ratio])} | {stats.fmt_ratio(c[f'ratio_vs_eager_{small.tail}'])}")
         else:
             fwd = f"{c['status']} | | |"
         gen = (f"{c['generation_tokens_per_s']:.0f} | {stats.fmt_ratio(c['generation_ratio_vs_eager'])}"
                if "generation_tokens_per_s" in c else f"{c.get('generation_status', 'not run')} |")
-        lines.append(f"| {r['tag']} | {r['latency_b12']['p50_s'] * 1e3:.1f} | {fwd} | {gen} |")
+        lines.append(f"| {r['tag']} | {r[big.figure]['p50_s'] * 1e3:.1f} | {fwd} | {gen} |")
     return [*lines, ""]
 
 
@@ -206,7 +208,8 @@ def verdicts(rows: list[dict[str, Any]]) -> list[str]:
     """One line per artifact, in words, following the statistics."""
     out = []
     for r in rows[1:]:
-        parts = [stats.summary_of(r[results.LATENCY_RATIO_B12], "latency b12"), f"size {r['size_ratio']:.2f}x",
+        parts = [stats.summary_of(r[results.LATENCY_RATIO_B12], f"latency {workloads.PREFILL_B12.tail}"),
+                 f"size {r['size_ratio']:.2f}x",
                  stats.summary_of(r[results.EVAL_LOSS_DELTA], f"loss vs {rows[0]['tag']}")]
         if r.get(results.EVAL_LOSS_DELTA_VS_CONTROL):
             parts.append(stats.summary_of(r[results.EVAL_LOSS_DELTA_VS_CONTROL],
@@ -218,8 +221,9 @@ def verdicts(rows: list[dict[str, Any]]) -> list[str]:
 # ------------------------------------------------------------------------------------------------- bench.csv
 def csv_names(w: workloads.Workload) -> tuple[str, str]:
     """A workload's columns in bench.csv: (its figure's, its ratio's stem): `latency_b12_p50_ms` and
-    `latency_ratio_b12`, `decode_tokens_per_s_b12` and `decode_ratio_b12`; decode-b1 under the generation's names."""
-    if w.name == GENERATION:
+    `latency_ratio_b12`, `decode_tokens_per_s_b12` and `decode_ratio_b12`; `workloads.GENERATION` under the
+    generation's names."""
+    if w.name == workloads.GENERATION:
         return "generation_tokens_per_s", results.GENERATION_RATIO
     return (f"{w.measure}_p50_ms" if w.kind == "prefill" else w.figure), w.ratio
 
@@ -257,7 +261,7 @@ def flat_row(r: dict[str, Any]) -> dict[str, Any]:
 def leaderboard_key(w: workloads.Workload) -> str:
     """A prefill workload's leaderboard key: `inference_latency_12` for prefill-b12, `inference_latency_<tail>`
     for one whose name is not `prefill-b<batch>`."""
-    end = tail(w)
+    end = w.tail
     return f"inference_latency_{w.batch if end == f'b{w.batch}' else end}"
 
 

@@ -2,7 +2,9 @@
 figures per workload (`WorkloadFigures`) and per training batch (`TrainFigures`), paired with the first artifact
 (the reference) and with each peer; `to_dict()` is the row exactly as bench.json has always had it. Every key a
 row has beyond the workloads' own (`w.figure`, `w.ratio`, `w.key`) is spelled here once (`train_figure`,
-`train_ratio`, `GENERATION`), for the writers and the readers (`effkit.bench.render`, the deliverable)."""
+`train_ratio`), for the writers and the readers (`effkit.bench.render`, the deliverable). A row also reports the
+decode workload `workloads.GENERATION` under the generation's older names: `generation.tokens_per_s` and
+`generation_ratio` in bench.json, `generation_tokens_per_s` and `generation_ratio*` in bench.csv."""
 
 from __future__ import annotations
 
@@ -15,9 +17,6 @@ from effkit.bench.timing import COMPILED, TRAIN_BATCHES, TRAIN_SKIPPED, train_me
 from effkit.measure import results, stats
 from effkit.measure.timing import latency_stats
 
-# the decode workload a row also reports under the generation's older names: `generation.tokens_per_s` and
-# `generation_ratio` in bench.json, `generation_tokens_per_s` and `generation_ratio*` in bench.csv
-GENERATION = "decode-b1"
 PER_BLOCK = ("block_losses", "block_docs")  # kept once per bench (its `block_losses`, `block_docs`), not per row
 
 
@@ -31,11 +30,6 @@ def train_ratio(batch: int) -> str:
     return f"train_ratio_b{batch}"
 
 
-def tail(w: workloads.Workload) -> str:
-    """What every key of `w` ends in: `b12` of decode-b12 (`decode_b12`, `decode_ratio_b12`)."""
-    return w.measure.split("_", 1)[1]
-
-
 def figure(w: workloads.Workload, rounds: list[list[float]]) -> Any:
     """A workload's own figure over `rounds`: latency statistics (prefill) or the median tokens/s (decode)."""
     return latency_stats(rounds) if w.kind == "prefill" else stats.median_of_rounds(rounds)
@@ -44,7 +38,8 @@ def figure(w: workloads.Workload, rounds: list[list[float]]) -> Any:
 def peer_workloads() -> tuple[workloads.Workload, ...]:
     """The workloads of the peer table: every one but prefill at batch 1 (a forward too short to tell engines
     apart; it stays in each row's own figures), decode ones first."""
-    return tuple(sorted((w for w in workloads.all_() if w.name != "prefill-b1"), key=lambda w: w.kind != "decode"))
+    return tuple(sorted((w for w in workloads.all_() if w.name != workloads.PREFILL_B1.name),
+                        key=lambda w: w.kind != "decode"))
 
 
 @dataclass
@@ -92,7 +87,7 @@ class ArtifactRow:
     def to_dict(self) -> dict[str, Any]:
         """The row as bench.json has it (its keys and their order)."""
         out = dict(self.measured)
-        generation = next((f for f in self.workloads if f.workload.name == GENERATION), None)
+        generation = next((f for f in self.workloads if f.workload.name == workloads.GENERATION), None)
         if generation is not None:
             out["generation"] = {**out["generation"], "tokens_per_s": generation.figure}
         out[results.EVAL_LOSS_DELTA] = self.loss_delta
@@ -194,9 +189,9 @@ def compiled_row(timed: dict[str, Any], tag: str, ref: str) -> dict[str, Any]:
         for w in prefill:
             samples = timed[w.measure]
             out[w.figure] = latency_stats(samples[tag + COMPILED])
-            out[f"ratio_vs_eager_{tail(w)}"] = samples.ratio(tag, tag + COMPILED)
+            out[f"ratio_vs_eager_{w.tail}"] = samples.ratio(tag, tag + COMPILED)
             out[w.ratio] = samples.ratio(ref, tag + COMPILED)
-    gen = timed[workloads.get(GENERATION).measure]
+    gen = timed[workloads.get(workloads.GENERATION).measure]
     if tag + COMPILED in gen:
         out["generation_tokens_per_s"] = stats.median_of_rounds(gen[tag + COMPILED])
         out["generation_ratio_vs_eager"] = gen.ratio(tag, tag + COMPILED, higher_is_better=True)

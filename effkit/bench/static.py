@@ -20,6 +20,7 @@ from effkit.config import BenchConfig, DataConfig
 from effkit.data import prepare
 from effkit.measure import evaluation, memory, results, stats
 from effkit.measure.compare import generate_sample
+from effkit.measure.engine_model import model_attr
 from effkit.measure.timing import train_step_timers
 from effkit.parallel import resolve_device
 
@@ -51,7 +52,7 @@ def bench_one(path: Path, cfg: BenchConfig, tokenizer, eval_blocks: torch.Tensor
     with memory.PeakMemory(device) as mem:
         model = load_any(path, device).eval()
         r: dict[str, Any] = {"artifact": str(path), "tag": path.name, "stage": meta["stage"],
-                             "params": getattr(model, "n_params", None) or sum(p.numel() for p in model.parameters()),
+                             "params": model_attr(model, "n_params") or sum(p.numel() for p in model.parameters()),
                              "size_bytes": artifacts.dir_size(path), "quantized": is_quantized(path)}
         r.update(evaluation.evaluate(model, eval_blocks, cfg.measure.batch_size, eval_bytes=eval_bytes, docs=docs))
         r["generation"] = generate_sample(model, tokenizer, cfg.measure.gen_tokens)

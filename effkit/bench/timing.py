@@ -34,7 +34,8 @@ def compiled_twins(models: dict[str, Any], engine: dict[str, Any], tokenizer, bl
                    new_tokens: int) -> tuple[dict[str, Any], dict[str, str], dict[str, tuple[dict[str, Any], Any]],
                                              dict[str, str]]:
     """With `--compile`: (forwards of the compiled twins by `<tag> (compiled)`, whether each compiled, each tag's
-    compiled decoding (static KV cache) as (its kwargs, its batch-1 timer, already compiled), whether each did)."""
+    compiled decoding (static KV cache) as (its kwargs, its timer at the generation's batch, already compiled),
+    whether each did)."""
     forward, status, decoding, gen_status = {}, {}, {}, {}
     prefill_batches = tuple(w.batch for w in workloads.of_kind("prefill"))
     for tag, m in models.items():
@@ -43,7 +44,7 @@ def compiled_twins(models: dict[str, Any], engine: dict[str, Any], tokenizer, bl
             forward[tag + COMPILED] = compiled
         kwargs, gen_status[tag] = generation.compiled_generation(m)
         if kwargs is not None:
-            timer = engine[tag].decode(m, tokenizer, 1, new_tokens, kwargs)
+            timer = engine[tag].decode(m, tokenizer, workloads.get(workloads.GENERATION).batch, new_tokens, kwargs)
             try:
                 timer()  # compiles
             except Exception as e:  # noqa: BLE001 - reported, not fatal
@@ -57,14 +58,15 @@ def compiled_twins(models: dict[str, Any], engine: dict[str, Any], tokenizer, bl
 def timed_side_by_side(paths: list[Path], cfg: BenchConfig, tokenizer, block: int, device: torch.device,
                        contest: tuple[str, list[str]] | None = None,
                        ties: frozenset[frozenset[str]] = frozenset()) -> dict[str, dict[str, Any]]:
-    """Every artifact loaded at once and timed in interleaved rounds: {measure: {tag: per-round samples}}.
-    Measures: each workload's (`w.measure`: prefill seconds, or new tokens/s of greedy decoding with the KV cache),
-    and the training steps' (`train_b4`, `train_b12`: tokens/s, dense and pruned artifacts only). With `compile`,
-    each PyTorch artifact's compiled twin (`<tag> (compiled)`) joins the prefill rounds, and its compiled decoding
-    (static KV cache) the batch-1 decode rounds; `compile_status` and `generation_compile_status` say, per
-    artifact, whether they compiled. `contest`: (workload, tags) of a decision read off that workload's rounds (the
-    deliverable): its leader against each of them must settle too (`stopping.contest_pairs`). `ties`: pairs of tags
-    that run the very same computation (`ties_of`): their ratio is reported, but no round is run to settle it."""
+    """Every artifact loaded at once and timed in interleaved rounds: {measure: {tag: per-round samples}}. Measures:
+    each workload's (`w.measure`: prefill seconds, or new tokens/s of greedy decoding with the KV cache), and the
+    training steps' (`train_b4`, `train_b12`: tokens/s, dense and pruned artifacts only). With `compile`, each PyTorch
+    artifact's compiled twin (`<tag> (compiled)`) joins the prefill rounds, and its compiled decoding (static KV cache)
+    the decode rounds at the generation's batch (`workloads.GENERATION`); `compile_status` and
+    `generation_compile_status` say, per artifact, whether they compiled. `contest`: (workload, tags) of a decision read
+    off that workload's rounds (the deliverable): its leader against each of them must settle too
+    (`stopping.contest_pairs`). `ties`: pairs of tags that run the very same computation (`ties_of`): their ratio is
+    reported, but no round is run to settle it."""
     names = tags(paths)
     models = {tag: load_any(p, device).eval() for tag, p in zip(names, paths, strict=True)}
     engine = {tag: engine_of(p) for tag, p in zip(names, paths, strict=True)}
@@ -74,6 +76,7 @@ def timed_side_by_side(paths: list[Path], cfg: BenchConfig, tokenizer, block: in
         twins, status, compiled_decoding, gen_status = compiled_twins(models, engine, tokenizer, block, new_tokens)
         forward |= twins
     plan: dict[str, tuple[dict[str, Any], int]] = {}
+    gen_batch = workloads.get(workloads.GENERATION).batch
     for w in workloads.all_():
         if w.kind == "prefill":
             plan[w.measure] = ({t: engine[t.removesuffix(COMPILED)].prefill(m, w.batch, w.tokens or block)
@@ -82,8 +85,8 @@ def timed_side_by_side(paths: list[Path], cfg: BenchConfig, tokenizer, block: in
         n = new_tokens if w.tokens is None else min(generation.generation_budget(m, tokenizer, w.tokens)[0]
                                                     for m in models.values())
         fns = {t: engine[t].decode(m, tokenizer, w.batch, n) for t, m in models.items()}
-        if w.batch == 1:  # compiled decoding (static KV cache) joins the batch-1 rounds
-            fns |= {t + COMPILED: timer if n == new_tokens else engine[t].decode(models[t], tokenizer, 1, n, kw)
+        if w.batch == gen_batch:  # compiled decoding (static KV cache) joins the rounds at its batch
+            fns |= {t + COMPILED: timer if n == new_tokens else engine[t].decode(models[t], tokenizer, w.batch, n, kw)
                     for t, (kw, timer) in compiled_decoding.items()}
         plan[w.measure] = (fns, 1)
     steppers = {tag: train_step_timers(models[tag], TRAIN_BATCHES, block)

@@ -165,7 +165,7 @@ class _Samples:
         self.sized: dict[str, float] = {}  # the median of the sizing calls' figures, as a cost (1 / a rate)
 
     def settle(self, n: str) -> None:
-        if (pause := getattr(self.contenders[n], "settle_s", 0.0)) > 0:
+        if (pause := timing.settle_time(self.contenders[n])) > 0:
             self.sleep(pause)
 
     def size(self, names: list[str], warmup: int, higher_is_better: bool) -> dict[str, str]:
@@ -234,7 +234,7 @@ class _Samples:
     def round_seconds(self, names: list[str]) -> float:
         """What one more round of `names` is expected to take (their calls at their seconds per call so far, and
         their idle time)."""
-        return sum(self.per_call(n) * self.calls[n] + getattr(self.contenders[n], "settle_s", 0.0) for n in names)
+        return sum(self.per_call(n) * self.calls[n] + timing.settle_time(self.contenders[n]) for n in names)
 
 
 def _head_to_head(timed: _Samples, live: list[str], higher: bool, rule: Rule) -> tuple[list[str], int, str, list]:

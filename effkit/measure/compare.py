@@ -1,7 +1,7 @@
 """Paired comparisons a stage makes between a model and its PyTorch parent (`compare_with_parent`: latency,
-generation, held-out loss, with their verdicts and protocol; `side_by_side`: interleaved prefill latency at batch 1
-and 12; `bf16_not_run`: where the bf16 parent is left out), and the generation sample every artifact report carries
-(`generate_sample`). Quantize and export call these; neither imports the other."""
+generation, held-out loss, with their verdicts and protocol; `side_by_side`: interleaved prefill latency at every
+prefill workload of `effkit.workloads`; `bf16_not_run`: where the bf16 parent is left out), and the generation
+sample every artifact report carries (`generate_sample`). Quantize and export call these; neither imports the other."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from effkit import workloads
 from effkit.measure import evaluation, generation, hardware, results, stats, stopping, timing
+from effkit.measure.engine_model import model_attr
 from effkit.measure.results import LossDelta
 
 PROMPT = generation.GENERATION_PROMPT
@@ -30,24 +32,26 @@ def generate_sample(model: nn.Module, tokenizer, max_new_tokens: int) -> dict[st
             "greedy_repeated_fraction": generation.repeated_fraction(ids.tolist()),
             "sampled_text": tokenizer.decode(sampled),
             "sampling": f"top-k {s['top_k']}, temperature {s['temperature']}, seed {s['seed']}",
-            **({"note": "; ".join(notes)} if (notes := [n for n in (note, getattr(model, "generation_note", None))
+            **({"note": "; ".join(notes)} if (notes := [n for n in (note, model_attr(model, "generation_note"))
                                                          if n]) else {})}
 
 
-def side_by_side(contenders: dict[str, Callable[[int], Callable[[], float]]], stop: stopping.Stopping,
-                 repeats: int, pairs: list[tuple[str, str]] | None = None) -> dict[str, stopping.Measured]:
-    """Prefill latency of every contender (a function giving its timer at a batch size) at batch 1 and 12,
-    interleaved, until `pairs` (default: every contender against the first) are decided (see `stopping`). Every
-    timer is a prefill that builds the KV cache, each through its own engine (`Engine.prefill`), so engines are
-    timed doing the same work."""
-    return {f"b{b}": stopping.measure({name: timer(b) for name, timer in contenders.items()}, stop, repeats,
-                                      warmup=2, pairs=pairs)
-            for b in (1, 12)}
+def side_by_side(contenders: dict[str, Callable[[int, int], Callable[[], float]]], block: int,
+                 stop: stopping.Stopping, repeats: int,
+                 pairs: list[tuple[str, str]] | None = None) -> dict[str, stopping.Measured]:
+    """Prefill latency of every contender (a function giving its timer at a batch and a token count) at every
+    prefill workload (its batch, its tokens or `block`), interleaved, until `pairs` (default: every contender
+    against the first) are decided (see `stopping`); keyed by the workload's tail (`b12`). Every timer is a
+    prefill that builds the KV cache, each through its own engine (`Engine.prefill`), so engines are timed doing
+    the same work."""
+    return {w.tail: stopping.measure({name: timer(w.batch, w.tokens or block) for name, timer in contenders.items()},
+                                     stop, repeats, warmup=2, pairs=pairs)
+            for w in workloads.of_kind("prefill")}
 
 
-def _pytorch_prefill(model: nn.Module, block: int, dtype: torch.dtype | None) -> Callable[[int], Callable[[], float]]:
-    """A PyTorch model's prefill timer at a batch size, under autocast `dtype`."""
-    return lambda b: timing.forward_timer(model, b, block, dtype, use_cache=True)
+def _pytorch_prefill(model: nn.Module, dtype: torch.dtype | None) -> Callable[[int, int], Callable[[], float]]:
+    """A PyTorch model's prefill timer at a batch and a token count, under autocast `dtype`."""
+    return lambda b, t: timing.forward_timer(model, b, t, dtype, use_cache=True)
 
 
 def bf16_not_run(device: torch.device) -> str | None:
@@ -59,41 +63,44 @@ def bf16_not_run(device: torch.device) -> str | None:
 
 
 def _prefill_contenders(measure, parent: nn.Module, model: nn.Module, own, block: int,
-                        skipped: str | None) -> tuple[dict[str, Callable[[int], Callable[[], float]]], dict]:
+                        skipped: str | None) -> tuple[dict[str, Callable[[int, int], Callable[[], float]]], dict]:
     """The prefill timers of the comparison: the parent in fp32 (and under bf16 autocast unless `skipped`), `model`
     through its own engine `own`, and with `measure.compile` the torch.compile twins of both, which join the same
     rounds; returns them with the twins' compile status."""
-    contenders = {"fp32": _pytorch_prefill(parent, block, None),
-                  **({} if skipped else {"bf16": _pytorch_prefill(parent, block, torch.bfloat16)}),
-                  "int8": lambda b: own.prefill(model, b, block)}
+    contenders = {"fp32": _pytorch_prefill(parent, None),
+                  **({} if skipped else {"bf16": _pytorch_prefill(parent, torch.bfloat16)}),
+                  "int8": lambda b, t: own.prefill(model, b, t)}
     compiled_status = {}
     if getattr(measure, "compile", False):  # the compiled twins join the same rounds
         for name, m in (("fp32", parent), ("int8", model)):
-            twin, compiled_status[name] = timing.compile_for_inference(m, (1, 12), block, use_cache=True)
+            twin, compiled_status[name] = timing.compile_for_inference(
+                m, tuple(w.batch for w in workloads.of_kind("prefill")), block, use_cache=True)
             if twin is not None:
-                contenders[f"{name} compiled"] = _pytorch_prefill(twin, block, None)
+                contenders[f"{name} compiled"] = _pytorch_prefill(twin, None)
     return contenders, compiled_status
 
 
 def _timing_ratios(timed: dict[str, stopping.Measured], gen: stopping.Measured, skipped: str | None,
                    compiled_status: dict) -> dict[str, Any]:
-    """The paired ratios of the timings (latency at batch 1 and 12, generation tokens/s; the bf16 parent's unless
-    `skipped`; the compiled twins'), with the stopping record of each measurement and every timing of every round."""
+    """The paired ratios of the timings (latency at every prefill workload, generation tokens/s; the bf16 parent's
+    unless `skipped`; the compiled twins'), with the stopping record of each measurement and every timing of every
+    round; each key is the workload's (`latency_ratio_b12`, `bf16_latency_ratio_b12`, ..., samples by its tail)."""
+    prefill = workloads.of_kind("prefill")
     comparisons = {
-        **{results.latency_ratio(b): timed[f"b{b}"].ratio("fp32", "int8") for b in (1, 12)},
+        **{w.ratio: timed[w.tail].ratio("fp32", "int8") for w in prefill},
         **({} if skipped else {
-            **{f"latency_ratio_b{b}_vs_bf16": timed[f"b{b}"].ratio("bf16", "int8") for b in (1, 12)},
-            **{f"bf16_latency_ratio_b{b}": timed[f"b{b}"].ratio("fp32", "bf16") for b in (1, 12)}}),
+            **{f"{w.ratio}_vs_bf16": timed[w.tail].ratio("bf16", "int8") for w in prefill},
+            **{f"bf16_{w.ratio}": timed[w.tail].ratio("fp32", "bf16") for w in prefill}}),
         results.GENERATION_RATIO: gen.ratio("fp32", "int8", higher_is_better=True),
-        "stopping": {**{f"latency_b{b}": timed[f"b{b}"].record for b in (1, 12)}, "generation": gen.record},
+        "stopping": {**{w.measure: timed[w.tail].record for w in prefill}, "generation": gen.record},
         # every timing of every round: each ratio above can be recomputed from these
-        "samples": {**{f"b{b}": dict(timed[f"b{b}"]) for b in (1, 12)}, "generation": dict(gen)},
+        "samples": {**{w.tail: dict(timed[w.tail]) for w in prefill}, "generation": dict(gen)},
     }
     if compiled_status:
         comparisons["compiled"] = {"status": compiled_status, **{
-            f"{name}_compiled_vs_{ref}_b{b}": timed[f"b{b}"].ratio(ref, f"{name} compiled")
-            for name, ref in (("fp32", "fp32"), ("int8", "int8"), ("int8", "fp32")) for b in (1, 12)
-            if f"{name} compiled" in timed[f"b{b}"]}}
+            f"{name}_compiled_vs_{ref}_{w.tail}": timed[w.tail].ratio(ref, f"{name} compiled")
+            for name, ref in (("fp32", "fp32"), ("int8", "int8"), ("int8", "fp32")) for w in prefill
+            if f"{name} compiled" in timed[w.tail]}}
     return comparisons
 
 
@@ -111,19 +118,20 @@ def _add_loss_deltas(comparisons: dict[str, Any], parent_fp32: dict, parent_bf16
 
 def _verdicts(comparisons: dict[str, Any], label: str, skipped: str | None) -> list[str]:
     """The comparison's verdict lines, as the report prints them."""
-    verdicts = [stats.summary_of(comparisons[results.LATENCY_RATIO_B12], f"{label} latency b12 vs fp32"),
+    b12 = workloads.PREFILL_B12.tail  # the headline workload (`results.LATENCY_RATIO_B12`)
+    verdicts = [stats.summary_of(comparisons[results.LATENCY_RATIO_B12], f"{label} latency {b12} vs fp32"),
                 stats.summary_of(comparisons[results.EVAL_LOSS_DELTA], f"{label} loss vs fp32")]
     if LossDelta.of(comparisons[results.EVAL_LOSS_DELTA]).ci95[0] > 0.01:
         verdicts.append(f"{label} loss is worse than the parent's by more than 1% (the whole 95% interval is above)")
-    for key, what in (("int8_compiled_vs_fp32_b12", f"{label} compiled latency b12 vs fp32 eager"),
-                      ("int8_compiled_vs_int8_b12", f"{label} compiled vs eager, b12")):
+    for key, what in ((f"int8_compiled_vs_fp32_{b12}", f"{label} compiled latency {b12} vs fp32 eager"),
+                      (f"int8_compiled_vs_int8_{b12}", f"{label} compiled vs eager, {b12}")):
         if key in comparisons.get("compiled", {}):
             verdicts.append(stats.summary_of(comparisons["compiled"][key], what))
     if skipped:
         verdicts.append(f"bf16 autocast: {skipped}")
     else:
         verdicts.append(stats.summary_of(comparisons[results.BF16_LATENCY_RATIO_B12],
-                                         "bf16 autocast latency b12 vs fp32"))
+                                         f"bf16 autocast latency {b12} vs fp32"))
     return verdicts
 
 
@@ -134,7 +142,7 @@ def _protocol(measure, model: nn.Module, own, label: str, block: int, stop: stop
                   f"interleaved (rounds: {stop.describe()}); new tokens / wall time; each model decodes with its "
                   f"own KV cache, through the decoder of the engine that owns it (the parent: PyTorch; {label}: "
                   f"{own.label or own.name}), as the bench times it"
-                  + (f"; {note}" if (note := getattr(model, "generation_note", None)) else ""))
+                  + (f"; {note}" if (note := model_attr(model, "generation_note")) else ""))
     bf16_how = f"parent under bf16 autocast ({skipped})" if skipped else "parent under bf16 autocast"
     return {"eval_loss": evaluation.EVAL_PROTOCOL + "; " + stats.LOSS_METHOD,
             "latency": f"forward of (batch, {block}) random tokens: fp32 parent, {bf16_how} and "
@@ -152,15 +160,15 @@ def _protocol(measure, model: nn.Module, own, label: str, block: int, stop: stop
 def compare_with_parent(measure, device: torch.device, parent: nn.Module, model: nn.Module, tokenizer, block: int,
                         parent_fp32: dict, parent_bf16: dict | None, q: dict, label: str,
                         artifact: Path | None = None) -> tuple[dict, list[str], dict]:
-    """A quantized or exported model (`label`) against its PyTorch parent (fp32 and under bf16 autocast), paired
-    and interleaved: latency at batch 1 and 12, generation tokens/s, held-out loss per block (the `evaluate`
-    results `parent_fp32`, `parent_bf16`, `q`, which are completed in place). `parent_bf16` is None where
-    `bf16_not_run(device)` says why: the bf16 parent is then neither timed nor evaluated, and the report says
-    "bf16 autocast: not run: <reason>" in place of its ratios and losses. `measure` (the stage config's measure
-    section) gives latency_rounds, latency_repeats and, for quantize, compile. Each model decodes with the decoder
-    of the engine that owns it (the parent: PyTorch's; `model`: the engine of its folder `artifact`), as the bench
-    times it, so that both report the same tokens/s for the same artifact. Returns metrics, verdicts and the
-    protocol. (The contender is named "int8" in the metrics.)"""
+    """A quantized or exported model (`label`) against its PyTorch parent (fp32 and under bf16 autocast), paired and
+    interleaved: latency at every prefill workload (`effkit.workloads`), generation tokens/s, held-out loss per block
+    (the `evaluate` results `parent_fp32`, `parent_bf16`, `q`, which are completed in place). `parent_bf16` is None
+    where `bf16_not_run(device)` says why: the bf16 parent is then neither timed nor evaluated, and the report says
+    "bf16 autocast: not run: <reason>" in place of its ratios and losses. `measure` (the stage config's measure section)
+    gives latency_rounds, latency_repeats and, for quantize, compile. Each model decodes with the decoder of the engine
+    that owns it (the parent: PyTorch's; `model`: the engine of its folder `artifact`), as the bench times it, so that
+    both report the same tokens/s for the same artifact. Returns metrics, verdicts and the protocol. (The contender is
+    named "int8" in the metrics.)"""
     from effkit.artifacts.loader import engine_of  # engines are reached through the registry, from below
     from effkit.registry import ENGINES
 
@@ -171,14 +179,14 @@ def compare_with_parent(measure, device: torch.device, parent: nn.Module, model:
     stop = stopping.Stopping.of(measure, "latency_rounds")
     pairs = [("fp32", "int8"), *([] if skipped else [("bf16", "int8"), ("fp32", "bf16")]),
              *[(ref, f"{name} compiled") for name, ref in (("fp32", "fp32"), ("int8", "int8"), ("int8", "fp32"))]]
-    timed = side_by_side(contenders, stop, measure.latency_repeats, pairs)
-    new_tokens = q["generation"]["new_tokens"]
-    gen = stopping.measure({"fp32": pytorch.decode(parent, tokenizer, 1, new_tokens),
-                            "int8": own.decode(model, tokenizer, 1, new_tokens)}, stop, 1, warmup=1)
+    timed = side_by_side(contenders, block, stop, measure.latency_repeats, pairs)
+    new_tokens, batch = q["generation"]["new_tokens"], workloads.get(workloads.GENERATION).batch
+    gen = stopping.measure({"fp32": pytorch.decode(parent, tokenizer, batch, new_tokens),
+                            "int8": own.decode(model, tokenizer, batch, new_tokens)}, stop, 1, warmup=1)
     for name, r in (("fp32", parent_fp32), ("bf16", parent_bf16), ("int8", q)):
         if name in contenders:
-            for b in (1, 12):
-                r[f"latency_b{b}"] = timing.latency_stats(timed[f"b{b}"][name])
+            for w in workloads.of_kind("prefill"):
+                r[w.measure] = timing.latency_stats(timed[w.tail][name])
     for name, r in (("fp32", parent_fp32), ("int8", q)):
         r["generation"]["tokens_per_s"] = stats.median_of_rounds(gen[name])
     comparisons = _timing_ratios(timed, gen, skipped, compiled_status)

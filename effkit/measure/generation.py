@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from effkit.errors import EffkitError
+from effkit.measure.engine_model import model_attr
 from effkit.measure.hardware import model_device
 from effkit.measure.timing import settle_time, synchronize
 
@@ -33,7 +34,7 @@ def compiled_generation(model) -> tuple[dict[str, Any] | None, str]:
     """`generate` keyword arguments that decode with a static KV cache and a `torch.compile`d forward (Inductor,
     static shapes: the cache no longer grows, so one graph serves every step; transformers compiles it on the
     first call, on any device), or (None, "not run: <reason>")."""
-    if not getattr(model, "compilable", True):
+    if not model_attr(model, "compilable"):
         return None, "not run: an ONNX Runtime artifact (its graph is already optimized by ONNX Runtime)"
     if getattr(model, "hf_quantizer", None) is not None and not model.hf_quantizer.is_compileable:
         return None, "not run: transformers does not compile this quantization method"

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from effkit import workloads
+
 # `invalid`: a NaN or an infinity among the measurements (a diverged loss, a timing that failed): no interval,
 # no verdict of difference, and never shown as "no difference" (≈)
 RATIO_VERDICTS = ("faster", "slower", "same", "invalid")
@@ -43,8 +45,8 @@ class PairedRatio:
     verdict: str
     rounds: int | None = None  # paired, interleaved rounds
     method: str | None = None  # "unpaired" for separate runs
-    # the interval's own confidence where it is not 0.95: one look of a sequential measurement, taken at
-    # 1 - 0.05 / looks planned so that the look that stops still covers with at least 95%
+    # the interval's own confidence where it is not the usual one (`stats.CONFIDENCE`): one look of a sequential
+    # measurement, taken at 1 - alpha / looks planned so that the look that stops still covers at least as often
     level: float | None = None
     # a sequential measurement whose interval contains 1 but is wider than the precision asked for: it ran out of
     # rounds or time before deciding (`same` says no difference was shown, not that there is none)
@@ -129,18 +131,9 @@ def comparison(d: PairedRatio | LossDelta | Mapping[str, Any]) -> PairedRatio | 
 
 # ------------------------------------------------------------------- metric names stages hand to each other
 
-def latency_ratio(batch: int) -> str:
-    """Prefill (forward) latency at `batch` against the parent or the bench's reference (a PairedRatio)."""
-    return f"latency_ratio_b{batch}"
-
-
-def decode_ratio(batch: int) -> str:
-    """Greedy-decoding tokens/s at `batch` against the bench's reference (a PairedRatio, higher is better)."""
-    return f"decode_ratio_b{batch}"
-
-
-LATENCY_RATIO_B1 = latency_ratio(1)
-LATENCY_RATIO_B12 = latency_ratio(12)
+# the headline latency of reports and verdicts: prefill at the larger built-in batch (`effkit.workloads`), its
+# statistics (p50_s, ...) and its ratio
+LATENCY_B12, LATENCY_RATIO_B12 = workloads.PREFILL_B12.measure, workloads.PREFILL_B12.ratio
 BF16_LATENCY_RATIO_B12 = "bf16_" + LATENCY_RATIO_B12  # the parent under bf16 autocast vs fp32
 GENERATION_RATIO = "generation_ratio"
 EVAL_LOSS_DELTA = "eval_loss_delta"  # against the parent (quantize, export) or the bench's reference (LossDelta)

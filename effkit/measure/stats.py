@@ -27,8 +27,9 @@ from typing import Any
 from effkit.measure.results import INVALID, LossDelta, PairedRatio, comparison
 
 CONFIDENCE = 0.95
-# two-sided 95% quantiles of Student's t for 1..30 degrees of freedom (tables); beyond, the Cornish-Fisher
-# expansion of t around the normal quantile (Abramowitz & Stegun 26.7.5), within 1e-5 of the exact value there
+# two-sided quantiles of Student's t at CONFIDENCE for the first degrees of freedom (tables); beyond them, the
+# Cornish-Fisher expansion of t around the normal quantile (Abramowitz & Stegun 26.7.5), finer there than the
+# tables' digits
 _Z975 = 1.959963984540054
 _T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]

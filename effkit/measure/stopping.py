@@ -144,7 +144,7 @@ def _timed(fn: Callable[[], float], spent: dict[str, list[float]], name: str, cl
             if calls[0] > skip:
                 spent[name][0] += clock() - t
                 spent[name][1] += 1
-    call.settle_s = getattr(fn, "settle_s", 0.0)  # type: ignore[attr-defined]
+    call.settle_s = timing.settle_time(fn)  # type: ignore[attr-defined]
     return call
 
 
@@ -159,7 +159,7 @@ def calls_per_sample(timed: dict[str, Callable[[], float]], repeats: int, warmup
             t = clock()
             fn()
             took = clock() - t
-        if (pause := getattr(fn, "settle_s", 0.0)) > 0:
+        if (pause := timing.settle_time(fn)) > 0:
             time.sleep(pause)
         calls[name] = max(repeats, min(MAX_CALLS, math.ceil(min_sample_s / took) if took > 0 else MAX_CALLS))
     return calls
@@ -249,7 +249,7 @@ def measure(contenders: dict[str, Callable[[], float]], stopping: Stopping, repe
             break
         active = [n for n in names if any(n in pair for pair in open_pairs)]
         done, total = schedule[looks - 1], schedule[looks]
-        per_round = sum(spent[n][0] / max(spent[n][1], 1) * calls[n] + getattr(contenders[n], "settle_s", 0.0)
+        per_round = sum(spent[n][0] / max(spent[n][1], 1) * calls[n] + timing.settle_time(contenders[n])
                         for n in active)  # each active contender's calls and its settling pause
         if clock() - start - first + per_round * (total - done) > stopping.budget_s:
             stopped = "budget"

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from effkit.measure.engine_model import model_attr
 from effkit.measure.evaluation import lm_loss
 from effkit.measure.hardware import autocast_ctx, model_device
 
@@ -65,7 +66,7 @@ def compile_for_inference(model, batches: tuple[int, ...], block: int, **kwargs:
     """`torch.compile` of `model` (Inductor, weights frozen as constants, static shapes), compiled and warmed up at
     every batch size in `batches` with the forward's `kwargs` (a prefill's); (None, "not run: <reason>") where it
     cannot be or fails."""
-    if not getattr(model, "compilable", True):
+    if not model_attr(model, "compilable"):
         return None, "not run: an ONNX Runtime artifact (its graph is already optimized by ONNX Runtime)"
     import logging
 
@@ -83,10 +84,10 @@ def compile_for_inference(model, batches: tuple[int, ...], block: int, **kwargs:
 
 
 def settle_time(model) -> float:
-    """Seconds to leave the machine idle after timing `model`, before the next contender: engines whose idle
-    threads spin-wait after a run (ONNX Runtime's default, which effkit keeps: its users run it, and it decodes
-    markedly faster) would otherwise take the cores from whatever is timed next."""
-    return float(getattr(model, "settle_s", 0.0))
+    """Seconds to leave the machine idle after timing `model` (or a timer of it), before the next contender:
+    engines whose idle threads spin-wait after a run (ONNX Runtime's default, which effkit keeps: its users run
+    it, and it decodes markedly faster) would otherwise take the cores from whatever is timed next."""
+    return float(model_attr(model, "settle_s"))
 
 
 def round_order(names: list[str], r: int, seed: int | None) -> list[str]:
@@ -114,7 +115,7 @@ def interleaved(contenders: dict[str, Callable[[], float]], rounds: int, repeats
     calls = repeats if isinstance(repeats, dict) else dict.fromkeys(names, repeats)
 
     def settle(name: str) -> None:
-        if (pause := getattr(contenders[name], "settle_s", 0.0)) > 0:
+        if (pause := settle_time(contenders[name])) > 0:
             time.sleep(pause)
 
     for name in names:

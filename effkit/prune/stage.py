@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from effkit import artifacts, stageplan
+from effkit import artifacts, stageplan, workloads
 from effkit.artifacts import RunLayout, prune_tag
 from effkit.artifacts.loader import engine_of, kind
 from effkit.config import DataConfig, ModelConfig, ParallelConfig, PruneConfig, TrainConfig, build_config
@@ -37,8 +37,6 @@ from effkit.prune.structure import prunable_linears, sparsity
 from effkit.report import atomic_write_text, plot_prune_curves, write_rows_csv
 from effkit.stage import FORWARD, Plan, RunContext, ShapeRun, Stage, Step, complete, fingerprint
 from effkit.train import finetune, lr_lambda
-
-LAT_BATCHES = (1, 12)
 
 
 def forward_flops_per_token(model, seq_len: int, nonzero_only: bool = False) -> float:
@@ -88,20 +86,22 @@ def stage_metrics(model, block: int, dense: dict[str, Any] | None,
 
 
 def paired_latency(dense_model, model, block: int, cfg: PruneConfig) -> dict[str, Any]:
-    """Forward latency of `model` against the dense parent at batch 1 and 12, interleaved: the p50 of each
-    and the paired ratio with its interval and verdict (rounds until decided, see `stopping`)."""
+    """Forward latency of `model` against the dense parent at every prefill workload (`effkit.workloads`),
+    interleaved: the p50 of each and the paired ratio with its interval and verdict (rounds until decided, see
+    `stopping`), under the workload's keys (`latency_b12`, `dense_latency_b12`, `latency_ratio_b12`, ...)."""
     out: dict[str, Any] = {}
     was_training = model.training
     model.eval()
-    for b in LAT_BATCHES:
-        samples = stopping.measure({"dense": timing.forward_timer(dense_model, b, block),
-                                    "pruned": timing.forward_timer(model, b, block)},
+    for w in workloads.of_kind("prefill"):
+        b, t = w.batch, w.tokens or block
+        samples = stopping.measure({"dense": timing.forward_timer(dense_model, b, t),
+                                    "pruned": timing.forward_timer(model, b, t)},
                                    stopping.Stopping.of(cfg.measure, "latency_rounds"),
                                    cfg.measure.latency_repeats, warmup=2)
-        out[f"latency_b{b}"] = timing.latency_stats(samples["pruned"])
-        out[f"dense_latency_b{b}"] = timing.latency_stats(samples["dense"])
-        out[results.latency_ratio(b)] = samples.ratio("dense", "pruned")
-        out[f"latency_stopping_b{b}"] = samples.record
+        out[w.measure] = timing.latency_stats(samples["pruned"])
+        out[f"dense_{w.measure}"] = timing.latency_stats(samples["dense"])
+        out[w.ratio] = samples.ratio("dense", "pruned")
+        out[f"latency_stopping_{w.tail}"] = samples.record
     model.train(was_training)
     return out
 
@@ -377,8 +377,8 @@ def _round_row(r: int, fraction: float, report: dict[str, Any], structured: bool
             results.CONTROL_DELTA_VS_DENSE: m.get(results.CONTROL_DELTA_VS_DENSE),
             results.EVAL_LOSS_DELTA_VS_DENSE: m[results.EVAL_LOSS_DELTA_VS_DENSE], "params": m["params"],
             "flops_per_token": m["flops_per_token_dense" if structured else "flops_per_token_nonzero"],
-            "latency_b1_s": m["latency_b1"]["p50_s"], "latency_b12_s": m["latency_b12"]["p50_s"],
-            **{k: m[k] for k in (results.LATENCY_RATIO_B1, results.LATENCY_RATIO_B12)},
+            **{f"{w.measure}_s": m[w.measure]["p50_s"] for w in workloads.of_kind("prefill")},
+            **{w.ratio: m[w.ratio] for w in workloads.of_kind("prefill")},
             "speedup_projected": m["speedup_projected_from_flops"], "artifact": report["artifact"]}
 
 
@@ -433,7 +433,7 @@ def _prune(cfg: PruneConfig, rt: Runtime, source: Path, meta: dict[str, Any], da
 
 def round_verdict(cfg: PruneConfig, row: dict[str, Any], dense: dict[str, Any]) -> str:
     """`weight 50%: latency b12: same, ≈ 0.98x (0.91-1.05); params 1.00x; loss vs control: worse, +0.4% (...)`."""
-    parts = [stats.summary_of(row[results.LATENCY_RATIO_B12], "latency b12"),
+    parts = [stats.summary_of(row[results.LATENCY_RATIO_B12], f"latency {workloads.PREFILL_B12.tail}"),
              f"params {row['params'] / dense['params']:.2f}x"]
     if row.get(results.EVAL_LOSS_DELTA_VS_CONTROL):
         parts.append(stats.summary_of(row[results.EVAL_LOSS_DELTA_VS_CONTROL], "loss vs control"))
@@ -557,7 +557,9 @@ class PruneStep(Step):
 
     def budget(self, plan: Plan) -> float:
         c = self.cfg(plan)
-        return 0.0 if c.measure.fixed_rounds else c.method.rounds * c.measure.budget_s * 2  # latency b1, b12
+        # one sequential latency measurement per prefill workload and round
+        prefill = len(workloads.of_kind("prefill"))
+        return 0.0 if c.measure.fixed_rounds else c.method.rounds * c.measure.budget_s * prefill
 
     def describe(self, plan: Plan) -> dict[str, Any]:
         c = self.cfg(plan)

@@ -93,9 +93,7 @@ def run_quantize(cfg: QuantizeConfig) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------------ the memory plan
 MIB = 2**20
 # from the stage's start to the parent's load: the corpus read and tokenized, the tokenizer, transformers' model code
-# (gpt2, 92M, the builtin corpus, `effkit quantize --backend onnxruntime`: 340 MiB resident at the stage's start by
-# its report (measured_absolute_bytes - measured_peak_bytes), 476 MiB when the parent's weights began to load in the
-# same command traced (resident set sampled every 5 ms); 2-core AMD EPYC, 24 GiB, #47)
+# (measured with `effkit quantize --backend onnxruntime` on gpt2; the figures: docs/benchmarks.md)
 STAGE_RUNTIME = 136 * MIB
 PLAN_METHOD = ("the parts alive at the stage's largest moment, from the artifact's config.json and file sizes alone "
                "(no weights read): the fp32 parent and its mapped weights' file, its bf16 weight copies where bf16 "
@@ -500,7 +498,9 @@ class QuantizeStep(Step):
 
     def budget(self, plan: Plan) -> float:
         q = plan.quantize
-        return 0.0 if q.measure.fixed_rounds else q.measure.budget_s * (3 + (q.method.backend == "auto"))
+        # the parent comparison's measurements (one per prefill workload, the generation), and auto's choice
+        looks = len(workloads.of_kind("prefill")) + 1 + (q.method.backend == "auto")
+        return 0.0 if q.measure.fixed_rounds else q.measure.budget_s * looks
 
     def describe(self, plan: Plan) -> dict[str, Any]:
         what = (f"the most compressed pruning round within {plan.run.pipeline.max_loss_increase:.1%} of train"

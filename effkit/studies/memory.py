@@ -15,9 +15,9 @@ from effkit.config import TrainConfig
 from effkit.studies.common import Study, StudyConfig, _mib, _train_cfg
 from effkit.train import train_in_processes
 
-# glibc keeps freed blocks up to its dynamic mmap threshold (up to 32 MiB) in the heap, so the resident set
-# stays high after the tensors are gone; with a fixed threshold every block over 128 KiB is returned when freed
-# and the resident set follows what the tensors hold (training runs slower this way: only for measuring)
+# glibc keeps freed blocks up to its dynamic mmap threshold (which grows with the blocks freed) in the heap, so
+# the resident set stays high after the tensors are gone; with a fixed threshold every block over it is returned
+# when freed and the resident set follows what the tensors hold (training runs slower this way: only for measuring)
 TENSOR_RSS_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072"}
 
 

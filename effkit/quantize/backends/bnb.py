@@ -88,9 +88,8 @@ class BitsAndBytes:
         return f"AutoModelForCausalLM.from_pretrained('{folder}')  (bitsandbytes installed)"
 
     def memory(self, cfg) -> Memory:
-        # write 679 and reload 648 MiB on gpt2, 100 and 281 on gpt2-mini: its write loads the source again
-        # through transformers; kept beside the others in auto's order 166 and 124 (how:
-        # effkit.quantize.backends.MEASURED)
+        # its write loads the source again through transformers (how measured: effkit.quantize.backends.MEASURED;
+        # the figures: docs/benchmarks.md)
         return Memory(write=(0, 1.93), loaded=(216, 1.23), beside=(117, 0.14), measured=MEASURED)
 
 

@@ -62,9 +62,9 @@ class Dynamic:
         return rowwise.load_command(folder)
 
     def memory(self, cfg) -> Memory:
-        # write 425 MiB and reload 907 MiB on gpt2, 61 and 176 on gpt2-mini: the reload rebuilds the fp32
-        # model before quantize_dynamic packs it; kept beside the others in auto's order 699 and 171 (the
-        # first reloaded: its fp32 rebuild's pages stay) (how: effkit.quantize.backends.MEASURED)
+        # the reload rebuilds the fp32 model before quantize_dynamic packs it; kept beside the others, the first
+        # reloaded in auto's order keeps its fp32 rebuild's pages (how measured: effkit.quantize.backends.MEASURED;
+        # the figures: docs/benchmarks.md)
         return Memory(write=(0, 1.21), loaded=(46, 2.45), beside=(77, 1.77), measured=MEASURED)
 
 

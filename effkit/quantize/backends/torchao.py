@@ -71,8 +71,7 @@ class TorchAO:
         return rowwise.load_command(folder)
 
     def memory(self, cfg) -> Memory:
-        # write 447 and reload 852 MiB on gpt2, 61 and 170 on gpt2-mini (da8w8); kept beside the others in
-        # auto's order 185 and 28 (how: effkit.quantize.backends.MEASURED)
+        # da8w8 (how measured: effkit.quantize.backends.MEASURED; the figures: docs/benchmarks.md)
         return Memory(write=(0, 1.27), loaded=(49, 2.28), beside=(0, 0.53), measured=MEASURED)
 
 
