@@ -147,26 +147,6 @@ MAPPED_AT_PEAK, MAPPED_AFTER = "export_mapped_at_peak", "export_mapped_after"
 LATENCY_BATCH = 12  # the larger of the two prefill batches `compare_with_parent` times
 
 
-def safetensors_bytes(folder: Path) -> tuple[int, int]:
-    """(the model's fp32 bytes, its weight files' bytes) of a PyTorch artifact, from the safetensors headers alone
-    (each tensor's shape; no weight read). A tied LM head is stored once and held once."""
-    import math
-    import struct
-
-    fp32 = files = 0
-    for f in sorted(Path(folder).glob("*.safetensors")):
-        files += f.stat().st_size
-        with open(f, "rb") as fh:
-            (n,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(n))
-        fp32 += 4 * sum(math.prod(t["shape"]) for k, t in header.items() if k != "__metadata__")
-    return fp32, files
-
-
-def _line(ab: tuple[float, float], p: int) -> int:
-    return int(ab[0] + ab[1] * p)
-
-
 def _calibrated() -> list[Any]:
     """The export engines whose memory was measured (`Engine.memory_line`)."""
     return [e for _, e in ENGINES.items() if e.format and e.memory_line(CONVERSION)]
@@ -206,18 +186,18 @@ def _moments(cfg: ExportConfig, source: Path, engine, p: int, mapped: int,
     fig = lambda name: int(engines.memory_figure("export", name))
     calibrated_logits = fig("timing_logit_copies") * LATENCY_BATCH * fig("block") * fig("vocab") * 4
     during = {**parent, f"{engine.label} conversion at its peak: the converter's working memory, its parity check":
-              _line(peak.memory_line(CONVERSION_PEAK), p)}
+              stageplan.on_line(peak.memory_line(CONVERSION_PEAK), p)}
     after = {**parent,
              f"{engine.label} conversion: its residue (kept by the allocator) and the export loaded in its engine":
-             _line(like.memory_line(CONVERSION), p),
+             stageplan.on_line(like.memory_line(CONVERSION), p),
              f"the export's evaluation and timing beside its parent, batch {LATENCY_BATCH} x {block}: KV caches, "
              f"logits {LATENCY_BATCH} x {block} x {vocab}, {engine.label}'s work buffers":
-             max(0, _line(like.memory_line(TIMING), p) - calibrated_logits)
+             max(0, stageplan.on_line(like.memory_line(TIMING), p) - calibrated_logits)
              + fig("timing_logit_copies") * LATENCY_BATCH * block * vocab * 4}
     mapped_export = f"the export's weights' file, mapped by {engine.label}'s loads (clean pages)"
     if like.memory_line(MAPPED_AT_PEAK):
-        during[mapped_export] = _line(like.memory_line(MAPPED_AT_PEAK), p)
-        after[mapped_export] = _line(like.memory_line(MAPPED_AFTER), p)
+        during[mapped_export] = stageplan.on_line(like.memory_line(MAPPED_AT_PEAK), p)
+        after[mapped_export] = stageplan.on_line(like.memory_line(MAPPED_AFTER), p)
     if engine not in known:
         notes.append(f"--format {cfg.what.format}: not calibrated; counted as {like.format}'s after the conversion "
                      f"(the steepest measured lines there) and as the largest measured conversion ({peak.format}'s) "
@@ -242,7 +222,7 @@ def export_plan(cfg: ExportConfig, tricks: bool = True) -> stageplan.StagePlan:
     from effkit.measure.compare import bf16_not_run
 
     cfg, source = _checked(cfg)
-    p, mapped = safetensors_bytes(source)
+    p, mapped = stageplan.weights_of(source)
     notes: list[str] = []
     moments, reclaimable = _moments(cfg, source, engine_for(cfg.what.format), p, mapped, notes)
     totals = {m: sum(v for k, v in parts.items() if k not in reclaimable) for m, parts in moments.items()}

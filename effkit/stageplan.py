@@ -9,8 +9,12 @@ every prediction is checked by the run it was made for; `effkit.console.show_pla
 
 from __future__ import annotations
 
+import json
+import math
+import struct
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from effkit.errors import EffkitError
@@ -87,6 +91,24 @@ def check(plan: StagePlan, force: bool) -> None:
         raise EffkitError(f"{plan.stage}: predicted peak {plan.required_bytes / 2**30:.1f} GiB{cache} > "
                           f"{plan.usable_bytes / 2**30:.1f} GiB usable ({plan.device}); {plan.verdict()}; "
                           "--plan shows the parts, --force runs it anyway")
+
+
+def weights_of(folder: Path) -> tuple[int, int]:
+    """(the model's fp32 bytes, its weight files' bytes) of a dense or pruned PyTorch artifact, from its safetensors
+    headers alone (each tensor's shape; no weight read). A tied LM head is stored once and held once."""
+    fp32 = files = 0
+    for f in sorted(Path(folder).glob("*.safetensors")):
+        files += f.stat().st_size
+        with open(f, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(n))
+        fp32 += 4 * sum(math.prod(t["shape"]) for k, t in header.items() if k != "__metadata__")
+    return fp32, files
+
+
+def on_line(line: tuple[float, float], size: int) -> int:
+    """The bytes a measured line (bytes, bytes per byte) gives for `size` bytes of weights."""
+    return int(line[0] + line[1] * size)
 
 
 class Tried(NamedTuple):

@@ -1,4 +1,4 @@
-"""`effkit bench --plan` and the plan every bench makes before it loads a model (#47): the peak resident memory of
+"""`effkit bench --plan` and the plan every bench makes before it loads a model: the peak resident memory of
 the bench's largest moment, predicted from the artifacts' shapes alone (safetensors headers, config.json, folder
 sizes; no weight read), whether it fits, and what would make it fit (`bench_plan`).
 
@@ -20,8 +20,6 @@ report puts each process's prediction beside the peak it measured (`memory`: the
 from __future__ import annotations
 
 import json
-import math
-import struct
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -37,6 +35,7 @@ from effkit.config import BenchConfig
 from effkit.errors import EffkitError
 from effkit.parallel import resolve_device
 from effkit.registry import ENGINES
+from effkit.stageplan import on_line, weights_of
 
 MIB = 2**20
 # What each part weighs is measured per engine (`Engine.memory_line`: an artifact alone, a peer's conversion) and
@@ -53,19 +52,6 @@ def figure(name: str) -> float:
     return engines.memory_figure("bench", name)
 
 
-def weights_of(path: Path) -> tuple[int, int]:
-    """(fp32 bytes, weight files' bytes) of a dense or pruned PyTorch artifact, from its safetensors headers alone
-    (each tensor's shape; no weight read)."""
-    fp32 = files = 0
-    for f in sorted(Path(path).glob("*.safetensors")):
-        files += f.stat().st_size
-        with open(f, "rb") as fh:
-            (n,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(n))
-        fp32 += 4 * sum(math.prod(t["shape"]) for k, t in header.items() if k != "__metadata__")
-    return fp32, files
-
-
 def prefill_bytes(path: Path, block: int) -> int:
     """The KV cache and logits (fp32) of the largest prefill workload the bench runs on the PyTorch artifact at
     `path`, from its config.json: per token, keys and values of every layer (2 x n_layer x n_embd) and a row of
@@ -79,10 +65,6 @@ def pytorch_workloads(path: Path, block: int) -> int:
     """What a PyTorch artifact's evaluation, sample and workloads hold beyond its model: what the allocator keeps
     of its largest prefill's KV cache and logits (`prefill_kept` times them), at least `pytorch_alone`."""
     return int(max(figure("pytorch_alone"), figure("prefill_kept") * prefill_bytes(path, block)))
-
-
-def _line(ab: tuple[float, float], size: int) -> int:
-    return int(ab[0] + ab[1] * size)
 
 
 def training_parts(path: Path, block: int) -> dict[str, int]:
@@ -147,11 +129,11 @@ def alone_parts(path: Path, tag: str, block: int, data: dict[str, Any], train: b
         engine = engine_of(path)
         if line := engine.memory_line(ALONE_LINE):
             parts = {f"{tag}: loaded in {engine.label}, evaluated, its sample, every workload once":
-                     _line(line, size)}
+                     on_line(line, size)}
         else:
             what = "int8 (a quantization backend)" if is_quantized(path) else engine.label
             parts = {f"{tag}: loaded in {what}, evaluated, every workload once (not calibrated: the bench's rule, "
-                     "four copies of its folder)": _line(engines.stage_line("bench", "uncalibrated"), size)}
+                     "four copies of its folder)": on_line(engines.stage_line("bench", "uncalibrated"), size)}
     if (control := _needs_control(path, data)) is not None:
         p, mapped = weights_of(control)
         parts[f"{tag}: its dense control, loaded to evaluate against"] = p
@@ -167,9 +149,9 @@ def _peer_parts(engine, reference_bytes: int) -> dict[str, int]:
     tag = engine.peer_tag
     if line := engine.memory_line(ALONE_LINE):
         return {f"{tag}: loaded in {engine.label}, evaluated, its sample, every workload once (counted as the "
-                "reference's fp32 weights in its engine)": _line(line, reference_bytes)}
+                "reference's fp32 weights in its engine)": on_line(line, reference_bytes)}
     return {f"{tag}: loaded in {engine.label}, evaluated, every workload once (not calibrated: the bench's rule on "
-            "the reference's fp32 weights)": _line(engines.stage_line("bench", "uncalibrated"), reference_bytes)}
+            "the reference's fp32 weights)": on_line(engines.stage_line("bench", "uncalibrated"), reference_bytes)}
 
 
 def bench_plan(cfg: BenchConfig, elsewhere: dict[str, str] | None = None) -> stageplan.StagePlan:
@@ -190,7 +172,7 @@ def _peers_process(peers: list, reference: Path, tag: str, top: dict[str, int]) 
     ref_p, ref_mapped = weights_of(reference)
     known = [line for _, e in ENGINES.items() if (line := e.memory_line(PEER_LINE))]
     steepest = max(known, key=lambda line: line[1])
-    conv = {e.peer_tag: _line(e.memory_line(PEER_LINE) or steepest, ref_p) for e in peers}
+    conv = {e.peer_tag: on_line(e.memory_line(PEER_LINE) or steepest, ref_p) for e in peers}
     big = max(conv, key=conv.get)
     return {**top, f"top process: the reference {tag}, fp32, transformers' objects":
             ref_p + int(figure("load_overhead")), f"top process: the reference's {MAPPED}": ref_mapped,
