@@ -66,13 +66,13 @@ def main() -> None:
     table = []
     for name in OPTIMS:
         m, p = reports[name]["metrics"], plans[name]
-        states = sum(p.per_rank[k] for k in ("parameters", "gradients", "optimizer"))
+        states = sum(p.parts[k] for k in ("parameters", "gradients", "optimizer"))
         table.append({"optim": name, "library": reports[name]["what_ran"]["optimizer"],
                       "eval_loss": m["eval_loss"], "bits_per_byte": m.get("bits_per_byte"),
                       "final_train_loss": m["final_train_loss"], "train_tokens_per_s": m["train_tokens_per_s"],
                       "peak_memory_mib": max(m["peak_memory_bytes_per_rank"]) / 2**20,
                       "plan_model_state_bytes_per_param": states / m["params"],
-                      "plan_optimizer_mib": p.per_rank["optimizer"] / 2**20})
+                      "plan_optimizer_mib": p.parts["optimizer"] / 2**20})
     result = {"recipe": a.recipe, "steps": reports["adamw"]["metrics"]["steps"], "rows": table,
               "eval_loss_delta_8bit_vs_adamw": delta, "delta": stats.fmt_delta(delta),
               "device": hardware.describe_device(torch.device("cpu")), "versions": artifacts.versions(),

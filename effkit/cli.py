@@ -130,7 +130,7 @@ def train(
             p, _, changes = memplan.fit(cfg)
         else:
             p = memplan.predict(cfg, probe=True)
-        console.show_plan(p, fit, changes)
+        console.show_plan(p)
         return
     if cfg.run.resume and not cfg.run.run_name:
         from effkit.artifacts import latest_run
@@ -155,7 +155,7 @@ def prune(ctx: typer.Context, recipe: Optional[Path] = _recipe("prune"),
     from effkit.prune.stage import prune_plan, run_prune
 
     if plan:
-        console.show_stage_plan(prune_plan(cfg.validate(), probe=True))
+        console.show_plan(prune_plan(cfg.validate(), probe=True))
         return
 
     console.show_prune(run_prune(cfg), cfg.method.mode, cfg.folders.reports_dir)
@@ -173,7 +173,7 @@ def quantize(ctx: typer.Context, recipe: Optional[Path] = _recipe("quantize"),
 
     cfg = build_config(QuantizeConfig, str(recipe) if recipe else None, _flags(ctx, QuantizeConfig))
     if plan:
-        console.show_stage_plan(quantize_plan(cfg.validate()))
+        console.show_plan(quantize_plan(cfg.validate()))
         return
     console.show_quantize(run_quantize(cfg), cfg.folders.reports_dir)
 
@@ -191,7 +191,7 @@ def export(ctx: typer.Context, recipe: Optional[Path] = _recipe("export"),
 
     cfg = build_config(ExportConfig, str(recipe) if recipe else None, _flags(ctx, ExportConfig))
     if plan:
-        console.show_stage_plan(export_plan(cfg))
+        console.show_plan(export_plan(cfg))
         return
     console.show_export(run_export(cfg), cfg.folders.reports_dir)
 
@@ -214,7 +214,7 @@ def bench(
     if plan:
         from effkit.bench.plan import bench_plan
 
-        console.show_stage_plan(bench_plan(cfg))
+        console.show_plan(bench_plan(cfg))
         return
     console.show_bench(run_bench(cfg, progress=not json_out), cfg.folders.reports_dir, as_json=json_out)
 

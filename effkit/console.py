@@ -21,45 +21,36 @@ def _artifact_lines(report: dict, reports_dir: str) -> None:
     print(f"artifact: {report['artifact']}\nreport:   {Path(reports_dir) / report['run']}")
 
 
-def show_plan(p: Any, fit: bool, changes: list[str]) -> None:
-    """`effkit train --plan [--fit]`: the predicted per-rank peak memory `p` (a `memplan` plan) and the verdict."""
+def show_plan(p: Any) -> None:
+    """`effkit <stage> --plan` (train's with `--fit`): a stage's predicted peak (an `effkit.stageplan.StagePlan`),
+    its parts, the verdict and, where it was predicted, the time of training."""
     from rich.table import Table
 
-    from effkit import memplan
+    from effkit.stageplan import HEADROOM
 
-    c = p.config
-    t = Table(title=f"memory plan: {c['model']}, {c['parallel']} x{c['world']}, batch {c['batch_size']} x "
-                    f"{c['block_size']} tokens, {c['optim']}, {c['amp']}, activation checkpointing "
-                    f"{'on' if c['activation_checkpointing'] else 'off'}")
-    t.add_column("per rank, at the peak")
+    t = Table(title=f"memory plan: effkit {p.stage}, {p.scope}")
+    t.add_column("at the peak")
     t.add_column("MiB", justify="right")
-    for k, v in p.per_rank.items():
+    for k, v in p.parts.items():
         t.add_row(k, f"{v / 2**20:,.0f}")
     t.add_row("[bold]total", f"[bold]{p.total_bytes / 2**20:,.0f}")
+    if p.required_bytes != p.total_bytes:
+        t.add_row("must fit (less the clean file pages the kernel can drop)", f"{p.required_bytes / 2**20:,.0f}")
     t.add_row(p.device, f"{p.device_bytes / 2**20:,.0f}" if p.device_bytes else "unknown")
     if p.usable_bytes:
-        t.add_row(f"usable (less {memplan.HEADROOM:.0%} kept free)", f"{p.usable_bytes / 2**20:,.0f}")
+        t.add_row(f"usable (less {HEADROOM:.0%} kept free)", f"{p.usable_bytes / 2**20:,.0f}")
     out = terminal()
     out.print(t)
     for n in p.notes:
         out.print(f"  {n}")
-    verdict = ("fits" if p.fits else "does NOT fit") if p.fits is not None else "fit unknown (device memory unknown)"
-    out.print(f"plan: {verdict}; predicted by {memplan.METHOD}")
+    out.print(f"plan: {p.verdict()}; predicted from {p.method}")
     if p.step_s is not None:
-        steps = c.get("steps") or 0
+        steps = p.config.get("steps") or 0
         total = f", {steps:,} steps: {p.step_s * steps / 60:.1f} min of training" if steps else ""
         out.print(f"time: one training step {p.step_s:.2f} s predicted{total} (the runtime probe's steps of one and "
                   "two blocks, extended to the whole model; evaluations, the checkpoints and the save not counted"
-                  + ("; in fp32: --amp auto may choose bf16 where it measures faster" if c["amp"] == "auto" else "")
-                  + ")")
-    if fit:
-        if not changes and p.fits:
-            out.print("--fit: fits as asked; nothing to change")
-        elif p.fits:
-            out.print("--fit: add " + " ".join(changes))
-        else:
-            out.print("--fit: nothing effkit can change on one rank fits; use more processes with "
-                      "--parallel fsdp (or a GPU with more memory), or a smaller model")
+                  + ("; in fp32: --amp auto may choose bf16 where it measures faster" if p.config["amp"] == "auto"
+                     else "") + ")")
 
 
 def show_run_plan(r: dict) -> None:
@@ -101,30 +92,6 @@ def show_run_plan(r: dict) -> None:
         out.print("plan: fit unknown (a device's memory is unknown, or no stage has a memory plan)")
     else:
         out.print("plan: every stage fits")
-
-
-def show_stage_plan(p: Any) -> None:
-    """`effkit <stage> --plan`: a stage's predicted peak (a `stageplan.StagePlan`), its parts and the verdict."""
-    from rich.table import Table
-
-    from effkit import memplan
-
-    t = Table(title=f"memory plan: effkit {p.stage}, one process")
-    t.add_column("at the peak")
-    t.add_column("MiB", justify="right")
-    for k, v in p.parts.items():
-        t.add_row(k, f"{v / 2**20:,.0f}")
-    t.add_row("[bold]total", f"[bold]{p.total_bytes / 2**20:,.0f}")
-    if p.required_bytes != p.total_bytes:
-        t.add_row("must fit (less the clean file pages the kernel can drop)", f"{p.required_bytes / 2**20:,.0f}")
-    t.add_row(p.device, f"{p.device_bytes / 2**20:,.0f}" if p.device_bytes else "unknown")
-    if p.usable_bytes:
-        t.add_row(f"usable (less {memplan.HEADROOM:.0%} kept free)", f"{p.usable_bytes / 2**20:,.0f}")
-    out = terminal()
-    out.print(t)
-    for n in p.notes:
-        out.print(f"  {n}")
-    out.print(f"plan: {p.verdict()}; predicted from {p.method}")
 
 
 def show_train(report: dict) -> None:

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from effkit import artifacts, stageplan, workloads
-from effkit.artifacts.loader import engine_of, kind, quantized_layers
+from effkit import artifacts, engines, stageplan, workloads
+from effkit.artifacts.loader import engine_of, is_quantized, quantized_layers, trainable
 from effkit.config import DataConfig, ExportConfig
 from effkit.data import prepare
 from effkit.errors import EffkitError
@@ -67,8 +67,8 @@ def _checked(cfg: ExportConfig) -> tuple[ExportConfig, Path]:
         raise EffkitError(f"--format {cfg.what.format} cannot run here: {reason}")
     source = artifacts.resolve_artifact(cfg.what.source, cfg.folders.runs_dir)
     meta = artifacts.read_meta(source)
-    if kind(source) != "pytorch":
-        what = engine_of(source).label if kind(source) != "quantized" else "int8"
+    if not trainable(source):
+        what = "int8" if is_quantized(source) else engine_of(source).label
         raise EffkitError(f"{source} is a {meta['stage']} artifact ({what}); export a dense or pruned PyTorch "
                           f"artifact (its parent: {meta.get('parent')}), with --int8 for int8")
     if cfg.what.fuse and cfg.what.format != "onnx":
@@ -136,74 +136,77 @@ def _export(cfg: ExportConfig, source: Path, run_dir: Path,
     return report
 
 
-# ------------------------------------------------------------------------------------------ the memory plan (#47)
+# ------------------------------------------------------------------------------------------------ the memory plan
+# What each part weighs is measured per engine (`Engine.memory_line`) and for the stage (`engines.memory_figure`):
+# effkit/engines/memory_calibration.json says how. A part that grows with the model is a line in the parent's fp32
+# bytes through two measured exports.
 MIB = 2**20
-# How much each part weighs, from one calibration: `effkit export --from <run>/train --format F --fixed-rounds
-# --latency-rounds 2 --latency-repeats 1` (F: onnx, openvino, ctranslate2, gguf) of two random-init artifacts, gpt2
-# (92.1M parameters, 351.5 MiB in fp32) and gpt2-mini (13.9M, 53.0 MiB), both with 8,192 tokens and blocks of 128,
-# the process' RSS sampled every 5 ms around each step of `_export`; on a 2-core x86-64 with AVX512-BF16 (bf16
-# evaluated) and 24 GiB, torch 2.13 CPU, onnxruntime 1.32, OpenVINO 2026.4, CTranslate2 4.8.5, xllamacpp 2026.10
-# (issue #47). A part that grows with the model is a + b x P (P: the parent's fp32 bytes), the line through the two
-# measurements.
-EXPORT_PROCESS = 480 * MIB  # the RSS before the parent loads, 319-400 MiB, + transformers' own objects of a load
-# beyond its tensors and its mapped file, 48-112 MiB
-# the parent's evaluations leave 31-110 MiB beyond its bf16 copies, with logits of 16 MiB (batch 4 x 128 x 8,192):
-# counted as three copies of one batch's logits
-EVAL_LOGIT_COPIES = 3
-# the conversion at its own peak (`write`: the converter, its parity check, the export loaded to check it): the peak
-# during `write` less the RSS before it, gpt2 / gpt2-mini: onnx 1,089 / 283 MiB, openvino 1,968 / 343 (with
-# record_attention's pipelines), ctranslate2 669 / 169 (with its thread choice), gguf 2,820 / 328 (its line would
-# go below zero at the origin: the one through gpt2's and the origin, 97 MiB above gpt2-mini's)
-CONVERSION_PEAK = {"onnx": (139.9 * MIB, 2.700), "openvino": (159.0 * MIB, 0.548),
-                   "ctranslate2": (80.2 * MIB, 1.675), "gguf": (0.0, 8.023)}
-# the conversion's residue (kept by the allocator) with the export loaded in its engine: the RSS after `write`
-# less before it, gpt2 / gpt2-mini: onnx 954 / 238 MiB, openvino 719 / 143, ctranslate2 518 / 36 (its line would
-# go below zero: the one through gpt2's and the origin, 42 MiB above gpt2-mini's), gguf 347 / 126
-CONVERSION = {"onnx": (110.9 * MIB, 2.399), "openvino": (143.0 * MIB, 0.585), "ctranslate2": (0.0, 1.474),
-              "gguf": (86.8 * MIB, 0.740)}
-# the export's evaluation, its greedy sample and the interleaved timing beside the parent (peak: prefill at
-# batch 12): the peak after `write` less the RSS after it, gpt2 / gpt2-mini: onnx 695 / 357 MiB, openvino 1,548 /
-# 454 (its sample builds openvino_genai's LLMPipeline: 494 / 41), ctranslate2 539 / 272, gguf 1,413 / 382 (llama.cpp
-# loads the export on its first evaluation); openvino's constant 100 MiB above its line: a held-out model between
-# the two (29.9M parameters, d 512, 8 blocks) peaked 69 MiB above it
-TIMING = {"onnx": (297.0 * MIB, 1.132), "openvino": (366.0 * MIB, 0.631), "ctranslate2": (225.0 * MIB, 0.894),
-          "gguf": (198.9 * MIB, 3.454)}
-# of TIMING's constant, this many batch-12 logits (batch 12 x block x vocabulary, fp32): both calibration models
-# had one vocabulary and one block, so its share is not measured; counted as the logits of one forward and a copy
-TIMING_LOGIT_COPIES = 2
-# OpenVINO maps its IR's weights file (the .bin: the parent's fp32 weights) where the other engines read theirs: its
-# pages are file-backed and clean, and the kernel drops them when memory runs short, as it drops the parent's mapped
-# safetensors. So openvino's three lines above count the anonymous part of the resident set alone (its high-water
-# mark less its file-backed pages), and EXPORT_FILE_MAPS the .bin's mapped pages at the conversion's peak and after
-# it, in copies of the parent's fp32 bytes (one per load of the IR alive: the parity check's, the export's own,
-# LLMPipeline's), a reclaimable part of the plan. Measured on gpt2 and gpt2-large (2,746 MiB of fp32 weights), the
-# rest as above, the parent exported in place (session 22), gpt2 / gpt2-large in MiB: the conversion's peak 351 /
-# 1,664, its residue with the export loaded 348 / 1,748, the evaluation and timing 587 / 2,099 (anonymous); the .bin's
-# pages 1.84x / 2.00x the fp32 bytes at the conversion's peak, 2.17x / 2.02x after it (the larger kept). Before,
-# openvino's lines had counted those pages as memory that must fit: 5.44x, 1.93x and 3.67x the fp32 bytes
-EXPORT_FILE_MAPS = {"openvino": (2.00, 2.17)}
-CALIBRATION_BLOCK, CALIBRATION_VOCAB = 128, 8192  # the calibration models' block and vocabulary
+CONVERSION_PEAK, CONVERSION, TIMING = "export_conversion_peak", "export_conversion", "export_timing"
+# an engine that maps its weights file (clean pages, reclaimable), at the conversion's peak and after it
+MAPPED_AT_PEAK, MAPPED_AFTER = "export_mapped_at_peak", "export_mapped_after"
 CALIBRATION_BATCH = 12  # the calibration exports' largest timed prefill batch
 
 
-def safetensors_bytes(folder: Path) -> tuple[int, int]:
-    """(the model's fp32 bytes, its weight files' bytes) of a PyTorch artifact, from the safetensors headers alone
-    (each tensor's shape; no weight read). A tied LM head is stored once and held once."""
-    import math
-    import struct
-
-    fp32 = files = 0
-    for f in sorted(Path(folder).glob("*.safetensors")):
-        files += f.stat().st_size
-        with open(f, "rb") as fh:
-            (n,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(n))
-        fp32 += 4 * sum(math.prod(t["shape"]) for k, t in header.items() if k != "__metadata__")
-    return fp32, files
+def _calibrated() -> list[Any]:
+    """The export engines whose memory was measured (`Engine.memory_line`)."""
+    return [e for _, e in ENGINES.items() if e.format and e.memory_line(CONVERSION)]
 
 
-def _line(ab: tuple[float, float], p: int) -> int:
-    return int(ab[0] + ab[1] * p)
+def _parent_parts(cfg: ExportConfig, source: Path, engine, p: int, mapped: int) -> tuple[dict[str, int], int, int]:
+    """(what is alive at both of the export's largest moments, block, vocabulary): the process and its libraries,
+    the parent in fp32 and its mapped weights' file, what its evaluations left."""
+    from effkit.measure.compare import bf16_not_run
+
+    mc = json.loads((source / "config.json").read_text())
+    data = DataConfig.from_dict(artifacts.data_section(source, cfg.what.data))
+    block = min(data.block_size, int(mc.get("n_positions", data.block_size)))
+    vocab = int(mc["vocab_size"])
+    eval_batch = min(cfg.measure.batch_size, data.eval_blocks)
+    parent = {f"the process: Python, torch, transformers, {engine.label}; the tokenizer, the held-out blocks":
+              int(engines.memory_figure("export", "process")),
+              "parent: fp32 model": p,
+              "the parent's weights' file, mapped (clean pages)": mapped,
+              f"the parent's evaluations: logits {eval_batch} x {block} x {vocab} (fp32), kept by the allocator":
+              int(engines.memory_figure("export", "eval_logit_copies")) * eval_batch * block * vocab * 4}
+    if bf16_not_run(torch.device("cpu")) is None:
+        parent["the parent under bf16 autocast: its weights' bf16 copies"] = p // 2
+    return parent, block, vocab
+
+
+def _moments(cfg: ExportConfig, source: Path, engine, p: int, mapped: int,
+             notes: list[str]) -> tuple[dict[str, dict[str, int]], set[str]]:
+    """The export's two largest moments (the conversion at its own peak; the export evaluated and timed after it),
+    each its parts, and the parts the kernel can drop. An engine not calibrated counts as the calibrated one whose
+    residue and timing lines together are steepest, and during the conversion as the steepest conversion."""
+    parent, block, vocab = _parent_parts(cfg, source, engine, p, mapped)
+    known = _calibrated()
+    like = engine if engine in known else max(known, key=lambda e: e.memory_line(CONVERSION)[1]
+                                              + e.memory_line(TIMING)[1])
+    peak = engine if engine in known else max(known, key=lambda e: e.memory_line(CONVERSION_PEAK)[1])
+    fig = lambda name: int(engines.memory_figure("export", name))
+    calibrated_logits = fig("timing_logit_copies") * CALIBRATION_BATCH * fig("block") * fig("vocab") * 4
+    # the largest prefill `compare_with_parent` times (one per prefill workload): its logits
+    batch, tokens = max(((w.batch, w.tokens or block) for w in workloads.of_kind("prefill")), key=lambda w: w[0] * w[1])
+    during = {**parent, f"{engine.label} conversion at its peak: the converter's working memory, its parity check":
+              stageplan.on_line(peak.memory_line(CONVERSION_PEAK), p)}
+    after = {**parent,
+             f"{engine.label} conversion: its residue (kept by the allocator) and the export loaded in its engine":
+             stageplan.on_line(like.memory_line(CONVERSION), p),
+             f"the export's evaluation and timing beside its parent, batch {batch} x {tokens}: KV caches, "
+             f"logits {batch} x {tokens} x {vocab}, {engine.label}'s work buffers":
+             max(0, stageplan.on_line(like.memory_line(TIMING), p) - calibrated_logits)
+             + fig("timing_logit_copies") * batch * tokens * vocab * 4}
+    mapped_export = f"the export's weights' file, mapped by {engine.label}'s loads (clean pages)"
+    if like.memory_line(MAPPED_AT_PEAK):
+        during[mapped_export] = stageplan.on_line(like.memory_line(MAPPED_AT_PEAK), p)
+        after[mapped_export] = stageplan.on_line(like.memory_line(MAPPED_AFTER), p)
+    if engine not in known:
+        notes.append(f"--format {cfg.what.format}: not calibrated; counted as {like.format}'s after the conversion "
+                     f"(the steepest measured lines there) and as the largest measured conversion ({peak.format}'s) "
+                     "during it")
+    return ({"the conversion, at its own peak": during,
+             f"the export evaluated and timed beside its parent (batch {batch}), after the conversion": after},
+            {"the parent's weights' file, mapped (clean pages)", mapped_export})
 
 
 def export_plan(cfg: ExportConfig, tricks: bool = True) -> stageplan.StagePlan:
@@ -215,69 +218,26 @@ def export_plan(cfg: ExportConfig, tricks: bool = True) -> stageplan.StagePlan:
     check), or, after it, what stays resident of it (kept by the allocator) with the export loaded in its engine (an
     ONNX Runtime session, OpenVINO's compiled model, CTranslate2's generators, llama.cpp's model) and the export's
     own evaluation and timing beside its parent (batch-12 KV caches, logits, the engine's work buffers; the engines'
-    generation pipelines). The parts that grow with the model are lines through two measured exports (see
-    `CONVERSION`, `CONVERSION_PEAK`, `TIMING`). `tricks`: where it does not fit, name the calibrated formats that
-    would."""
+    generation pipelines). The parts that grow with the model are lines through two measured exports (each engine's
+    `memory_line`). `tricks`: where it does not fit, name the calibrated formats that would."""
     from effkit import memplan
     from effkit.measure.compare import bf16_not_run
 
     cfg, source = _checked(cfg)
-    engine = engine_for(cfg.what.format)
-    p, mapped = safetensors_bytes(source)
-    mc = json.loads((source / "config.json").read_text())
-    data = DataConfig.from_dict(artifacts.data_section(source, cfg.what.data))
-    block = min(data.block_size, int(mc.get("n_positions", data.block_size)))
-    vocab = int(mc["vocab_size"])
-    eval_batch = min(cfg.measure.batch_size, data.eval_blocks)
-    device = torch.device("cpu")
-    skipped = bf16_not_run(device)
-    fmt = cfg.what.format
-    measured = fmt in CONVERSION
-    # an engine not calibrated: counted as the calibrated one whose residue and timing lines together are steepest
-    like = fmt if measured else max(CONVERSION, key=lambda f: CONVERSION[f][1] + TIMING[f][1])
-    # the largest prefill `compare_with_parent` times (one per prefill workload): its logits
-    batch, tokens = max(((w.batch, w.tokens or block) for w in workloads.of_kind("prefill")), key=lambda w: w[0] * w[1])
-    logits12 = batch * tokens * vocab * 4
-    calibrated_logits = TIMING_LOGIT_COPIES * CALIBRATION_BATCH * CALIBRATION_BLOCK * CALIBRATION_VOCAB * 4
-    parent = {f"the process: Python, torch, transformers, {engine.label}; the tokenizer, the held-out blocks":
-              EXPORT_PROCESS,
-              "parent: fp32 model": p,
-              "the parent's weights' file, mapped (clean pages)": mapped,
-              f"the parent's evaluations: logits {eval_batch} x {block} x {vocab} (fp32), kept by the allocator":
-              EVAL_LOGIT_COPIES * eval_batch * block * vocab * 4}
-    if skipped is None:
-        parent["the parent under bf16 autocast: its weights' bf16 copies"] = p // 2
-    steepest = max(CONVERSION_PEAK, key=lambda f: CONVERSION_PEAK[f][1])  # an engine not calibrated: the largest
-    during = {**parent, f"{engine.label} conversion at its peak: the converter's working memory, its parity check":
-              _line(CONVERSION_PEAK[fmt if measured else steepest], p)}
-    after = {**parent,
-             f"{engine.label} conversion: its residue (kept by the allocator) and the export loaded in its engine":
-             _line(CONVERSION[like], p),
-             f"the export's evaluation and timing beside its parent, batch {batch} x {tokens}: KV caches, "
-             f"logits {batch} x {tokens} x {vocab}, {engine.label}'s work buffers":
-             max(0, _line(TIMING[like], p) - calibrated_logits) + TIMING_LOGIT_COPIES * logits12}
-    mapped_export = f"the export's weights' file, mapped by {engine.label}'s loads (clean pages)"
-    if like in EXPORT_FILE_MAPS:
-        during[mapped_export] = int(EXPORT_FILE_MAPS[like][0] * p)
-        after[mapped_export] = int(EXPORT_FILE_MAPS[like][1] * p)
-    reclaimable = {"the parent's weights' file, mapped (clean pages)", mapped_export}
-    moments = {"the conversion, at its own peak": during,
-               f"the export evaluated and timed beside its parent (batch {batch}), after the conversion":
-               after}
+    p, mapped = stageplan.weights_of(source)
+    notes: list[str] = []
+    moments, reclaimable = _moments(cfg, source, engine_for(cfg.what.format), p, mapped, notes)
     totals = {m: sum(v for k, v in parts.items() if k not in reclaimable) for m, parts in moments.items()}
     peak = max(totals, key=totals.get)  # by what must fit
-    notes = [f"the largest moment: {peak}; must fit " + "; ".join(f"{m}: {t / 2**30:.2f} GiB"
-                                                                 for m, t in totals.items()),
-             f"parent {p / MIB:,.0f} MiB in fp32 ({p // 4:,} parameters), from its safetensors headers"]
-    if skipped is not None:
-        notes.append(f"the parent under bf16 autocast: {skipped}")
-    if not measured:
-        notes.append(f"--format {fmt}: not calibrated; counted as {like}'s after the conversion (the steepest "
-                     f"measured lines there) and as the largest measured conversion ({steepest}'s) during it")
+    skipped = bf16_not_run(torch.device("cpu"))
+    notes[:0] = [f"the largest moment: {peak}; must fit " + "; ".join(f"{m}: {t / 2**30:.2f} GiB"
+                                                                     for m, t in totals.items()),
+                 f"parent {p / MIB:,.0f} MiB in fp32 ({p // 4:,} parameters), from its safetensors headers",
+                 *([f"the parent under bf16 autocast: {skipped}"] if skipped is not None else [])]
     if cfg.what.int8 or cfg.what.type or cfg.what.fuse:
         notes.append("int8, --type and --fuse exports: counted as the fp32 (gguf: f16) export of the format "
                      "(calibrated on those only)")
-    name, available = memplan.device_memory(device)
+    name, available = memplan.device_memory(torch.device("cpu"))
     plan = stageplan.StagePlan("export", moments[peak], name, available, notes, [], EXPORT_METHOD,
                                reclaimable=reclaimable)
     if plan.fits is False and tricks:
@@ -295,12 +255,11 @@ EXPORT_METHOD = ("the parts alive at the export's largest moment (the conversion
 
 
 def _smaller_formats(cfg: ExportConfig) -> list[str]:
-    """The other calibrated formats whose plan fits, the smallest first: `--format F (N GiB)`."""
-    out = []
-    for fmt in CONVERSION:
-        if fmt == cfg.what.format or engine_for(fmt).available(None, int8=cfg.what.int8):
-            continue
-        other = export_plan(cfg.replace(format=fmt, fuse=False, type=""), tricks=False)
-        if other.fits:
-            out.append((other.total_bytes, f"--format {fmt} ({other.total_bytes / 2**30:.1f} GiB)"))
-    return [t for _, t in sorted(out)]
+    """The other calibrated formats whose plan fits (`stageplan.what_fits`), the smallest first: `--format F (N
+    GiB)`."""
+    others = [(f"--format {e.format}", e.format) for e in _calibrated()
+              if e.format != cfg.what.format and not e.available(None, int8=cfg.what.int8)]
+    tried = stageplan.what_fits(others, lambda fmt: export_plan(cfg.replace(format=fmt, fuse=False, type=""),
+                                                                tricks=False), first=False)
+    return [f"{t.flags} ({t.plan.total_bytes / 2**30:.1f} GiB)"
+            for t in sorted((t for t in tried if t.fits), key=lambda t: t.plan.total_bytes)]

@@ -32,45 +32,15 @@ already built and placed; the plan gives both that figure (`steps_bytes`) and th
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from effkit.errors import EffkitError
+from effkit.stageplan import StagePlan, what_fits
 
 BNB_MIN_8BIT = 4096  # bitsandbytes keeps fp32 moments for smaller tensors
 BLOCK = 256  # 8-bit block size: one fp32 scale per block and moment
-HEADROOM = 0.10  # of the device's memory kept for what the plan does not predict (the allocator's free lists)
-
-
-@dataclass
-class Plan:
-    config: dict[str, Any]
-    per_rank: dict[str, int]  # bytes by kind at the predicted peak, one rank (the largest)
-    total_bytes: int  # the absolute per-rank peak
-    steps_bytes: int  # the increase over the training steps (the model built and placed before)
-    device: str
-    device_bytes: int | None
-    notes: list[str] = field(default_factory=list)
-    # one training step's seconds, predicted from the runtime probe's steps of one and two blocks
-    # (`predicted_step_seconds`); None where no probe ran (not measured yet, a GPU, several processes)
-    step_s: float | None = None
-
-    @property
-    def usable_bytes(self) -> int | None:
-        return None if self.device_bytes is None else int(self.device_bytes * (1 - HEADROOM))
-
-    @property
-    def fits(self) -> bool | None:
-        """Whether the predicted peak fits in the device's memory less the headroom for the runtime."""
-        return None if self.device_bytes is None else self.total_bytes <= self.usable_bytes
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"config": self.config, "per_rank_bytes": self.per_rank, "total_bytes": self.total_bytes,
-                "steps_bytes": self.steps_bytes, "device": self.device, "device_bytes": self.device_bytes,
-                "usable_bytes": self.usable_bytes, "fits": self.fits, "notes": self.notes, "method": METHOD,
-                "step_s": self.step_s}
 
 
 METHOD = ("two training steps of one rank's share simulated under FakeTensorMode with PyTorch's MemTracker "
@@ -328,36 +298,27 @@ def simulate_layers(model_config, batch: int, block: int, layers: int, **kw) -> 
     return max(line, at_step, key=lambda d: sum(v for k, v in d.items() if k != "params_count"))
 
 
-def predict(cfg, device: torch.device | None = None, probe: bool = False, runtime_bytes: int | None = None,
-            env: dict[str, str] | None = None, model_config=None) -> Plan:
-    """The plan of `cfg` (a TrainConfig) for one rank of the layout it asks for. On a CPU its runtime term comes
-    from `runtime_bytes` when given, else from the cache, measured first when `probe` (`env`: the probe's).
-    `model_config`: the model's shape, when it is not the one `cfg` names (a pruned student)."""
-    from effkit.parallel import ParallelDims
-    from effkit.parallel.launch import nproc_per_node
+def _stage_share(cfg, dims, mc, notes: list[str]) -> tuple[int, int, int]:
+    """(micro-batch, blocks, micro-batches of activations in flight) of the rank planned: with pp, the first
+    stage (the embeddings, its blocks, up to `microbatches` in flight); else the whole model's batch."""
+    o, p = cfg.optim, cfg.parallel
+    if not dims.pp_enabled:
+        return o.batch_size, mc.n_layer, 1
+    layers = math.ceil(mc.n_layer / dims.pp)
+    micro = o.batch_size // max(1, p.microbatches)
+    in_flight = min(p.microbatches, dims.pp) if p.pp_schedule == "1f1b" else p.microbatches
+    notes.append(f"pp: stage of {layers} blocks, {in_flight} micro-batch(es) of {micro} in flight")
+    return micro, layers, in_flight
 
-    o, p, d = cfg.optim, cfg.parallel, cfg.data
-    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    mc = model_config or _model_config(cfg)
-    nproc = nproc_per_node(p) if p.launched else 1
-    world = nproc * p.nnodes
-    dims = ParallelDims.build(p.replace(nproc=nproc), world, mc.n_head, mc.n_layer)
-    amp = {"bf16": torch.bfloat16, "fp16": torch.float16}[o.amp_dtype] if o.amp else None
-    notes = []
-    micro = o.batch_size
-    layers = mc.n_layer
-    in_flight = 1
-    if dims.pp_enabled:  # the first stage: the embeddings, its blocks, up to `microbatches` in flight
-        layers = math.ceil(mc.n_layer / dims.pp)
-        micro = o.batch_size // max(1, p.microbatches)
-        in_flight = min(p.microbatches, dims.pp) if p.pp_schedule == "1f1b" else p.microbatches
-        notes.append(f"pp: stage of {layers} blocks, {in_flight} micro-batch(es) of {micro} in flight")
-    sim = simulate_layers(mc, micro, d.block_size, layers, checkpointing=cfg.model.activation_checkpointing,
-                          optim=o.optim, amp_dtype=amp)
+
+def _sharded_states(sim: dict[str, int], mc, dims, p, layers: int, device: torch.device,
+                    notes: list[str]) -> dict[str, int]:
+    """One rank's parameters, gradients and optimizer state: the simulated single-rank figures split by tp's and
+    FSDP's degrees, DDP's gradient buckets added, all of them off the GPU with cpu offload."""
     states = {k: sim[k] for k in ("parameters", "gradients", "optimizer")}
     embed_bytes = (mc.vocab_size + mc.n_positions) * mc.n_embd * 4
     block_share = (sim["parameters"] - embed_bytes) / layers  # one block's parameter bytes
-    if dims.tp > 1:  # the four block matrices (all but ~2% of a block) split by tp; activations kept whole
+    if dims.tp > 1:  # the four block matrices (nearly all of a block) split by tp; activations kept whole
         matrices = 12 * mc.n_embd * mc.n_embd * 4 / block_share
         for k in states:
             states[k] = int(states[k] - layers * block_share * matrices * (1 - 1 / dims.tp) * states[k]
@@ -379,15 +340,65 @@ def predict(cfg, device: torch.device | None = None, probe: bool = False, runtim
         notes.append("cpu offload: sharded parameters, gradients and optimizer state live in CPU memory")
         for k in states:
             states[k] = 0
+    return states
+
+
+def _autocast_kept(states: dict[str, int], sim: dict[str, int], mc, layers: int, per_rank: dict[str, int]) -> int:
+    """What the allocator still holds of autocast's weight copies at the optimizer step, beyond the peak counted
+    (`per_rank`): the rank's share of the copies (by its shards) over that step's parameters, gradients and
+    moments."""
+    share = states["parameters"] / max(1, sim["parameters"])  # of the whole model's, by the shards
+    at_step = (states["parameters"] + max(states["gradients"], states["parameters"]) + states["optimizer"]
+               + sim["temporaries"] + sim["buffers"])
+    return max(0, at_step + int(share * autocast_copies(mc, layers)) - sum(per_rank.values()))
+
+
+def _planned(cfg, sim: dict[str, int], dims, world: int) -> dict[str, Any]:
+    """The configuration a training plan is of, as its table's title and `--plan`'s time line read it."""
+    o, d = cfg.optim, cfg.data
+    tokens = o.batch_size * o.grad_accum * dims.dp * d.block_size
+    return {"model": cfg.model.name, "params": sim["params_count"] if dims.tp == 1 and not dims.pp_enabled else None,
+            "parallel": cfg.parallel.mode, "world": world, "batch_size": o.batch_size, "block_size": d.block_size,
+            "activation_checkpointing": cfg.model.activation_checkpointing, "optim": o.optim,
+            "amp": o.amp_dtype if o.amp else ("auto" if o.amp is None else "fp32"),
+            "steps": min([s for s in (o.max_steps, math.ceil(o.max_tokens / tokens) if o.max_tokens else 0)
+                          if s > 0] or [0])}
+
+
+def _scope(c: dict[str, Any]) -> str:
+    return (f"{c['model']}, {c['parallel']} x{c['world']}, batch {c['batch_size']} x {c['block_size']} tokens, "
+            f"{c['optim']}, {c['amp']}, activation checkpointing {'on' if c['activation_checkpointing'] else 'off'}"
+            "; per rank")
+
+
+FIT_HINT = "`effkit train --plan --fit` proposes what would"
+
+
+def predict(cfg, device: torch.device | None = None, probe: bool = False, runtime_bytes: int | None = None,
+            env: dict[str, str] | None = None, model_config=None) -> StagePlan:
+    """The plan of `cfg` (a TrainConfig) for one rank of the layout it asks for. On a CPU its runtime term comes
+    from `runtime_bytes` when given, else from the cache, measured first when `probe` (`env`: the probe's).
+    `model_config`: the model's shape, when it is not the one `cfg` names (a pruned student)."""
+    from effkit.parallel import ParallelDims
+    from effkit.parallel.launch import nproc_per_node
+
+    o, p, d = cfg.optim, cfg.parallel, cfg.data
+    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    mc = model_config or _model_config(cfg)
+    nproc = nproc_per_node(p) if p.launched else 1
+    world = nproc * p.nnodes
+    dims = ParallelDims.build(p.replace(nproc=nproc), world, mc.n_head, mc.n_layer)
+    amp = {"bf16": torch.bfloat16, "fp16": torch.float16}[o.amp_dtype] if o.amp else None
+    notes: list[str] = []
+    micro, layers, in_flight = _stage_share(cfg, dims, mc, notes)
+    sim = simulate_layers(mc, micro, d.block_size, layers, checkpointing=cfg.model.activation_checkpointing,
+                          optim=o.optim, amp_dtype=amp)
+    states = _sharded_states(sim, mc, dims, p, layers, device, notes)
     step_s = None
     acts = sim["activations"] * in_flight
     per_rank = {**states, "activations": acts, "temporaries": sim["temporaries"], "buffers": sim["buffers"]}
     if device.type == "cpu" and (amp is not None or o.amp is None):  # autocast (or auto, which may choose it)
-        share = states["parameters"] / max(1, sim["parameters"])  # of the whole model's, by the shards
-        at_step = (states["parameters"] + max(states["gradients"], states["parameters"]) + states["optimizer"]
-                   + sim["temporaries"] + sim["buffers"])
-        kept = max(0, at_step + int(share * autocast_copies(mc, layers)) - sum(per_rank.values()))
-        if kept:
+        if kept := _autocast_kept(states, sim, mc, layers, per_rank):
             per_rank[AUTOCAST_KEPT] = kept
     if device.type == "cpu":
         if runtime_bytes is None:
@@ -401,15 +412,6 @@ def predict(cfg, device: torch.device | None = None, probe: bool = False, runtim
         notes.append(f"runtime (libraries' buffers, per process): {how}")
         if runtime_bytes is not None:
             per_rank["runtime"] = runtime_bytes
-    total = sum(per_rank.values())
-    name, avail = device_memory(device)
-    conf = {"model": cfg.model.name, "params": sim["params_count"] if dims.tp == 1 and not dims.pp_enabled else None,
-            "parallel": p.mode, "world": world, "batch_size": o.batch_size, "block_size": d.block_size,
-            "activation_checkpointing": cfg.model.activation_checkpointing, "optim": o.optim,
-            "amp": o.amp_dtype if o.amp else ("auto" if o.amp is None else "fp32"),
-            "steps": min([s for s in (o.max_steps, math.ceil(o.max_tokens / (o.batch_size * o.grad_accum * dims.dp
-                                                                              * d.block_size)) if o.max_tokens
-                                      else 0) if s > 0] or [0])}
     if o.amp is None:
         notes.append("--amp auto: planned in fp32, with the weight copies bf16 autocast leaves in the allocator at "
                      "the optimizer step (bf16's activations are about half, its forward holds the copies too)")
@@ -417,15 +419,18 @@ def predict(cfg, device: torch.device | None = None, probe: bool = False, runtim
         notes.append(f"{AUTOCAST_KEPT}: the forward's 16-bit copies of the matrices, freed in the backward into "
                      "blocks half the size of the fp32 gradients that follow, so glibc still holds them at the "
                      "optimizer step (gpt2-xl, batch 2, bf16: 3.0 GiB measured there, 2.8 counted)")
-    return Plan(conf, per_rank, total, total - per_rank["parameters"] - per_rank["buffers"], name, avail, notes,
-                step_s)
+    conf = _planned(cfg, sim, dims, world)
+    name, avail = device_memory(device)
+    return StagePlan("train", per_rank, name, avail, notes, [FIT_HINT], METHOD, scope=_scope(conf), config=conf,
+                     steps_bytes=sum(per_rank.values()) - per_rank["parameters"] - per_rank["buffers"], step_s=step_s)
 
 
-def fit(cfg, device: torch.device | None = None, budget_bytes: int | None = None) -> tuple[Plan, Any, list[str]]:
-    """The cheapest change of `cfg` whose plan fits: as asked; 8-bit AdamW (moments 8 -> 2 B/param, no extra
-    compute); activation checkpointing (one more forward); both; then halving the micro-batch with twice the
-    accumulation (same global batch, more steps' overhead). Returns (plan, config, the changes made); the last
-    candidate's plan when none fits."""
+def fit(cfg, device: torch.device | None = None,
+        budget_bytes: int | None = None) -> tuple[StagePlan, Any, list[str]]:
+    """The cheapest change of `cfg` whose plan fits (`what_fits`): as asked; 8-bit AdamW (moments 8 -> 2 B/param,
+    no extra compute); activation checkpointing (one more forward); both; then halving the micro-batch with twice
+    the accumulation (same global batch, more steps' overhead). Returns (plan, config, the changes made), the plan
+    saying what `--fit` found; the last candidate's when none fits."""
     o, m = cfg.optim, cfg.model
     candidates: list[tuple[list[str], Any]] = [([], cfg)]
     if o.optim != "adamw8bit":
@@ -443,14 +448,17 @@ def fit(cfg, device: torch.device | None = None, budget_bytes: int | None = None
         b, acc = b // 2, acc * 2
         candidates.append((last_changes + [f"--batch-size {b} --grad-accum {acc}"],
                            last_cfg.replace(optim=last_cfg.optim.replace(batch_size=b, grad_accum=acc))))
-    plan = None
     first = predict(cfg, device, probe=True)
-    for changes, c in candidates:  # the runtime measured for the configuration asked stands for every candidate
-        plan = first if not changes else predict(c, device, runtime_bytes=first.per_rank.get("runtime"))
-        limit = budget_bytes if budget_bytes is not None else plan.usable_bytes
-        if limit is None or plan.total_bytes <= limit:
-            return plan, c, changes
-    return plan, candidates[-1][1], candidates[-1][0]
+    found = what_fits([(" ".join(changes), (changes, c)) for changes, c in candidates],  # the runtime measured for
+                      lambda option: first if not option[0] else predict(  # the configuration asked stands for all
+                          option[1], device, runtime_bytes=first.parts.get("runtime")), limit=budget_bytes)[-1]
+    (changes, chosen), plan = found.option, found.plan
+    if not found.fits:
+        plan.tricks = ["nothing effkit can change on one rank fits; use more processes with --parallel fsdp (or a "
+                       "GPU with more memory), or a smaller model"]
+    else:
+        plan.notes.append(f"--fit: add {found.flags}" if changes else "--fit: fits as asked; nothing to change")
+    return plan, chosen, changes
 
 
 def predict_quietly(cfg) -> dict[str, Any] | None:

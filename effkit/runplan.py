@@ -23,13 +23,9 @@ from effkit.stage import Plan, ShapeRun
 
 
 def _row(label: str, what: str, p: Any) -> dict[str, Any]:
-    """A stage's line of the run's plan, from its `StagePlan` (or training's `memplan.Plan`)."""
-    required = getattr(p, "required_bytes", p.total_bytes)
-    verdict = p.verdict() if hasattr(p, "verdict") else (
-        "fit unknown (the device's memory is unknown)" if p.fits is None else "fits" if p.fits else
-        "does not fit: `effkit train --plan --fit` proposes what would")
-    return {"stage": label, "what": what, "total_bytes": p.total_bytes, "required_bytes": required,
-            "fits": p.fits, "verdict": verdict, "device": p.device, "usable_bytes": p.usable_bytes}
+    """A stage's line of the run's plan, from its `StagePlan`."""
+    return {"stage": label, "what": what, "total_bytes": p.total_bytes, "required_bytes": p.required_bytes,
+            "fits": p.fits, "verdict": p.verdict(), "device": p.device, "usable_bytes": p.usable_bytes}
 
 
 def memory_rows(plan: Plan) -> tuple[list[dict[str, Any]], list[str]]:

@@ -222,7 +222,7 @@ class Stage:
 
     def memory_plans(self, plan: Plan, shapes: ShapeRun) -> list[tuple[str, str, Any]]:
         """`effkit run --plan`: this stage's memory plans for the recipe, as (label, what, plan), each plan a
-        `stageplan.StagePlan` (or training's `memplan.Plan`) made as the stage makes its own before loading, from
+        `stageplan.StagePlan` made as the stage makes its own before loading, from
         the shape-only artifacts in `shapes` (`effkit.runplan`), to which it adds those it would leave for the
         stages after it. None by default."""
         return []

@@ -447,6 +447,22 @@ def test_bad_export_input(trained, capsys, monkeypatch):
     assert sorted(p.name for p in (tmp / "runs" / "x").iterdir()) == before  # nothing half-written
 
 
+def test_the_memory_calibration_names_registered_engines_and_declared_parts():
+    """The plans read each engine's measured lines by its name (`Engine.memory_line`): a name no engine has, or a
+    part the file does not declare, would be a calibration no plan ever counts."""
+    from effkit import engines
+    from effkit.registry import ENGINES
+
+    data = engines.memory_calibration()
+    assert set(data["engines"]) <= set(ENGINES.names())
+    assert all(set(parts) <= set(data["parts"]) for parts in data["engines"].values())
+    assert all(data["stages"][s]["how"] for s in data["stages"]) and data["measured_on"] and data["commit"]
+    onnx = engines.get("onnxruntime")
+    assert onnx.memory_line("export_conversion") == (data["engines"]["onnxruntime"]["export_conversion"]["mib"] * 2**20,
+                                                     data["engines"]["onnxruntime"]["export_conversion"]["per_byte"])
+    assert engines.get("pytorch").memory_line("export_conversion") is None
+
+
 def test_the_export_plan_is_made_before_anything_and_one_that_does_not_fit_stops_the_stage(trained, tmp_path,
                                                                                           capsys, monkeypatch):
     """#47: `export --plan` prints the predicted peak with its parts and writes nothing; a plan that does not fit

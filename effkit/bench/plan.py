@@ -1,4 +1,4 @@
-"""`effkit bench --plan` and the plan every bench makes before it loads a model (#47): the peak resident memory of
+"""`effkit bench --plan` and the plan every bench makes before it loads a model: the peak resident memory of
 the bench's largest moment, predicted from the artifacts' shapes alone (safetensors headers, config.json, folder
 sizes; no weight read), whether it fits, and what would make it fit (`bench_plan`).
 
@@ -12,7 +12,7 @@ A bench runs in several processes, and its largest process is one of these:
 Each artifact counts as its alone process holds it (loaded in its engine, evaluated, its sample generated, every
 workload run once) and, where it trains, as `effkit.memplan`'s simulation of its training step at the largest
 training batch (FakeTensorMode: the private copy, the moments, the activations; its gradients counted whole beside
-them). The per-engine lines were measured once (see `ALONE`); the plan's parts are the largest process's, the
+them). The per-engine lines were measured once (`Engine.memory_line`); the plan's parts are the largest process's, the
 others' totals and what the machine holds at once while two alone processes run side by side in its notes, and the
 report puts each process's prediction beside the peak it measured (`memory`: the top process's, and
 `alone_processes`)."""
@@ -20,8 +20,6 @@ report puts each process's prediction beside the peak it measured (`memory`: the
 from __future__ import annotations
 
 import json
-import math
-import struct
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -29,87 +27,29 @@ from typing import Any
 import torch
 
 from effkit import artifacts, engines, memplan, stageplan, workloads
-from effkit.artifacts.loader import cannot_run_on, engine_of, kind, trainable
+from effkit.artifacts.loader import cannot_run_on, engine_of, is_quantized, trainable
 from effkit.bench.discover import find_artifacts, tags
 from effkit.bench.static import side_by_side_processes
 from effkit.bench.timing import TRAIN_BATCHES
 from effkit.config import BenchConfig
 from effkit.errors import EffkitError
 from effkit.parallel import resolve_device
+from effkit.registry import ENGINES
+from effkit.stageplan import on_line, weights_of
 
 MIB = 2**20
-# Calibration: `effkit bench --quick [--peers] PATH ...` of the artifacts of two random-init models, gpt2 (92.1M
-# parameters, 351.5 MiB in fp32) and gpt2-mini (13.9M, 53.0 MiB), both with 8,192 tokens and blocks of 128: their
-# train artifact and its `effkit export --format onnx | openvino | ctranslate2` (fp32); the top process' RSS sampled
-# every 5 ms around each step, each alone process' own peak from bench.json; on a 2-core x86-64 with AVX512-BF16
-# and 24 GiB, torch 2.13 CPU, onnxruntime 1.32, OpenVINO 2026.4, CTranslate2 4.8.5 (issue #47). A part that grows
-# with the model is a + b x S, the line through the two measurements (S: the artifact's weights: fp32 bytes for a
-# PyTorch one, its folder's bytes for another engine's).
-BENCH_PROCESS = 432 * MIB  # the top process after its imports and the held-out blocks: 320-432 MiB (with the
-# engines' libraries imported or not)
-ALONE_PROCESS = 305 * MIB  # an alone process before its artifact loads: 304-305 MiB (absolute less increase)
-# an artifact alone beyond that (loaded, evaluated, its sample generated, every workload once), a line in its
-# folder's bytes: `peak_memory_bytes` of its alone process, gpt2 / gpt2-mini: onnxruntime 1,316 MiB for a folder of
-# 376.5 MiB / 342 for 65.8, openvino 1,414 for 352.9 / 415 for 54.2, ctranslate2 (fp32) 916 for 352.1 / 229 for 53.7;
-# each constant 20 MiB above the line through the two (a held-out model's, 29.9M parameters, and a second gpt2
-# run's alone processes came within 6 MiB of it, either side)
-ALONE = {"onnxruntime": (155.3 * MIB, 3.136), "openvino": (254.1 * MIB, 3.343), "ctranslate2": (125.7 * MIB, 2.301)}
-# an engine calibrated in no line (a quantized PyTorch artifact, llama.cpp): the bench's own rule, four copies of
-# its folder (`side_by_side_processes`), plus what llama.cpp's peer of gpt2-mini took beyond it (244 MiB measured
-# for a folder of 15.3 MiB)
-UNCALIBRATED = (183.0 * MIB, 4.0)
-# a dense or pruned PyTorch artifact alone beyond its fp32 model, its mapped file and its training step
-# (`training_parts`): its largest prefill's KV cache and logits (`prefill_bytes`: the PyTorch engine's prefill builds
-# the cache), which the allocator keeps about as much again of after the forward (glibc's heap, freed blocks it does
-# not hand back): `PREFILL_KEPT` times. Measured beyond the loaded model: gpt2 116 and 309 MiB (the largest of four
-# alone processes, 3,998 and 4,191 MiB less 351.5 + 351.5 + 3,179), 312 counted; gpt2-mini 139 and 181, 150 counted;
-# gpt2-large (36 x 1,280; session 23, prefill b12 x 128 after the load, anonymous memory) 0.69, 0.69, 1.30 and 1.51
-# GiB in four processes, 1.15 counted (0.58 GiB of cache and logits); never under the 310 MiB a small model's
-# evaluation, sample and workloads were measured at before this line (`PYTORCH_ALONE`: gpt2-mini 139 and 181 MiB)
-PREFILL_KEPT = 2.0
-PYTORCH_ALONE = 310 * MIB
-# what a real training step held beyond memplan's simulation of it (`train_step_timers` in the top process: the
-# copy, then batch 4 and 12): gpt2-mini 825 MiB measured, 743 simulated; gpt2 2,966 measured, 3,080 simulated
-TRAIN_RUNTIME = 100 * MIB
-# what an alone process spends that the timing spends once for all its artifacts, or not at all (the engines' first
-# use; the evaluation and the sample): the timing's measured peak came 326 and 437 MiB under the sum of its
-# artifacts' parts for gpt2-mini's three and four artifacts, 407 for the held-out model's three (29.9M parameters),
-# 172 for one CTranslate2 artifact of gpt2; taken off once per artifact beyond the first
-SHARED_IN_TIMING = 100 * MIB
-# the peers (`--peers`): the top process loads the reference (its fp32 model, its mapped file and transformers' own
-# objects: LOAD_OVERHEAD, 98-99 MiB measured) and converts it for each peer engine in turn, each conversion's peak
-# over the loaded reference a line in the reference's fp32 bytes (P): onnxruntime (its copy of the model, the fp32
-# export with its parity session, then quantize_dynamic) 1,771 MiB at gpt2 (`--peer-engines onnxruntime`), 366 at
-# gpt2-mini; ctranslate2 (its converter's own load) 115 at gpt2-mini and, at gpt2, the 492 of its fp32 `effkit
-# export`; openvino (the conversion, its parity check, LLMPipeline) 313 at gpt2-mini and, at gpt2, the 1,968 of
-# its fp32 `effkit export`; llama.cpp, not calibrated, counted as openvino's
-LOAD_OVERHEAD = 100 * MIB
-PEER_CONVERSION = {"onnxruntime": (116.5 * MIB, 4.707), "ctranslate2": (48.1 * MIB, 1.263),
-                   "openvino": (19.2 * MIB, 5.544)}
-PEER_CONVERSION_UNCALIBRATED = PEER_CONVERSION["openvino"]
-# the conversions run one after the other: the largest one's peak counted whole, of each other one what the
-# allocator keeps (gpt2-mini's four peers: 1,255 MiB measured, 1,004 with the largest conversion alone, the three
-# others' peaks 741: a third kept)
-EARLIER_KEPT = 0.35
-# what the top process keeps of the peers' conversions while the artifacts run alone: its RSS after the peers over
-# its peak during them, gpt2 (onnxruntime) 1,751 / 2,917 = 0.60, gpt2-mini (four peers) 967 / 1,255 = 0.77
-PEERS_KEPT = 0.8
+# What each part weighs is measured per engine (`Engine.memory_line`: an artifact alone, a peer's conversion) and
+# for the bench itself (`figure`); effkit/engines/memory_calibration.json says how. A part that grows with the
+# model is a line in the artifact's weights: fp32 bytes for a PyTorch one, its folder's bytes for another engine's.
+ALONE_LINE, PEER_LINE = "bench_alone", "bench_peer_conversion"
 LARGEST_TRAIN_BATCH = max(TRAIN_BATCHES)
 MAPPED = "weights' file, mapped (clean pages)"  # in a part's name: pages the kernel can drop (not what must fit)
 ACTIVATIONS = "activations, batch"  # how a training step's activations are named (one step at a time)
 
 
-def weights_of(path: Path) -> tuple[int, int]:
-    """(fp32 bytes, weight files' bytes) of a dense or pruned PyTorch artifact, from its safetensors headers alone
-    (each tensor's shape; no weight read)."""
-    fp32 = files = 0
-    for f in sorted(Path(path).glob("*.safetensors")):
-        files += f.stat().st_size
-        with open(f, "rb") as fh:
-            (n,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(n))
-        fp32 += 4 * sum(math.prod(t["shape"]) for k, t in header.items() if k != "__metadata__")
-    return fp32, files
+def figure(name: str) -> float:
+    """The bench's own measured figure `name` (bytes, or a share)."""
+    return engines.memory_figure("bench", name)
 
 
 def prefill_bytes(path: Path, block: int) -> int:
@@ -122,13 +62,9 @@ def prefill_bytes(path: Path, block: int) -> int:
 
 
 def pytorch_workloads(path: Path, block: int) -> int:
-    """What a PyTorch artifact's evaluation, sample and workloads hold beyond its model: `PREFILL_KEPT` times its
-    largest prefill's KV cache and logits, at least `PYTORCH_ALONE`."""
-    return max(PYTORCH_ALONE, int(PREFILL_KEPT * prefill_bytes(path, block)))
-
-
-def _line(ab: tuple[float, float], size: int) -> int:
-    return int(ab[0] + ab[1] * size)
+    """What a PyTorch artifact's evaluation, sample and workloads hold beyond its model: what the allocator keeps
+    of its largest prefill's KV cache and logits (`prefill_kept` times them), at least `pytorch_alone`."""
+    return int(max(figure("pytorch_alone"), figure("prefill_kept") * prefill_bytes(path, block)))
 
 
 def training_parts(path: Path, block: int) -> dict[str, int]:
@@ -136,7 +72,7 @@ def training_parts(path: Path, block: int) -> dict[str, int]:
     step at the largest training batch), simulated by `effkit.memplan` on fake tensors from its config.json: the
     copy, the moments, the activations and temporaries at the peak, its gradients counted whole beside them (a real
     step holds the gradients already computed beside the activations still alive), and what a real step held
-    beyond the simulation (`TRAIN_RUNTIME`)."""
+    beyond the simulation (`train_runtime`)."""
     from transformers import GPT2Config
 
     mc = GPT2Config.from_pretrained(path)
@@ -146,7 +82,7 @@ def training_parts(path: Path, block: int) -> dict[str, int]:
             "its gradients": max(sim["gradients"], copy),
             f"{ACTIVATIONS} {LARGEST_TRAIN_BATCH} x {block} (memplan's simulation)":
             sim["activations"] + sim["temporaries"],
-            "the step's runtime beyond the simulation": TRAIN_RUNTIME}
+            "the step's runtime beyond the simulation": int(figure("train_runtime"))}
 
 
 def benched(cfg: BenchConfig, device: torch.device,
@@ -181,24 +117,23 @@ def alone_parts(path: Path, tag: str, block: int, data: dict[str, Any], train: b
     """What the artifact at `path` holds in its alone process beyond the process itself: loaded in its engine,
     evaluated, its sample generated, every workload run once; for a trainable one its training step
     (`training_parts`), for a pruned one (or one made from it) its dense control where it is evaluated again."""
-    k = kind(path)
-    if k == "pytorch":
+    if trainable(path):
         p, mapped = weights_of(path)
         parts = {f"{tag}: fp32 model": p, f"{tag}: {MAPPED}": mapped,
                  f"{tag}: evaluated, its sample, every workload once (PyTorch: the largest prefill's KV cache and "
                  f"logits, and what the allocator keeps of them)": pytorch_workloads(path, block)}
-        if trainable(path) and train:
+        if train:
             parts |= {f"{tag}: training step, {k2}": v for k2, v in training_parts(path, block).items()}
     else:
         size = artifacts.dir_size(path)
         engine = engine_of(path)
-        if k in ALONE:
+        if line := engine.memory_line(ALONE_LINE):
             parts = {f"{tag}: loaded in {engine.label}, evaluated, its sample, every workload once":
-                     _line(ALONE[k], size)}
+                     on_line(line, size)}
         else:
-            what = "int8 (a quantization backend)" if k == "quantized" else engine.label
+            what = "int8 (a quantization backend)" if is_quantized(path) else engine.label
             parts = {f"{tag}: loaded in {what}, evaluated, every workload once (not calibrated: the bench's rule, "
-                     "four copies of its folder)": _line(UNCALIBRATED, size)}
+                     "four copies of its folder)": on_line(engines.stage_line("bench", "uncalibrated"), size)}
     if (control := _needs_control(path, data)) is not None:
         p, mapped = weights_of(control)
         parts[f"{tag}: its dense control, loaded to evaluate against"] = p
@@ -208,17 +143,15 @@ def alone_parts(path: Path, tag: str, block: int, data: dict[str, Any], train: b
 
 def _peer_parts(engine, reference_bytes: int) -> dict[str, int]:
     """A peer's alone parts, from the reference's fp32 bytes: counted as the engine's fp32 artifact of the reference,
-    in its engine's line (`ALONE`) or, for an engine calibrated in none, the bench's rule (`UNCALIBRATED`). An upper
-    bound for an int8 peer alone (its process beyond the base: gpt2's onnxruntime int8 peer 580 MiB, 1,238
-    counted; gpt2-mini's int8 peers 216-251, 228-301 counted), which in the timing also covers what the top process
-    keeps of the peers' conversions (gpt2 with its onnxruntime peer: the top process 5,473 MiB measured, 5,693
-    predicted)."""
+    in its engine's line (`ALONE_LINE`) or, for an engine calibrated in none, the bench's rule (`uncalibrated`). An
+    upper bound for an int8 peer alone, which in the timing also covers what the top process keeps of the peers'
+    conversions (memory_calibration.json: `bench_alone`)."""
     tag = engine.peer_tag
-    if engine.name in ALONE:
+    if line := engine.memory_line(ALONE_LINE):
         return {f"{tag}: loaded in {engine.label}, evaluated, its sample, every workload once (counted as the "
-                "reference's fp32 weights in its engine)": _line(ALONE[engine.name], reference_bytes)}
+                "reference's fp32 weights in its engine)": on_line(line, reference_bytes)}
     return {f"{tag}: loaded in {engine.label}, evaluated, every workload once (not calibrated: the bench's rule on "
-            "the reference's fp32 weights)": _line(UNCALIBRATED, reference_bytes)}
+            "the reference's fp32 weights)": on_line(engines.stage_line("bench", "uncalibrated"), reference_bytes)}
 
 
 def bench_plan(cfg: BenchConfig, elsewhere: dict[str, str] | None = None) -> stageplan.StagePlan:
@@ -230,6 +163,59 @@ def bench_plan(cfg: BenchConfig, elsewhere: dict[str, str] | None = None) -> sta
 
 TOP = "<top process>"  # the top process's key among `plan_and_processes`' processes (no folder is named so)
 PEERS, TIMING = "the top process, converting the peers", "the top process, timing every artifact"
+
+
+def _peers_process(peers: list, reference: Path, tag: str, top: dict[str, int]) -> dict[str, int]:
+    """The top process converting the peers (`--peers`): the reference loaded, each peer engine's conversion in
+    turn, the largest one's peak counted whole and of each other one what the allocator keeps (`earlier_kept`). An
+    engine calibrated in none counts as the steepest conversion measured."""
+    ref_p, ref_mapped = weights_of(reference)
+    known = [line for _, e in ENGINES.items() if (line := e.memory_line(PEER_LINE))]
+    steepest = max(known, key=lambda line: line[1])
+    conv = {e.peer_tag: on_line(e.memory_line(PEER_LINE) or steepest, ref_p) for e in peers}
+    big = max(conv, key=conv.get)
+    return {**top, f"top process: the reference {tag}, fp32, transformers' objects":
+            ref_p + int(figure("load_overhead")), f"top process: the reference's {MAPPED}": ref_mapped,
+            **{f"top process: converting it for {t}" + ("" if t == big else ", what the allocator keeps of it"):
+               v if t == big else int(figure("earlier_kept") * v) for t, v in conv.items()}}
+
+
+def _timing_process(cfg: BenchConfig, top: dict[str, int], alone: dict[str, dict[str, int]], names: list[str],
+                    paths: list[Path]) -> dict[str, int]:
+    """The top process timing every artifact at once: each artifact's alone parts but one training step's
+    activations at a time, less what its artifacts share in one process, with the compiled twins."""
+    timing = dict(top)
+    activations: dict[str, int] = {}
+    for parts in alone.values():
+        for k, v in parts.items():
+            if ACTIVATIONS in k:  # one training step at a time: the largest activations only
+                activations[k] = v
+            else:
+                timing[f"timing (top process) {k}"] = v
+    if activations:
+        k = max(activations, key=activations.get)
+        timing[f"timing (top process) {k}"] = activations[k]
+    if len(alone) > 1:
+        timing["timing (top process): what its artifacts share in one process (the engines' first use; no "
+               "evaluation), less"] = -int(figure("shared_in_timing")) * (len(alone) - 1)
+    if cfg.measure.compile:
+        timing |= {f"timing (top process) {t}: its torch.compile twin, a frozen copy of its weights (not calibrated)":
+                   weights_of(p)[0] for t, p in zip(names, paths, strict=True) if trainable(p)}
+    return timing
+
+
+def _processes(cfg: BenchConfig, paths: list[Path], names: list[str], alone: dict[str, dict[str, int]],
+               peers: list) -> dict[str, dict[str, int]]:
+    """Every process of the bench by what it does, each its parts: the peers' conversions (with --peers), the
+    timing, and each artifact's alone process."""
+    top = {"top process: Python and its libraries, the tokenizer, the held-out blocks": int(figure("process"))}
+    processes = {PEERS: _peers_process(peers, paths[0], names[0], top)} if peers else {}
+    processes[TIMING] = _timing_process(cfg, top, alone, names, paths)
+    for tag, parts in alone.items():
+        processes[f"the alone process of {tag}"] = {
+            f"alone process {tag}: Python and its libraries, the held-out blocks": int(figure("alone_process")),
+            **{f"alone process {k}": v for k, v in parts.items()}}
+    return processes
 
 
 def plan_and_processes(cfg: BenchConfig, elsewhere: dict[str, str] | None = None
@@ -249,51 +235,20 @@ def plan_and_processes(cfg: BenchConfig, elsewhere: dict[str, str] | None = None
              for tag, p in zip(names, paths, strict=True)}
     folders = {tag: p.name for tag, p in zip(names, paths, strict=True)}
     peers = []
-    if cfg.what.peers and kind(paths[0]) == "pytorch":
+    if cfg.what.peers and trainable(paths[0]):
         peers = [e for e in engines.peers(cfg.peer_engine_names) if not e.available(None, int8=True)]
-    ref_p, ref_mapped = weights_of(paths[0]) if peers else (0, 0)
+    reference = weights_of(paths[0])[0] if peers else 0
     for e in peers:
-        alone[e.peer_tag] = _peer_parts(e, ref_p)
+        alone[e.peer_tag] = _peer_parts(e, reference)
         folders[e.peer_tag] = e.peer_tag
-    top = {"top process: Python and its libraries, the tokenizer, the held-out blocks": BENCH_PROCESS}
-    processes: dict[str, dict[str, int]] = {}
-    if peers:
-        conv = {e.peer_tag: _line(PEER_CONVERSION.get(e.name, PEER_CONVERSION_UNCALIBRATED), ref_p) for e in peers}
-        big = max(conv, key=conv.get)
-        processes[PEERS] = {
-            **top, f"top process: the reference {names[0]}, fp32, transformers' objects": ref_p + LOAD_OVERHEAD,
-            f"top process: the reference's {MAPPED}": ref_mapped,
-            **{f"top process: converting it for {t}" + ("" if t == big else ", what the allocator keeps of it"):
-               v if t == big else int(EARLIER_KEPT * v) for t, v in conv.items()}}
-    timing = dict(top)
-    activations: dict[str, int] = {}
-    for parts in alone.values():
-        for k, v in parts.items():
-            if ACTIVATIONS in k:  # one training step at a time: the largest activations only
-                activations[k] = v
-            else:
-                timing[f"timing (top process) {k}"] = v
-    if activations:
-        k = max(activations, key=activations.get)
-        timing[f"timing (top process) {k}"] = activations[k]
-    if len(alone) > 1:
-        timing["timing (top process): what its artifacts share in one process (the engines' first use; no "
-               "evaluation), less"] = -SHARED_IN_TIMING * (len(alone) - 1)
-    if cfg.measure.compile:
-        timing |= {f"timing (top process) {t}: its torch.compile twin, a frozen copy of its weights (not calibrated)":
-                   weights_of(p)[0] for t, p in zip(names, paths, strict=True) if kind(p) == "pytorch"}
-    processes[TIMING] = timing
-    for tag, parts in alone.items():
-        processes[f"the alone process of {tag}"] = {
-            f"alone process {tag}: Python and its libraries, the held-out blocks": ALONE_PROCESS,
-            **{f"alone process {k}": v for k, v in parts.items()}}
+    processes = _processes(cfg, paths, names, alone, peers)
     totals = {name: sum(parts.values()) for name, parts in processes.items()}
     must_fit = {name: sum(v for k, v in parts.items() if MAPPED not in k) for name, parts in processes.items()}
     largest = max(must_fit, key=must_fit.get)  # as every plan judges: by what must fit
     each = {tag: totals[f"the alone process of {tag}"] for tag in alone}
     n = side_by_side_processes([*paths, *(Path(e.peer_tag) for e in peers)], device, list(each.values()))
     pair = sorted(each.values(), reverse=True)[:n]
-    kept = int(PEERS_KEPT * totals[PEERS]) if peers else BENCH_PROCESS
+    kept = int(figure("peers_kept") * totals[PEERS]) if peers else int(figure("process"))
     what_kept = ", what it keeps of the peers' conversions" if peers else ""
     notes = [f"the largest process: {largest}; " + ", ".join(f"{name}: {t / 2**30:.2f} GiB "
                                                              f"({must_fit[name] / 2**30:.2f} must fit)"
@@ -309,12 +264,7 @@ def plan_and_processes(cfg: BenchConfig, elsewhere: dict[str, str] | None = None
     plan = stageplan.StagePlan("bench", parts, name, available, notes, [], BENCH_METHOD,
                                reclaimable={k for k in parts if MAPPED in k})
     if plan.fits is False:
-        plan.tricks = _tricks(cfg, largest, names, peers)
-        if cfg.measure.train_steps and any(trainable(p) for p in paths):
-            untrained = plan_and_processes(replace(cfg, measure=replace(cfg.measure, train_steps=0)), elsewhere)[0]
-            if untrained.fits:
-                plan.tricks.insert(0, f"--train-steps 0 (no training measure: "
-                                      f"{untrained.required_bytes / 2**30:.1f} GiB must fit)")
+        plan.tricks = _tricks(cfg, largest, names, peers, paths, elsewhere)
     top_process = max(totals[TIMING], totals.get(PEERS, 0))
     return plan, {**{folders[t]: b for t, b in each.items()}, TOP: top_process}
 
@@ -327,9 +277,16 @@ BENCH_METHOD = ("the parts alive in the bench's largest process at its peak (the
                 "MemTracker)")
 
 
-def _tricks(cfg: BenchConfig, largest: str, names: list[str], peers: list) -> list[str]:
-    """What would make the bench's largest process smaller, in words."""
+def _tricks(cfg: BenchConfig, largest: str, names: list[str], peers: list, paths: list[Path],
+            elsewhere: dict[str, str] | None) -> list[str]:
+    """What would make the bench's largest process smaller: without the training measure where that plan fits
+    (`stageplan.what_fits`), then the changes no plan is needed for, in words."""
     out = []
+    if cfg.measure.train_steps and any(trainable(p) for p in paths):
+        untrained = replace(cfg, measure=replace(cfg.measure, train_steps=0))
+        out += [f"{t.flags} (no training measure: {t.plan.required_bytes / 2**30:.1f} GiB must fit)"
+                for t in stageplan.what_fits([("--train-steps 0", untrained)],
+                                             lambda c: plan_and_processes(c, elsewhere)[0]) if t.fits]
     if peers and largest in (PEERS, TIMING):
         out.append("without --peers" if len(peers) == 1 else
                    f"fewer peers (--peer-engines, of {', '.join(e.name for e in peers)}), or without --peers")

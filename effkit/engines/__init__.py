@@ -12,10 +12,14 @@ Only `name`, `marker`, `available` and `load` are required; everything else defa
 effkit's PyTorch timers (optimum-benchmark's backends work the same way). Adding an engine is its module with a
 module-level `ENGINE` plus one line in `effkit.registry.ENGINES`; a test or a user's package can `register()` one.
 The loader (`effkit.artifacts.loader`), the bench's peers, `effkit export` and `effkit generate` read only this.
+What an engine's artifacts weigh in memory, as measured, is data (`memory_calibration.json`, keyed by engine name,
+read through `Engine.memory_line`), beside the stages' own measured figures (`memory_figure`, `stage_line`).
 """
 
 from __future__ import annotations
 
+import functools
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -71,6 +75,31 @@ def as_exported(model) -> Iterator[Any]:
             model.config.use_cache = use_cache
 
 
+CALIBRATION = Path(__file__).with_name("memory_calibration.json")
+
+
+@functools.cache
+def memory_calibration() -> dict[str, Any]:
+    """The measured memory figures (`memory_calibration.json`): each engine's lines by part, each stage's own
+    figures, and what each came from (the command, the machine)."""
+    return json.loads(CALIBRATION.read_text())
+
+
+def _line(entry: dict[str, Any]) -> tuple[float, float]:
+    return entry["mib"] * 2**20, entry["per_byte"]
+
+
+def memory_figure(stage: str, name: str) -> float:
+    """A stage's own measured figure: bytes where it is in MiB, else its value (a count, a share)."""
+    entry = memory_calibration()["stages"][stage][name]
+    return entry["value"] * 2**20 if entry["unit"] == "MiB" else entry["value"]
+
+
+def stage_line(stage: str, name: str) -> tuple[float, float]:
+    """A stage's own measured line: (bytes, bytes per byte of the weights)."""
+    return _line(memory_calibration()["stages"][stage][name])
+
+
 register = ENGINES.register
 unregister = ENGINES.unregister
 names = ENGINES.names
@@ -92,6 +121,13 @@ class Engine:
     peer_how: str = ""
     settle_s: float = 0.0  # idle seconds after timing one of its models (engines whose threads spin-wait)
     prefill_kwargs: dict[str, Any] = {}  # what a prefill passes to its models' forward (PyTorch: build the cache)
+
+    def memory_line(self, part: str) -> tuple[float, float] | None:
+        """`part` of what this engine's work holds in memory, as measured (`memory_calibration.json`, under this
+        engine's name): (bytes, bytes per byte of the weights), a line through two measured models; None where
+        this engine was not calibrated for it."""
+        entry = memory_calibration()["engines"].get(self.name, {}).get(part)
+        return None if entry is None else _line(entry)
 
     def owns(self, path: str | Path) -> bool:
         """Whether the artifact folder `path` is this engine's."""

@@ -24,7 +24,7 @@ import torch
 
 from effkit import artifacts, stageplan, workloads
 from effkit.artifacts import RunLayout, prune_tag
-from effkit.artifacts.loader import engine_of, kind
+from effkit.artifacts.loader import engine_of, is_quantized, trainable
 from effkit.config import DataConfig, ModelConfig, ParallelConfig, PruneConfig, TrainConfig, build_config
 from effkit.data import prepare
 from effkit.errors import EffkitError
@@ -138,8 +138,8 @@ class ControlArm:
 
 def check_source(path: Path) -> dict[str, Any]:
     meta = artifacts.read_meta(path)
-    if meta["stage"] == "quantize" or kind(path) != "pytorch":
-        name = "a quantized" if kind(path) in ("quantized", "pytorch") else engine_of(path).noun
+    if meta["stage"] == "quantize" or not trainable(path):
+        name = "a quantized" if trainable(path) or is_quantized(path) else engine_of(path).noun
         raise EffkitError(f"{path} is {name} artifact; prune the model it came from "
                           f"({meta.get('parent') or 'its parent'}) and quantize afterwards")
     return meta
@@ -212,7 +212,7 @@ def prune_plan(cfg: PruneConfig, probe: bool = False, suggest: bool = True) -> s
     runtime measured once per machine and shape). With the control arm the largest moment is the control's
     fine-tuning (a third model, the student held beside it); with distillation the teacher's logits and the KL
     term's two softmaxes are added (batch x block x vocabulary, fp32). Two things a simulation does not see are
-    counted from what a run showed (gpt2, 92M parameters: docs/benchmarks.md, session 17): a loaded model keeps
+    counted from what a run showed (gpt2: docs/benchmarks.md): a loaded model keeps
     its safetensors file mapped (clean pages in the resident set: the file's size per load alive), and a real
     step's peak holds gradients beside activations (counted whole); the mapped pages are clean, so they count in
     the predicted peak but not in what must fit. `probe`: measure the runtime now where it is not cached (seconds
@@ -236,7 +236,7 @@ def prune_plan(cfg: PruneConfig, probe: bool = False, suggest: bool = True) -> s
     cut_size = student_config.to_dict() != mc.to_dict()
     if f.finetune_steps and not f.control and cut_size:  # the student is the model fine-tuned: planned at its shape
         tuning = memplan.predict(ft, device, probe=probe, model_config=student_config)
-    states = dict(tuning.per_rank)
+    states = dict(tuning.parts)
     states["parameters"] += states.pop("buffers", 0)
     model_bytes = _fp32_bytes(mc)
     student_bytes = _fp32_bytes(student_config)
@@ -293,8 +293,9 @@ def _fp32_bytes(config) -> int:
 
 def _fitting_tricks(cfg: PruneConfig, optim: str) -> list[str]:
     """The memory tricks, added one at a time in the order they cost the measurement least (no control arm: the
-    loss deltas are then against the dense parent; 8-bit moments; smaller fine-tuning batches), until a plan fits:
-    the first set that fits with its predicted peak, or the last set tried and what it still needs."""
+    loss deltas are then against the dense parent; 8-bit moments; smaller fine-tuning batches), until a plan fits
+    (`stageplan.what_fits`): the first set that fits with its predicted peak, or the last set tried and what it
+    still needs."""
     f = cfg.finetune
     steps: list[tuple[str, dict[str, Any]]] = []
     if f.finetune_steps and f.control:
@@ -307,16 +308,18 @@ def _fitting_tricks(cfg: PruneConfig, optim: str) -> list[str]:
         steps.append((f"--batch-size {batch}", {"batch_size": batch}))
     flags: list[str] = []
     changes: dict[str, Any] = {}
-    p = None
-    for flag, change in steps:
+    candidates = []
+    for flag, change in steps:  # each set: the ones before it with this one added (a batch size replaces one)
         flags = [t for t in flags if not t.startswith("--batch-size")] + [flag]
-        changes |= change
-        p = prune_plan(cfg.replace(**changes), suggest=False)
-        if p.fits:
-            return [f"it would with {' '.join(flags)} ({p.required_bytes / 2**30:.1f} GiB predicted)"]
-    if p is None:
+        changes = changes | change
+        candidates.append((" ".join(flags), cfg.replace(**changes)))
+    tried = stageplan.what_fits(candidates, lambda c: prune_plan(c, suggest=False))
+    if not tried:
         return []
-    return [f"not even with {' '.join(flags)} ({p.required_bytes / 2**30:.1f} GiB predicted); use a machine with "
+    last = tried[-1]
+    if last.fits:
+        return [f"it would with {last.flags} ({last.plan.required_bytes / 2**30:.1f} GiB predicted)"]
+    return [f"not even with {last.flags} ({last.plan.required_bytes / 2**30:.1f} GiB predicted); use a machine with "
             "more memory"]
 
 
@@ -513,8 +516,8 @@ __all__ = ["forward_flops_per_token", "run_prune"]
 
 
 # ------------------------------------------------------------------------------------- the stage in `effkit run`
-# per pruning round: calibration, the paired latency, evaluations, saving (training steps): three Zen 4 EPYC
-# quickstarts' two modes spent 237 step times a mode on average (row 291-320, depth 124-169; session 18)
+# per pruning round: calibration, the paired latency, evaluations, saving (training steps): the average of the
+# quickstarts' two modes measured in docs/benchmarks.md
 PRUNE_ROUND = 38.0
 
 

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from effkit import artifacts, engines, stageplan, workloads
-from effkit.artifacts.loader import engine_of, is_quantized, kind, load_any, newest_artifact, quantized_layers
+from effkit.artifacts.loader import engine_of, is_quantized, load_any, newest_artifact, quantized_layers, trainable
 from effkit.config import DataConfig, QuantizeConfig, build_config
 from effkit.data import prepare
 from effkit.errors import EffkitError
@@ -37,7 +37,7 @@ from effkit.quantize.backends import QUANT_FILE
 from effkit.report import write_stage_report
 from effkit.stage import Plan, RunContext, ShapeRun, Stage, Step, complete, fingerprint, most_compressed, pruning_rounds
 
-AUTO_LOSS_BUDGET = 0.01  # `auto` considers backends whose held-out loss is within 1% of the parent's
+AUTO_LOSS_BUDGET = 0.01  # `auto` considers backends whose held-out loss is within this share of the parent's
 AUTO_DEFAULT = "onnxruntime"  # what a user has without effkit (ONNX Runtime's int8): `auto` keeps it unless another
 # backend is decided faster at the workload chosen for and not slower at the other batch
 
@@ -67,7 +67,7 @@ def _checked_source(cfg: QuantizeConfig, device: torch.device) -> Path:
     meta = artifacts.read_meta(source)
     if meta["stage"] == "quantize" or is_quantized(source):
         raise EffkitError(f"{source} is already quantized; quantize its parent ({meta.get('parent')}) instead")
-    if kind(source) != "pytorch":
+    if not trainable(source):
         raise EffkitError(f"{source} is {engine_of(source).noun} artifact; quantize its parent "
                           f"({meta.get('parent')}), with --backend onnxruntime or ctranslate2")
     if cfg.method.backend != "auto":
@@ -93,8 +93,8 @@ def run_quantize(cfg: QuantizeConfig) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------------ the memory plan
 MIB = 2**20
 # from the stage's start to the parent's load: the corpus read and tokenized, the tokenizer, transformers' model code
-# (measured with `effkit quantize --backend onnxruntime` on gpt2; the figures: docs/benchmarks.md)
-STAGE_RUNTIME = 136 * MIB
+# (measured: effkit/engines/memory_calibration.json)
+STAGE_RUNTIME = "stage_runtime"
 PLAN_METHOD = ("the parts alive at the stage's largest moment, from the artifact's config.json and file sizes alone "
                "(no weights read): the fp32 parent and its mapped weights' file, its bf16 weight copies where bf16 "
                "runs, the logits of the evaluation and of the timing, and each backend's write and reloaded "
@@ -144,7 +144,8 @@ def _moments(cfg: QuantizeConfig, source: Path, device: torch.device, backend: s
     if cpu:
         common["the weights' file, mapped by the parent's load (clean pages)"] = \
             sum(p.stat().st_size for p in source.glob("*.safetensors")) or fp32
-        common["the stage's runtime: the data and tokenizer, transformers' model code"] = STAGE_RUNTIME
+        common["the stage's runtime: the data and tokenizer, transformers' model code"] = \
+            int(engines.memory_figure("quantize", STAGE_RUNTIME))
     # the evaluation (batch x block) and the timing at batch 12: the logits and the loss's log-softmax, fp32
     common[f"evaluation and timing: logits of {batch} x {block} x {shapes['vocab']} (and the loss's log-softmax)"] = \
         2 * batch * block * shapes["vocab"] * 4
@@ -182,14 +183,26 @@ def quantize_plan(cfg: QuantizeConfig) -> stageplan.StagePlan:
     before the next), then every candidate is timed with the others alive at once. A backend's write and reloaded
     artifact are its `memory(cfg)` figures (effkit.quantize.backends.Memory), measured on two model sizes. The plan
     is the largest moment; the others are in its notes."""
-    from effkit import memplan
     from effkit.parallel import resolve_device
 
     device = resolve_device(cfg.inputs.device)
     source = _checked_source(cfg, device)
+    plan = _plan(cfg, source, device, cfg.method.backend)
+    if plan.fits is False:
+        plan.tricks = _tricks(cfg, source, device)
+    return plan
+
+
+RECLAIMABLE = "the weights' file, mapped"  # the parts the kernel can drop (clean file pages): not in what must fit
+
+
+def _plan(cfg: QuantizeConfig, source: Path, device: torch.device, backend: str) -> stageplan.StagePlan:
+    """The plan of the stage with `backend` (a name, or auto): its largest moment, the others in its notes."""
+    from effkit import memplan
+
     name, device_bytes = memplan.device_memory(device)
     notes: list[str] = []
-    moments = _moments(cfg, source, device, cfg.method.backend, notes)
+    moments = _moments(cfg, source, device, backend, notes)
     largest, parts = max(moments, key=lambda m: sum(m[1].values()))
     notes.insert(0, f"the largest moment: {largest}; " + ", ".join(
         f"{what} {sum(p.values()) / 2**30:.1f} GiB" for what, p in moments if what != largest))
@@ -198,36 +211,26 @@ def quantize_plan(cfg: QuantizeConfig) -> stageplan.StagePlan:
                      "the libraries are in host memory, left out")
     notes.append("the increase over the stage (what `memory.measured_peak_bytes` of its report measures); the "
                  "process's imports before it are already out of the memory available now")
-    plan = stageplan.StagePlan("quantize", parts, name, device_bytes, notes, method=PLAN_METHOD,
+    return stageplan.StagePlan("quantize", parts, name, device_bytes, notes, method=PLAN_METHOD,
                                reclaimable={k for k in parts if k.startswith(RECLAIMABLE)})
-    if plan.fits is False:
-        plan.tricks = _tricks(cfg, source, device, plan.usable_bytes)
-    return plan
 
 
-RECLAIMABLE = "the weights' file, mapped"  # the parts the kernel can drop (clean file pages): not in what must fit
-
-
-def _tricks(cfg: QuantizeConfig, source: Path, device: torch.device, usable: int) -> list[str]:
-    """The changes that fit: the backend's own lighter options (ONNX Runtime's one int8 form), then the single
-    backends that fit, smallest first."""
-    def total(c: QuantizeConfig, backend: str) -> int:  # what must fit, as the plan judges it
-        return max(sum(v for k, v in p.items() if not k.startswith(RECLAIMABLE))
-                   for _, p in _moments(c, source, device, backend, []))
+def _tricks(cfg: QuantizeConfig, source: Path, device: torch.device) -> list[str]:
+    """The changes that fit (`stageplan.what_fits`): the backend's own lighter options (ONNX Runtime's one int8
+    form), then the single backends that fit, smallest first."""
+    def plan_of(option: tuple[QuantizeConfig, str]) -> stageplan.StagePlan:
+        return _plan(option[0], source, device, option[1])
 
     tricks = []
     chosen = None if cfg.method.backend == "auto" else backends.get(cfg.method.backend)
     if chosen is not None and hasattr(chosen, "memory") and (lighter := chosen.memory(cfg).lighter):
-        if (t := total(cfg.replace(**lighter[1]), cfg.method.backend)) <= usable:
-            tricks.append(f"{lighter[0]}: {t / 2**30:.1f} GiB")
-    fitting = []
-    for name in backends.names():
-        if name == cfg.method.backend or backends.unavailable(name, device) or backends.get(name).refuses(cfg):
-            continue
-        if (t := total(cfg, name)) <= usable:
-            fitting.append((t, name))
-    tricks += [f"--backend {n} ({t / 2**30:.1f} GiB)" for t, n in sorted(fitting)[:3]]
-    return tricks
+        tried = stageplan.what_fits([(lighter[0], (cfg.replace(**lighter[1]), cfg.method.backend))], plan_of)
+        tricks += [f"{t.flags}: {t.plan.required_bytes / 2**30:.1f} GiB" for t in tried if t.fits]
+    others = [(f"--backend {name}", (cfg, name)) for name in backends.names() if name != cfg.method.backend
+              and not (backends.unavailable(name, device) or backends.get(name).refuses(cfg))]
+    fitting = sorted((t for t in stageplan.what_fits(others, plan_of, first=False) if t.fits),
+                     key=lambda t: (t.plan.required_bytes, t.flags))
+    return tricks + [f"{t.flags} ({t.plan.required_bytes / 2**30:.1f} GiB)" for t in fitting[:3]]
 
 
 def quantize_tag(backend: str, cfg: QuantizeConfig, source: Path) -> str:
@@ -247,31 +250,8 @@ def pick_backend(cfg: QuantizeConfig, device: torch.device, parent: nn.Module, s
     a tie within the precision goes to the smaller folder). The winner's folder is left in `scratch` for the caller
     to move into place. Each backend's reloaded model is freed once evaluated, and the candidates are reloaded
     for the timing: no write runs beside the earlier backends' models (the stage's memory plan counts it so)."""
-    table: dict[str, dict[str, Any]] = {}
-    kept: list[str] = []
-    (scratch / ".exports").mkdir()
-    with engines.exports_kept(scratch / ".exports"):  # one parent: its export made once for all its candidates
-        for b in backends.names():
-            if reason := backends.unavailable(b, device) or backends.get(b).refuses(cfg):
-                table[b] = {"status": f"not run: {reason}"}
-                continue
-            (scratch / b).mkdir()
-            try:
-                write_quantized(scratch / b, b, parent, source, tokenizer, cfg, device)
-                model = load_any(scratch / b, device)
-            except EffkitError as e:
-                table[b] = {"status": f"not run: {e}"}
-                continue
-            result = evaluation.evaluate(model, eval_blocks, cfg.measure.batch_size, docs=docs)
-            delta = results.LossDelta.of(stats.paired_delta(parent_blocks, result["block_losses"], docs))
-            ok = delta.verdict != results.INVALID and delta.ci95[1] <= AUTO_LOSS_BUDGET
-            table[b] = {"status": "candidate" if ok else f"left out: loss {delta.fmt()}, its interval reaches past "
-                                                         f"{AUTO_LOSS_BUDGET:.0%}",
-                        "eval_loss": result["eval_loss"], "loss_increase": delta.delta, "loss_delta": delta.to_dict(),
-                        "size_bytes": artifacts.dir_size(scratch / b)}
-            if ok:
-                kept.append(b)
-            del model  # freed before the next backend's write
+    table = _within_budget(cfg, device, parent, source, tokenizer, eval_blocks, parent_blocks, scratch, docs)
+    kept = [b for b, row in table.items() if row["status"] == "candidate"]
     candidates: dict[str, nn.Module] = {b: load_any(scratch / b, device) for b in kept}  # timed side by side
     if not candidates:
         raise EffkitError(f"no int8 backend stays within {AUTO_LOSS_BUDGET:.0%} of the parent's held-out loss "
@@ -300,13 +280,10 @@ def pick_backend(cfg: QuantizeConfig, device: torch.device, parent: nn.Module, s
             table[b]["status"] = f"screened: {picked.far[b]}"
     pick, verdict, guard = picked.picked, picked.label, None
     if default and pick != default and (other := workloads.other_batch(w)):
-        # not slower than the default at the other batch either: decided faster there, or tied and preferred
-        guard_timers, guard_how = _timers(other, {b: models[b] for b in (pick, default)}, engine, tokenizer, block)
-        g = choice.choose(guard_timers, other.higher_is_better, rule, prefer=lambda b: b != pick, default=default)
-        guard = {"workload": other.name, "how": guard_how, "choice": g.to_dict(), "line": g.line()}
-        if g.picked == default:
+        guard = _guard(other, {b: models[b] for b in (pick, default)}, engine, tokenizer, block, rule, pick, default)
+        if guard["choice"]["picked"] == default:
             verdict = (f"kept the default: {pick} led at {w.name} ({picked.label}) but was not shown as fast at "
-                       f"{other.name}: {g.line()}")
+                       f"{other.name}: {guard['line']}")
             pick = default
     return pick, {"picked": pick, "verdict": verdict, "table": table, "optimize_for": w.name,
                   "choice": picked.to_dict(), "tied_with": picked.ties, "default": default,
@@ -318,6 +295,46 @@ def pick_backend(cfg: QuantizeConfig, device: torch.device, parent: nn.Module, s
                          + (f"{default} (what a user has without effkit) is kept unless another is decided faster "
                             f"at {w.name} and not slower at the other batch (decided faster or within the "
                             "precision there)" if default else "")}
+
+
+def _within_budget(cfg: QuantizeConfig, device: torch.device, parent: nn.Module, source: Path, tokenizer,
+                   eval_blocks: torch.Tensor, parent_blocks: list[float], scratch: Path,
+                   docs: tuple[int, ...]) -> dict[str, dict[str, Any]]:
+    """`auto`'s table: every backend written into `scratch/<backend>`, reloaded and evaluated (its status
+    `candidate` where its held-out loss is within AUTO_LOSS_BUDGET of the parent's), or why it did not run; each
+    reloaded model freed before the next backend's write."""
+    table: dict[str, dict[str, Any]] = {}
+    (scratch / ".exports").mkdir()
+    with engines.exports_kept(scratch / ".exports"):  # one parent: its export made once for all its candidates
+        for b in backends.names():
+            if reason := backends.unavailable(b, device) or backends.get(b).refuses(cfg):
+                table[b] = {"status": f"not run: {reason}"}
+                continue
+            (scratch / b).mkdir()
+            try:
+                write_quantized(scratch / b, b, parent, source, tokenizer, cfg, device)
+                model = load_any(scratch / b, device)
+            except EffkitError as e:
+                table[b] = {"status": f"not run: {e}"}
+                continue
+            result = evaluation.evaluate(model, eval_blocks, cfg.measure.batch_size, docs=docs)
+            delta = results.LossDelta.of(stats.paired_delta(parent_blocks, result["block_losses"], docs))
+            ok = delta.verdict != results.INVALID and delta.ci95[1] <= AUTO_LOSS_BUDGET
+            table[b] = {"status": "candidate" if ok else f"left out: loss {delta.fmt()}, its interval reaches past "
+                                                         f"{AUTO_LOSS_BUDGET:.0%}",
+                        "eval_loss": result["eval_loss"], "loss_increase": delta.delta, "loss_delta": delta.to_dict(),
+                        "size_bytes": artifacts.dir_size(scratch / b)}
+            del model  # freed before the next backend's write
+    return table
+
+
+def _guard(other: workloads.Workload, pair: dict[str, nn.Module], engine: dict, tokenizer, block: int,
+           rule: choice.Rule, pick: str, default: str) -> dict[str, Any]:
+    """The pick against the default at the other batch: it must not be slower there either (decided faster, or
+    tied and preferred)."""
+    timers, how = _timers(other, pair, engine, tokenizer, block)
+    g = choice.choose(timers, other.higher_is_better, rule, prefer=lambda b: b != pick, default=default)
+    return {"workload": other.name, "how": how, "choice": g.to_dict(), "line": g.line()}
 
 
 def _timers(w: workloads.Workload, models: dict[str, nn.Module], engine: dict, tokenizer,
@@ -413,9 +430,8 @@ def _write_and_measure(cfg: QuantizeConfig, device: torch.device, source: Path, 
 
 # ------------------------------------------------------------------------------------- the stage in `effkit run`
 # per quantized artifact: `auto` writes, reloads and evaluates every backend that runs here, chooses, then measures
-# the pick against its parent (training steps): with the far slower candidates gone before the screen, two Zen 4 EPYC
-# quickstarts spent 429-684 step times on each, 548 on average (less the share of the budget the estimate adds;
-# docs/benchmarks.md, session 19, runs 14-15; 566-706 in session 18)
+# the pick against its parent (training steps): the average of the quickstarts measured in docs/benchmarks.md, with
+# the far slower candidates gone before the screen (less the share of the budget the estimate adds)
 QUANTIZE = 550.0
 BEST_PRUNED = "best-pruned"
 

@@ -76,14 +76,14 @@ def _row(s: StudyConfig, cfg: TrainConfig, mode: str, tensor_rss: bool) -> dict[
                     os.environ[k] = v
     measured = max(r["metrics"]["peak_memory_bytes_per_rank"])
     params = r["metrics"]["params"]
-    states = sum(plan.per_rank[k] for k in ("parameters", "gradients", "optimizer"))
+    states = sum(plan.parts[k] for k in ("parameters", "gradients", "optimizer"))
     return {"model": model, "parallel": f"{mode} x{s.nproc}" if mode != "none" else "none", "optim": opt,
             "checkpointing": ac, "allocator": "tensor-tracking" if tensor_rss else "default",
-            "predicted_mib": _mib(plan.steps_bytes), "runtime_mib": _mib(plan.per_rank.get("runtime", 0)),
+            "predicted_mib": _mib(plan.steps_bytes), "runtime_mib": _mib(plan.parts.get("runtime", 0)),
             "measured_mib": _mib(measured),
             "error_pct": 100 * (plan.steps_bytes - measured) / measured,
             "model_state_bytes_per_param": states / params if mode == "none" else None,
-            "measured_bytes_per_param": (measured + plan.per_rank["parameters"]) / params
+            "measured_bytes_per_param": (measured + plan.parts["parameters"]) / params
             if mode == "none" else None}
 
 
