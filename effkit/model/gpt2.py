@@ -152,7 +152,7 @@ def save_model(model: nn.Module, path: Path, tokenizer=None, state_dict: dict | 
 def enable_activation_checkpointing(model: nn.Module) -> None:
     """Recompute each GPT-2 block in backward (non-reentrant torch.utils.checkpoint, via transformers)."""
     kwargs = {"use_reentrant": False}
-    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers 5 and later
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)

@@ -98,13 +98,10 @@ class Memory:
         return int(self.beside[0] * MIB + self.beside[1] * fp32_bytes)
 
 
-# how every built-in backend's `Memory` was measured: two random-init models with the 8,192-token vocabulary and
-# block 128 (gpt2-mini, 13.9M parameters, 53 MiB of fp32 weights; gpt2, 92.1M, 351 MiB), the parent loaded and
-# evaluated as `effkit quantize` does, then the backend's write, and in a second fresh process the written folder
-# reloaded and run; in a third, every backend's folder reloaded and run in auto's order, all kept (`beside`: the
-# resident set each reload left); the resident set sampled every 5 ms (psutil), `nice -n 19`, one process at a time,
-# on a 2-core AMD EPYC with 24 GiB (#47). The fixed MiB is the intercept of the two models' figures (0 where it came
-# out negative, x then gpt2's figure alone), so the fit reproduces gpt2's
+# how every built-in backend's `Memory` was measured (two model sizes, the write and the reload each in a fresh
+# process, every backend's reload kept in auto's order in a third): MEASURED; the figures are in docs/benchmarks.md.
+# The fixed part is the intercept of the line through the two models' figures (0 where it came out negative: the
+# line then goes through the larger model's figure and the origin)
 MEASURED = ("gpt2-mini (13.9M) and gpt2 (92.1M), vocabulary 8,192, block 128: the write and the reload each in a "
             "fresh process over the loaded parent, and every backend's reload kept in auto's order in a third; RSS "
             "sampled every 5 ms; 2-core AMD EPYC, 24 GiB (#47)")
