@@ -6,10 +6,12 @@ says which exist and their order); this module never names a stage. A step is co
 section and its parents' fingerprints, in `runs/<run>/pipeline.json`) matches the recipe's now: complete steps are
 skipped; a step whose recipe section or parent changed runs again, with every step after it, and says so; an
 interrupted step starts again from scratch (training resumes from its checkpoint when that was made by the same
-recipe); `--force` redoes everything. With a time budget ([run] `time_budget_min`), the training steps are chosen
-once before training starts (`fit_time_budget`: a step time measured then, the whole run predicted the way `Eta`
-predicts it, the largest round count of steps that fits, never fewer than a fifth of the recipe's), kept in
-`pipeline.json` and reused on resume, so that fingerprints and the estimate see the steps that are trained. While it
+recipe); `--force` redoes everything. With a time budget ([run] `time_budget_min`), the whole run is shared among
+its stages before training starts (`fit_time_budget`: the step time `train --plan` predicts, the whole run
+predicted the way `Eta` predicts it; training and every measuring stage on one share of what the recipe gives them,
+the largest that fits, never under a fifth: `HOW_SHARED`; refused in one line where even that does not fit),
+re-fitted once from training's own first steps while the learning rate warms up (`refit_time_budget`), kept in
+`pipeline.json` and reused on resume, so that fingerprints and the estimate see what is run. While it
 runs, `Eta` prints the expected time of every step (its work in training steps, times the step time that the stage
 declaring `measures_step_time` lets it measure, plus a share of its time budget), updates it as steps finish and
 writes it to `eta.json`. The run ends with one line: the fastest artifact within the loss budget, how it compares,

@@ -452,6 +452,11 @@ def test_a_time_budget_trains_fewer_steps_chosen_once_and_kept_on_resume(tmp_pat
     report = json.loads((reports / "train.json").read_text())
     assert report["metrics"]["steps"] == 55 and report["config"]["optim"]["max_steps"] == 55  # the schedule's end
     assert report["schedule"]["steps"] == 55 and report["schedule"]["full_schedule_result"].startswith("1.234")
+    assert report["schedule"]["shares"] == {"train": {"share": 0.55, "training_steps": 55}}  # no measuring stage
+    assert report["schedule"]["what_it_costs"].startswith("55 of the recipe's 100 training steps reached ")
+    assert "the full schedule: 1.234 bits per byte" in report["schedule"]["what_it_costs"]
+    # the warm-up (5 steps) ends before training's own steps are timed (the first 5 are left out): no re-fit, said
+    assert report["schedule"]["refit"].startswith("not re-fitted: the warm-up (5 steps) ended")
     assert first["eta"]["time_budget"]["steps"] == 55 and first["eta"]["work_in_steps"]["train"] < 56
     bpb = report["metrics"]["bits_per_byte"]
     line = (f"trained 55 of 100 steps (time budget 0.5 min: one step took 0.500 s when measured before training, the "
