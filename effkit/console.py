@@ -79,6 +79,11 @@ def show_run_plan(r: dict) -> None:
                  else f"all {time['steps']:,} training steps")
         out.print(f"time: {time['total_s'] / 60:.1f} min predicted, {steps}; one training step {time['step_s']:.3f} s "
                   f"({time['how']}); {time['model']}")
+        if time.get("share", 1.0) < 1 and len(time.get("shares", {})) > 1:
+            out.print(f"  every measuring stage on {time['share']:.0%} of its recipe's budgets, as training")
+        if time.get("fits") is False:
+            out.print(f"  even the floors are over the {time['budget_min']:g}-minute budget: `effkit run` would stop "
+                      "before training (a larger --time-budget-min, or --full)")
         if time.get("under_way"):
             out.print("  this run is under way: the plan is the whole recipe's; `effkit run` skips what is complete "
                       "and keeps the training steps it decided when it started")

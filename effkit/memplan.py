@@ -49,6 +49,7 @@ METHOD = ("two training steps of one rank's share simulated under FakeTensorMode
           "runtime (libraries' buffers) measured once per machine and shape by three real steps of a one-block "
           "model in a fresh process, beyond their simulation")
 RUNTIME_STEPS = 3
+STEP_ROUNDS = 7  # timed steps of the one- and two-block models each, in turns, for the step time
 
 
 def device_memory(device: torch.device) -> tuple[str, int | None]:
@@ -168,7 +169,7 @@ def probe_runtime(model_config: dict[str, Any], batch: int, block: int, checkpoi
                   amp: str | None, steps: int = RUNTIME_STEPS, threads: int = 0) -> dict[str, float]:
     """How much the resident set grows over `steps` real training steps of the one-block model `model_config`
     (measured as training measures it: the model built and placed first); then, outside that measure, the
-    seconds of its steps after the first and of a two-block model's (their medians: what `predicted_step_seconds`
+    seconds of its steps and of a two-block model's, timed in turns (their medians: what `predicted_step_seconds`
     extends to the whole model), on `threads` threads (0: torch's default, as training). Run in a process of its
     own."""
     import statistics
@@ -215,11 +216,13 @@ def probe_runtime(model_config: dict[str, Any], batch: int, block: int, checkpoi
     with PeakMemory(cpu) as mem:
         for _ in range(steps):
             step(model, opt)
-    one = [step(model, opt) for _ in range(steps)]  # timed outside the memory's sampling thread
-    del model, opt
-    model, opt = build(2)  # the time a block adds
-    two = [step(model, opt) for _ in range(steps)]
-    return {"bytes": mem.peak_bytes, "step_s": statistics.median(one), "step2_s": statistics.median(two[1:])}
+    two_blocks = build(2)  # the time a block adds
+    step(*two_blocks)
+    one, two = [], []
+    for _ in range(STEP_ROUNDS):  # in turns, outside the memory's sampling thread: a busy moment slows both alike
+        one.append(step(model, opt))
+        two.append(step(*two_blocks))
+    return {"bytes": mem.peak_bytes, "step_s": statistics.median(one), "step2_s": statistics.median(two)}
 
 
 CACHE = "memplan_runtime"
@@ -248,7 +251,7 @@ def runtime(model_config, batch: int, block: int, *, checkpointing: bool, optim:
     shape = {k: args["model_config"].get(k) for k in ("vocab_size", "n_embd", "n_head", "n_inner", "n_positions")}
     key = (f"{describe_device(torch.device('cpu'))}|torch {torch.__version__}|{json.dumps(shape, sort_keys=True)}|"
            f"b{batch}x{block}|ckpt {checkpointing}|{optim}|{amp}|{json.dumps(malloc, sort_keys=True)}|"
-           f"threads {threads}|v3")
+           f"threads {threads}|v4")
     measure = (lambda: run_isolated("effkit.memplan:probe_runtime", args, what="the memory plan's runtime probe",
                                     env=env)) if probe else None
     probed, cached = machine_cached(CACHE, key, measure)
@@ -281,6 +284,21 @@ def predicted_step_seconds(model_config, layers: int, block: int, probe_s: tuple
     per_block = (step_flops(model_config, 2, 1, block) - flops) / flops * one
     added = min(max(two - one, per_block / 2), 2 * per_block)
     return one + (layers - 1) * added
+
+
+def step_time(cfg) -> tuple[float | None, str]:
+    """One training step of `cfg` (a TrainConfig) on this machine, before training: the step `effkit train --plan`
+    prints (`predict`'s: the runtime probe's steps of one and two blocks extended to the model by
+    `predicted_step_seconds`, times the accumulation), which `effkit run`'s time budget is also fitted with;
+    (None, why) where none is predicted."""
+    if cfg.parallel.launched:
+        return None, "a launched (multi-process) training is not predicted before it starts"
+    seconds = predict(cfg, probe=True).step_s
+    if seconds is None:
+        return None, "no step time predicted here (the runtime probe times one process on a CPU)"
+    amp = cfg.optim.amp_dtype if cfg.optim.amp else "fp32" + (" for --amp auto" if cfg.optim.amp is None else "")
+    return seconds, (f"predicted from {STEP_ROUNDS} steps of a one- and a two-block model of its shape, {amp}, "
+                     "as `effkit train --plan` predicts it (cached per machine and shape)")
 
 
 def simulate_layers(model_config, batch: int, block: int, layers: int, **kw) -> dict[str, int]:

@@ -6,10 +6,12 @@ says which exist and their order); this module never names a stage. A step is co
 section and its parents' fingerprints, in `runs/<run>/pipeline.json`) matches the recipe's now: complete steps are
 skipped; a step whose recipe section or parent changed runs again, with every step after it, and says so; an
 interrupted step starts again from scratch (training resumes from its checkpoint when that was made by the same
-recipe); `--force` redoes everything. With a time budget ([run] `time_budget_min`), the training steps are chosen
-once before training starts (`fit_time_budget`: a step time measured then, the whole run predicted the way `Eta`
-predicts it, the largest round count of steps that fits, never fewer than a fifth of the recipe's), kept in
-`pipeline.json` and reused on resume, so that fingerprints and the estimate see the steps that are trained. While it
+recipe); `--force` redoes everything. With a time budget ([run] `time_budget_min`), the whole run is shared among
+its stages before training starts (`fit_time_budget`: the step time `train --plan` predicts, the whole run
+predicted the way `Eta` predicts it; training and every measuring stage on one share of what the recipe gives them,
+the largest that fits, never under a fifth: `HOW_SHARED`; refused in one line where even that does not fit),
+re-fitted once from training's own first steps while the learning rate warms up (`refit_time_budget`), kept in
+`pipeline.json` and reused on resume, so that fingerprints and the estimate see what is run. While it
 runs, `Eta` prints the expected time of every step (its work in training steps, times the step time that the stage
 declaring `measures_step_time` lets it measure, plus a share of its time budget), updates it as steps finish and
 writes it to `eta.json`. The run ends with one line: the fastest artifact within the loss budget, how it compares,
@@ -22,6 +24,8 @@ import json
 import math
 import shutil
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +33,7 @@ from rich.console import Console
 
 from effkit import artifacts
 from effkit.config import RunConfig, build_config, load_recipe
+from effkit.errors import EffkitError
 from effkit.registry import STAGES
 from effkit.stage import Plan, RunContext, Stage, Step, fingerprint
 
@@ -102,22 +107,46 @@ def step_grain(steps: int) -> int:
     return max(1, 10 ** (len(str(steps)) - 2) // 2)
 
 
+def shared(plan: Plan, timer: Stage, steps: int) -> tuple[Plan, dict[str, Any]]:
+    """A copy of `plan`, from the recipe's configs, that trains `steps` of the recipe's training steps and gives
+    every measuring stage the same share of what the recipe gives it, `steps` / the recipe's steps (each down to its
+    own floors: `Stage.with_share`); and what each stage gets, by stage (the run's report records it)."""
+    base = plan.unshared or plan.configs
+    trial = Plan(plan.recipe, plan.run, dict(base), unshared=dict(base))
+    share = min(1.0, steps / timer.training_steps(trial))
+    timer.with_training_steps(trial, steps)
+    shares: dict[str, Any] = {timer.name: {"share": share, "training_steps": steps}}
+    for name in STAGES.names():
+        st = STAGES.get(name)
+        if st is not timer and name in plan.stages and (got := st.with_share(trial, share)):
+            shares[name] = {"share": share, **got}
+    return trial, shares
+
+
 def predicted_total(plan: Plan, timer: Stage, train_steps: int, step_s: float) -> float:
-    """Seconds the whole run is expected to take on this machine with `train_steps` training steps, by the model
-    `Eta` prints (on a copy of the plan)."""
-    trial = Plan(plan.recipe, plan.run, dict(plan.configs))
-    timer.with_training_steps(trial, train_steps)
+    """Seconds the whole run is expected to take on this machine with `train_steps` training steps and every
+    measuring stage on the same share (`shared`), by the model `Eta` prints (on a copy of the plan)."""
+    trial, _ = shared(plan, timer, train_steps)
     return sum(expected_seconds(stage_work(trial), stage_budgets(trial), step_s).values())
 
 
-# seconds a run spends outside its steps' estimates (starting, the step-time probe, the data it prepares before the
-# first step, the last lines): 31 s of a 16.8-min Zen 4 EPYC quickstart (docs/benchmarks.md, session 17); the time
-# budget counts them
+# seconds a run spends outside its steps' estimates (starting, the step-time prediction, the data it prepares before
+# the first step, the last lines), read off a quickstart (docs/benchmarks.md); the time budget counts them
 OUTSIDE_S = 30.0
-# the share of the budget the chosen steps leave unused: the stages after training measure until their ratios settle,
-# which varies between runs (two Zen 4 EPYC quickstarts' benches took 285 and 343 s; the second run overran its
-# prediction by 6.7%: docs/benchmarks.md, session 18)
+# the share of the budget the chosen steps leave unused: the stages after training measure until their ratios
+# settle, which varies between runs (docs/benchmarks.md: two quickstarts' benches and the second one's overrun)
 BUDGET_MARGIN = 0.07
+# the step time predicted before training and training's own disagree when one is more than this much above the other
+PROBE_TOLERANCE = 0.25
+# the fewest steps of training's own a re-fit is made from (when the warm-up ends before the estimate's 20)
+REFIT_FEWEST = 5
+HOW_SHARED = (f"one share for every stage: training the largest multiple of the grain (`step_grain`) up to the "
+              f"recipe's steps, every measuring stage that share of its recipe's time budgets, bench rounds and "
+              f"fine-tuning steps (each down to its floor), whose whole run, predicted as each step's work in "
+              f"training steps x the step time + {BUDGET_USED:.0%} of each measuring step's time budget + "
+              f"{OUTSIDE_S:.0f} s outside the steps, fits the budget less {BUDGET_MARGIN:.0%} (the spread of the "
+              f"measuring stages between runs); the share is never under {FEWEST_SHARE:.0%} (nor training past its "
+              "warm-up): where even that is predicted over the budget, the run is refused before training")
 
 
 def choose_steps(full: int, fewest: int, total: Any, budget_s: float) -> int:
@@ -130,34 +159,92 @@ def choose_steps(full: int, fewest: int, total: Any, budget_s: float) -> int:
     return next((n for n in range(full // g * g, floor - 1, -g) if n < full and total(n) <= budget_s), floor)
 
 
+def decide(plan: Plan, timer: Stage, step_s: float, budget_min: float) -> dict[str, Any]:
+    """The time budget's choice for a training step of `step_s` seconds (`HOW_SHARED`): the training steps, the
+    share every stage gets and what that is (`shares`), each step's predicted seconds (`stage_s`), the whole run's
+    with the recipe's steps and with those (`predicted_full_s`, `predicted_s`); `fits`: within the budget itself."""
+    full = timer.training_steps(Plan(plan.recipe, plan.run, dict(plan.unshared or plan.configs)))
+    total = lambda n: predicted_total(plan, timer, n, step_s) + OUTSIDE_S  # noqa: E731
+    fewest = max(math.ceil(FEWEST_SHARE * full), timer.fewest_training_steps(plan))
+    steps = choose_steps(full, fewest, total, budget_min * 60 * (1 - BUDGET_MARGIN))
+    trial, shares = shared(plan, timer, steps)
+    return {"steps": steps, "share": shares[timer.name]["share"], "shares": shares,
+            "stage_s": expected_seconds(stage_work(trial), stage_budgets(trial), step_s),
+            "predicted_full_s": total(full), "predicted_s": total(steps), "fits": total(steps) <= budget_min * 60}
+
+
+def apply_decision(plan: Plan, timer: Stage, decision: dict[str, Any]) -> None:
+    """Train the decision's steps, every measuring stage on its share, in `plan` (from the recipe's configs)."""
+    plan.configs = shared(plan, timer, decision["steps"])[0].configs
+
+
+def _decide_before_training(plan: Plan, timer: Stage, console: Console, budget: float, full: int) -> dict[str, Any]:
+    """The decision from the step time predicted before training (`Stage.probe_step_time`); refused in one line
+    where even the floors are predicted over the budget."""
+    step_s, how = timer.probe_step_time(plan)
+    if step_s is None or step_s <= 0:
+        console.print(f"time budget {budget:g} min: not decided before training ({how}); training's own first steps "
+                      f"decide it, all {full:,} steps until then", highlight=False)
+        return {"how_chosen": f"not decided before training: {how}; re-fitted from training's own first steps",
+                "share": 1.0}
+    d = {**decide(plan, timer, step_s, budget), "step_time_s": step_s, "step_time_how": how, "how_chosen": HOW_SHARED}
+    if not d["fits"]:
+        raise EffkitError(
+            f"time budget {budget:g} min is too short for this run on this machine: even its floors ({d['steps']:,} "
+            f"of the recipe's {full:,} training steps, every measuring stage on {d['share']:.0%} of its budgets) are "
+            f"predicted to take {_mins(d['predicted_s'])} (one training step {step_s:.3f} s, {how}); "
+            f"--time-budget-min {math.ceil(d['predicted_s'] / 60 / (1 - BUDGET_MARGIN))} would fit them, or "
+            f"`effkit run --full` runs the recipe's whole schedule")
+    said = (f"time budget {budget:g} min: one training step {step_s:.3f} s ({how}); the recipe's {full:,} steps "
+            f"predict {_mins(d['predicted_full_s'])} in all")
+    if d["steps"] == full:
+        said += f": within it, training all {full:,}"
+    else:
+        said += (f"; training {d['steps']:,} steps instead{_others(d)} (predicted {_mins(d['predicted_s'])}); "
+                 f"`effkit run --full` trains all {full:,}")
+    console.print(said, highlight=False)
+    return d
+
+
+def _others(d: dict[str, Any]) -> str:
+    """What the decision `d` gives the measuring stages, for its line ("" where none runs)."""
+    return f", every measuring stage on {d['share']:.0%} of its budgets" if len(d["shares"]) > 1 else ""
+
+
+def _say_kept(console: Console, record: StageRecord, saved: dict[str, Any], full: int) -> None:
+    why = (f"one training step {saved['step_time_s']:.3f} s, predicted then" if "step_time_s" in saved
+           else saved.get("how_chosen", ""))
+    if isinstance(saved.get("refit"), dict) and "training_step_time_s" in saved:
+        why += f"; {saved['training_step_time_s']:.3f} s in training's own first steps"
+    steps_now = (f"{saved['steps']:,} of the recipe's {full:,} steps" if saved["steps"] < full
+                 else f"all {full:,} steps of the recipe")
+    console.print(f"time budget {saved['budget_min']:g} min: training {steps_now}, as decided when this run started "
+                  f"({why}; kept in {record.path})" + (f"; `effkit run --full` trains all {full:,}"
+                                                       if saved["steps"] < full else ""), highlight=False)
+
+
 def fit_time_budget(plan: Plan, record: StageRecord, console: Console) -> dict[str, Any] | None:
-    """With [run] `time_budget_min`, the training steps the run trains, decided once, before training: where the
-    recipe's whole run is predicted (a training step timed now, in a few seconds, by the stage that measures the
-    step time; the `Eta` model) to take longer than the budget, the largest round count of steps that fits, and
-    at least `FEWEST_SHARE` of the recipe's. The decision is kept in `pipeline.json` and reused while the recipe's
-    training section and the budget stay the same (a resumed run does not measure again, so its fingerprints do
-    not move); a training already complete with the recipe's own steps is kept. Sets `plan.schedule` and the
-    training steps in `plan`, and prints one line; None where no budget applies."""
+    """With [run] `time_budget_min`, the run shared among its stages, decided before training (`decide`, from the
+    step time `Stage.probe_step_time` predicts) and re-fitted once from training's own first steps
+    (`refit_time_budget`). The decision is kept in `pipeline.json` and reused while the recipe's training section and
+    the budget stay the same (a resumed run does not measure again, so its fingerprints do not move); a training
+    already complete with the recipe's own steps is kept. Sets `plan.schedule`, the training steps and the measuring
+    stages' shares in `plan`, and prints one line; None where no budget applies. An `EffkitError` before anything is
+    written where even the floors are predicted over the budget."""
     timer = step_timer(plan)
     if timer is None or (full := timer.training_steps(plan)) <= 0:
         return None
+    plan.unshared = dict(plan.configs)
     mine = [s for s in timer.steps(plan) if s.records]
     key = fingerprint({s.key: record.now.get(s.key) for s in mine})  # the recipe's training, as resolved
     budget = plan.run.pipeline.time_budget_min
     saved = record.schedule
     if saved and saved.get("key") == key and saved.get("budget_min") == budget:
-        if saved["steps"] != full:
-            timer.with_training_steps(plan, saved["steps"])
-            record.refresh()
+        apply_decision(plan, timer, saved)
+        record.refresh()
         if budget > 0:
             plan.schedule = saved
-            why = (f"one training step {saved['step_time_s']:.3f} s, measured then" if "step_time_s" in saved
-                   else saved.get("how_chosen", ""))
-            steps_now = (f"{saved['steps']:,} of the recipe's {full:,} steps" if saved["steps"] < full
-                         else f"all {full:,} steps of the recipe")
-            console.print(f"time budget {budget:g} min: training {steps_now}, as decided when this run started ({why}; "
-                          f"kept in {record.path})" + (f"; `effkit run --full` trains all {full:,}"
-                                                       if saved["steps"] < full else ""), highlight=False)
+            _say_kept(console, record, saved, full)
         return saved
     if timer.name not in plan.stages:
         return None  # nothing trains now; what an earlier run trained is judged by its fingerprint
@@ -165,43 +252,57 @@ def fit_time_budget(plan: Plan, record: StageRecord, console: Console) -> dict[s
     if budget <= 0:  # recorded, so that a later run with the budget keeps a full training it finds complete
         record.keep_schedule({**decision, "how_chosen": "no time budget (--full or time_budget_min = 0)"})
         return None
-    ctx = RunContext(plan, console, None)
-    if mine and all(record.fresh(s.key) and s.complete(ctx) for s in mine):
-        decision["how_chosen"] = "trained before with the recipe's full schedule: kept, nothing measured"
+    if mine and all(record.fresh(s.key) and s.complete(RunContext(plan, console, None)) for s in mine):
+        decision.update(how_chosen="trained before with the recipe's full schedule: kept, nothing measured",
+                        refit="not needed: the training is complete")
         console.print(f"time budget {budget:g} min: the training is already complete with all {full:,} steps of the "
                       "recipe: kept", highlight=False)
     else:
-        step_s, how = timer.probe_step_time(plan)
-        if step_s is None or step_s <= 0:
-            decision["how_chosen"] = f"not applied: {how}"
-            console.print(f"time budget {budget:g} min: not applied ({how}); training all {full:,} steps",
-                          highlight=False)
-        else:
-            total = lambda n: predicted_total(plan, timer, n, step_s) + OUTSIDE_S  # noqa: E731
-            fewest = max(math.ceil(FEWEST_SHARE * full), timer.fewest_training_steps(plan))
-            chosen = choose_steps(full, fewest, total, budget * 60 * (1 - BUDGET_MARGIN))
-            decision.update(steps=chosen, step_time_s=step_s, step_time_how=how, predicted_full_s=total(full),
-                            predicted_s=total(chosen), how_chosen=(
-                                f"the whole run predicted as each step's work in training steps x the step time "
-                                f"measured before training + {BUDGET_USED:.0%} of each measuring step's time budget "
-                                f"+ {OUTSIDE_S:.0f} s outside the steps; "
-                                f"the largest multiple of {step_grain(full)} steps up to the recipe's whose "
-                                f"prediction fits the budget less {BUDGET_MARGIN:.0%} (the spread of the measuring "
-                                f"stages between runs), at least {FEWEST_SHARE:.0%} of the recipe's"))
-            said = (f"time budget {budget:g} min: one training step {step_s:.3f} s ({how}); the recipe's {full:,} "
-                    f"steps predict {_mins(total(full))} in all")
-            if chosen == full:
-                said += f": within it, training all {full:,}"
-            else:
-                over = total(chosen) > budget * 60
-                said += (f"; training {chosen:,} steps instead" + (
-                    f", the fewest it allows ({FEWEST_SHARE:.0%} of the recipe's), still over it" if over else "")
-                    + f" (predicted {_mins(total(chosen))}); `effkit run --full` trains all {full:,}")
-                timer.with_training_steps(plan, chosen)
-            console.print(said, highlight=False)
+        decision.update(_decide_before_training(plan, timer, console, budget, full))
+        apply_decision(plan, timer, decision)
     record.keep_schedule(decision)
     plan.schedule = decision
     return decision
+
+
+def refit_time_budget(plan: Plan, record: StageRecord, console: Console, step: int, step_s: float | None,
+                      how: str) -> int | None:
+    """Once per decision, from training's own first steps (`Eta`, before the warm-up ends: `schedule_free_steps`):
+    the decision made again (`decide`) with training's step time `step_s` in place of the one predicted before
+    training, both recorded, with `probe_disagrees` where one is more than `PROBE_TOLERANCE` above the other; the
+    training steps (never under the floor, never past the recipe's) and the measuring stages' shares follow it.
+    Returns the training steps where they changed (the trainer rebuilds its schedule for them), else None. With
+    `step_s` None, records `how` (why no re-fit was made)."""
+    d, timer = plan.schedule, step_timer(plan)
+    if not d or not d.get("budget_min") or "refit" in d or timer is None:
+        return None
+    if step_s is None or step_s <= 0:
+        d["refit"] = f"not re-fitted: {how}"
+        record.keep_schedule(d)
+        return None
+    new = decide(plan, timer, step_s, d["budget_min"])
+    d.update(training_step_time_s=step_s, training_step_time_how=how, probe_tolerance=PROBE_TOLERANCE)
+    if d.get("step_time_s"):
+        d["probe_over_training"] = d["step_time_s"] / step_s
+        d["probe_disagrees"] = max(d["probe_over_training"], 1 / d["probe_over_training"]) > 1 + PROBE_TOLERANCE
+    before = d["steps"]
+    d["refit"] = {"at_step": step, "steps_before": before, "share_before": d.get("share", 1.0),
+                  **{k: new[k] for k in ("steps", "predicted_full_s", "predicted_s", "fits")}}
+    d.update(steps=new["steps"], share=new["share"], shares=new["shares"], stage_s=new["stage_s"])
+    apply_decision(plan, timer, d)
+    record.keep_schedule(d)
+    for s in timer.steps(plan):  # the training under way now runs with the re-fitted steps: its fingerprint too
+        if s.key in record.stages:
+            record.stages[s.key]["fingerprint"] = record.now[s.key]
+    record.save()
+    flag = (f"; the step time predicted before training ({d['step_time_s']:.3f} s) was off by more than "
+            f"{PROBE_TOLERANCE:.0%}" if d.get("probe_disagrees") else "")
+    console.print(f"time budget {d['budget_min']:g} min re-fitted from training's own steps ({step_s:.3f} s a step, "
+                  f"{how}){flag}: " + (f"training {new['steps']:,} steps instead of {before:,}{_others(new)}"
+                                       if new["steps"] != before else f"{before:,} training steps kept")
+                  + f" (predicted {_mins(new['predicted_s'])})",
+                  highlight=False)
+    return new["steps"] if new["steps"] != before else None
 
 
 # ------------------------------------------------------------------------------------------ what is stale
@@ -280,15 +381,37 @@ class Eta:
         self.start = time.time()
         self._steps: list[float] = []
         self.clock = time.perf_counter
+        # the time budget's re-fit (`refit_time_budget`: (step, step time or None, how) -> the new training steps or
+        # None), made once from these timings; None: nothing to re-fit
+        self.refit: Callable[[int, float | None, str], int | None] | None = None
 
-    def on_train_step(self, step: int, _loss: float) -> None:
-        """Time the first training steps (after the warm-up ones): the estimate is printed once 20 are seen."""
-        now = self.clock()
-        self._steps.append(now)
+    def on_train_step(self, step: int, _loss: float) -> int | None:
+        """Time the first training steps (after the warm-up ones): the estimate is printed once 20 are seen. The
+        time budget is re-fitted from them once, by the last step whose learning rate does not depend on the steps
+        trained (`schedule_free_steps`): at the estimate's 20 steps, or at that step from at least `REFIT_FEWEST`;
+        returns the training steps it re-fitted, if they changed."""
+        self._steps.append(self.clock())
         skip = self.timer.untimed_steps(self.plan) if self.timer else 0
-        if self.step_s is None and len(self._steps) >= skip + 21:
-            gaps = sorted(b - a for a, b in zip(self._steps[skip:-1], self._steps[skip + 1:], strict=True))
-            self.set_step_time(gaps[len(gaps) // 2], f"the median of training steps {skip + 2}-{step}")
+        timed = len(self._steps) - skip - 1
+        median = (lambda: self._median(skip)) if timed > 0 else (lambda: None)  # noqa: E731
+        how = f"the median of training steps {skip + 2}-{step}"
+        refitted = None
+        if self.refit is not None:
+            free = self.timer.schedule_free_steps(self.plan)
+            if step <= free and (timed >= 20 or (step == free and timed >= REFIT_FEWEST)):
+                refitted, self.refit = self.refit(step, median(), how), None
+            elif step >= free:
+                self.refit, _ = None, self.refit(step, None, f"the warm-up ({free} steps) ended before {REFIT_FEWEST} "
+                                                            f"steady training steps were timed (at step {step})")
+            if refitted:  # the steps and the measuring stages' shares changed: so did their work
+                self.work, self.budgets = stage_work(self.plan), stage_budgets(self.plan)
+        if self.step_s is None and timed >= 20:
+            self.set_step_time(median(), how)
+        return refitted
+
+    def _median(self, skip: int) -> float:
+        gaps = sorted(b - a for a, b in zip(self._steps[skip:-1], self._steps[skip + 1:], strict=True))
+        return gaps[len(gaps) // 2]
 
     def set_step_time(self, seconds: float, how: str) -> None:
         if self.step_s is not None or seconds <= 0:
@@ -387,6 +510,8 @@ def _run_steps(plan: Plan, rows: list[dict[str, Any]], console: Console) -> dict
     todo = steps(plan)
     ctx = RunContext(plan, console, Eta(plan, console))
     eta = ctx.eta
+    if plan.schedule and plan.schedule.get("budget_min"):
+        eta.refit = partial(refit_time_budget, plan, record, console)
     # complete steps whose completeness is known now are left out of the estimate (printed during training)
     eta.skipped += [s.key for s in todo if s.known_early and s.key in eta.work and record.fresh(s.key)
                     and s.complete(ctx)]

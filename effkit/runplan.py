@@ -39,8 +39,9 @@ def memory_rows(plan: Plan) -> tuple[list[dict[str, Any]], list[str]]:
 
 
 def time_rows(plan: Plan) -> dict[str, Any]:
-    """The run's time as `effkit run` predicts it before training (`effkit.pipeline`): one training step timed
-    now, the time budget's choice of steps, each step's seconds."""
+    """The run's time as `effkit run` predicts it before training (`effkit.pipeline`): one training step predicted
+    now, the time budget's choice of steps and of every measuring stage's share, each step's seconds; `fits`: False
+    where the run would refuse the budget before training."""
     from effkit import pipeline
 
     timer = pipeline.step_timer(plan)
@@ -53,20 +54,14 @@ def time_rows(plan: Plan) -> dict[str, Any]:
     if step_s is None or step_s <= 0:
         return {"how": f"not predicted: {how}"}
     budget = plan.run.pipeline.time_budget_min if timer.name in plan.stages else 0.0  # as `fit_time_budget`
-    total = lambda n: pipeline.predicted_total(plan, timer, n, step_s) + pipeline.OUTSIDE_S  # noqa: E731
-    steps = full
-    if budget > 0:
-        fewest = max(math.ceil(pipeline.FEWEST_SHARE * full), timer.fewest_training_steps(plan))
-        steps = pipeline.choose_steps(full, fewest, total, budget * 60 * (1 - pipeline.BUDGET_MARGIN))
-    trial = Plan(plan.recipe, plan.run, dict(plan.configs))
-    timer.with_training_steps(trial, steps)
-    seconds = pipeline.expected_seconds(pipeline.stage_work(trial), pipeline.stage_budgets(trial), step_s)
+    d = pipeline.decide(plan, timer, step_s, budget if budget > 0 else math.inf)  # no budget: the recipe's all
     under_way = (plan.run_dir / pipeline.RECORD).is_file()
-    return {"step_s": step_s, "how": how, "recipe_steps": full, "steps": steps, "budget_min": budget,
-            "seconds": seconds, "total_s": total(steps), "under_way": under_way,
+    return {"step_s": step_s, "how": how, "recipe_steps": full, "steps": d["steps"], "budget_min": budget,
+            "share": d["share"], "shares": d["shares"], "fits": d["fits"],
+            "seconds": d["stage_s"], "total_s": d["predicted_s"], "under_way": under_way,
             "model": f"each step's work in training steps x {step_s:.3f} s + {pipeline.BUDGET_USED:.0%} of each "
                      f"measuring step's time budget + {pipeline.OUTSIDE_S:.0f} s outside the steps (the estimate "
-                     "`effkit run` prints)"}
+                     "`effkit run` prints)" + (f"; {pipeline.HOW_SHARED}" if budget > 0 else "")}
 
 
 def run_plan(recipe: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -9,7 +9,8 @@ exactly or by the measuring weights (`measures`), and a time budget for sequenti
 of one run share a `RunContext`. The stage that trains says so (`measures_step_time`) and tells the run how to time
 its steps and where a finished training's step time can be read (`untimed_steps`, `step_time`), and, for the run's
 time budget, how many steps the recipe trains, how to time one before training and how to train fewer
-(`training_steps`, `probe_step_time`, `with_training_steps`), so that `effkit.pipeline` never names a stage. Adding
+(`training_steps`, `probe_step_time`, `with_training_steps`, `schedule_free_steps`), and every measuring stage how
+to run on a share of what the recipe gives it (`with_share`), so that `effkit.pipeline` never names a stage. Adding
 a stage: a module with a `STAGE` object and one line in `effkit.registry.STAGES` (or `STAGES.register`).
 
 Also here, for the stages that read one another's results: `fingerprint` and `complete` (an artifact folder's
@@ -69,6 +70,9 @@ class Plan:
     # the time budget's decision (`effkit.pipeline.fit_time_budget`: the step time measured before training, the
     # recipe's steps and those trained), once made for this run; None: the recipe's schedule, no budget
     schedule: dict[str, Any] | None = None
+    # each stage's config as the recipe gives it, before a time budget shared the run among the stages (empty: the
+    # configs are the recipe's)
+    unshared: dict[str, Any] = field(default_factory=dict)
 
     def __getattr__(self, name: str) -> Any:  # plan.train, plan.prune, ...: a stage's config
         configs = self.__dict__.get("configs", {})
@@ -209,9 +213,21 @@ class Stage:
         them), in `plan` (before fingerprints and estimates are taken from it)."""
 
     def probe_step_time(self, plan: Plan) -> tuple[float | None, str]:
-        """Of the stage that measures the step time: (seconds of one training step, how it was measured), timed
-        before training in a few seconds, for the time budget; (None, why not) where it cannot be timed so."""
+        """Of the stage that measures the step time: (seconds of one training step, how it was predicted) before
+        training, for the time budget; (None, why not) where it cannot be predicted so."""
         return None, "this stage cannot time a training step before training"
+
+    def schedule_free_steps(self, plan: Plan) -> int:
+        """Of the stage that measures the step time: the first training steps whose learning rate does not depend on
+        how many steps are trained (the warm-up): until the last of them, a time budget may re-fit the steps from
+        training's own step time without changing any learning rate already used."""
+        return 0
+
+    def with_share(self, plan: Plan, share: float) -> dict[str, Any]:
+        """Of a measuring stage: run on `share` (at most 1) of what the recipe gives it (its time budgets for
+        sequential rounds, rounds, fine-tuning steps: what its estimate counts), none below its floor, in `plan`
+        (whose configs are the recipe's); returns what it gets now, for the run's report ({}: nothing to share)."""
+        return {}
 
     def configure(self, plan: Plan) -> None:
         """Read and check this stage's recipe table into `plan.configs[self.name]` (before anything runs)."""

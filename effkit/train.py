@@ -10,7 +10,8 @@ Around the loop: the training precision (`resolve_amp`: `--amp auto` measured), 
 multi-process run and reading rank 0's report back (`train_in_processes`; `train_any` picks in-process or launched,
 under the run's lock), the memory plan beside the measured peak (`attach_plan`), and the stage of `effkit run`
 (`TrainStage`: the stage whose steps are the unit of the run's estimate, `measures_step_time`, and which a time
-budget shortens: `probe_step_time` times steps before training).
+budget shortens: before training from `memplan.step_time`, the step `train --plan` predicts, and once more from
+its own first steps while the learning rate still warms up, `Trainer.retarget`).
 """
 
 from __future__ import annotations
@@ -168,9 +169,9 @@ class _Progress:
             self.bar.__enter__()
         return self
 
-    def update(self, step: int, loss: float, tps: float):
+    def update(self, step: int, loss: float, tps: float, total: int | None = None):
         if self.bar:
-            self.bar.update(self.task, completed=step, loss=loss, tps=tps)
+            self.bar.update(self.task, completed=step, loss=loss, tps=tps, **({"total": total} if total else {}))
 
     def log(self, msg: str):
         if self.bar:
@@ -183,7 +184,9 @@ class _Progress:
 
 @dataclass(frozen=True)
 class TrainHooks:
-    on_step: Callable[[int, float], None] | None = None  # after every step: (step, loss)
+    # after every step: (step, loss); what it returns, if anything, is the number of steps to train instead
+    # (`Trainer.retarget`: a time budget re-fitted from this run's own steps)
+    on_step: Callable[[int, float], int | None] | None = None
     after_optimizer_step: Callable[[torch.nn.Module], None] | None = None  # e.g. re-apply pruning masks
     # the training loss from (logits, batch); None = next-token cross-entropy (e.g. distillation adds a KL term)
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
@@ -324,6 +327,20 @@ class Trainer:
     def steady_step_times(self) -> list[float]:
         return self.step_times[self.cfg.run.warmup_steps_excluded:] or self.step_times
 
+    def retarget(self, steps: int) -> None:
+        """Train `steps` in all instead of `max_steps` (a time budget re-fitted from this run's own first steps),
+        the cosine rebuilt for them: allowed only while the learning rate warms up, whose rates do not depend on the
+        steps trained (`lr_lambda`), so the schedule is the one a run of `steps` from the start follows. Later
+        checkpoints and the report carry the new count."""
+        o = self.cfg.optim
+        if self.step > o.warmup_steps or steps < self.step or not o.max_steps:
+            raise EffkitError(f"the training steps can be re-fitted only during the warm-up (step {self.step}, "
+                              f"warm-up {o.warmup_steps}), to no fewer than those trained, and with --max-steps")
+        self.cfg = self.cfg.replace(optim=o.replace(max_steps=steps))
+        self.horizon = total_steps(self.cfg.optim, self.tokens_per_step)
+        self.scheduler.lr_lambdas = [lr_lambda(self.cfg.optim, self.horizon)]
+        self.stop_reason = "max_steps" if self.horizon == steps else "max_tokens"
+
     # ------------------------------------------------------------------------------------------ the loop
     @property
     def bounded(self) -> bool:
@@ -354,8 +371,9 @@ class Trainer:
                         bar.log(f"step {self.step}: held-out loss {row['eval_loss']:.4f}")
                     self.rows.append(row)
                     bar.update(self.step, out["loss"], self.tokens_per_s() or 0.0)
-                    if self.hooks.on_step is not None:
-                        self.hooks.on_step(self.step, out["loss"])
+                    if self.hooks.on_step is not None and (steps := self.hooks.on_step(self.step, out["loss"])):
+                        self.retarget(steps)
+                        bar.update(self.step, out["loss"], self.tokens_per_s() or 0.0, total=self.horizon)
                     if r.checkpoint_interval and self.step % r.checkpoint_interval == 0:
                         self.checkpoint()
                     if o.time_budget and time.perf_counter() - t_start >= o.time_budget:
@@ -561,62 +579,23 @@ def train_in_processes(cfg: TrainConfig) -> dict[str, Any]:
     return json.loads(layout.report("train").read_text())
 
 
-# the step time a time budget (`effkit run`'s [run] time_budget_min) is fitted with: training steps of the recipe's
-# model, batch and precision timed before training, for about this many seconds (at least PROBE_STEPS[0] steps, at
-# most PROBE_STEPS[1]), after PROBE_WARMUP untimed ones
-PROBE_S = 3.0
-PROBE_STEPS = (5, 20)
-PROBE_WARMUP = 2
-
-
-def probe_step_time(cfg: TrainConfig) -> tuple[float | None, str]:
-    """(seconds of one training step of `cfg`, how it was measured), timed in a few seconds before training: the
-    recipe's model (its tokenizer's vocabulary), batch x block and precision (`--amp auto` resolved as training
-    resolves it: cached per machine and shape), forward + backward + AdamW on fixed random tokens
-    (`timing.train_step_timers`), the median after warm-up steps; x grad_accum. (None, why) for a launched
-    training, whose processes this one process does not stand for."""
-    if cfg.parallel.launched:
-        return None, "a launched (multi-process) training is not timed before it starts"
-    from effkit.parallel.runtime import resolve_device
-
-    device, o, d = resolve_device("auto"), cfg.optim, cfg.data
-    before = torch.get_num_threads()
-    if cfg.parallel.threads:
-        torch.set_num_threads(cfg.parallel.threads)
-    try:
-        pretrained = is_pretrained_source(cfg.model.name)
-        if not pretrained:
-            check_block_size(d.block_size, check_preset(cfg.model.name)["n_positions"])
-        data = prepare(d, tokenizer_from=cfg.model.name if pretrained else None)  # cached: training reads it again
-        model = (load_model(cfg.model.name) if pretrained else
-                 build_model(cfg.model.name, vocab_size=len(data.tokenizer), eos_token_id=data.tokenizer.eos_token_id))
-        check_block_size(d.block_size, model.config.n_positions)
-        if cfg.model.activation_checkpointing:
-            enable_activation_checkpointing(model)
-        model.to(device)
-        dtype = resolve_amp(o, device, model, d.block_size)[0]
-        step = precision.step_seconds(model, o.batch_size, d.block_size, dtype)
-        for _ in range(PROBE_WARMUP):
-            step()
-        times: list[float] = []
-        start = time.perf_counter()
-        while len(times) < PROBE_STEPS[1] and (len(times) < PROBE_STEPS[0] or time.perf_counter() - start < PROBE_S):
-            times.append(step())
-    finally:
-        torch.set_num_threads(before)
-    amp = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
-    return (sorted(times)[len(times) // 2] * o.grad_accum,
-            f"the median of {len(times)} steps timed before training, {amp}, after {PROBE_WARMUP} warm-up steps")
-
-
 def attach_schedule(report: dict[str, Any], schedule: dict[str, Any], reference: str) -> dict[str, Any]:
     """The time budget's decision (the steps chosen, the step time it was fitted with) and the recipe's recorded
     full-schedule result (`reference`, as the recipe states it) in the train report (rewritten)."""
-    report["schedule"] = {**{k: v for k, v in schedule.items() if k != "key"}, "full_schedule_result": reference}
-    report["protocol"]["schedule"] = ("the training steps a time budget left: chosen once, before training, from a "
-                                      "step time measured then (schedule.how_chosen); the learning-rate schedule is "
-                                      "built for them; full_schedule_result is quoted from the recipe, not measured "
-                                      "here")
+    s = report["schedule"] = {**{k: v for k, v in schedule.items() if k != "key"}, "full_schedule_result": reference}
+    if s["steps"] < s["recipe_steps"]:  # what the shorter schedule costs, and how to get the full one
+        bpb = report["metrics"].get("bits_per_byte")
+        s["what_it_costs"] = (
+            f"{s['steps']:,} of the recipe's {s['recipe_steps']:,} training steps"
+            + (f" reached {bpb:.3f} bits per byte on the held-out blocks" if bpb is not None else "")
+            + f"; the full schedule: {reference or 'not recorded by the recipe (full_schedule_result)'}"
+            + (f"; the stages after training ran on {s['share']:.0%} of their recipe's measuring budgets"
+               if s.get("share", 1) < 1 else "") + f"; `effkit run --full` trains all {s['recipe_steps']:,}")
+    report["protocol"]["schedule"] = ("the training steps a time budget left: chosen before training from the step "
+                                      "time `train --plan` predicts, re-fitted once from training's own first steps "
+                                      "while the learning rate warms up (schedule.how_chosen, schedule.refit); the "
+                                      "learning-rate schedule is built for them; full_schedule_result is quoted from "
+                                      "the recipe, not measured here")
     write_stage_report(Path(report["config"]["run"]["reports_dir"]) / report["run"], report)
     return report
 
@@ -769,7 +748,12 @@ class TrainStage(Stage):
         plan.configs["train"] = plan.train.with_flat(max_steps=steps)  # the cosine is built for `steps`
 
     def probe_step_time(self, plan: Plan) -> tuple[float | None, str]:
-        return probe_step_time(plan.train)
+        from effkit.memplan import step_time
+
+        return step_time(plan.train)
+
+    def schedule_free_steps(self, plan: Plan) -> int:
+        return plan.train.optim.warmup_steps  # `lr_lambda`: the warm-up's rates do not depend on the steps trained
 
     def configure(self, plan: Plan) -> None:
         f = plan.run.folders

@@ -452,6 +452,11 @@ def test_a_time_budget_trains_fewer_steps_chosen_once_and_kept_on_resume(tmp_pat
     report = json.loads((reports / "train.json").read_text())
     assert report["metrics"]["steps"] == 55 and report["config"]["optim"]["max_steps"] == 55  # the schedule's end
     assert report["schedule"]["steps"] == 55 and report["schedule"]["full_schedule_result"].startswith("1.234")
+    assert report["schedule"]["shares"] == {"train": {"share": 0.55, "training_steps": 55}}  # no measuring stage
+    assert report["schedule"]["what_it_costs"].startswith("55 of the recipe's 100 training steps reached ")
+    assert "the full schedule: 1.234 bits per byte" in report["schedule"]["what_it_costs"]
+    # the warm-up (5 steps) ends before training's own steps are timed (the first 5 are left out): no re-fit, said
+    assert report["schedule"]["refit"].startswith("not re-fitted: the warm-up (5 steps) ended")
     assert first["eta"]["time_budget"]["steps"] == 55 and first["eta"]["work_in_steps"]["train"] < 56
     bpb = report["metrics"]["bits_per_byte"]
     line = (f"trained 55 of 100 steps (time budget 0.5 min: one step took 0.500 s when measured before training, the "
@@ -531,6 +536,105 @@ def test_no_budget_keeps_the_recipes_steps_and_measures_nothing(tmp_path, corpus
     assert plan.train.optim.max_steps == 100 and plan.schedule is None
 
 
+def test_a_probe_made_slow_by_a_busy_moment_is_corrected_by_the_refit_from_trainings_own_steps(tmp_path, corpus_dir,
+                                                                                                  monkeypatch):
+    """The step time predicted before training is three times training's own (a busy moment): the floor is chosen;
+    training's first steps (a fake clock: 0.5 s each) re-fit the decision once, during the warm-up, to the recipe's
+    full schedule; both figures and the disagreement are recorded, and the fingerprints follow."""
+    import io
+    from functools import partial
+
+    from effkit import artifacts
+    from effkit.pipeline import RECORD, StageRecord, fingerprints, fit_time_budget, refit_time_budget
+
+    recipe = budget_recipe(tmp_path, corpus_dir, 1.0)  # 60 s: 100 steps of 0.5 s fit, 35 of 1.5 s
+    recipe.write_text(recipe.read_text().replace("warmup_steps = 5", "warmup_steps = 30"))
+    quiet = Console(file=io.StringIO(), width=400)
+    fake_probe(monkeypatch, 1.5)
+    plan = make_plan(str(recipe))
+    with artifacts.run_lock(plan.run_dir):
+        record = StageRecord(plan, quiet)
+        decided = fit_time_budget(plan, record, quiet)
+        assert decided["steps"] == plan.train.optim.max_steps == 35 and decided["share"] == 0.35
+        eta = Eta(plan, quiet)
+        eta.refit = partial(refit_time_budget, plan, record, quiet)
+        times = iter([0.5 * i for i in range(40)])
+        eta.clock = lambda: next(times)
+        assert [eta.on_train_step(step, 1.0) for step in range(1, 26)] == [None] * 25
+        assert eta.on_train_step(26, 1.0) == 100  # 20 steady steps, within the warm-up of 30: re-fitted once
+        assert eta.on_train_step(27, 1.0) is None and eta.refit is None
+    d = plan.schedule
+    assert plan.train.optim.max_steps == 100 and d["steps"] == 100 and d["share"] == 1.0
+    assert (d["step_time_s"], d["training_step_time_s"], d["probe_over_training"]) == pytest.approx((1.5, 0.5, 3.0))
+    assert d["probe_disagrees"] and d["probe_tolerance"] == 0.25
+    assert d["refit"]["at_step"] == 26 and d["refit"]["steps_before"] == 35 and d["refit"]["fits"]
+    assert json.loads((plan.run_dir / RECORD).read_text())["time_budget"]["refit"]["steps"] == 100
+    assert record.now == fingerprints(plan) and eta.work["train"] > 100  # the estimate counts the steps trained now
+    assert eta.step_s == pytest.approx(0.5) and "re-fitted from training's own steps" in quiet.file.getvalue()
+
+
+def test_the_trainer_retargets_its_schedule_only_during_the_warm_up(tiny_cfg):
+    from effkit.errors import EffkitError
+    from effkit.parallel import init_runtime
+    from effkit.train import Trainer, lr_lambda
+
+    tr = Trainer(tiny_cfg(max_steps=6, warmup_steps=3), init_runtime(), progress=False)
+    tr.train_step()
+    tr.step = 1
+    tr.retarget(10)  # the cosine is the one a 10-step run follows from its start: the warm-up's rates are the same
+    assert tr.horizon == tr.cfg.optim.max_steps == 10
+    assert [tr.scheduler.lr_lambdas[0](k) for k in range(10)] == [lr_lambda(tr.cfg.optim, 10)(k) for k in range(10)]
+    tr.step = 4
+    with pytest.raises(EffkitError, match="only during the warm-up"):
+        tr.retarget(8)
+
+
+def test_a_budget_too_small_for_the_floors_is_refused_before_training_in_one_line(tmp_path, corpus_dir, capsys,
+                                                                                   monkeypatch):
+    recipe = budget_recipe(tmp_path, corpus_dir, 0.1)  # 6 s; the floor, 20 steps of 0.5 s, takes 10
+    fake_probe(monkeypatch, 0.5)
+    monkeypatch.setattr(sys, "argv", ["effkit", "run", str(recipe)])
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and len(err.splitlines()) == 1, err
+    assert "time budget 0.1 min is too short" in err and "20 of the recipe's 100 training steps" in err
+    assert "--time-budget-min 1 would fit them" in err and "effkit run --full" in err
+    assert not (tmp_path / "runs" / "tiny").exists() and not (tmp_path / "reports").exists()
+
+
+def test_the_share_given_to_each_stage_is_recorded_in_the_runs_report(tmp_path, corpus_dir, monkeypatch):
+    """A budget between the floors and the full run: training and every measuring stage get the same share, down to
+    their floors; pipeline.json, the estimate (eta.json) and the plan the stages run carry it."""
+    import io
+
+    from effkit import artifacts, pipeline
+    from effkit.pipeline import BUDGET_MARGIN, RECORD, StageRecord, fit_time_budget, predicted_total, step_timer
+
+    recipe = write_recipe(tmp_path, corpus_dir, finetune=10)
+    recipe.write_text(recipe.read_text().replace("max_steps = 4\nwarmup_steps = 1", "max_steps = 100\nwarmup_steps = 5")
+                      .replace("quick = true", "rounds = 6\nbudget_s = 20"))
+    fake_probe(monkeypatch, 0.05)
+    plan = make_plan(str(recipe))
+    timer = step_timer(plan)
+    middle = (predicted_total(plan, timer, 50, 0.05) + 1) / 60 / (1 - BUDGET_MARGIN)  # 50 steps fit, 55 do not
+    plan.run = plan.run.replace(time_budget_min=middle)
+    quiet = Console(file=io.StringIO(), width=400)
+    with artifacts.run_lock(plan.run_dir):
+        d = fit_time_budget(plan, StageRecord(plan, quiet), quiet)
+    assert d["steps"] == 50 and d["share"] == 0.5 and set(d["shares"]) == {"train", "prune", "quantize", "bench"}
+    assert all(v["share"] == 0.5 for v in d["shares"].values()) and d["shares"]["train"]["training_steps"] == 50
+    assert d["shares"]["prune"]["row"]["finetune_steps"] == plan.prune["row"].finetune.finetune_steps == 5
+    assert d["shares"]["bench"] == {"share": 0.5, "rounds": 3, "budget_s": 10.0} and plan.bench.measure.rounds == 3
+    assert d["shares"]["quantize"]["budget_s"] == plan.quantize.measure.budget_s
+    assert set(d["stage_s"]) == {"train", "prune row", "quantize", "bench"}
+    assert sum(d["stage_s"].values()) + pipeline.OUTSIDE_S == pytest.approx(d["predicted_s"])
+    assert json.loads((plan.run_dir / RECORD).read_text())["time_budget"]["shares"] == d["shares"]
+    eta = Eta(plan, quiet)
+    eta.set_step_time(0.05, "a test")
+    assert eta.record()["time_budget"]["shares"] == d["shares"] and eta.first == pytest.approx(d["stage_s"])
+
+
 @pytest.mark.parametrize("args, needle", [
     (["--time-budget-min", "-1"], "--time-budget-min must be a finite number >= 0 (got -1.0)"),
     (["--time-budget-min", "5", "--full"], "--full trains the recipe's full schedule; drop --time-budget-min"),
@@ -545,13 +649,17 @@ def test_a_bad_time_budget_is_one_line(args, needle, tmp_path, corpus_dir, capsy
     assert not (tmp_path / "runs").exists()
 
 
-def test_the_step_time_probe_times_the_recipes_training_step(tiny_cfg):
-    from effkit.train import PROBE_STEPS, probe_step_time
+def test_the_budget_and_train_plan_share_one_step_time_predictor(tiny_cfg, tmp_path, corpus_dir):
+    from effkit import memplan
+    from effkit.train import TrainStage
 
-    seconds, how = probe_step_time(tiny_cfg())
-    assert seconds > 0 and "steps timed before training, fp32" in how
-    assert PROBE_STEPS[0] <= int(how.split("median of ")[1].split()[0]) <= PROBE_STEPS[1]
-    assert probe_step_time(tiny_cfg(parallel="ddp"))[0] is None
+    seconds, how = memplan.step_time(tiny_cfg())
+    assert seconds > 0 and "as `effkit train --plan` predicts it" in how and ", fp32," in how
+    assert f"from {memplan.STEP_ROUNDS} steps" in how
+    assert memplan.predict(tiny_cfg(), probe=True).step_s == seconds  # the figure `train --plan` prints (cached)
+    assert memplan.step_time(tiny_cfg(parallel="ddp"))[0] is None
+    plan = make_plan(str(budget_recipe(tmp_path, corpus_dir, 0.5)))
+    assert TrainStage().probe_step_time(plan) == memplan.step_time(plan.train)  # what the time budget is fitted with
 
 
 def test_run_plan_plans_every_stage_from_shapes_and_prices_the_run_as_the_run_does(tmp_path, corpus_dir, capsys,

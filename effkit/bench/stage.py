@@ -40,6 +40,8 @@ from effkit.stage import Plan, RunContext, ShapeRun, Stage, Step, best_of_each_m
 # session 19, runs 13-15; the artifacts alone now run two processes at a time; 780-1,186 in session 18)
 BENCH_ARTIFACT_ROUND = 13.0  # per artifact per bench round: every workload and training batch at 128 tokens
 BENCH_ARTIFACT = 18.0  # per artifact: loading, its held-out loss, a sample, its memory
+# the fewest rounds of the first look a time budget leaves the bench (`--quick`'s)
+FEWEST_ROUNDS = 3
 
 
 def run_bench(cfg: BenchConfig, progress: bool = True, deliver: tuple[str, float] | None = None,
@@ -275,6 +277,14 @@ class BenchStage(Stage):
                                 "fp32 bytes or less), which do not exist before the run")
         return [("bench", f"{len(shapes.artifacts)} artifact(s)" + (", the peers" if b.what.peers else ""),
                  bench_plan(b))]
+
+    def with_share(self, plan: Plan, share: float) -> dict[str, Any]:
+        """The rounds of its first look (at least `FEWEST_ROUNDS`, never more than the recipe's) and the time
+        budget of each measure's later looks, times `share`: every artifact and peer is still timed."""
+        ms = plan.bench.measure
+        rounds = min(ms.rounds, max(FEWEST_ROUNDS, round(ms.rounds * share)))
+        plan.configs["bench"] = plan.bench.replace(rounds=rounds, budget_s=ms.budget_s * share)
+        return {"rounds": rounds, "budget_s": plan.bench.measure.budget_s}
 
     def fingerprints(self, plan: Plan, before: dict[str, str]) -> dict[str, str]:
         return {"bench": BenchStep().fingerprint(plan, before)}

@@ -613,6 +613,15 @@ class PruneStage(Stage):
                                 "stages after it")
         return out
 
+    def with_share(self, plan: Plan, share: float) -> dict[str, Any]:
+        """Each mode's fine-tuning steps between rounds and its latency comparison's time budget, times `share`
+        (at least one step where the recipe fine-tunes; a budget of 0 s still runs the first look)."""
+        ft = {m: c.finetune.finetune_steps for m, c in plan.prune.items()}  # a recipe's 0 (no fine-tuning) stays 0
+        plan.configs["prune"] = {m: c.replace(finetune_steps=ft[m] and max(1, round(ft[m] * share)),
+                                              budget_s=c.measure.budget_s * share) for m, c in plan.prune.items()}
+        return {m: {"finetune_steps": c.finetune.finetune_steps, "budget_s": c.measure.budget_s}
+                for m, c in plan.prune.items()}
+
     def fingerprints(self, plan: Plan, before: dict[str, str]) -> dict[str, str]:
         return {s.key: s.fingerprint(plan, before) for s in self.steps(plan)}  # quantize's best-pruned reads them
 

@@ -548,6 +548,12 @@ class QuantizeStage(Stage):
     def steps(self, plan: Plan) -> list[Step]:
         return [QuantizeStep(plan, w) for w in plan.run.pipeline.quantize_from]
 
+    def with_share(self, plan: Plan, share: float) -> dict[str, Any]:
+        """The time budget of its comparisons (`auto`'s head-to-head among the backends and the pick against its
+        parent) times `share` (0 s still runs the first look)."""
+        plan.configs["quantize"] = plan.quantize.replace(budget_s=plan.quantize.measure.budget_s * share)
+        return {"budget_s": plan.quantize.measure.budget_s}
+
     def memory_plans(self, plan: Plan, shapes: ShapeRun) -> list[tuple[str, str, Any]]:
         """The plan (`effkit quantize --plan`) from the dense model's shapes: the largest parent it may have."""
         dense = shapes.artifacts.get("train")
