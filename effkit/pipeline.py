@@ -52,7 +52,8 @@ def make_plan(recipe: str, overrides: dict[str, Any] | None = None) -> Plan:
     """Read and validate the whole recipe before anything runs: [run] (with `overrides`, the command line's flat
     keys: `optimize_for`), then every stage's table, in order."""
     load_recipe(recipe)
-    plan = Plan(recipe, build_config(RunConfig, recipe, dict(overrides or {})))
+    plan = Plan(recipe, build_config(RunConfig, recipe, dict(overrides or {})),
+                budget_typed=bool((overrides or {}).get("time_budget_min")))
     for name in STAGES.names():
         STAGES.get(name).configure(plan)
     return plan
@@ -189,12 +190,16 @@ def _decide_before_training(plan: Plan, timer: Stage, console: Console, budget: 
                 "share": 1.0}
     d = {**decide(plan, timer, step_s, budget), "step_time_s": step_s, "step_time_how": how, "how_chosen": HOW_SHARED}
     if not d["fits"]:
-        raise EffkitError(
-            f"time budget {budget:g} min is too short for this run on this machine: even its floors ({d['steps']:,} "
-            f"of the recipe's {full:,} training steps, every measuring stage on {d['share']:.0%} of its budgets) are "
-            f"predicted to take {_mins(d['predicted_s'])} (one training step {step_s:.3f} s, {how}); "
-            f"--time-budget-min {math.ceil(d['predicted_s'] / 60 / (1 - BUDGET_MARGIN))} would fit them, or "
-            f"`effkit run --full` runs the recipe's whole schedule")
+        over = (f"time budget {budget:g} min is too short for this run on this machine: even its floors "
+                f"({d['steps']:,} of the recipe's {full:,} training steps, every measuring stage on {d['share']:.0%} "
+                f"of its budgets) are predicted to take {_mins(d['predicted_s'])} (one training step {step_s:.3f} s, "
+                f"{how}); --time-budget-min {math.ceil(d['predicted_s'] / 60 / (1 - BUDGET_MARGIN))} would fit them, "
+                "or `effkit run --full` runs the recipe's whole schedule")
+        if plan.budget_typed:
+            raise EffkitError(over)
+        console.print(f"warning: {over}; running at the floors (the recipe's budget is a target; a "
+                      "--time-budget-min typed on the command line is refused instead)", highlight=False)
+        return {**d, "over_budget": over}
     said = (f"time budget {budget:g} min: one training step {step_s:.3f} s ({how}); the recipe's {full:,} steps "
             f"predict {_mins(d['predicted_full_s'])} in all")
     if d["steps"] == full:

@@ -73,6 +73,9 @@ class Plan:
     # each stage's config as the recipe gives it, before a time budget shared the run among the stages (empty: the
     # configs are the recipe's)
     unshared: dict[str, Any] = field(default_factory=dict)
+    # the budget was typed on the command line (`--time-budget-min`): one its floors cannot meet is refused; the
+    # recipe's own budget is a target, and a run predicted over it at its floors says so and goes on at them
+    budget_typed: bool = False
 
     def __getattr__(self, name: str) -> Any:  # plan.train, plan.prune, ...: a stage's config
         configs = self.__dict__.get("configs", {})

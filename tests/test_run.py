@@ -591,9 +591,10 @@ def test_the_trainer_retargets_its_schedule_only_during_the_warm_up(tiny_cfg):
 
 def test_a_budget_too_small_for_the_floors_is_refused_before_training_in_one_line(tmp_path, corpus_dir, capsys,
                                                                                    monkeypatch):
-    recipe = budget_recipe(tmp_path, corpus_dir, 0.1)  # 6 s; the floor, 20 steps of 0.5 s, takes 10
-    fake_probe(monkeypatch, 0.5)
-    monkeypatch.setattr(sys, "argv", ["effkit", "run", str(recipe)])
+    """A budget typed on the command line is refused where even the floors are predicted over it."""
+    recipe = budget_recipe(tmp_path, corpus_dir, 0.5)
+    fake_probe(monkeypatch, 0.5)  # 6 s budget; the floor, 20 steps of 0.5 s, takes 10
+    monkeypatch.setattr(sys, "argv", ["effkit", "run", str(recipe), "--time-budget-min", "0.1"])
     with pytest.raises(SystemExit) as exc:
         cli.main()
     err = capsys.readouterr().err.strip()
@@ -601,6 +602,28 @@ def test_a_budget_too_small_for_the_floors_is_refused_before_training_in_one_lin
     assert "time budget 0.1 min is too short" in err and "20 of the recipe's 100 training steps" in err
     assert "--time-budget-min 1 would fit them" in err and "effkit run --full" in err
     assert not (tmp_path / "runs" / "tiny").exists() and not (tmp_path / "reports").exists()
+
+
+def test_the_recipes_own_budget_over_at_the_floors_is_said_before_training_and_the_run_goes_on(tmp_path, corpus_dir,
+                                                                                               monkeypatch):
+    """The recipe's budget is a target (README command 1 on a slow CPU): predicted over at the floors, the run says so
+    in one line before training, trains the floors and records why."""
+    import io
+
+    from effkit import artifacts
+    from effkit.pipeline import StageRecord, fit_time_budget
+
+    recipe = budget_recipe(tmp_path, corpus_dir, 0.1)
+    fake_probe(monkeypatch, 0.5)
+    plan = make_plan(str(recipe))
+    out = io.StringIO()
+    said = Console(file=out, width=400)
+    with artifacts.run_lock(plan.run_dir):
+        d = fit_time_budget(plan, StageRecord(plan, said), said)
+    assert d["steps"] == 20 and not d["fits"] and "--time-budget-min 1 would fit them" in d["over_budget"]
+    lines = [line for line in out.getvalue().splitlines() if "too short" in line]
+    assert len(lines) == 1 and lines[0].startswith("warning: time budget 0.1 min is too short")
+    assert "running at the floors" in lines[0]
 
 
 def test_the_share_given_to_each_stage_is_recorded_in_the_runs_report(tmp_path, corpus_dir, monkeypatch):
