@@ -135,8 +135,11 @@ def schedule_line(report: dict[str, Any]) -> str | None:
     full, trained, shortened = s["recipe_steps"], m.get("steps", s["steps"]), s["steps"] < s["recipe_steps"]
     if shortened:
         line = f"trained {trained:,} of {full:,} steps (time budget {s['budget_min']:g} min"
-        line += (f": one step took {s['step_time_s']:.3f} s when measured before training, the recipe's steps "
-                 f"predicted {s['predicted_full_s'] / 60:.1f} min for the whole run)" if "step_time_s" in s else ")")
+        line += (f": one step predicted at {s['step_time_s']:.3f} s before training"
+                 + (f" and {s['training_step_time_s']:.3f} s in training's own first steps"
+                    if "training_step_time_s" in s else "")
+                 + f", the recipe's steps predicted {s['predicted_full_s'] / 60:.1f} min for the whole run)"
+                 if "step_time_s" in s else ")")
     else:
         line = f"trained all {full:,} steps of the recipe (time budget {s['budget_min']:g} min: " + (
             f"predicted {s['predicted_full_s'] / 60:.1f} min for the whole run, within it)" if "predicted_full_s" in s

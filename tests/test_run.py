@@ -459,7 +459,7 @@ def test_a_time_budget_trains_fewer_steps_chosen_once_and_kept_on_resume(tmp_pat
     assert report["schedule"]["refit"].startswith("not re-fitted: the warm-up (5 steps) ended")
     assert first["eta"]["time_budget"]["steps"] == 55 and first["eta"]["work_in_steps"]["train"] < 56
     bpb = report["metrics"]["bits_per_byte"]
-    line = (f"trained 55 of 100 steps (time budget 0.5 min: one step took 0.500 s when measured before training, the "
+    line = (f"trained 55 of 100 steps (time budget 0.5 min: one step predicted at 0.500 s before training, the "
             f"recipe's steps predicted 0.8 min for the whole run): {bpb:.3f} bits per byte on the held-out blocks; "
             "the recipe's full 100 steps: 1.234 bits per byte (docs/x.md); `effkit run --full` trains all 100")
     assert first["schedule"] == line and line[1:] in (reports / "summary.md").read_text()
