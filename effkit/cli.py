@@ -10,21 +10,24 @@ import os
 import sys
 import typing
 from pathlib import Path
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
 from effkit import console, studies, workloads
 from effkit.config import (
-    DEVICE_HELP,
     BenchConfig,
     ExportConfig,
+    Folders,
+    GenerateConfig,
     PruneConfig,
     QuantizeConfig,
     RunConfig,
+    StudyConfig,
     TrainConfig,
     bool_field,
     build_config,
+    check_fields,
     field_flag,
     field_help,
     flat_defaults,
@@ -80,15 +83,15 @@ def _stage_parameter(key: str, f: dataclasses.Field, kind: Any) -> inspect.Param
 
 
 def with_stage_options(cls: type, only: tuple[str, ...] | None = None):
-    """Add a command's stage flags: one per flat key of the config class `cls` (`config.flat_fields`: its sections'
-    fields, a quantization backend's `Options` among them), placed after `--recipe`, with the default, type and
-    help of the field; recipe-only keys (`cli: False` in the metadata) get none. The command declares only what
-    is no stage field (ctx, --recipe, --plan, ...) and receives the flags in its `**kwargs`; `_flags(ctx, cls)`
-    reads those the user typed. A new option is one field in config.py. `only`: just these keys (`effkit run`,
-    whose table is otherwise recipe-only)."""
+    """Add a command's flags: one per flat key of the config class `cls` (`config.flat_fields`: a stage's sections'
+    fields, a quantization backend's `Options` among them, or a plain dataclass's fields: `generate`, `study`),
+    placed after `--recipe` (else last), with the default, type and help of the field; recipe-only keys (`cli:
+    False` in the metadata) get none. The command declares only what is no field (ctx, --recipe, --plan, ...) and
+    receives the flags in its `**kwargs`; `_flags(ctx, cls)` reads those the user typed. A new option is one field
+    in config.py. `only`: just these keys (`effkit run`, whose table is otherwise recipe-only)."""
 
     def wrap(fn):
-        sig = inspect.signature(fn)
+        sig = inspect.signature(fn, eval_str=True)  # `Plan` and the like: typer reads their Annotated metadata
         own = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
         at = next((i + 1 for i, p in enumerate(own) if p.name == "recipe"), len(own))
         # a plug-in that does not import loses its flags here and is said in one line when the command runs
@@ -103,17 +106,22 @@ def with_stage_options(cls: type, only: tuple[str, ...] | None = None):
     return wrap
 
 
-def _recipe(stage: str, more: str = "") -> Any:
-    return typer.Option(None, help=f"TOML recipe; its \\[{stage}] table sets defaults{more}")
+def _recipe(stage: str) -> Any:
+    return typer.Option(None, help=f"TOML recipe; its \\[{stage}] table sets the defaults, flags override")
+
+
+# `--plan`, the same on every stage command and on `effkit run`
+Plan = Annotated[bool, typer.Option("--plan", help="predict, allocate nothing, and stop: the peak memory (per rank, "
+                                    "per stage), its parts and whether it fits; `effkit run` also its time (a few "
+                                    "training steps timed now)")]
 
 
 @app.command()
 @with_stage_options(TrainConfig)
 def train(
     ctx: typer.Context,
-    recipe: Optional[Path] = _recipe("train", ", flags override"),
-    plan: bool = typer.Option(False, "--plan", help="print the predicted per-rank peak memory and whether it fits, "
-                              "allocate nothing, and stop"),
+    recipe: Optional[Path] = _recipe("train"),
+    plan: Plan = False,
     fit: bool = typer.Option(False, "--fit", help="with --plan: propose the cheapest memory tricks that fit"),
     **stage_options,  # TrainConfig's flags, added by with_stage_options
 ):
@@ -145,10 +153,7 @@ def train(
 
 @app.command()
 @with_stage_options(PruneConfig)
-def prune(ctx: typer.Context, recipe: Optional[Path] = _recipe("prune"),
-          plan: bool = typer.Option(False, "--plan", help="print the predicted peak memory, its parts and whether "
-                                    "it fits, allocate nothing, and stop"),
-          **stage_options):
+def prune(ctx: typer.Context, recipe: Optional[Path] = _recipe("prune"), plan: Plan = False, **stage_options):
     """Prune a trained model (row, width, depth or weight), fine-tuning between rounds; one artifact per round."""
     quiet_libraries()
     cfg = build_config(PruneConfig, str(recipe) if recipe else None, _flags(ctx, PruneConfig))
@@ -163,10 +168,7 @@ def prune(ctx: typer.Context, recipe: Optional[Path] = _recipe("prune"),
 
 @app.command()
 @with_stage_options(QuantizeConfig)
-def quantize(ctx: typer.Context, recipe: Optional[Path] = _recipe("quantize"),
-             plan: bool = typer.Option(False, "--plan", help="print the predicted peak memory, its parts and "
-                                       "whether it fits, allocate nothing, and stop"),
-             **stage_options):
+def quantize(ctx: typer.Context, recipe: Optional[Path] = _recipe("quantize"), plan: Plan = False, **stage_options):
     """Quantize an artifact to int8 and compare it with its parent (fp32 and bf16)."""
     quiet_libraries()
     from effkit.quantize.stage import quantize_plan, run_quantize
@@ -180,10 +182,7 @@ def quantize(ctx: typer.Context, recipe: Optional[Path] = _recipe("quantize"),
 
 @app.command()
 @with_stage_options(ExportConfig)
-def export(ctx: typer.Context, recipe: Optional[Path] = _recipe("export"),
-           plan: bool = typer.Option(False, "--plan", help="print the predicted peak memory, its parts and whether "
-                                     "it fits, allocate nothing, and stop"),
-           **stage_options):
+def export(ctx: typer.Context, recipe: Optional[Path] = _recipe("export"), plan: Plan = False, **stage_options):
     """Export an artifact to ONNX, CTranslate2 or OpenVINO (optionally int8) and compare it with its PyTorch
     parent."""
     quiet_libraries()
@@ -202,8 +201,7 @@ def bench(
     ctx: typer.Context,
     recipe: Optional[Path] = _recipe("bench"),
     json_out: bool = typer.Option(False, "--json", help="print the machine-readable result instead of the table"),
-    plan: bool = typer.Option(False, "--plan", help="print the predicted peak memory, its parts and whether it "
-                              "fits, allocate nothing, and stop"),
+    plan: Plan = False,
     **stage_options,  # BenchConfig's flags (and its paths argument), added by with_stage_options
 ):
     """Measure every artifact of a run with one protocol; table, bench.json/csv/md and leaderboard.json."""
@@ -220,22 +218,10 @@ def bench(
 
 
 @app.command()
-def generate(
-    source: str = typer.Option("", "--from", help="artifact folder (default: newest artifact of the latest run)"),
-    prompt: str = typer.Option("The state of the Union", help="text to continue"),
-    max_new_tokens: int = typer.Option(64, help="tokens to generate"),
-    temperature: float = typer.Option(0.0, help="0 = greedy; otherwise sample at this temperature"),
-    top_k: int = typer.Option(50, help="sample among the k most likely tokens (with --temperature > 0)"),
-    seed: int = typer.Option(0, help="random seed for sampling"),
-    compile: bool = typer.Option(False, "--compile", help="decode with a static KV cache and a torch.compile'd "
-                                                          "step (compiled before the streamed text)"),
-    device: str = typer.Option("auto", help=DEVICE_HELP),
-    runs_dir: str = typer.Option("runs", help="where runs/ are"),
-):
+@with_stage_options(GenerateConfig)
+def generate(**options):
     """Stream text from any artifact, quantized ones included."""
     quiet_libraries()
-    import math
-
     import torch
     from transformers import AutoTokenizer, TextStreamer
 
@@ -243,26 +229,22 @@ def generate(
     from effkit.artifacts.loader import load_any
     from effkit.parallel import resolve_device
 
-    if max_new_tokens < 1:
-        raise EffkitError(f"--max-new-tokens must be at least 1 (got {max_new_tokens})")
-    if not math.isfinite(temperature) or temperature < 0:
-        raise EffkitError(f"--temperature must be a finite number >= 0 (got {temperature})")
-    if top_k < 1:
-        raise EffkitError(f"--top-k must be at least 1 (got {top_k})")
-    if not prompt.strip():
+    g = GenerateConfig(**options)
+    check_fields(g)
+    if not g.prompt.strip():
         raise EffkitError("--prompt is empty; give some text to continue")
-    path = resolve_artifact(source, runs_dir, default_tag="") if source else _newest(runs_dir)
+    path = resolve_artifact(g.source, g.runs_dir, default_tag="") if g.source else _newest(g.runs_dir)
     read_meta(path)
-    dev = resolve_device(device)
+    dev = resolve_device(g.device)
     tok = AutoTokenizer.from_pretrained(path)
     model = load_any(path, dev).eval()
-    ids = tok(prompt, return_tensors="pt").input_ids.to(dev)
-    if ids.shape[1] + max_new_tokens > model.config.n_positions:
+    ids = tok(g.prompt, return_tensors="pt").input_ids.to(dev)
+    if ids.shape[1] + g.max_new_tokens > model.config.n_positions:
         raise EffkitError(f"prompt ({ids.shape[1]} tokens) + --max-new-tokens exceed the model's context "
                           f"({model.config.n_positions}); ask for fewer tokens")
-    kwargs = {"do_sample": True, "temperature": temperature, "top_k": top_k} if temperature > 0 else \
+    kwargs = {"do_sample": True, "temperature": g.temperature, "top_k": g.top_k} if g.temperature > 0 else \
         {"do_sample": False}
-    if compile:
+    if g.compile:
         import time
 
         from effkit.measure.generation import compiled_generation, greedy_generate
@@ -271,12 +253,12 @@ def generate(
         if compiled is None:
             raise EffkitError(f"--compile: {status}; run without --compile")
         t = time.perf_counter()
-        greedy_generate(model, tok, max_new_tokens, prompt, generate_kwargs=compiled)  # compiles (same shapes)
+        greedy_generate(model, tok, g.max_new_tokens, g.prompt, generate_kwargs=compiled)  # compiles (same shapes)
         print(f"compiled in {time.perf_counter() - t:.1f} s: {status}", file=sys.stderr)
         kwargs.update(compiled)
-    torch.manual_seed(seed)
+    torch.manual_seed(g.seed)
     with torch.inference_mode():
-        model.generate(ids, max_new_tokens=max_new_tokens, pad_token_id=tok.eos_token_id, use_cache=True,
+        model.generate(ids, max_new_tokens=g.max_new_tokens, pad_token_id=tok.eos_token_id, use_cache=True,
                        streamer=TextStreamer(tok), **kwargs)
 
 
@@ -287,18 +269,16 @@ def _newest(runs_dir: str) -> Path:
 
 
 @app.command()
-def report(
-    run: Optional[str] = typer.Argument(None, help="run name (default: the latest run)"),
-    runs_dir: str = typer.Option("runs", help="where runs/ are (to find the latest run)"),
-    reports_dir: str = typer.Option("reports", help="where reports/ are"),
-):
+@with_stage_options(Folders)
+def report(run: Optional[str] = typer.Argument(None, help="run name (default: the latest run)"), **folders):
     """Render reports/<run>/summary.md with PNG plots (loss curves, pruning curves, artifact comparison)."""
     from effkit.artifacts import latest_run
     from effkit.config import check_run_name
     from effkit.report import render_run_report
 
-    name = check_run_name(run, "run") if run else latest_run(Path(runs_dir)).name
-    summary, plots = render_run_report(Path(reports_dir), name)
+    where = Folders(**folders)
+    name = check_run_name(run, "run") if run else latest_run(Path(where.runs_dir)).name
+    summary, plots = render_run_report(Path(where.reports_dir), name)
     print(f"report: {summary}")
     for p in plots:
         print(f"plot:   {p}")
@@ -312,7 +292,7 @@ def _default_recipe() -> str:
     return str(shipped if shipped.is_file() else local)
 
 
-RUN_FLAGS = ("time_budget_min",)  # the [run] keys `effkit run` also takes as flags (from their fields)
+RUN_FLAGS = ("optimize_for", "time_budget_min")  # the [run] keys `effkit run` also takes as flags (--workload, ...)
 
 
 @app.command("run")
@@ -322,12 +302,7 @@ def run_cmd(
     recipe: Optional[str] = typer.Argument(None, help="TOML recipe (default: recipes/quickstart.toml)"),
     force: bool = typer.Option(False, "--force", help="redo every stage, even complete ones"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the plan (stages, launch command, artifacts) only"),
-    plan: bool = typer.Option(False, "--plan", help="print each stage's predicted peak memory and whether it fits, "
-                              "and the run's predicted time (a few training steps timed now); runs nothing else"),
-    workload: Optional[str] = typer.Option(None, help="the workload the delivered artifact (and auto's backend) is "
-                                           "chosen for, among every engine: " + ", ".join(workloads.names()) +
-                                           " (default: the recipe's \\[run] optimize_for, else "
-                                           f"{workloads.GENERATION})"),
+    plan: Plan = False,
     full: bool = typer.Option(False, "--full", help="train the recipe's full schedule, whatever the time budget "
                               "(the same as --time-budget-min 0)"),
     **stage_options,  # the [run] keys in RUN_FLAGS, added by with_stage_options
@@ -338,9 +313,9 @@ def run_cmd(
 
     out = console.terminal()
     recipe = recipe or _default_recipe()
-    if workload:
-        workloads.get(workload, "--workload")  # a bad name is the flag's error, not the recipe's
-    overrides = {**_explicit(ctx, list(RUN_FLAGS)), **({"optimize_for": workload} if workload else {})}
+    overrides = _explicit(ctx, list(RUN_FLAGS))
+    if "optimize_for" in overrides:
+        workloads.get(overrides["optimize_for"], "--workload")  # a bad name is the flag's error, not the recipe's
     if full:
         if overrides.get("time_budget_min"):
             raise EffkitError("--full trains the recipe's full schedule; drop --time-budget-min (or --full)")
@@ -405,27 +380,16 @@ def doctor():
 
 
 @app.command()
-def study(
-    name: str = typer.Argument(..., help=", ".join(studies.names())),
-    model: str = typer.Option("gpt2-mini", help="model preset"),
-    data: str = typer.Option("builtin", help="corpus (as for effkit train)"),
-    vocab_size: int = typer.Option(8192, help="BPE vocabulary size"),
-    block_size: int = typer.Option(128, help="tokens per block"),
-    batch_size: int = typer.Option(4, help="blocks per step per data-parallel rank"),
-    steps: int = typer.Option(12, help="optimizer steps per run"),
-    nproc: int = typer.Option(2, help="processes for the multi-process studies (scaling goes 1..nproc)"),
-    out: str = typer.Option("reports/studies", help="where reports/studies/NAME/ goes"),
-    runs_dir: str = typer.Option("runs/studies", help="where the study's runs go"),
-):
+@with_stage_options(StudyConfig)
+def study(name: str = typer.Argument(..., help=", ".join(studies.names())), **options):
     """Reproduce a classic distributed-training experiment on this machine; table, JSON, Markdown, PNG."""
     quiet_libraries()
     from rich.table import Table
 
-    from effkit.studies import StudyConfig, fmt_value, run_study
+    from effkit.studies import fmt_value, run_study
 
-    result = run_study(name, StudyConfig(model=model, data=data, vocab_size=vocab_size, block_size=block_size,
-                                         batch_size=batch_size, steps=steps, nproc=nproc, out=out,
-                                         runs_dir=runs_dir))
+    s = StudyConfig(**options)
+    result = run_study(name, s)
     t = Table(title=f"study {name} ({result['device']})")
     cols = list(result["rows"][0])
     for c in cols:
@@ -435,7 +399,7 @@ def study(
     console.terminal().print(t)
     for n in result["notes"]:
         print(f"note: {n}")
-    print(f"report: {Path(out) / name}/{name}.md ({result['wall_s']:.0f} s)")
+    print(f"report: {Path(s.out) / name}/{name}.md ({result['wall_s']:.0f} s)")
 
 
 def main() -> None:

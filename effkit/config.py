@@ -4,16 +4,17 @@ Flow: recipe (TOML) + CLI flags -> config dataclass -> stage. A recipe holds one
 (`[train]`, `[prune]`, ...) of flat keys, the same names as the command's flags. Configs are frozen: a stage
 that needs a variant makes one with `.replace(...)`.
 
-`TrainConfig` is nested, torchtitan style, in sections that later stages read on their own: `data` (what
-the model reads; every artifact carries its data section in `effkit.json`), `model`, `optim`, `parallel` and
-`run` (where things go and how often). Its flat keys (`lr`, `parallel`, ...) map onto those sections, so the
-command line and recipes stay flat. The other stage configs are nested by concern too (`_Staged`: inputs,
-method, finetune, measure, folders), and their flat keys, `to_dict()` and `replace()` are what they always were.
+Every stage config is nested by concern on one mechanism (`_Staged`), torchtitan style: its fields are sections
+that later stages read on their own, and each field of a section is one flat key, so the command line and
+recipes stay flat (`with_flat(lr=...)`). Train's sections are `data` (what the model reads; every artifact
+carries its data section in `effkit.json`), `model`, `optim`, `parallel` and `run` (where things go and how
+often), saved by section; the other stages' (inputs, method, finetune, measure, folders) are saved flat.
 
-Every option is declared once, as a field of a section: its default, its type (the annotation: what recipes and
-flags are checked against) and, in the field's `metadata` (`opt(default, help, ...)` writes it), everything the
-command line shows of it. The CLI builds each command's flags from these fields (`flat_fields`), so a new option
-is one field here. The metadata keys:
+Every option is declared once, as a field of a section (or of a command's own dataclass: `GenerateConfig`,
+`StudyConfig`): its default, its type (the annotation: what recipes and flags are checked against) and, in the
+field's `metadata` (`opt(default, help, ...)` writes it), everything the command line shows of it and the values
+it accepts. The CLI builds each command's flags from these fields (`flat_fields`), so a new option is one field
+here. The metadata keys:
 
 - `help`: the `--help` line, or a zero-argument callable making it (text built from a registry, read when the
   CLI builds its flags, so plug-ins registered before that are listed and nothing heavy is imported here). A
@@ -24,10 +25,16 @@ is one field here. The metadata keys:
   `--from` for `source`, `--resume` (a boolean without its `--no-` form), `--fixed-rounds/--sequential`.
 - `show_default`: what `--help` shows as the default instead of the value (`"auto"` for a None that means auto).
 - `cli`: False for a recipe-only key (no flag); `argument`: True for a positional argument (bench's paths).
+- `key`: the flat key where it is not the field's name (`[train] data` is `DataConfig.source`).
+- `ge`, `gt`, `le`, `lt`: the range a number must lie in (a finite number, bounds inclusive or not).
+
+`check_fields` checks every value against its field's choices and range, in one line naming the flag and what it
+accepts; a stage's `validate` adds only the checks between fields.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import re
@@ -68,6 +75,41 @@ def field_choices(f: dataclasses.Field) -> tuple[str, ...]:
     """The values a field accepts, where it declares a fixed set (else empty)."""
     choices = f.metadata.get("choices") or ()
     return tuple(choices() if callable(choices) else choices)
+
+
+def check_field(key: str, f: dataclasses.Field, value: Any) -> None:
+    """`value` against the choices and the range (`ge`, `gt`, `le`, `lt`) its field declares (None: auto)."""
+    flag, m = "--" + key.replace("_", "-"), f.metadata
+    choices = field_choices(f)
+    if value is not None and choices and value not in choices:
+        raise EffkitError(f"unknown {flag} {value!r}; choose one of {', '.join(map(str, choices))}")
+    lo, hi = m.get("ge", m.get("gt")), m.get("le", m.get("lt"))
+    if value is None or (lo is None and hi is None):
+        return
+    if math.isfinite(value) and (lo is None or (value > lo if "gt" in m else value >= lo)) and \
+            (hi is None or (value < hi if "lt" in m else value <= hi)):
+        return
+    if lo is not None and hi is not None:
+        excluded = [_num(b) for b, k in ((lo, "gt"), (hi, "lt")) if k in m]
+        said = f"between {_num(lo)} and {_num(hi)}" + (", both excluded" if len(excluded) == 2 else
+                                                        "".join(f", {b} excluded" for b in excluded))
+    elif hi is not None:
+        said = f"{'<' if 'lt' in m else '<='} {_num(hi)}"
+    else:
+        said = f"> {_num(lo)}" if "gt" in m else (f"at least {_num(lo)}" if lo else ">= 0")
+        said = f"a finite number {said}" if isinstance(value, float) else said
+    raise EffkitError(f"{flag} must be {said} (got {value})")
+
+
+def _num(x: float) -> str:
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+def check_fields(cfg: Any) -> None:
+    """Every flat key of a config (a stage's, or a plain dataclass of options) against its field's metadata."""
+    values = cfg.flat() if isinstance(cfg, _Staged) else None
+    for key, (f, _) in flat_fields(type(cfg)).items():
+        check_field(key, f, getattr(cfg, f.name) if values is None else values[key])
 
 
 def field_help(f: dataclasses.Field) -> str:
@@ -114,7 +156,8 @@ def _section_fields(section: type) -> dict[str, tuple[dataclasses.Field, Any]]:
     if issubclass(section, PluginOptions):
         return section.declared_fields()
     hints = _hints(section)
-    return {f.name: (f, hints.get(f.name, type(_default(f)))) for f in dataclasses.fields(section)}
+    return {f.metadata.get("key", f.name): (f, hints.get(f.name, type(_default(f))))
+            for f in dataclasses.fields(section)}
 
 
 def _default(f: dataclasses.Field) -> Any:
@@ -136,13 +179,6 @@ class _Section:
         return dataclasses.asdict(self)
 
 
-def _field_names(section: type) -> list[str]:
-    """A section's flat keys: a dataclass's fields, or what the plug-ins of a `PluginOptions` section declare."""
-    if issubclass(section, PluginOptions):
-        return section.field_names()
-    return [f.name for f in dataclasses.fields(section)]
-
-
 class PluginOptions:
     """A config section made of the options plug-ins declare: each plug-in of `registry` (a quantization backend, a
     pruning method) may have an `options` dataclass (`registry.options(name)`: a built-in pruning method's is read
@@ -153,11 +189,6 @@ class PluginOptions:
 
     registry: Any = None  # set by subclasses
     what = "plug-in"
-
-    @classmethod
-    def declared(cls) -> dict[str, dataclasses.Field]:
-        """flat key -> its field, over every plug-in of the registry (in registry order)."""
-        return {key: f for key, (f, _) in cls.declared_fields().items()}
 
     @classmethod
     def declared_fields(cls) -> dict[str, tuple[dataclasses.Field, Any]]:
@@ -177,16 +208,12 @@ class PluginOptions:
         return [(name, options) for name in cls.registry.names()
                 if (options := cls.registry.options(name)) is not None]
 
-    @classmethod
-    def field_names(cls) -> list[str]:
-        return list(cls.declared())
-
     def __init__(self, **values: Any):
-        declared = self.declared()
+        declared = self.declared_fields()
         unknown = [k for k in values if k not in declared]
         if unknown:
             raise EffkitError(f"unknown {self.what} option {unknown[0]!r}")
-        object.__setattr__(self, "_values", {**{k: f.default for k, f in declared.items()}, **values})
+        object.__setattr__(self, "_values", {**{k: f.default for k, (f, _) in declared.items()}, **values})
 
     def __getattr__(self, key: str) -> Any:
         values = self.__dict__.get("_values", {})
@@ -206,9 +233,6 @@ class PluginOptions:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self._values.items())})"
 
-    def __deepcopy__(self, memo: dict) -> PluginOptions:
-        return type(self)(**dict(self._values))
-
     def replace(self, **changes: Any) -> PluginOptions:
         return type(self)(**{**self._values, **changes})
 
@@ -217,7 +241,7 @@ class PluginOptions:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any] | None) -> PluginOptions:
-        declared = cls.declared()
+        declared = cls.declared_fields()
         return cls(**{k: v for k, v in (values or {}).items() if k in declared})
 
     def of(self, options: type) -> Any:
@@ -225,59 +249,70 @@ class PluginOptions:
         return options(**{f.name: self._values[f.name] for f in dataclasses.fields(options)})
 
     def validate(self) -> None:
-        """Choices declared in a field's metadata are checked here, in one line naming them; then each plug-in's
-        dataclass is made from the values, so that its own checks (a `__post_init__` raising an EffkitError) refuse
-        a bad value before the stage starts."""
-        for key, f in self.declared().items():
-            choices = field_choices(f)
-            if choices and self._values[key] not in choices:
-                raise EffkitError(f"unknown --{key.replace('_', '-')} {self._values[key]!r}; choose one of "
-                                  f"{', '.join(choices)}")
+        """Each plug-in's dataclass made from the values (after `check_fields`, the choices and ranges of the
+        metadata), so that its own checks (a `__post_init__` raising an EffkitError) refuse a bad value before the
+        stage starts."""
         for options in dict.fromkeys(options for _, options in self.plugin_options()):
             self.of(options)
 
 
 class _Staged(_Section):
-    """A stage config nested by concern: its fields are sections (frozen dataclasses) and every field of a
-    section is one of the stage's flat keys (a flag and a recipe key of the same name). Flags, recipes, reports,
-    artifact metadata and pipeline fingerprints see the flat keys exactly as before (`to_dict()` is flat); code
-    reads `cfg.method.mode`, `cfg.folders.runs_dir`. `replace` takes flat keys."""
+    """A stage config nested by concern: its fields are sections (frozen dataclasses, or a `PluginOptions`) and
+    every field of a section is one of the stage's flat keys: a flag and a recipe key of the field's name (or of
+    its `key` metadata: `[train] data` is `DataConfig.source`). Flags and recipes reach it through `with_flat`;
+    code reads `cfg.method.mode`, `cfg.folders.runs_dir`. `nested`: how the config is saved and varied: flat
+    (`to_dict()` flat, `replace` takes flat keys: every stage but train) or by section (train: artifacts and
+    checkpoints hold its sections, and `replace` takes sections)."""
+
+    nested = False
 
     @classmethod
     def sections(cls) -> dict[str, type]:
         return {f.name: f.default_factory for f in dataclasses.fields(cls)}
 
     @classmethod
-    def flat_keys(cls) -> dict[str, str]:
-        """flat key -> the section holding it."""
-        return {key: name for name, sec in cls.sections().items() for key in _field_names(sec)}
+    def flat_keys(cls) -> dict[str, tuple[str, str]]:
+        """flat key -> (the section holding it, the field's name there)."""
+        return {key: (name, f.name) for name, sec in cls.sections().items()
+                for key, (f, _) in _section_fields(sec).items()}
 
     @classmethod
     def from_flat(cls, **values: Any):
-        return cls().replace(**values)
+        return cls().with_flat(**values)
 
-    def replace(self, **values: Any):
+    def with_flat(self, **values: Any):
+        """A copy with flat keys changed."""
         keys = self.flat_keys()
         per_section: dict[str, dict[str, Any]] = {}
         for key, value in values.items():
             if key not in keys:
                 raise EffkitError(f"unknown {_stage_name(type(self))} option {key!r}")
-            per_section.setdefault(keys[key], {})[key] = value
-        return dataclasses.replace(self, **{n: getattr(self, n).replace(**v) for n, v in per_section.items()})
+            section, name = keys[key]
+            per_section.setdefault(section, {})[name] = value
+        return dataclasses.replace(self, **{s: getattr(self, s).replace(**v) for s, v in per_section.items()})
+
+    def replace(self, **values: Any):
+        return dataclasses.replace(self, **values) if self.nested else self.with_flat(**values)
+
+    def flat(self) -> dict[str, Any]:
+        return {key: getattr(getattr(self, s), name) for key, (s, name) in self.flat_keys().items()}
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: v for name in self.sections() for k, v in getattr(self, name).to_dict().items()}
+        return dataclasses.asdict(self) if self.nested else copy.deepcopy(self.flat())
 
     @classmethod
     def flat_defaults(cls) -> dict[str, Any]:
-        return cls().to_dict()
+        return cls().flat()
 
     @classmethod
     def from_dict(cls, values: dict[str, Any] | None):
-        """From a saved flat dict (an artifact's or a report's config); keys this version does not know are
-        ignored."""
+        """From a saved dict (an artifact's, a checkpoint's or a report's config); keys this version does not know
+        are ignored."""
+        values = values or {}
+        if cls.nested:
+            return cls(**{s: sec.from_dict(values.get(s)) for s, sec in cls.sections().items()})
         keys = cls.flat_keys()
-        return cls.from_flat(**{k: v for k, v in (values or {}).items() if k in keys})
+        return cls.from_flat(**{k: v for k, v in values.items() if k in keys})
 
 
 def _stage_name(cls: type) -> str:
@@ -315,22 +350,26 @@ class QuantizeInputs(Inputs):
 
 # ------------------------------------------------------------------------------------------- train sections
 
+MAX_VOCAB = 1_000_000  # beyond any GPT-2-class vocabulary; larger values crash the BPE trainer
+MAX_THREADS = 4096
+
+
 @dataclass(frozen=True)
 class DataConfig(_Section):
     source: str = opt("builtin", "builtin (State of the Union speeches), wikitext-103, wikitext-2, or a .txt / "
-                      "folder / .jsonl path")  # flag --data
-    vocab_size: int = opt(8192, "BPE vocabulary size (ignored for pretrained models)")
-    block_size: int = opt(128, "tokens per training block (<= model context)")
-    heldout_fraction: float = opt(0.05, "fraction of documents held out")
-    eval_blocks: int = opt(64, "number of held-out blocks in every evaluation")
-    workers: int = opt(0, "DataLoader worker processes")
+                      "folder / .jsonl path", key="data")
+    vocab_size: int = opt(8192, "BPE vocabulary size (ignored for pretrained models)", ge=300, le=MAX_VOCAB)
+    block_size: int = opt(128, "tokens per training block (<= model context)", ge=2)
+    heldout_fraction: float = opt(0.05, "fraction of documents held out", gt=0, lt=1)
+    eval_blocks: int = opt(64, "number of held-out blocks in every evaluation", ge=1)
+    workers: int = opt(0, "DataLoader worker processes", ge=0, le=MAX_THREADS)
 
 
 @dataclass(frozen=True)
 class ModelConfig(_Section):
     name: str = opt("gpt2-mini", "preset (gpt2-nano, gpt2-micro, gpt2-mini, gpt2, gpt2-medium, gpt2-large, "
-                    "gpt2-xl), a Hugging Face model folder, or a hub id (online)")  # flag --model
-    dropout: float = opt(0.0, "dropout probability")
+                    "gpt2-xl), a Hugging Face model folder, or a hub id (online)", key="model")
+    dropout: float = opt(0.0, "dropout probability", ge=0, lt=1)
     activation_checkpointing: bool = opt(False, "recompute each block in backward to save memory")
 
 
@@ -341,45 +380,46 @@ def _optimizers() -> str:
 
 @dataclass(frozen=True)
 class OptimConfig(_Section):
-    max_steps: int = opt(200, "optimizer steps (0 = bounded by tokens/time)")
-    max_tokens: int = opt(0, "stop after this many training tokens (0 = no limit)")
-    time_budget: float = opt(0.0, "stop after this many seconds (0 = no limit)")
-    batch_size: int = opt(8, "blocks per micro-step per data-parallel rank")
-    grad_accum: int = opt(1, "micro-steps per optimizer step")
-    lr: float = opt(1e-3, "peak learning rate")
-    min_lr: float = opt(1e-4, "learning rate at the end of the cosine")
-    warmup_steps: int = opt(20, "linear warm-up steps")
-    weight_decay: float = opt(0.1, "AdamW weight decay (matrices only)")
-    grad_clip: float = opt(1.0, "gradient norm clip (0 = off)")
+    max_steps: int = opt(200, "optimizer steps (0 = bounded by tokens/time)", ge=0)
+    max_tokens: int = opt(0, "stop after this many training tokens (0 = no limit)", ge=0)
+    time_budget: float = opt(0.0, "stop after this many seconds (0 = no limit)", ge=0)
+    batch_size: int = opt(8, "blocks per micro-step per data-parallel rank", ge=1)
+    grad_accum: int = opt(1, "micro-steps per optimizer step", ge=1)
+    lr: float = opt(1e-3, "peak learning rate", gt=0)
+    min_lr: float = opt(1e-4, "learning rate at the end of the cosine", ge=0)
+    warmup_steps: int = opt(20, "linear warm-up steps", ge=0)
+    weight_decay: float = opt(0.1, "AdamW weight decay (matrices only)", ge=0)
+    grad_clip: float = opt(1.0, "gradient norm clip (0 = off)", ge=0)
     seed: int = opt(1337, "random seed (model init and data order)")
     # None = auto: bf16 on CUDA; on a CPU whichever measures faster (measure.precision)
     amp: bool | None = opt(None, "force mixed precision autocast (--amp-dtype) on or off; default: bf16 on CUDA, on "
                            "a CPU whichever of fp32 and bf16 measures faster for the model's shape (measured once "
                            "per machine and shape)", show_default="auto")
-    amp_dtype: str = opt("bf16", "bf16, or fp16 (CUDA only, with GradScaler)")
+    amp_dtype: str = opt("bf16", "{choices} (fp16: CUDA only, with GradScaler)", choices=("bf16", "fp16"))
     optim: str = opt("adamw", _optimizers)  # the names of registry.OPTIMIZERS (effkit.optim)
     tf32: bool = opt(True, "CUDA (Ampere+): fp32 matmuls on TF32 tensor cores")
 
 
 @dataclass(frozen=True)
 class ParallelConfig(_Section):
-    mode: str = opt("none", "{choices}", choices=PARALLEL_MODES)  # flag --parallel
+    mode: str = opt("none", "{choices}", choices=PARALLEL_MODES, key="parallel")
     # 0 = number of GPUs, or 2 on CPU when a parallel mode is asked for
     nproc: int = opt(0, "processes per node (0 = number of GPUs, or 2 on CPU)")
     tp_size: int = opt(0, "tensor-parallel size for fsdp+tp (0 = 2)")  # 0 = min(world, 2)
     pp_size: int = opt(0, "pipeline stages for pp+fsdp (0 = 2; pp: every process)")
-    pp_schedule: str = opt("1f1b", "pipeline schedule: gpipe or 1f1b")
+    pp_schedule: str = opt("1f1b", "pipeline schedule: {choices}", choices=PP_SCHEDULES)
     microbatches: int = opt(4, "pipeline micro-batches per micro-step (divide --batch-size; 1f1b: at least the "
-                            "number of stages)")
+                            "number of stages)", ge=1)
     sync: str = opt("ddp", "gradient sync for --parallel ddp: {choices}", choices=SYNC_MODES)
-    nnodes: int = opt(1, "number of machines")
+    nnodes: int = opt(1, "number of machines", ge=1)
     node_rank: int = opt(0, "rank of this machine")
     master_addr: str = opt("127.0.0.1", "address of the rank-0 machine")
-    master_port: int = opt(29500, "port of the rank-0 machine (on one machine, --nnodes 1, a free port is taken)")
-    connect_timeout: float = opt(120.0, "seconds a node other than 0 waits for node 0")
+    master_port: int = opt(29500, "port of the rank-0 machine (on one machine, --nnodes 1, a free port is taken)",
+                           ge=1, le=65535)
+    connect_timeout: float = opt(120.0, "seconds a node other than 0 waits for node 0", gt=0, le=86400)
     reshard_after_forward: bool = opt(True, "fsdp: free gathered parameters after forward")
     cpu_offload: bool = opt(False, "fsdp: keep parameters on CPU (GPU only)", flag="--cpu-offload")
-    threads: int = opt(0, "torch threads per process (0 = torch default)")
+    threads: int = opt(0, "torch threads per process (0 = torch default)", ge=0, le=MAX_THREADS)
 
     @property
     def launched(self) -> bool:
@@ -394,28 +434,10 @@ class RunSection(_Section):
     reports_dir: str = opt("reports", "where reports/<run>/ go")
     resume: bool = opt(False, "continue the run (--run-name, default: latest) from its last checkpoint",
                        flag="--resume")
-    eval_interval: int = opt(50, "steps between held-out evaluations (0 = end only)")
-    checkpoint_interval: int = opt(100, "steps between checkpoints (0 = never)")
-    warmup_steps_excluded: int = opt(5, "steps left out of the steady-state tokens/s", cli=False)
+    eval_interval: int = opt(50, "steps between held-out evaluations (0 = end only)", ge=0)
+    checkpoint_interval: int = opt(100, "steps between checkpoints (0 = never)", ge=0)
+    warmup_steps_excluded: int = opt(5, "steps left out of the steady-state tokens/s", cli=False, ge=0)
     profile: bool = opt(False, "synchronise CUDA around each phase so the time breakdown is exact", cli=False)
-
-
-MAX_VOCAB = 1_000_000  # beyond any GPT-2-class vocabulary; larger values crash the BPE trainer
-MAX_THREADS = 4096
-
-SECTIONS: dict[str, type] = {"data": DataConfig, "model": ModelConfig, "optim": OptimConfig,
-                             "parallel": ParallelConfig, "run": RunSection}
-RENAMED = {"data": ("data", "source"), "model": ("model", "name"), "parallel": ("parallel", "mode")}
-
-
-def _flat_keys() -> dict[str, tuple[str, str]]:
-    """flat key (flag / recipe key) -> (section, field), in the sections' order (a renamed field in its place)."""
-    renamed = {where: key for key, where in RENAMED.items()}
-    return {renamed.get((section, f.name), f.name): (section, f.name)
-            for section, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
-
-
-FLAT_KEYS = _flat_keys()
 
 
 RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
@@ -435,103 +457,25 @@ def check_folder_option(what: str, path: str) -> None:
         raise EffkitError(f"{what} {path} is a file, not a folder; give a folder (it is created if missing)")
 
 
-def _finite(name: str, value: float, low: float | None = None, high: float | None = None,
-            low_open: bool = False, high_open: bool = False) -> None:
-    """A finite number within [low, high] (open where asked); the message gives the range."""
-    lo_ok = low is None or (value > low if low_open else value >= low)
-    hi_ok = high is None or (value < high if high_open else value <= high)
-    if not math.isfinite(value) or not lo_ok or not hi_ok:
-        lo = "" if low is None else f"{'>' if low_open else '>='} {low:g}"
-        hi = "" if high is None else f"{'<' if high_open else '<='} {high:g}"
-        raise EffkitError(f"--{name.replace('_', '-')} must be a finite number {' and '.join(x for x in (lo, hi) if x)}"
-                          f" (got {value})")
-
-
 @dataclass(frozen=True)
-class TrainConfig(_Section):
+class TrainConfig(_Staged):
+    """`effkit train`: data (what the model reads), model, optim, parallel, run (where things go, how often)."""
+
+    nested = True  # saved by section in artifacts and checkpoints; `replace` takes sections, `with_flat` flat keys
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     run: RunSection = field(default_factory=RunSection)
 
-    @classmethod
-    def from_flat(cls, **values: Any) -> TrainConfig:
-        """From flat keys (command-line flags, recipe `[train]` keys): `TrainConfig.from_flat(lr=1e-3)`."""
-        return cls().with_flat(**values)
-
-    def with_flat(self, **values: Any) -> TrainConfig:
-        """A copy with flat keys changed."""
-        per_section: dict[str, dict[str, Any]] = {}
-        for key, value in values.items():
-            if key not in FLAT_KEYS:
-                raise EffkitError(f"unknown train option {key!r}")
-            section, name = FLAT_KEYS[key]
-            per_section.setdefault(section, {})[name] = value
-        return dataclasses.replace(self, **{s: getattr(self, s).replace(**v) for s, v in per_section.items()})
-
-    def flat(self) -> dict[str, Any]:
-        return {key: getattr(getattr(self, s), name) for key, (s, name) in FLAT_KEYS.items()}
-
-    @classmethod
-    def flat_defaults(cls) -> dict[str, Any]:
-        return cls().flat()
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any] | None) -> TrainConfig:
-        """A config saved in an artifact or checkpoint (keys this version does not know are ignored)."""
-        values = values or {}
-        return cls(**{s: SECTIONS[s].from_dict(values.get(s)) for s in SECTIONS})
-
     def validate(self, allow_no_steps: bool = False) -> TrainConfig:
-        o, d, p, m = self.optim, self.data, self.parallel, self.model
-        if o.batch_size < 1:
-            raise EffkitError(f"--batch-size must be at least 1 (got {o.batch_size})")
-        if o.grad_accum < 1:
-            raise EffkitError(f"--grad-accum must be at least 1 (got {o.grad_accum})")
-        if o.max_steps < 0:
-            raise EffkitError(f"--max-steps must be >= 0 (got {o.max_steps}); use 0 with --max-tokens "
-                              "or --time-budget")
-        if o.max_tokens < 0 or not (math.isfinite(o.time_budget) and o.time_budget >= 0):
-            raise EffkitError("--max-tokens and --time-budget must be >= 0")
+        check_fields(self)
+        o, p = self.optim, self.parallel
         if o.max_steps == 0 and o.max_tokens == 0 and o.time_budget == 0 and not allow_no_steps:
             raise EffkitError("nothing bounds training: set --max-steps, --max-tokens or --time-budget")
-        _finite("lr", o.lr, 0, low_open=True)
-        _finite("min_lr", o.min_lr, 0)
-        _finite("weight_decay", o.weight_decay, 0)
-        _finite("grad_clip", o.grad_clip, 0)
-        if o.warmup_steps < 0:
-            raise EffkitError(f"--warmup-steps must be >= 0 (got {o.warmup_steps})")
-        _finite("dropout", m.dropout, 0, 1, high_open=True)
-        if d.block_size < 2:
-            raise EffkitError(f"--block-size must be at least 2 (got {d.block_size})")
-        if not 300 <= d.vocab_size <= MAX_VOCAB:
-            raise EffkitError(f"--vocab-size must be between 300 (byte-level BPE) and {MAX_VOCAB:,} "
-                              f"(got {d.vocab_size})")
-        if not 0 < d.heldout_fraction < 1:
-            raise EffkitError(f"--heldout-fraction must be in (0, 1) (got {d.heldout_fraction})")
-        if o.amp not in (True, False, None):
-            raise EffkitError(f"amp must be true, false or \"auto\" (got {o.amp!r})")
-        if o.amp_dtype not in ("bf16", "fp16"):
-            raise EffkitError(f"--amp-dtype must be bf16 or fp16 (got {o.amp_dtype!r})")
         OPTIMIZERS.get(o.optim)  # one line naming the choices
-        if p.mode not in PARALLEL_MODES:
-            raise EffkitError(f"unknown --parallel {p.mode!r}; choose one of {', '.join(PARALLEL_MODES)}")
-        if p.sync not in SYNC_MODES:
-            raise EffkitError(f"unknown --sync {p.sync!r}; choose one of {', '.join(SYNC_MODES)}")
-        if p.nproc < 0:
+        if p.nproc < 0:  # 0: the number of GPUs, or 2 on CPU
             raise EffkitError(f"--nproc must be at least 1 (got {p.nproc})")
-        if not 0 <= p.threads <= MAX_THREADS:
-            raise EffkitError(f"--threads must be between 1 and {MAX_THREADS}, or 0 for torch's default "
-                              f"(got {p.threads})")
-        if p.microbatches < 1:
-            raise EffkitError(f"--microbatches must be at least 1 (got {p.microbatches})")
-        r = self.run
-        if r.eval_interval < 0 or r.checkpoint_interval < 0 or r.warmup_steps_excluded < 0:
-            raise EffkitError("--eval-interval, --checkpoint-interval and warmup_steps_excluded must be >= 0 "
-                              f"(0 = never; got {r.eval_interval}, {r.checkpoint_interval}, {r.warmup_steps_excluded})")
-        if p.pp_schedule not in PP_SCHEDULES:
-            raise EffkitError(f"unknown --pp-schedule {p.pp_schedule!r}; choose one of {', '.join(PP_SCHEDULES)}")
         if p.mode.startswith("pp"):
             if not 1 <= p.microbatches <= o.batch_size or o.batch_size % p.microbatches:
                 raise EffkitError(f"--microbatches {p.microbatches} must divide --batch-size {o.batch_size} (each "
@@ -542,15 +486,8 @@ class TrainConfig(_Section):
             raise EffkitError(f"--pp-size {p.pp_size} only applies to --parallel pp+fsdp")
         if p.sync != "ddp" and p.mode not in ("ddp", "none"):
             raise EffkitError(f"--sync {p.sync} applies to plain data parallelism; use it with --parallel ddp")
-        if p.nnodes < 1 or not 0 <= p.node_rank < p.nnodes:
+        if not 0 <= p.node_rank < p.nnodes:
             raise EffkitError(f"--node-rank must be in [0, --nnodes) (got {p.node_rank} of {p.nnodes})")
-        if not 1 <= p.master_port <= 65535:
-            raise EffkitError(f"--master-port must be a TCP port in [1, 65535] (got {p.master_port})")
-        _finite("connect_timeout", p.connect_timeout, 0, 86400, low_open=True)
-        if d.eval_blocks < 1:
-            raise EffkitError(f"--eval-blocks must be at least 1 (got {d.eval_blocks})")
-        if not 0 <= d.workers <= MAX_THREADS:
-            raise EffkitError(f"--workers must be between 0 and {MAX_THREADS} (got {d.workers})")
         if self.run.run_name:
             check_run_name(self.run.run_name)
         elif p.nnodes > 1:
@@ -560,29 +497,28 @@ class TrainConfig(_Section):
         return self
 
 
-
-
 @dataclass(frozen=True)
 class PruneMethod(_Section):
     # weight | row (MLP channels) | width (residual channels) | depth (whole blocks): the names of registry.PRUNERS
     mode: str = opt("row", "a pruning method: {choices} (row: MLP channels, width: residual channels, depth: whole "
                     "blocks, weight: unstructured)", choices=PRUNERS.names)
     target: float = opt(0.5, "fraction removed by the last round (0-1): of the weights, MLP channels, residual "
-                        "channels or blocks")
-    rounds: int = opt(3, "prune in this many steps up to the target")
+                        "channels or blocks", gt=0, lt=1)
+    rounds: int = opt(3, "prune in this many steps up to the target", ge=1)
     importance: str = opt("magnitude", "weight mode: magnitude, or wanda (|W| x input norm); width mode: magnitude, "
                           "or taylor (|W x gradient|)")
-    scope: str = opt("global", "weight mode, magnitude: rank globally or per layer")
-    calib_batches: int = opt(4, "wanda, taylor, depth: calibration batches")
+    scope: str = opt("global", "weight mode, magnitude: rank over all layers or per layer: {choices}",
+                     choices=("global", "layer"))
+    calib_batches: int = opt(4, "wanda, taylor, depth: calibration batches", ge=1)
 
 
 @dataclass(frozen=True)
 class PruneFinetune(_Section):
-    finetune_steps: int = opt(40, "fine-tuning steps after each round (0 = none)")
-    batch_size: int = opt(8, "fine-tuning batch size (blocks)")
+    finetune_steps: int = opt(40, "fine-tuning steps after each round (0 = none)", ge=0)
+    batch_size: int = opt(8, "fine-tuning batch size (blocks)", ge=1)
     lr: float = opt(0.0, "fine-tuning peak learning rate (0: the parent's final learning rate, where its training "
-                    "ended)")
-    warmup_steps: int = opt(5, "fine-tuning warm-up steps")
+                    "ended)", ge=0)
+    warmup_steps: int = opt(5, "fine-tuning warm-up steps", ge=0)
     seed: int = opt(1337, "random seed")
     optim: str = opt("", "fine-tuning optimizer, one of effkit train's --optim (empty: the parent's); adamw8bit keeps "
                      "a quarter of AdamW's moments", show_default="the parent's")
@@ -592,8 +528,8 @@ class PruneFinetune(_Section):
     distill: bool | None = opt(None, "fine-tune toward the frozen dense parent's logits (KL); auto: on for row, width "
                                "and depth, off for weight", show_default="auto")
     # weight of the KL term; 1 - alpha on the next-token cross-entropy
-    distill_alpha: float = opt(0.5, "weight of the KL term (0-1)")
-    distill_temperature: float = opt(2.0, "softmax temperature of the KL term")
+    distill_alpha: float = opt(0.5, "weight of the KL term (0-1)", ge=0, le=1)
+    distill_temperature: float = opt(2.0, "softmax temperature of the KL term", gt=0)
 
 
 @dataclass(frozen=True)
@@ -607,22 +543,15 @@ class Sequential(_Section):
                              flag="--fixed-rounds/--sequential")
     # half-width, relative, under which an undecided ratio counts as settled
     precision: float = opt(0.03, "sequential: an undecided ratio is settled once its interval is within +-this "
-                           "fraction")
+                           "fraction", gt=0, lt=1)
     # seconds of further rounds per comparison after the first look
-    budget_s: float = opt(60.0, "sequential: seconds of further rounds per comparison")
-
-
-def check_sequential(ms: Sequential) -> None:
-    if not 0 < ms.precision < 1:
-        raise EffkitError(f"--precision is a relative half-width between 0 and 1, e.g. 0.03 (got {ms.precision})")
-    if not (math.isfinite(ms.budget_s) and ms.budget_s >= 0):
-        raise EffkitError(f"--budget-s must be a finite number of seconds, 0 or more (got {ms.budget_s})")
+    budget_s: float = opt(60.0, "sequential: seconds of further rounds per comparison", ge=0)
 
 
 @dataclass(frozen=True)
 class LatencyMeasure(Sequential):
-    latency_rounds: int = opt(5, "interleaved rounds of the latency against dense")
-    latency_repeats: int = opt(3, "timed forward passes per model per round")
+    latency_rounds: int = opt(5, "interleaved rounds of the latency against dense", ge=2)
+    latency_repeats: int = opt(3, "timed forward passes per model per round", ge=1)
 
 
 class PrunerParams(PluginOptions):
@@ -658,15 +587,9 @@ class PruneConfig(_Staged):
         return f"{self.method.mode}-distill" if self.distilling else self.method.mode
 
     def validate(self) -> PruneConfig:
-        m, f, ms = self.method, self.finetune, self.measure
-        pruner = PRUNERS.get(m.mode)  # unknown modes end here, in one line
-        if not 0 < m.target < 1:
-            raise EffkitError(f"--target must be between 0 and 1, exclusive (got {m.target}); "
-                              "it is the fraction removed: of the weights, MLP channels, residual channels or blocks")
-        if m.rounds < 1:
-            raise EffkitError(f"--rounds must be at least 1 (got {m.rounds})")
-        if f.finetune_steps < 0:
-            raise EffkitError(f"--finetune-steps must be >= 0 (got {f.finetune_steps})")
+        check_fields(self)
+        m, f = self.method, self.finetune
+        pruner = PRUNERS.get(m.mode)
         if m.importance not in pruner.importances:
             accept = [n for n in PRUNERS.names() if m.importance in PRUNERS.get(n).importances]
             if not accept:
@@ -682,19 +605,6 @@ class PruneConfig(_Staged):
                               f"--mode {m.mode}")
         if f.distill and not f.finetune_steps:
             raise EffkitError("--distill needs fine-tuning steps (--finetune-steps > 0): it is a fine-tuning loss")
-        if not 0 <= f.distill_alpha <= 1:
-            raise EffkitError(f"--distill-alpha must be between 0 and 1 (got {f.distill_alpha})")
-        _finite("distill-temperature", f.distill_temperature, 0, low_open=True)
-        if m.scope not in ("global", "layer"):
-            raise EffkitError(f"unknown --scope {m.scope!r}; choose global or layer")
-        if f.batch_size < 1 or m.calib_batches < 1 or ms.latency_repeats < 1:
-            raise EffkitError("--batch-size, --calib-batches and --latency-repeats must be at least 1")
-        if ms.latency_rounds < 2:
-            raise EffkitError(f"--latency-rounds must be at least 2 (got {ms.latency_rounds})")
-        check_sequential(ms)
-        _finite("lr", f.lr, 0)
-        if f.warmup_steps < 0:
-            raise EffkitError(f"--warmup-steps must be >= 0 (got {f.warmup_steps})")
         self.options.validate()  # every method's options, whichever --mode runs: a recipe's bad value is a mistake
         check_device(self.inputs.device)
         check_folder_option("--reports-dir", self.folders.reports_dir)
@@ -704,8 +614,8 @@ class PruneConfig(_Staged):
 
 @dataclass(frozen=True)
 class BackendOptions(_Section):
-    backend: str = opt("auto", lambda: "auto (the fastest within 1% of the parent's loss) or a backend: "
-                       + ", ".join(BACKENDS.names()))
+    backend: str = opt("auto", "{choices} (auto: the fastest within 1% of the parent's loss)",
+                       choices=lambda: ("auto", *BACKENDS.names()))
     # what auto picks the fastest backend for: a workload (effkit.workloads)
     optimize_for: str = opt(workloads.GENERATION, "the workload auto picks the fastest backend for: {choices} "
                             "(decode: greedy tokens/s; prefill: latency)", choices=workloads.names)
@@ -725,30 +635,22 @@ class BackendParams(PluginOptions):
 class ParentMeasure(Sequential):
     """How a quantized or exported model is measured against its PyTorch parent."""
 
-    batch_size: int = opt(8, "evaluation batch size")
+    batch_size: int = opt(8, "evaluation batch size", ge=1)
     # interleaved rounds: the parent (fp32, and bf16 for quantize) and the model in each
-    latency_rounds: int = opt(5, "interleaved rounds of the parent's and the model's timings")
-    latency_repeats: int = opt(3, "timed forward passes per model per round")
-    gen_tokens: int = opt(64, "new tokens in the generation sample")
+    latency_rounds: int = opt(5, "interleaved rounds of the parent's and the model's timings", ge=2)
+    latency_repeats: int = opt(3, "timed forward passes per model per round", ge=1)
+    gen_tokens: int = opt(64, "new tokens in the generation sample", ge=1)
 
 
 @dataclass(frozen=True)
 class QuantizeMeasure(ParentMeasure):
-    latency_rounds: int = opt(5, "interleaved rounds of fp32, bf16 and int8 timings")
+    latency_rounds: int = opt(5, "interleaved rounds of fp32, bf16 and int8 timings", ge=2)
     compile: bool = opt(False, "also time parent and int8 under torch.compile (Inductor, freezing)")
 
 
 @dataclass(frozen=True)
 class ExportMeasure(ParentMeasure):
-    latency_rounds: int = opt(5, "interleaved rounds of PyTorch and ONNX timings")
-
-
-def _check_parent_measure(ms: ParentMeasure) -> None:
-    if ms.batch_size < 1 or ms.latency_repeats < 1 or ms.gen_tokens < 1:
-        raise EffkitError("--batch-size, --latency-repeats and --gen-tokens must be at least 1")
-    if ms.latency_rounds < 2:
-        raise EffkitError(f"--latency-rounds must be at least 2 (got {ms.latency_rounds})")
-    check_sequential(ms)
+    latency_rounds: int = opt(5, "interleaved rounds of PyTorch and ONNX timings", ge=2)
 
 
 @dataclass(frozen=True)
@@ -762,12 +664,8 @@ class QuantizeConfig(_Staged):
     folders: Folders = field(default_factory=Folders)
 
     def validate(self) -> QuantizeConfig:
-        b = self.method
-        workloads.get(b.optimize_for)  # one line naming the choices
-        if b.backend not in (choices := ("auto", *BACKENDS.names())):
-            raise EffkitError(f"unknown --backend {b.backend!r}; choose one of {', '.join(choices)}")
+        check_fields(self)
         self.options.validate()
-        _check_parent_measure(self.measure)
         check_device(self.inputs.device)
         check_folder_option("--reports-dir", self.folders.reports_dir)
         return self
@@ -798,7 +696,7 @@ class ExportConfig(_Staged):
     folders: Folders = field(default_factory=Folders)
 
     def validate(self) -> ExportConfig:
-        _check_parent_measure(self.measure)
+        check_fields(self)
         check_folder_option("--reports-dir", self.folders.reports_dir)
         return self
 
@@ -825,13 +723,14 @@ class BenchMeasure(Sequential):
     # fewer rounds, repeats and tokens, for a fast look (fixed rounds)
     quick: bool = opt(False, "3 rounds, fewer repeats and tokens: a fast, wider look", flag="--quick")
     # interleaved rounds of the first look (of the only one with fixed_rounds)
-    rounds: int = opt(8, "interleaved rounds of the first look (every artifact timed in each, order rotated)")
-    repeats: int = opt(3, "timed forward passes per artifact per round")
-    gen_tokens: int = opt(workloads.DECODE_TOKENS, "new tokens per generation (capped by the context)")
+    rounds: int = opt(8, "interleaved rounds of the first look (every artifact timed in each, order rotated; a "
+                      "confidence interval needs two)", ge=2)
+    repeats: int = opt(3, "timed forward passes per artifact per round", ge=1)
+    gen_tokens: int = opt(workloads.DECODE_TOKENS, "new tokens per generation (capped by the context)", ge=1)
     train_steps: int = opt(1, "timed training steps per artifact per round (0: no training measure, its memory "
-                              "neither)")
+                              "neither)", ge=0)
     compile: bool = opt(False, "also time each PyTorch artifact under torch.compile (Inductor, freezing)")
-    batch_size: int = opt(8, "evaluation batch size")
+    batch_size: int = opt(8, "evaluation batch size", ge=1)
 
 
 @dataclass(frozen=True)
@@ -847,16 +746,8 @@ class BenchConfig(_Staged):
     folders: Folders = field(default_factory=Folders)
 
     def validate(self) -> BenchConfig:
+        check_fields(self)
         ms = self.measure
-        if ms.repeats < 1 or ms.gen_tokens < 1 or ms.train_steps < 0:
-            raise EffkitError("--repeats and --gen-tokens must be at least 1, --train-steps at least 0 (0: no "
-                              "training measure)")
-        if ms.rounds < 2:
-            raise EffkitError(f"--rounds must be at least 2: a confidence interval needs two rounds "
-                              f"(got {ms.rounds})")
-        if ms.batch_size < 1:
-            raise EffkitError(f"--batch-size must be at least 1 (got {ms.batch_size})")
-        check_sequential(ms)
         check_device(self.what.device)
         if self.what.run:
             check_run_name(self.what.run, "--run")
@@ -897,18 +788,19 @@ class RunPlan(_Section):
     quantize_from: list[str] = opt(factory=lambda: ["train"], help="artifact tags to quantize: train, a round "
                                    "(prune-row-r2), or best-pruned")
     max_loss_increase: float = opt(0.02, "best-pruned and the deliverable: the held-out loss allowed over train's "
-                                   "(relative)")
-    # the workload the delivered artifact is chosen for: decode-b1, decode-b12 (greedy tokens/s with the KV cache)
-    # or prefill-b12 (one forward of 12 x block); every table shows all three
-    optimize_for: str = opt(workloads.GENERATION, "the workload the delivered artifact is chosen for: {choices}",
-                            choices=workloads.names)
-    # minutes the whole run may take on this machine: where the recipe's schedule would take longer, training runs
-    # fewer steps, chosen once before it starts from a step time measured then (kept in pipeline.json, reused on
-    # resume); `effkit run --full` (or 0) trains the recipe's full schedule
-    time_budget_min: float = opt(0.0, "minutes the whole run may take on this machine: where the recipe's training "
-                                 "would make it longer, train fewer steps (chosen before training from a step time "
-                                 "measured then, kept on resume; at least 20% of the recipe's); 0 = the recipe's full "
-                                 "schedule (also --full)", show_default="the recipe's, else 0")
+                                   "(relative)", ge=0)
+    # the workload the delivered artifact is chosen for (effkit.workloads: greedy decoding with the KV cache, or one
+    # prefill forward, at a batch size); every table shows them all. Also `effkit run --workload`
+    optimize_for: str = opt(workloads.GENERATION, "the workload the delivered artifact (and auto's backend) is "
+                            "chosen for, among every engine: {choices}", choices=workloads.names, flag="--workload",
+                            show_default=f"the recipe's [run] optimize_for, else {workloads.GENERATION}")
+    # the whole run's time, shared among its stages (effkit.pipeline.HOW_SHARED), decided once before training and
+    # re-fitted once from training's own first steps (kept in pipeline.json, reused on resume)
+    time_budget_min: float = opt(0.0, "minutes the whole run may take on this machine: where the recipe would take "
+                                 "longer, training and every measuring stage run on one share of what the recipe gives "
+                                 "them (at least 20%; decided before training, re-fitted once from its first steps, "
+                                 "kept on resume); typed here, a budget even the floors cannot meet is refused; 0 = "
+                                 "the recipe's full schedule (also --full)", show_default="the recipe's, else 0", ge=0)
     # what the recipe's full schedule reached where it was measured, with its source: shown beside the bits per byte
     # of a run the time budget shortened (text, shown as written: effkit does not measure it)
     full_schedule_result: str = opt("", "what the recipe's full training schedule reached where it was measured, with "
@@ -923,6 +815,7 @@ class RunConfig(_Staged):
     folders: Folders = field(default_factory=Folders)
 
     def validate(self) -> RunConfig:
+        check_fields(self)
         r = self.pipeline
         if not isinstance(r.stages, list) or not r.stages:
             raise EffkitError(f"stages must be a non-empty list, e.g. {list(PIPELINE)}")
@@ -937,9 +830,6 @@ class RunConfig(_Staged):
         if not r.quantize_from or not all(isinstance(t, str) and t for t in r.quantize_from):
             raise EffkitError(f"quantize_from must be a tag or a list of tags, e.g. [\"train\", \"best-pruned\"] "
                               f"(got {r.quantize_from!r})")
-        _finite("max_loss_increase", r.max_loss_increase, 0)
-        _finite("time_budget_min", r.time_budget_min, 0)
-        workloads.get(r.optimize_for, "optimize_for")
         for m in r.prune_modes:
             if m not in PRUNERS.names():
                 raise EffkitError(f"unknown prune mode {m!r} in prune_modes; choose among {', '.join(PRUNERS.names())}")
@@ -947,6 +837,50 @@ class RunConfig(_Staged):
         check_folder_option("runs_dir", self.folders.runs_dir)
         check_folder_option("reports_dir", self.folders.reports_dir)
         return self
+
+
+@dataclass(frozen=True)
+class GenerateConfig(_Section):
+    """`effkit generate`'s options."""
+
+    source: str = opt("", "artifact folder (default: newest artifact of the latest run)", flag="--from")
+    prompt: str = opt("The state of the Union", "text to continue")
+    max_new_tokens: int = opt(64, "tokens to generate", ge=1)
+    temperature: float = opt(0.0, "0 = greedy; otherwise sample at this temperature", ge=0)
+    top_k: int = opt(50, "sample among the k most likely tokens (with --temperature > 0)", ge=1)
+    seed: int = opt(0, "random seed for sampling")
+    compile: bool = opt(False, "decode with a static KV cache and a torch.compile'd step (compiled before the "
+                        "streamed text)", flag="--compile")
+    device: str = opt("auto", DEVICE_HELP)
+    runs_dir: str = opt("runs", "where runs/ are")
+
+
+@dataclass
+class StudyConfig:
+    """`effkit study NAME`'s options (the flags), and what single studies sweep (recipe-only: no flag)."""
+
+    model: str = opt("gpt2-mini", "model preset")
+    data: str = opt("builtin", "corpus (as for effkit train)")
+    vocab_size: int = opt(8192, "BPE vocabulary size")
+    block_size: int = opt(128, "tokens per block")
+    batch_size: int = opt(4, "blocks per step per data-parallel rank", ge=1)
+    steps: int = opt(12, "optimizer steps per run", ge=2)
+    nproc: int = opt(2, "processes for the multi-process studies (scaling goes 1..nproc)", ge=1)
+    out: str = opt("reports/studies", "where reports/studies/NAME/ goes")
+    runs_dir: str = opt("runs/studies", "where the study's runs go")
+    batch_sizes: tuple[int, ...] = opt((1, 2, 4, 8), "batch-size study: the batch sizes", cli=False)
+    block_sizes: tuple[int, ...] = opt((64, 128, 256), "checkpointing study: the block sizes", cli=False)
+    max_workers: int = opt(-1, "dataloader study: 0..max_workers (-1: the number of CPU cores)", cli=False)
+    microbatches: tuple[int, ...] = opt((1, 2, 4, 8), "pipeline study: the micro-batches", cli=False)
+    memory_models: tuple[str, ...] = opt(("gpt2-medium",), "memory study: the models after --model", cli=False)
+    memory_optims: tuple[str, ...] = opt(("adamw", "adamw8bit"), "memory study: the optimizers", cli=False)
+    memory_checkpointing: tuple[bool, ...] = opt((False, True), "memory study: activation checkpointing", cli=False)
+    memory_default_allocator: bool = opt(True, "memory study: the first configuration again, with glibc's "
+                                         "defaults", cli=False)
+    memory_default_allocator_all: bool = opt(False, "memory study: every single-process configuration again with "
+                                             "them", cli=False)
+    memory_tuned_allocator: bool = opt(True, "memory study: the configurations with the tuned (tensor-tracking) "
+                                       "allocator", cli=False)
 
 
 def check_device(device: str) -> str:
@@ -977,9 +911,6 @@ def flat_fields(cls: type, skip_broken_plugins: bool = False) -> dict[str, tuple
     dataclass -> (its field, its type): what the flags, `--help`, recipe keys and type checks derive from.
     `skip_broken_plugins`: leave out the options of plug-ins that do not import (the CLI says so when the command
     runs) instead of raising."""
-    if issubclass(cls, TrainConfig):
-        per_section = {name: _section_fields(section) for name, section in SECTIONS.items()}
-        return {key: per_section[section][name] for key, (section, name) in FLAT_KEYS.items()}
     if not issubclass(cls, _Staged):
         return _section_fields(cls)
     out: dict[str, tuple[dataclasses.Field, Any]] = {}
@@ -1076,6 +1007,7 @@ def _coerce(kind: Any, value: Any, what: str) -> Any:
     return value
 
 
-__all__ = ["BenchConfig", "DataConfig", "ExportConfig", "ModelConfig", "OptimConfig", "ParallelConfig", "PruneConfig",
-           "QuantizeConfig", "RunConfig", "RunSection", "TrainConfig", "build_config", "load_recipe",
-           "PARALLEL_MODES", "SYNC_MODES", "flat_fields", "field_help", "opt"]
+__all__ = ["BenchConfig", "DataConfig", "ExportConfig", "GenerateConfig", "ModelConfig", "OptimConfig",
+           "ParallelConfig", "PruneConfig", "QuantizeConfig", "RunConfig", "RunSection", "StudyConfig", "TrainConfig",
+           "build_config", "load_recipe", "PARALLEL_MODES", "SYNC_MODES", "check_fields", "flat_fields", "field_help",
+           "opt"]

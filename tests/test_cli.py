@@ -43,7 +43,9 @@ def assert_clean_failure(code, err, tmp_path, needle):
     (["--parallel", "pipeline"], "unknown --parallel 'pipeline'"),
     (["--batch-size", "999999999999"], "fewer than one global batch"),  # before the precision probe allocates it
     (["--amp", "--amp-dtype", "fp16"], "fp16 autocast does nothing on CPU"),
-    (["--checkpoint-interval", "-1"], "must be >= 0 (0 = never"),
+    (["--checkpoint-interval", "-1"], "--checkpoint-interval must be >= 0 (got -1)"),
+    (["--heldout-fraction", "1"], "--heldout-fraction must be between 0 and 1, both excluded (got 1.0)"),
+    (["--amp-dtype", "fp8"], "unknown --amp-dtype 'fp8'; choose one of bf16, fp16"),
     (["--microbatches", "0"], "--microbatches must be at least 1"),
     (["--optim", "sgd"], "unknown --optim 'sgd'; choose one of adamw, adamw-fused, adamw8bit"),
     (["--fit"], "--fit goes with --plan"),
@@ -264,6 +266,65 @@ def test_nested_stage_configs_keep_their_flat_keys_and_every_one_is_a_flag():
     with pytest.raises(EffkitError, match="unknown quantize option 'mode'"):
         q.replace(mode="row")
     assert set(TrainConfig.flat_defaults()) >= {"lr", "parallel", "optim"}
+    # train's sections on the same mechanism: flat keys (a renamed field's among them), saved by section
+    t = TrainConfig.from_flat(data="corpus", model="gpt2-nano", parallel="ddp", lr=0.01)
+    assert (t.data.source, t.model.name, t.parallel.mode, t.optim.lr) == ("corpus", "gpt2-nano", "ddp", 0.01)
+    assert t.to_dict()["data"]["source"] == "corpus" and TrainConfig.from_dict(t.to_dict()) == t
+    assert t.replace(optim=t.optim.replace(lr=0.5)).optim.lr == 0.5 == t.with_flat(lr=0.5).optim.lr
+    with pytest.raises(EffkitError, match="unknown train option 'source'"):
+        t.with_flat(source="x")
+
+
+def _outside(f):
+    """A value outside a field's declared range, or None where it declares none."""
+    m = f.metadata
+    if "ge" in m or "gt" in m:
+        return m.get("ge", m.get("gt")) - (1 if "ge" in m else 0)
+    if "le" in m or "lt" in m:
+        return m.get("le", m.get("lt")) + (1 if "le" in m else 0)
+    return None
+
+
+def test_every_declared_choice_and_range_is_checked_in_one_line_naming_the_flag():
+    """A stage's `validate` refuses a value outside its field's `choices` or range (`ge`, `gt`, `le`, `lt` in the
+    metadata), for every field of every stage, naming the flag and what it accepts."""
+    from effkit.config import STAGES, check_fields, field_choices, flat_fields
+
+    checked = 0
+    for stage, cls in STAGES.items():
+        for key, (f, kind) in flat_fields(cls).items():
+            flag = "--" + key.replace("_", "-")
+            if field_choices(f):
+                bad = "no-such-choice"
+                says = f"unknown {flag} 'no-such-choice'; choose one of {', '.join(map(str, field_choices(f)))}"
+            elif (bad := _outside(f)) is not None:
+                bad = float(bad) if kind is float else bad
+                says = f"{flag} must be "
+            else:
+                continue
+            for validate in (check_fields, lambda cfg: cfg.validate()):
+                with pytest.raises(EffkitError) as e:
+                    validate(cls.from_flat(**{key: bad}))
+                assert str(e.value).startswith(says), (stage, key, str(e.value))
+                assert "choose" in says or str(e.value).endswith(f"(got {bad})"), (stage, key, str(e.value))
+            checked += 1
+    assert checked >= 40  # train's ranges and choices among them, not only the plug-ins'
+
+
+def test_ranges_read_as_the_flag_and_the_bounds():
+    from effkit.config import PruneConfig, QuantizeConfig, TrainConfig
+
+    for cfg, says in [(TrainConfig.from_flat(batch_size=0), "--batch-size must be at least 1 (got 0)"),
+                      (TrainConfig.from_flat(lr=0.0), "--lr must be a finite number > 0 (got 0.0)"),
+                      (TrainConfig.from_flat(vocab_size=10), "--vocab-size must be between 300 and 1000000 (got 10)"),
+                      (TrainConfig.from_flat(dropout=1.0), "--dropout must be between 0 and 1, 1 excluded (got 1.0)"),
+                      (PruneConfig.from_flat(precision=float("nan")), "--precision must be between 0 and 1, both "
+                       "excluded (got nan)"),
+                      (PruneConfig.from_flat(scope="rows"), "unknown --scope 'rows'; choose one of global, layer"),
+                      (QuantizeConfig.from_flat(latency_rounds=1), "--latency-rounds must be at least 2 (got 1)")]:
+        with pytest.raises(EffkitError) as e:
+            cfg.validate()
+        assert str(e.value) == says
 
 
 # what a stage command declares besides its config's fields (typer's --help aside)
@@ -305,6 +366,32 @@ def test_every_stage_flag_is_its_config_field_declared_once():
     assert opts["resume"] == ["--resume"] and opts["cpu_offload"] == ["--cpu-offload"]  # no --no- form
     assert opts["amp"] == ["--amp", "--no-amp"] and opts["fixed_rounds"] == ["--fixed-rounds", "--sequential"]
     assert opts["source"] == ["--from"] and opts["model"] == ["--model"] and opts["parallel"] == ["--parallel"]
+
+
+# the commands whose options are one dataclass's fields, and what each declares besides them
+OPTION_CLASSES = {"generate": ("GenerateConfig", set()), "study": ("StudyConfig", {"name"}),
+                  "report": ("Folders", {"run"})}
+
+
+def test_every_option_is_declared_once():
+    """`generate`, `study` and `report` take their flags from a dataclass as the stages do (default, type and help
+    from its fields); `--plan` is one declaration, the same on every command that has it."""
+    import typer.main
+
+    from effkit import config
+    from effkit.config import field_help, flat_fields
+
+    group = typer.main.get_command(cli.app)
+    for command, (name, extras) in OPTION_CLASSES.items():
+        fields = flat_fields(getattr(config, name))
+        params = {p.name: p for p in group.commands[command].params}
+        flags = {key for key, (f, _) in fields.items() if f.metadata.get("cli", True)}
+        assert set(params) == flags | extras, (command, set(params) ^ (flags | extras))
+        for key in flags:
+            f = fields[key][0]
+            assert params[key].default == f.default and params[key].help == field_help(f), (command, key)
+    plans = {name: p.help for name, c in group.commands.items() for p in c.params if p.name == "plan"}
+    assert set(plans) == {"train", "prune", "quantize", "export", "bench", "run"} and len(set(plans.values())) == 1
 
 
 def test_library_import_notices_are_silenced_at_import_and_real_errors_still_show():

@@ -1,8 +1,8 @@
-"""What the studies share: their settings (`StudyConfig`), the record of one study (`Study`: its run and its plot),
-the training runs they are made of (`_train_cfg`, `_train`, `_in_process`), step-time helpers (`_steady`,
-`_steady_mean`, `_time_ci`, `_mib`), the table cell and Markdown formats (`fmt_value`, `_markdown`), and
-`run_study`: check the settings, run the study named in `effkit.registry.STUDIES`, write its JSON, PNG and
-Markdown."""
+"""What the studies share: their settings (`StudyConfig`, declared in effkit.config with the other options), the
+record of one study (`Study`: its run and its plot), the training runs they are made of (`_train_cfg`, `_train`,
+`_in_process`), step-time helpers (`_steady`, `_steady_mean`, `_time_ci`, `_mib`), the table cell and Markdown
+formats (`fmt_value`, `_markdown`), and `run_study`: check the settings, run the study named in
+`effkit.registry.STUDIES`, write its JSON, PNG and Markdown."""
 
 from __future__ import annotations
 
@@ -21,35 +21,12 @@ import torch
 
 from effkit import artifacts
 from effkit.child import run_isolated
-from effkit.config import TrainConfig
+from effkit.config import StudyConfig, TrainConfig, check_fields
 from effkit.errors import EffkitError
 from effkit.measure import hardware, stats
 from effkit.registry import STUDIES
 from effkit.report import atomic_write_text, pyplot
 from effkit.train import train_in_processes
-
-
-@dataclass
-class StudyConfig:
-    model: str = "gpt2-mini"
-    data: str = "builtin"
-    vocab_size: int = 8192
-    block_size: int = 128
-    batch_size: int = 4
-    steps: int = 12
-    nproc: int = 2
-    out: str = "reports/studies"
-    runs_dir: str = "runs/studies"
-    batch_sizes: tuple[int, ...] = (1, 2, 4, 8)  # batch-size study
-    block_sizes: tuple[int, ...] = (64, 128, 256)  # checkpointing study
-    max_workers: int = -1  # dataloader study: 0..max_workers (-1: the number of CPU cores)
-    microbatches: tuple[int, ...] = (1, 2, 4, 8)  # pipeline study
-    memory_models: tuple[str, ...] = ("gpt2-medium",)  # memory study: after --model
-    memory_optims: tuple[str, ...] = ("adamw", "adamw8bit")  # memory study
-    memory_checkpointing: tuple[bool, ...] = (False, True)  # memory study
-    memory_default_allocator: bool = True  # memory study: the first configuration again, with glibc's defaults
-    memory_default_allocator_all: bool = False  # memory study: every single-process configuration again with them
-    memory_tuned_allocator: bool = True  # memory study: the configurations with the tuned (tensor-tracking) one
 
 
 @dataclass(frozen=True)
@@ -150,8 +127,7 @@ def _markdown(name: str, result: dict[str, Any]) -> str:
 
 def run_study(name: str, s: StudyConfig) -> dict[str, Any]:
     study: Study = STUDIES.get(name)  # an unknown name: one line listing the studies
-    if s.nproc < 1:
-        raise EffkitError(f"--nproc must be at least 1 (got {s.nproc})")
+    check_fields(s)
     cores = os.cpu_count() or 1
     if not torch.cuda.is_available() and s.nproc > cores:
         raise EffkitError(f"--nproc {s.nproc} is more processes than this machine's {cores} CPU cores; "
@@ -161,8 +137,6 @@ def run_study(name: str, s: StudyConfig) -> dict[str, Any]:
     if s.nproc < study.min_nproc:
         raise EffkitError(f"the {name} study compares multi-process modes; it needs --nproc {study.min_nproc} or "
                           "more")
-    if s.steps < 2 or s.batch_size < 1:
-        raise EffkitError("--steps must be at least 2 and --batch-size at least 1")
     t = time.perf_counter()
     result = study.run(s)
     result.update({"study": name, "config": dataclasses.asdict(s), "wall_s": time.perf_counter() - t,
