@@ -177,20 +177,19 @@ class _Samples:
             try:
                 for _ in range(warmup):
                     self.contenders[n]()
-                took, cost = [], []  # seconds a call takes; what it measures, as a cost (1 / a rate)
+                took, values = [], []  # seconds a call takes; what it measures (a timing or a rate)
                 for _ in range(3):  # a timing contender's own figure is its call's length; a rate's is the clock's
                     t = clock()
-                    value = self.contenders[n]()
-                    took.append(clock() - t if higher_is_better else value)
-                    cost.append(1.0 / value if higher_is_better and value else value)
+                    values.append(self.contenders[n]())
+                    took.append(clock() - t if higher_is_better else values[-1])
             except Exception as e:  # noqa: BLE001 - a contender that fails is never picked, and the report says why
                 invalid[n] = f"failed: {type(e).__name__}: {str(e).strip().splitlines()[0][:160] if str(e) else ''}"
                 continue
             self.settle(n)
-            if not all(math.isfinite(x) and x > 0 for x in took):
+            if not all(math.isfinite(x) and x > 0 for x in (*took, *values)):  # a rate of 0 or inf: no cost
                 invalid[n] = "non-finite or non-positive timings"
                 continue
-            self.sized[n] = median(cost)
+            self.sized[n] = median(1.0 / v if higher_is_better else v for v in values)
             self.calls[n] = max(1, min(self.rule.max_calls, math.ceil(self.rule.min_sample_s / median(took))))
         self.samples = {n: [] for n in self.calls}
         self.wall = {n: 0.0 for n in self.calls}
