@@ -14,7 +14,7 @@ from effkit.bench.timing import within_budget
 from effkit.measure import choice, results, stats
 from effkit.stage import Plan
 
-LOSSLESS = 0.002  # a loss within +0.2% of the reference (the interval's upper end) counts as no loss
+LOSSLESS = 0.002  # a loss increase up to this over the reference (the interval's upper end) counts as no loss
 
 
 def deliverable(plan: Plan, bench: dict[str, Any]) -> dict[str, Any]:
