@@ -146,13 +146,14 @@ def test_seven_equal_contenders_report_a_false_difference_in_at_most_5_percent_o
 def test_a_tie_is_equal_within_the_precision_not_a_narrow_interval_anywhere():
     """A tie's whole interval lies inside [1/1.03, 1.03]: one 3.5% off 1, however narrow, is not a tie, and a
     contender truly 5% slower is never called a tie (the preference, here the slower listed first, would ship it)."""
+    from test_choice import run
+
     from effkit.measure.results import PairedRatio
     from effkit.measure.stopping import settled
-    from test_choice import run
 
     near = PairedRatio(0.965, (0.945, 0.985), "slower")
     assert settled(near, 0.03)  # decided
-    assert not settled(PairedRatio(0.965, (0.94, 0.99), "same"), 0.03)  # narrow around its estimate, but reaching below the band
+    assert not settled(PairedRatio(0.965, (0.94, 0.99), "same"), 0.03)  # narrow, but reaching below the band
     assert settled(PairedRatio(0.99, (0.975, 1.02), "same"), 0.03)
     cs = [run(seed, 0.020, 0.021, sigma=0.1) for seed in range(200)]
     assert not any(c.verdict == choice.TIE for c in cs)

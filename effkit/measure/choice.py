@@ -334,9 +334,9 @@ def decide(samples: dict[str, list[list[float]]], higher_is_better: bool, level:
            prefer: Callable[[str], Any] | None = None, record: dict[str, Any] | None = None,
            default: str | None = None) -> Choice:
     """The pick among contenders already measured in interleaved rounds (`samples`: per contender, per round, its
-    calls; a contender that left early ran a prefix of the rounds): the leader (`stopping.leader`: the best paired
-    point estimate among those measured longest that no contender is decided faster than), then decided / tie /
-    undecided as the module says, every ratio to the pick under Holm over the contest (`stopping.standing`).
+    calls; a contender that left early ran a prefix of the rounds): the leader (`stopping.Contest.leader`: the best
+    paired point estimate among those measured longest that no contender is decided faster than), then decided / tie /
+    undecided as the module says, every ratio to the pick under Holm over the contest (`Contest.standing`).
     `prefer`: the sort key that breaks a tie (default: the order of `samples`). `default`: kept where the pick
     would be a leader still undecided against it."""
     names = list(samples)
@@ -346,7 +346,7 @@ def decide(samples: dict[str, list[list[float]]], higher_is_better: bool, level:
         raise EffkitError("no contender has valid timings: " + ", ".join(names))
     higher, contest = higher_is_better, Contest(samples, live, higher_is_better, level)
     to, lead = contest.standing, contest.leader()
-    circle = _circle(lead is None and live, to)
+    circle = _circle(live, to) if lead is None else []
     lead = lead or leader_of(samples, [n for n in live if len(samples[n]) == max(map(len, samples.values()))],
                              higher)
     to_lead = {n: PairedRatio.of(r) for n, r in to(lead).items()}
@@ -377,11 +377,9 @@ def decide(samples: dict[str, list[list[float]]], higher_is_better: bool, level:
                   record=record)
 
 
-def _circle(live: Sequence[str] | bool, to: Callable[[str], dict[str, dict[str, Any]]]) -> list[str]:
+def _circle(live: Sequence[str], to: Callable[[str], dict[str, dict[str, Any]]]) -> list[str]:
     """Where every contender of `live` is decided slower than another (`to(x)`: the others' ratios to x), a circle
-    of them, each decided faster than the one before; else none."""
-    if not live:
-        return []
+    of them, each decided faster than the one before."""
     path = [live[0]]
     while (nxt := next(n for n, r in to(path[-1]).items() if r["verdict"] == "faster")) not in path:
         path.append(nxt)

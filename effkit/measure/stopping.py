@@ -4,13 +4,13 @@ A fixed number of rounds decides a difference on a quiet machine and leaves it u
 the rounds are run in looks: the first look has `rounds` rounds, each later one twice as many as the one before,
 up to `looks` looks. After each look every comparison asked for (a pair of contenders) gets its paired ratio;
 measuring stops when each one's interval excludes 1 (decided) or lies inside [1 / (1 + `precision`), 1 +
-`precision`] (a tie: equal within the precision asked for), when the last look is done, or when the next look would not fit in what is left of
-the time budget. A contender whose comparisons have all settled is not measured in later looks (each ratio
-is computed over the rounds both of its contenders ran, a prefix of the longer one's), so later looks cost only
-what is still undecided. A ratio whose interval contains 1 and reaches outside that band when measuring stops is
-marked `undecided` (printed `?`): no difference was shown, and none was shown to be absent. Each
-sample lasts at least `min_sample_s`; the looks after the first may run longer ones (`h2h_sample_s`, `lengthened`:
-a decision's head to head does, `effkit.measure.choice`).
+`precision`] (a tie: equal within the precision asked for), when the last look is done, or when the next look
+would not fit in what is left of the time budget. A contender whose comparisons have all settled is not
+measured in later looks (each ratio is computed over the rounds both of its contenders ran, a prefix of the longer
+one's), so later looks cost only what is still undecided. A ratio whose interval contains 1 and reaches outside
+that band when measuring stops is marked `undecided` (printed `?`): no difference was shown, and none was shown
+to be absent. Each sample lasts at least `min_sample_s`; the looks after the first may run longer ones
+(`h2h_sample_s`, `lengthened`: a decision's head to head does, `effkit.measure.choice`).
 
 Looking more than once inflates the chance that noise alone crosses the line somewhere. The correction is
 Bonferroni over the looks planned: every look's interval is taken at 1 - 0.05 / looks, so that all of them cover
@@ -51,9 +51,9 @@ METHOD = ("sequential: samples of at least {min_sample_s:g} s (a contender's cal
           "round, at least the repeats asked for; the sample's figure the median of its calls{later}); looks after "
           "{first}, then twice as many rounds each time, at "
           "most {looks} looks ({max_rounds} rounds); stops when every compared ratio's interval excludes 1 or lies "
-          "inside [1/{band:g}, {band:g}] (a tie), or when the next look would exceed {budget_s:.0f} s; a contender whose "
-          "ratios are settled is not measured in later looks (each ratio is over the rounds both of its contenders "
-          "ran); each look's interval at "
+          "inside [1/{band:g}, {band:g}] (a tie), or when the next look would exceed {budget_s:.0f} s; a contender "
+          "whose ratios are settled is not measured in later looks (each ratio is over the rounds both of its "
+          "contenders ran); each look's interval at "
           "{level:.2%} (Bonferroni: 95% over the {looks} looks planned, so the look that stops covers with at "
           "least 95%; each ratio alone, not the table as a whole){contest}")
 CONTEST = ("; a decision read off these rounds: its leader's ratios under Holm's step-down over every pair of its "
@@ -227,7 +227,7 @@ class Contest:
     def _logs(self, ref: str, other: str) -> tuple[list[float] | None, int]:
         a, b = self._medians[ref], self._medians[other]
         n = min(len(self.samples[ref]), len(self.samples[other]))
-        return (None if a is None or b is None else [math.log(y / x) for x, y in zip(a[:n], b[:n])]), n
+        return (None if a is None or b is None else [math.log(y / x) for x, y in zip(a[:n], b[:n], strict=True)]), n
 
     def standing(self, ref: str) -> dict[str, dict[str, Any]]:
         """Every other contender's paired ratio to `ref`, at its Holm level."""
@@ -263,7 +263,7 @@ class Contest:
 def contest_pairs(samples: dict[str, list[list[float]]], members: list[str], higher_is_better: bool, level: float,
                   precision: float) -> list[tuple[str, str]]:
     """The open pairs of a contest among `members` (a decision read off these rounds, `effkit.measure.choice.
-    decide`): its leader (`leader`) against each member still measured whose ratio to it is not settled, Holm's
+    decide`): its leader (`Contest.leader`) against each member still measured whose ratio to it is not settled, Holm's
     step-down over every member (one that left earlier keeps its ratio over its own rounds). None where the leader
     is a member no longer measured: no later round changes its ratios."""
     longest = max((len(s) for s in samples.values()), default=0)  # the rounds run so far
