@@ -129,32 +129,66 @@ def assert_delta_from_blocks(reported, ref_losses, other_losses, docs):
     assert reported["verdict"] == verdict
 
 
+def holm_levels(pvalues, alpha, family):
+    """Holm's step-down levels, recomputed here: the k-th smallest p-value (k from 0) tested at alpha / (family - k)
+    while every smaller one was rejected; from the first that is not, every later interval at that step's level."""
+    import numpy as np
+
+    order, levels, step = np.argsort(pvalues, kind="stable"), [0.0] * len(pvalues), None
+    for k, i in enumerate(order):
+        if step is None and not pvalues[i] <= alpha / (family - k):
+            step = k
+        levels[i] = 1 - alpha / (family - (k if step is None else step))
+    return levels
+
+
+def paired_p(ref_rounds, other_rounds):
+    """The two-sided p-value of the paired t-test on the log ratios of per-round medians (scipy)."""
+    import numpy as np
+    from scipy import stats as sps
+
+    n = min(len(ref_rounds), len(other_rounds))
+    logs = np.log([np.median(o) / np.median(r) for r, o in zip(ref_rounds[:n], other_rounds[:n], strict=True)])
+    return float(sps.ttest_1samp(logs, 0.0).pvalue) if n > 1 and logs.std() > 0 else float(logs.mean() == 0)
+
+
 def assert_choice_from_samples(c: dict) -> None:
     """A recorded decision (`effkit.measure.choice.Choice.to_dict()`) recomputed here from its raw samples with
-    numpy and scipy: every ratio to the pick, and a verdict that follows them (decided: every other decided slower;
-    a tie: the others within the precision, none decided faster; undecided: some other still open). Never a pick
-    that another contender beats, decided."""
+    numpy and scipy: every ratio to the pick at its Holm level over the contest (the family the record states),
+    and a verdict that follows them (decided: every other decided slower; a tie: the others decided slower or with
+    their interval inside [1 / (1 + precision), 1 + precision]; undecided: some other still open). Never a pick
+    that another contender is decided faster than, unless the record names a circle of contenders each decided
+    faster than another (then the pick is undecided); never a decided ratio marked undecided."""
     higher, samples, picked = c["higher_is_better"], c["samples"], c["picked"]
-    level, precision = c["record"]["level"], c["record"]["precision"]
-    slower = "slower"
-    open_ = []
-    for other, reported in c["ratios"].items():
+    precision, record = c["record"]["precision"], c["record"]
+    others = list(c["ratios"])
+    levels = holm_levels([paired_p(samples[picked], samples[o]) for o in others], record["familywise"],
+                         record["family"])
+    open_, faster = [], []
+    for other, level in zip(others, levels, strict=True):
+        reported = c["ratios"][other]
+        assert reported["level"] == pytest.approx(level, abs=1e-9), (other, reported, level)
         assert_ratio_from_samples(reported, samples, picked, other, higher)
         ratio, (lo, hi), verdict = independent_ratio(samples[picked], samples[other], level, higher)
-        assert verdict != "faster" or c["verdict"] == "undecided", (other, reported)  # nothing beats the pick
-        within = lo >= ratio * (1 - precision) and hi <= ratio * (1 + precision)
-        if verdict != slower and not (verdict == "same" and within):
+        assert verdict == "same" or not reported.get("undecided"), (other, reported)  # decided is never undecided
+        faster += [other] if verdict == "faster" else []
+        if verdict != "slower" and not (verdict == "same" and 1 / (1 + precision) <= lo and hi <= 1 + precision):
             open_.append(other)
+    if faster:  # only where the record names a circle of contenders the rounds could not separate
+        assert c["verdict"] == "undecided" and set(faster) <= set(record.get("contradictory", ())), (faster, c)
+        assert picked in record["contradictory"] and "contradict" in c["label"], c
     if c["verdict"] == "decided":
-        assert not open_ and all(independent_ratio(samples[picked], samples[o], level, higher)[2] == slower
-                                 for o in c["ratios"]), c["ratios"]
+        assert not open_ and all(c["ratios"][o]["verdict"] == "slower" for o in others), c["ratios"]
     elif c["verdict"] == "tie":
         assert not open_ and c["ties"], c
-    elif c["record"].get("kept_default"):  # the leader still open against the default: the default stays
+    elif record.get("contradictory"):
+        assert c["label"].startswith("undecided: the rounds contradict each other"), c
+    elif record.get("kept_default"):  # the leader still open against the default: the default stays
         assert c["verdict"] == "undecided" and c["label"] == "undecided: kept the default", c
-        assert picked == c["record"]["default"] and (c["leader"] == picked or c["leader"] in open_), c
+        assert picked == record["default"] and (c["leader"] == picked or c["leader"] in open_), c
     else:
         assert c["verdict"] == "undecided" and c["label"] == "undecided: chosen by point estimate"
+        assert open_, c
     assert c["picked"] not in c["invalid"]
 
 

@@ -14,15 +14,16 @@ from effkit.bench.timing import within_budget
 from effkit.measure import choice, results, stats
 from effkit.stage import Plan
 
-LOSSLESS = 0.002  # a loss delta whose interval ends below this fraction of the reference's loss counts as no loss
+LOSSLESS = 0.002  # a loss increase up to this over the reference (the interval's upper end) counts as no loss
 
 
 def deliverable(plan: Plan, bench: dict[str, Any]) -> dict[str, Any]:
     """The artifact to ship, by the decision rule (`effkit.measure.choice.decide`) over the bench's own rounds at
     the recipe's workload (`optimize_for`): among the benched artifacts (peers excluded: they are what a user has
     without effkit) whose held-out loss is within `max_loss_increase` of the dense reference's (the upper end of
-    the paired interval), the leader by paired point estimate, decided against each of the others, or tied within
-    the precision (then the smallest), or still undecided (then labelled a point estimate). Beside it: the best
+    the paired interval), the leader (the best paired point estimate among those measured longest that no other is
+    decided faster than), decided against each of the others, or tied within the precision (then the smallest), or
+    still undecided (then labelled a point estimate), Holm over the contest as in every decision. Beside it: the best
     lossless artifact (within +0.2%) by the same rule, each one's standing against every peer at that workload
     (a peer that beats it is named), and, for a pruned artifact, its dense control's attribution."""
     budget, chosen = plan.run.pipeline.max_loss_increase, workloads.get(plan.run.pipeline.optimize_for)
@@ -72,9 +73,12 @@ def deliverable(plan: Plan, bench: dict[str, Any]) -> dict[str, Any]:
             "vs_peers": {p: r[chosen.key] for p, r in peers.items() if chosen.key in r},
             "how": f"benched artifacts (not the peer rows) whose held-out loss is at most {budget:.1%} above "
                    f"{ref['tag']}'s (upper end of the paired interval), and {ref['tag']} itself; at {chosen.name}, "
-                   "over the bench's own rounds: the leader by paired point estimate, decided against each of the "
-                   f"others, or tied within +-{precision:.0%} (then the smallest), or undecided (labelled a point "
-                   f"estimate); the lossless one the same way among those within +{LOSSLESS:.1%}"}
+                   "over the bench's own rounds: the leader (best paired point estimate among those measured longest "
+                   "that no other is decided faster than over the rounds both ran), decided against each of the "
+                   f"others, or tied (interval inside [1/{1 + precision:g}, {1 + precision:g}]; then the smallest), "
+                   f"or undecided (labelled a point estimate); family-wise error {1 - level:.2%} per look under "
+                   f"Holm over every pair of its {len(picked.ratios) + 1} contenders; "
+                   f"the lossless one the same way among those within +{LOSSLESS:.1%}"}
 
 
 def beaten_by(row: dict[str, Any], w: workloads.Workload) -> dict[str, dict[str, Any]]:

@@ -11,22 +11,32 @@ machine. Every automatic choice goes through `choose`, one rule (DESIGN.md, "Dec
    than the rest of the choice; two equal contenders part by 4x only where both medians of three err by 2x, in
    opposite directions); never the reference nor the default. Every other contender runs the first look
    (`rounds` interleaved rounds, order shuffled from a seed).
-   Whatever is decided slower than the leader (the best paired point estimate) is dropped, and so is whatever is
-   already the same as the leader within +-`precision` (a tie).
+   The leader is the best paired point estimate among the contenders measured longest that no contender (one that
+   left earlier included) is decided faster than, over the rounds both ran. Whatever is decided slower than the
+   leader is dropped, and so is whatever is already tied with it: equal within the precision, the whole interval
+   inside [1 / (1 + `precision`), 1 + `precision`].
 3. **Head to head.** The leader and the contenders still open against it run further looks (twice the rounds
    each time, at most `looks` looks, samples of at least `h2h_sample_s`) until every one of them is decided
-   against the leader or within the precision. The budget scales with what is at stake: `budget_s` seconds for
-   each contender still open against the leader, and the second look always runs, however small the budget.
-4. **The pick.** Decided: the leader. Ties within the precision: the preferred one among the leader and its ties
-   (smaller folder, the default, fewer threads: the caller says). A leader still undecided against someone when the
+   against the leader or tied with it. The budget scales with what is at stake: `budget_s` seconds for
+   each contender still open against the leader; the second look always runs, however small the budget, and a
+   later look the budget cannot hold in full runs the rounds that fit.
+4. **The pick.** Decided: the leader. Ties: the preferred one among the leader and its ties that every other
+   contender is decided slower than or tied with (smaller folder, the default, fewer threads: the caller says); a
+   preference never breaks anything but a tie. A leader still undecided against someone when the
    looks or the budget end: the leader, by its paired point estimate, labelled "undecided: chosen by point
    estimate", unless the caller names a `default` (what the user has without the choice, e.g. ONNX Runtime's own
    int8) and the leader is still undecided against it: then the default stays, labelled "undecided: kept the
-   default". A default is displaced only by a contender decided faster than it, or tied with it within the
-   precision and preferred. A contender with a non-finite or non-positive timing is never picked.
+   default". A default is displaced only by a contender decided faster than it, or tied with it and preferred.
+   Where every contender is decided slower than another (over different prefixes of rounds a circle can form when
+   speeds drift), the pick is undecided and the record names the circle (`contradictory`). A contender with a
+   non-finite, zero or infinite timing or rate is never picked.
 
-Every interval is taken at 1 - 0.05 / looks (Bonferroni over the looks planned, as `stopping`). Every call of every
-sample is kept (`Choice.samples`), so each ratio and the pick can be recomputed from the report alone.
+Family-wise error: 5% per contest. Each look is allowed 0.05 / looks (Bonferroni over the looks planned, as
+`stopping`), and within a look the ratios to the leader are decided by Holm's step-down over the K(K-1)/2 pairs of
+the K contenders: the leader is itself chosen from the data, so its K - 1 ratios are a choice among all the pairs,
+and Holm over all of them holds whichever leader the data chose (`stopping.Contest`). Each ratio's interval is at
+its Holm level (recorded in it), so it excludes 1 exactly where the ratio is decided. Every call of every sample is
+kept (`Choice.samples`), so each ratio and the pick can be recomputed from the report alone.
 """
 
 from __future__ import annotations
@@ -47,9 +57,12 @@ from effkit.measure.stopping import (
     H2H_SAMPLE_S,
     MAX_CALLS,
     MIN_SAMPLE_S,
+    Contest,
+    contest_pairs,
     leader_of,
     lengthened,
     settled,
+    tie,
 )
 
 
@@ -58,8 +71,8 @@ class Rule:
     """How a choice is measured (see the module's text)."""
 
     rounds: int = 6  # rounds of the screen, every contender
-    looks: int = 4  # planned looks: rounds, 2x, 4x, 8x (the leaders only after the first)
-    precision: float = 0.03  # a ratio undecided but with its interval within its estimate x (1 +- precision): a tie
+    looks: int = 4  # planned looks, each twice the rounds of the one before (the leaders only after the first)
+    precision: float = 0.03  # a tie: undecided, the interval inside [1 / (1 + precision), 1 + precision]
     budget_s: float = 20.0  # seconds of head-to-head looks per contender still open against the leader
     min_sample_s: float = MIN_SAMPLE_S  # each sample lasts at least this long (calls repeated within it)
     max_calls: int = MAX_CALLS  # at most this many calls in one sample
@@ -80,12 +93,16 @@ class Rule:
                 + (f"a contender whose three sizing calls measured over {self.far:g}x the fastest's cost (medians) "
                    "leaves before the screen; " if math.isfinite(self.far) else "")
                 + "a screen of "
-                f"{self.rounds} interleaved rounds of every contender, shuffled from seed {self.seed}; those "
-                f"decided slower than the leader, or within +-{self.precision:.0%} of it, leave; the leader and the "
+                f"{self.rounds} interleaved rounds of every contender, shuffled from seed {self.seed}; the leader "
+                "is the best paired point estimate among those measured longest that no contender is decided "
+                "faster than over the rounds both ran; those decided slower than it, or tied with it (the interval "
+                f"inside [1/{1 + self.precision:g}, {1 + self.precision:g}]), leave; the leader and the "
                 f"rest run on, twice the rounds each look, at most {self.looks} looks ({self.schedule()[-1]} rounds), "
-                f"{self.budget_s:g} s for each contender still open after the screen; intervals at "
-                f"{self.level:.2%} (Bonferroni over the {self.looks} looks); preference breaks only ties within "
-                "the precision; a leader still undecided at the end is taken by its paired point estimate")
+                f"{self.budget_s:g} s for each contender still open after the screen; "
+                f"family-wise error {ALPHA:.0%} per contest: each look's {ALPHA / self.looks:.2%} (Bonferroni over "
+                f"the {self.looks} looks) under Holm's step-down over the K(K-1)/2 pairs of its K contenders (the "
+                "leader is chosen from the same data), each ratio's interval at its Holm level; preference breaks "
+                "only ties; a leader still undecided at the end is taken by its paired point estimate")
 
     @classmethod
     def of(cls, measure: Any) -> Rule:
@@ -96,7 +113,7 @@ class Rule:
 
 
 DECIDED, TIE, UNDECIDED = "decided", "tie", "undecided"
-RULE_VERSION = "choice rule 4"  # in the keys of cached choices: one made under an older rule is made again
+RULE_VERSION = "choice rule 5"  # in the keys of cached choices: one made under an older rule is made again
 
 
 @dataclass
@@ -121,6 +138,9 @@ class Choice:
     @property
     def label(self) -> str:
         """`decided`, `tie within +-3%: <preference>` or `undecided: chosen by point estimate`."""
+        if circle := self.record.get("contradictory"):
+            return (f"undecided: the rounds contradict each other ({', '.join(circle)}: each decided faster than the "
+                    "one before, over the rounds both ran); chosen by point estimate")
         if self.verdict == UNDECIDED:
             return ("undecided: kept the default" if self.record.get("kept_default")
                     else "undecided: chosen by point estimate")
@@ -177,20 +197,19 @@ class _Samples:
             try:
                 for _ in range(warmup):
                     self.contenders[n]()
-                took, cost = [], []  # seconds a call takes; what it measures, as a cost (1 / a rate)
+                took, values = [], []  # seconds a call takes; what it measures (a timing or a rate)
                 for _ in range(3):  # a timing contender's own figure is its call's length; a rate's is the clock's
                     t = clock()
-                    value = self.contenders[n]()
-                    took.append(clock() - t if higher_is_better else value)
-                    cost.append(1.0 / value if higher_is_better and value else value)
+                    values.append(self.contenders[n]())
+                    took.append(clock() - t if higher_is_better else values[-1])
             except Exception as e:  # noqa: BLE001 - a contender that fails is never picked, and the report says why
                 invalid[n] = f"failed: {type(e).__name__}: {str(e).strip().splitlines()[0][:160] if str(e) else ''}"
                 continue
             self.settle(n)
-            if not all(math.isfinite(x) and x > 0 for x in took):
+            if not all(math.isfinite(x) and x > 0 for x in (*took, *values)):  # a rate of 0 or inf: no cost
                 invalid[n] = "non-finite or non-positive timings"
                 continue
-            self.sized[n] = median(cost)
+            self.sized[n] = median(1.0 / v if higher_is_better else v for v in values)
             self.calls[n] = max(1, min(self.rule.max_calls, math.ceil(self.rule.min_sample_s / median(took))))
         self.samples = {n: [] for n in self.calls}
         self.wall = {n: 0.0 for n in self.calls}
@@ -237,35 +256,35 @@ class _Samples:
         return sum(self.per_call(n) * self.calls[n] + timing.settle_time(self.contenders[n]) for n in names)
 
 
-def _head_to_head(timed: _Samples, live: list[str], higher: bool, rule: Rule) -> tuple[list[str], int, str, list]:
-    """The looks after the screen: the leader and the contenders still open against it, twice the rounds each
-    look, until all are settled, the looks end or the next look would pass the budget. Returns (the contenders of
-    the last look, looks run, why it stopped, contenders per look)."""
-    samples, schedule, level = timed.samples, rule.schedule(), rule.level
-    active, looks, stopped, per_look = list(live), 1, "decided", [len(samples)]
+def _head_to_head(timed: _Samples, live: list[str], higher: bool, rule: Rule) -> tuple[int, str, list]:
+    """The looks after the screen: the leader and the contenders still open against it (`stopping.contest_pairs`:
+    the leader no contender is decided faster than, Holm over the contest), twice the rounds each look, until all
+    are settled, the looks end or the next look would pass the budget. Returns (looks run, why it stopped,
+    contenders per look)."""
+    samples, schedule = timed.samples, rule.schedule()
+    looks, stopped, per_look = 1, "decided", [len(samples)]
     h2h_start = timed.clock()
     while True:
-        lead = leader_of(samples, active, higher)
-        still = [n for n in active if n != lead
-                 and not settled(PairedRatio.of(_ratio(samples, lead, n, level, higher)), rule.precision)]
-        if not still:
+        pairs = contest_pairs({n: samples[n] for n in live}, live, higher, rule.level, rule.precision)
+        if not pairs:
             stopped = "decided"
             break
         if looks == len(schedule):
             stopped = "max-rounds"
             break
-        done, total = schedule[looks - 1], schedule[looks]
-        timed.lengthen([lead, *still])
-        per_round = timed.round_seconds([lead, *still])
-        spent = timed.clock() - h2h_start
-        if looks > 1 and spent + per_round * (total - done) > rule.budget_s * len(still):
-            stopped = "budget"
-            break
-        active = [lead, *still]
+        active = [pairs[0][0], *(n for _, n in pairs)]
+        done, total = len(samples[active[0]]), schedule[looks]
+        timed.lengthen(active)
+        fit = (rule.budget_s * len(pairs) - (timed.clock() - h2h_start)) / timed.round_seconds(active)
+        if looks > 1 and fit < total - done:  # the last look the budget allows: as many rounds as fit
+            if fit < 1:
+                stopped = "budget"
+                break
+            total = done + int(fit)
         timed.look(active, done, total - done)
         looks += 1
         per_look.append(len(active))
-    return active, looks, stopped, per_look
+    return looks, stopped, per_look
 
 
 def choose(contenders: dict[str, Callable[[], float]], higher_is_better: bool, rule: Rule = Rule(),
@@ -298,26 +317,26 @@ def choose(contenders: dict[str, Callable[[], float]], higher_is_better: bool, r
     reference_ratios = ({n: _ratio(samples, reference, n, level, higher) for n in live}
                         if reference is not None and reference not in invalid else {})
     screen_calls = dict(timed.calls)
-    active, looks, stopped, per_look = _head_to_head(timed, live, higher, rule)
+    looks, stopped, per_look = _head_to_head(timed, live, higher, rule)
     longer = {n: c for n, c in timed.calls.items() if c != screen_calls[n]}
     record = {"rule": rule.describe(), "looks": looks, "stopped": stopped, "contenders_per_look": per_look,
               "calls_per_sample": screen_calls, **({"calls_per_sample_after_screen": longer} if longer else {}),
               "seconds": round(clock() - start, 3),
               "order": f"shuffled each round from seed {rule.seed}"}
     c = decide({n: samples[n] for n in live}, higher, level, rule.precision,
-               prefer=lambda n: ((prefer or names.index)(n), names.index(n)), leader_among=active, record=record,
-               default=default)
+               prefer=lambda n: ((prefer or names.index)(n), names.index(n)), record=record, default=default)
     c.invalid, c.reference, c.far = invalid, reference_ratios, far
     c.samples = samples
     return c
 
 
 def decide(samples: dict[str, list[list[float]]], higher_is_better: bool, level: float, precision: float,
-           prefer: Callable[[str], Any] | None = None, leader_among: Sequence[str] | None = None,
-           record: dict[str, Any] | None = None, default: str | None = None) -> Choice:
+           prefer: Callable[[str], Any] | None = None, record: dict[str, Any] | None = None,
+           default: str | None = None) -> Choice:
     """The pick among contenders already measured in interleaved rounds (`samples`: per contender, per round, its
-    calls; a contender that left early ran a prefix of the rounds): the leader by paired point estimate (among
-    `leader_among`, those measured longest; default all), then decided / tie / undecided as the module says.
+    calls; a contender that left early ran a prefix of the rounds): the leader (`stopping.Contest.leader`: the best
+    paired point estimate among those measured longest that no contender is decided faster than), then decided / tie /
+    undecided as the module says, every ratio to the pick under Holm over the contest (`Contest.standing`).
     `prefer`: the sort key that breaks a tie (default: the order of `samples`). `default`: kept where the pick
     would be a leader still undecided against it."""
     names = list(samples)
@@ -325,33 +344,43 @@ def decide(samples: dict[str, list[list[float]]], higher_is_better: bool, level:
     live = [n for n in names if n not in invalid]
     if not live:
         raise EffkitError("no contender has valid timings: " + ", ".join(names))
-    higher = higher_is_better
-    among = [n for n in (leader_among or live) if n in live] or live
-    lead = leader_of(samples, among, higher)
-    to_lead = {n: PairedRatio.of(_ratio(samples, lead, n, level, higher)) for n in live if n != lead}
+    higher, contest = higher_is_better, Contest(samples, live, higher_is_better, level)
+    to, lead = contest.standing, contest.leader()
+    circle = _circle(live, to) if lead is None else []
+    lead = lead or leader_of(samples, [n for n in live if len(samples[n]) == max(map(len, samples.values()))],
+                             higher)
+    to_lead = {n: PairedRatio.of(r) for n, r in to(lead).items()}
     screened = [n for n, r in to_lead.items() if r.verdict == "slower"]
-    ties = [n for n, r in to_lead.items() if r.verdict == "same" and settled(r, precision)]
+    ties = [n for n, r in to_lead.items() if tie(r, precision)]
     open_ = [n for n in to_lead if n not in screened and n not in ties]
-    kept_default = bool(open_) and default is not None and (default in open_ or default == lead)
+    kept_default = bool(open_) and default in live and (default in open_ or default == lead) and contest.unbeaten(
+        default)
     if open_:
         verdict, picked = UNDECIDED, default if kept_default else lead
-    elif ties:
-        key = prefer or names.index
-        verdict, picked = TIE, min([lead, *ties], key=key)
+    elif ties:  # the preferred of the leader and its ties that every other is settled against, none faster
+        firm = [x for x in [lead, *ties] if contest.unbeaten(x) and all(settled(PairedRatio.of(r), precision)
+                                                                       for r in to(x).values())]
+        verdict, picked = TIE, min(firm or [lead], key=prefer or names.index)
     else:
         verdict, picked = DECIDED, lead
     if kept_default and default != lead:  # the leader and the others still open against it, undecided vs the default
         open_ = [lead, *(n for n in open_ if n != default)]
-    ratios = {}
-    for n in live:
-        if n != picked:
-            r = _ratio(samples, picked, n, level, higher)
-            if n in open_:
-                r["undecided"] = True
-            ratios[n] = r
-    record = {**(record or {}), "precision": precision, "level": level,
-              "rounds": {n: len(s) for n, s in samples.items()},
+    ratios = to(picked)
+    for n in open_:
+        if ratios[n]["verdict"] == "same":  # a decided ratio is never marked undecided
+            ratios[n]["undecided"] = True
+    record = {**(record or {}), "precision": precision, "level": level, "familywise": round(1.0 - level, 6),
+              "family": contest.family, "rounds": {n: len(s) for n, s in samples.items()},
+              **({"contradictory": circle} if circle else {}),
               **({"default": default, "kept_default": kept_default} if default in live else {})}
     return Choice(picked, verdict, lead, higher, ratios, screened, ties, open_, invalid, samples=dict(samples),
                   record=record)
 
+
+def _circle(live: Sequence[str], to: Callable[[str], dict[str, dict[str, Any]]]) -> list[str]:
+    """Where every contender of `live` is decided slower than another (`to(x)`: the others' ratios to x), a circle
+    of them, each decided faster than the one before."""
+    path = [live[0]]
+    while (nxt := next(n for n, r in to(path[-1]).items() if r["verdict"] == "faster")) not in path:
+        path.append(nxt)
+    return path[path.index(nxt):]

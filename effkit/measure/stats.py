@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from statistics import fmean, median, stdev
@@ -27,9 +28,8 @@ from typing import Any
 from effkit.measure.results import INVALID, LossDelta, PairedRatio, comparison
 
 CONFIDENCE = 0.95
-# two-sided quantiles of Student's t at CONFIDENCE for the first degrees of freedom (tables); beyond them, the
-# Cornish-Fisher expansion of t around the normal quantile (Abramowitz & Stegun 26.7.5), finer there than the
-# tables' digits
+# two-sided quantiles of Student's t at CONFIDENCE, from tables up to _T95's length; beyond, the Cornish-Fisher
+# expansion of t around the normal quantile (Abramowitz & Stegun 26.7.5; tests/test_stats.py checks it there)
 _Z975 = 1.959963984540054
 _T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
@@ -84,6 +84,7 @@ def _t_tail(t: float, df: float) -> float:
     return 1.0 - front * _betacf(b, a, 1.0 - x) / b
 
 
+@functools.lru_cache(maxsize=4096)  # a contest asks for the same few Holm levels and round counts again and again
 def t_quantile(confidence: float, df: float) -> float:
     """The two-sided quantile q of Student's t with `df` degrees of freedom: P(|T| <= q) = `confidence` (by
     bisection on the exact tail; t95's table values to their 3 decimals)."""
@@ -100,6 +101,13 @@ def t_quantile(confidence: float, df: float) -> float:
         if hi - lo < 1e-12 * hi:
             break
     return (lo + hi) / 2.0
+
+
+def _sd(values: Sequence[float]) -> float:
+    """The sample standard deviation in floats (statistics.stdev's exact arithmetic costs a contest's many
+    ratios more than their medians)."""
+    m = fmean(values)
+    return math.sqrt(max(sum((v - m) ** 2 for v in values) / (len(values) - 1), 0.0))
 
 
 def _cluster_se(values: Sequence[float], clusters: Sequence[int]) -> tuple[float, int]:
@@ -127,7 +135,7 @@ def mean_ci(values: Sequence[float], clusters: Sequence[int] | None = None,
         se, g = _cluster_se(values, clusters)
         half = t_quantile(confidence, g - 1) * se
     else:
-        half = t_quantile(confidence, len(values) - 1) * stdev(values) / math.sqrt(len(values))
+        half = t_quantile(confidence, len(values) - 1) * _sd(values) / math.sqrt(len(values))
     return m, m - half, m + half
 
 
@@ -147,10 +155,22 @@ def paired_ratio(reference: Sequence[Sequence[float]], other: Sequence[Sequence[
     if len(reference) != len(other) or not reference:
         raise ValueError("paired_ratio needs the same, non-zero number of rounds for both contenders")
     samples = [x for rnd in (*reference, *other) for x in rnd]
-    if not all(math.isfinite(x) and x > 0 for x in samples):
-        return PairedRatio(math.nan, (math.nan, math.nan), INVALID, rounds=len(reference),
+    logs = (_log_ratios([median(r) for r in reference], [median(o) for o in other])
+            if all(math.isfinite(x) and x > 0 for x in samples) else None)
+    return ratio_of_logs(logs, len(reference), higher_is_better, level)
+
+
+def _log_ratios(reference: Sequence[float], other: Sequence[float]) -> list[float]:
+    return [math.log(o / r) for r, o in zip(reference, other, strict=True)]
+
+
+def ratio_of_logs(logs: Sequence[float] | None, rounds: int, higher_is_better: bool = False,
+                  level: float = CONFIDENCE) -> dict[str, Any]:
+    """`paired_ratio` from the per-round log ratios of medians (None: a non-finite or non-positive measurement,
+    `invalid`)."""
+    if logs is None:
+        return PairedRatio(math.nan, (math.nan, math.nan), INVALID, rounds=rounds,
                            level=None if level == CONFIDENCE else level).to_dict()
-    logs = [math.log(median(o) / median(r)) for r, o in zip(reference, other, strict=True)]
     m, lo, hi = mean_ci(logs, confidence=level)
     ratio, ci = math.exp(m), [math.exp(lo), math.exp(hi)] if math.isfinite(lo) else [0.0, math.inf]
     if ci[1] < 1:
@@ -161,6 +181,34 @@ def paired_ratio(reference: Sequence[Sequence[float]], other: Sequence[Sequence[
         verdict = "same"
     return PairedRatio(ratio, (ci[0], ci[1]), verdict, rounds=len(logs),
                        level=None if level == CONFIDENCE else level).to_dict()
+
+
+def p_of_logs(logs: Sequence[float] | None) -> float:
+    """The two-sided p-value of `paired_ratio`'s test from its log ratios (the mean is 0; Student's t, rounds - 1
+    degrees of freedom): its interval at level 1 - p just touches 1. NaN for an invalid comparison."""
+    if logs is None:
+        return math.nan
+    if len(logs) < 2:
+        return 1.0
+    m, sd = fmean(logs), _sd(logs)
+    if sd == 0:
+        return 1.0 if m == 0 else 0.0
+    return _t_tail(abs(m) / (sd / math.sqrt(len(logs))), len(logs) - 1)
+
+
+def holm_levels(pvalues: Sequence[float], alpha: float, family: int | None = None) -> list[float]:
+    """The confidence level of each of a family's intervals under Holm's step-down at family-wise error `alpha`:
+    the k-th smallest p-value (k from 0) is tested at alpha / (family - k) while every smaller one was rejected;
+    from the first that is not, every later one keeps that step's level. So an interval excludes 1 exactly where
+    Holm rejects. `family`: the number of hypotheses the error is controlled over (default: these)."""
+    m = max(family or len(pvalues), len(pvalues))
+    order = sorted(range(len(pvalues)), key=lambda i: (math.isnan(pvalues[i]), pvalues[i]))
+    levels, step = [0.0] * len(pvalues), None
+    for k, i in enumerate(order):
+        if step is None and not pvalues[i] <= alpha / (m - k):
+            step = k
+        levels[i] = 1.0 - alpha / (m - (k if step is None else step))
+    return levels
 
 
 def paired_delta(reference: Sequence[float], other: Sequence[float],

@@ -3,23 +3,26 @@
 A fixed number of rounds decides a difference on a quiet machine and leaves it undecided on a noisy one. Here
 the rounds are run in looks: the first look has `rounds` rounds, each later one twice as many as the one before,
 up to `looks` looks. After each look every comparison asked for (a pair of contenders) gets its paired ratio;
-measuring stops when each one's interval excludes 1 (decided) or is narrower than +-`precision` (the same within
-the precision asked for), when the last look is done, or when the next look would not fit in what is left of
-the time budget. A contender whose comparisons have all settled is not measured in later looks (each ratio
-is computed over the rounds both of its contenders ran, a prefix of the longer one's), so later looks cost only
-what is still undecided. A ratio whose interval contains 1 and is still wider than the precision when measuring
-stops is marked `undecided` (printed `?`): no difference was shown, and none was shown to be absent. Each
-sample lasts at least `min_sample_s`; the looks after the first may run longer ones (`h2h_sample_s`, `lengthened`:
-a decision's head to head does, `effkit.measure.choice`).
+measuring stops when each one's interval excludes 1 (decided) or lies inside [1 / (1 + `precision`), 1 +
+`precision`] (a tie: equal within the precision asked for), when the last look is done, or when the next look
+would not fit in what is left of the time budget. A contender whose comparisons have all settled is not
+measured in later looks (each ratio is computed over the rounds both of its contenders ran, a prefix of the longer
+one's), so later looks cost only what is still undecided. A ratio whose interval contains 1 and reaches outside
+that band when measuring stops is marked `undecided` (printed `?`): no difference was shown, and none was shown
+to be absent. Each sample lasts at least `min_sample_s`; the looks after the first may run longer ones
+(`h2h_sample_s`, `lengthened`: a decision's head to head does, `effkit.measure.choice`).
 
 Looking more than once inflates the chance that noise alone crosses the line somewhere. The correction is
-Bonferroni over the looks planned: every look's interval is taken at 1 - 0.05 / looks (98.3% for 3 looks), so
-that all of them cover at once with at least 95%, and so does the one at whichever look stops; its verdict is
-wrong at most 5% of the time, as a fixed-rounds 95% interval's is. `fixed` runs `rounds` rounds once, at 95%.
+Bonferroni over the looks planned: every look's interval is taken at 1 - 0.05 / looks, so that all of them cover
+at once with at least 95%, and so does the one at whichever look stops: each reported ratio, alone, is wrongly
+decided in at most 5% of measurements, as a fixed-rounds 95% interval is. A table of many ratios is not corrected
+as a whole. A decision read off the rounds (`contest`, `Contest`) is: its leader's ratios are decided under Holm's
+step-down over every pair of its contenders, within each look's 0.05 / looks, so that any false decided ratio
+in it has a chance of at most 5%. `fixed` runs `rounds` rounds once, at 95%.
 
 Also here, shared with `effkit.measure.choice`: how many calls one sample holds (`calls_per_sample`: at least
-`MIN_SAMPLE_S` long), the leader by paired point estimate (`leader_of`) and the pairs a contest compares
-(`contest_pairs`).
+`MIN_SAMPLE_S` long), the paired point estimate's best (`leader_of`), a decision's contest (`Contest`: its leader,
+its ratios under Holm) and the pairs it still needs measured (`contest_pairs`).
 """
 
 from __future__ import annotations
@@ -38,22 +41,23 @@ ALPHA = 1.0 - stats.CONFIDENCE
 MIN_SAMPLE_S = 0.2  # sequential: a round's sample of a contender lasts at least this long (calls repeated in it)
 MAX_CALLS = 64  # at most this many calls in one sample
 # a decision's head to head (`effkit.measure.choice`: after its screen, the contenders still open) runs samples this
-# long: two copies of one ONNX Runtime graph on a 2-core EPYC, 30 s of rounds per setting, interleaved blocks: 0.5 s
-# samples gave a narrower interval for the same seconds than 0.2 s in 5 of 6 blocks under load, 1 s in none
-# (docs/benchmarks.md, session 17). The bench's reported ratios keep 0.2 s in every look by default
-# (`Stopping.h2h_sample_s`): with 0.5 s its later looks took 68 s more of a quickstart and decided no more ratios
+# long: longer samples gave narrower intervals for the same seconds on a loaded machine (docs/benchmarks.md,
+# "Longer samples"). The bench's reported ratios keep MIN_SAMPLE_S in every look by default
+# (`Stopping.h2h_sample_s`): longer ones there cost its later looks more time and decided no more ratios
 H2H_SAMPLE_S = 0.5
 H2H_MAX_CALLS = 256  # at most this many calls in one sample after the screen
 
 METHOD = ("sequential: samples of at least {min_sample_s:g} s (a contender's call repeated within its sample of a "
           "round, at least the repeats asked for; the sample's figure the median of its calls{later}); looks after "
           "{first}, then twice as many rounds each time, at "
-          "most {looks} looks ({max_rounds} rounds); stops when every compared ratio's interval excludes 1 or its "
-          "half-width is under {precision:.0%}, or when the next look would exceed {budget_s:.0f} s; a contender whose "
-          "ratios are settled is not measured in later looks (each ratio is over the rounds both of its contenders "
-          "ran); each look's interval at "
+          "most {looks} looks ({max_rounds} rounds); stops when every compared ratio's interval excludes 1 or lies "
+          "inside [1/{band:g}, {band:g}] (a tie), or when the next look would exceed {budget_s:.0f} s; a contender "
+          "whose ratios are settled is not measured in later looks (each ratio is over the rounds both of its "
+          "contenders ran); each look's interval at "
           "{level:.2%} (Bonferroni: 95% over the {looks} looks planned, so the look that stops covers with at "
-          "least 95%)")
+          "least 95%; each ratio alone, not the table as a whole){contest}")
+CONTEST = ("; a decision read off these rounds: its leader's ratios under Holm's step-down over every pair of its "
+           "contenders within each look's {alpha:.2%}, family-wise error 5% per decision")
 
 
 @dataclass(frozen=True)
@@ -61,10 +65,10 @@ class Stopping:
     """How many interleaved rounds a comparison runs (see the module's text)."""
 
     rounds: int = 6  # rounds of the first look (of the only one when fixed)
-    fixed: bool = False  # exactly `rounds` rounds, 95% intervals
-    precision: float = 0.03  # stop once every undecided ratio's interval is within ratio x (1 +- precision)
+    fixed: bool = False  # exactly `rounds` rounds, intervals at stats.CONFIDENCE
+    precision: float = 0.03  # a tie: undecided, the interval inside [1 / (1 + precision), 1 + precision]
     budget_s: float = 60.0  # seconds of measuring per comparison, beyond the first look
-    looks: int = 3  # planned looks: rounds, 2 x rounds, 4 x rounds
+    looks: int = 3  # planned looks, each twice the rounds of the one before
     seed: int = 0  # the rounds' orders are shuffled from it (written in the record)
     min_sample_s: float = MIN_SAMPLE_S  # sequential only: fixed rounds run exactly `repeats` calls a round
     h2h_sample_s: float = MIN_SAMPLE_S  # sequential only: the samples of the looks after the first (longer: slower)
@@ -88,8 +92,9 @@ class Stopping:
         later = (f"; after the first look, samples of at least {self.h2h_sample_s:g} s"
                  if self.h2h_sample_s > self.min_sample_s else "")
         return METHOD.format(min_sample_s=self.min_sample_s, later=later, first=self.rounds,
-                             looks=self.looks, max_rounds=self.schedule()[-1], precision=self.precision,
-                             budget_s=self.budget_s, level=self.level)
+                             looks=self.looks, max_rounds=self.schedule()[-1], band=1 + self.precision,
+                             budget_s=self.budget_s, level=self.level,
+                             contest=CONTEST.format(alpha=ALPHA / self.looks))
 
     @classmethod
     def of(cls, measure: Any, rounds_key: str = "rounds") -> Stopping:
@@ -99,10 +104,15 @@ class Stopping:
 
 
 def settled(r: PairedRatio, precision: float) -> bool:
-    """Decided (the interval excludes 1), or undecided within +-precision of the ratio."""
+    """Decided (the interval excludes 1), or a tie: equal within the precision, the whole interval inside
+    [1 / (1 + precision), 1 + precision]."""
+    return r.verdict != "same" or tie(r, precision)
+
+
+def tie(r: PairedRatio, precision: float) -> bool:
+    """Equal within the precision: not decided, and the interval inside [1 / (1 + precision), 1 + precision]."""
     lo, hi = r.ci95
-    return r.verdict != "same" or (math.isfinite(hi) and lo >= r.ratio * (1 - precision)
-                                   and hi <= r.ratio * (1 + precision))
+    return r.verdict == "same" and math.isfinite(hi) and lo >= 1 / (1 + precision) and hi <= 1 + precision
 
 
 class Measured(dict):
@@ -173,18 +183,19 @@ def lengthened(calls: dict[str, int], per_call_s: dict[str, float], sample_s: fl
             for n, c in calls.items()}
 
 
-def leader_of(samples: dict[str, list[list[float]]], names: Sequence[str], higher: bool) -> str:
+def leader_of(samples: dict[str, list[list[float]]], names: Sequence[str], higher: bool,
+              medians: dict[str, list[float] | None] | None = None) -> str:
     """The best of `names` by paired point estimate: the longest measured first, then each of the others, longest
     first, takes the lead when its paired ratio to the leader, over the rounds both ran, favours it (a contender
     that left early is judged over its own rounds, never by figures from rounds it did not run). Among contenders
     measured in the same rounds this is the best geometric mean of paired ratios; the first listed on an exact
-    tie."""
+    tie. `medians`: each contender's per-round medians where already computed."""
     order = sorted(names, key=lambda x: -len(samples[x]))  # stable: the order given among equals
+    med = {n: (medians or {}).get(n) or [median(r) for r in samples[n]] for n in names}
 
     def gain(x: str, lead: str) -> float:
-        n = min(len(samples[x]), len(samples[lead]))
-        d = fmean(math.log(median(a)) - math.log(median(b)) for a, b in zip(samples[x][:n], samples[lead][:n],
-                                                                           strict=True))
+        n = min(len(med[x]), len(med[lead]))
+        d = fmean(math.log(a) - math.log(b) for a, b in zip(med[x][:n], med[lead][:n], strict=True))
         return d if higher else -d
     lead = order[0]
     for x in order[1:]:
@@ -193,18 +204,77 @@ def leader_of(samples: dict[str, list[list[float]]], names: Sequence[str], highe
     return lead
 
 
+def family_of(contenders: int) -> int:
+    """The hypotheses a contest's error is controlled over: the leader is the best of the contenders, read off the
+    same data, so its ratios to the others are a choice among every pair of them."""
+    return max(1, contenders * (contenders - 1) // 2)
+
+
+class Contest:
+    """A decision among `names` over the rounds measured so far (a contender that left early ran a prefix of
+    them): each one's ratios to any other, over the rounds both ran, with Holm's step-down over them at the
+    family-wise error of one look (1 - `level`) for `family_of(len(names))` hypotheses (`standing`: every ratio's
+    interval at its Holm level, `stats.holm_levels`, so that it excludes 1 exactly where Holm decides); the
+    contenders no other is decided faster than (`unbeaten`), and the leader (`leader`)."""
+
+    def __init__(self, samples: dict[str, list[list[float]]], names: Sequence[str], higher: bool, level: float):
+        self.samples, self.names, self.higher, self.level = samples, list(names), higher, level
+        self.family = family_of(len(self.names))
+        self._medians = {n: [median(r) for r in samples[n]] if all(math.isfinite(x) and x > 0 for r in samples[n]
+                                                                     for x in r) else None for n in self.names}
+        self._standing: dict[str, dict[str, dict[str, Any]]] = {}
+
+    def _logs(self, ref: str, other: str) -> tuple[list[float] | None, int]:
+        a, b = self._medians[ref], self._medians[other]
+        n = min(len(self.samples[ref]), len(self.samples[other]))
+        return (None if a is None or b is None else [math.log(y / x) for x, y in zip(a[:n], b[:n], strict=True)]), n
+
+    def standing(self, ref: str) -> dict[str, dict[str, Any]]:
+        """Every other contender's paired ratio to `ref`, at its Holm level."""
+        if ref not in self._standing:
+            logs = {n: self._logs(ref, n) for n in self.names if n != ref}
+            levels = stats.holm_levels([stats.p_of_logs(x) for x, _ in logs.values()], 1.0 - self.level,
+                                       self.family)
+            self._standing[ref] = {n: stats.ratio_of_logs(x, k, self.higher, lv)
+                                   for (n, (x, k)), lv in zip(logs.items(), levels, strict=True)}
+        return self._standing[ref]
+
+    def unbeaten(self, x: str) -> bool:
+        """Whether no other contender is decided faster than `x`."""
+        return all(r["verdict"] != "faster" for r in self.standing(x).values())
+
+    def leader(self, among: Sequence[str] | None = None) -> str | None:
+        """The best by paired point estimate (`leader_of`) among the contenders of `among` (default: those measured
+        longest) that no contender is decided faster than; where each of `among` is, the best of those that are.
+        None when every contender is decided slower than another (their rounds contradict each other:
+        non-transitive over different prefixes of rounds)."""
+        longest = max(len(self.samples[n]) for n in self.names)
+        among = [n for n in (among or [n for n in self.names if len(self.samples[n]) == longest])
+                 if n in self.names]
+        for pool in (among, self.names):
+            pool = list(pool)
+            while pool:  # the best of the pool, unless beaten: then the best of the rest
+                if self.unbeaten(best := leader_of(self.samples, pool, self.higher, self._medians)):
+                    return best
+                pool.remove(best)
+        return None
+
+
 def contest_pairs(samples: dict[str, list[list[float]]], members: list[str], higher_is_better: bool, level: float,
                   precision: float) -> list[tuple[str, str]]:
     """The open pairs of a contest among `members` (a decision read off these rounds, `effkit.measure.choice.
-    decide`): its leader (by paired point estimate, among the members still measured) against each member still
-    measured whose ratio to it is not settled. A member that left earlier keeps its ratios over its own rounds."""
+    decide`): its leader (`Contest.leader`) against each member still measured whose ratio to it is not settled, Holm's
+    step-down over every member (one that left earlier keeps its ratio over its own rounds). None where the leader
+    is a member no longer measured: no later round changes its ratios."""
     longest = max((len(s) for s in samples.values()), default=0)  # the rounds run so far
-    live = [n for n in members if len(samples[n]) == longest and samples[n]]  # a member that left stays out
-    if len(live) < 2:
+    members = [n for n in members if samples[n]]
+    live = [n for n in members if len(samples[n]) == longest]
+    contest = Contest(samples, members, higher_is_better, level)
+    lead = contest.leader(among=live) if len(live) >= 2 else None
+    if lead not in live:
         return []
-    lead = leader_of(samples, live, higher_is_better)
-    return [(lead, n) for n in live if n != lead
-            and not settled(PairedRatio.of(_paired(samples, lead, n, level, higher_is_better)), precision)]
+    ratios = contest.standing(lead)
+    return [(lead, n) for n in live if n != lead and not settled(PairedRatio.of(ratios[n]), precision)]
 
 
 def measure(contenders: dict[str, Callable[[], float]], stopping: Stopping, repeats: int, warmup: int = 1,
