@@ -342,25 +342,41 @@ def figure_comments(root: Path) -> list[str]:
             for line, text in comments(path) if FIGURE.search(text) or HISTORY.search(text)]
 
 
-def option_flags(root: Path) -> list[tuple[str, str]]:
-    """(where, flag) of every `typer.Option(...)` written with a literal `--flag` (the generic one that makes a stage
-    field's flag from its metadata names none)."""
+def _decorating_config(fn: ast.AST) -> str | None:
+    """The config class a command's `@with_stage_options(Config, ...)` names, if any."""
+    for d in getattr(fn, "decorator_list", []):
+        if (isinstance(d, ast.Call) and getattr(d.func, "id", "") == "with_stage_options" and d.args
+                and isinstance(d.args[0], ast.Name)):
+            return d.args[0].id
+    return None
+
+
+def option_flags(root: Path) -> list[tuple[str, str, str | None]]:
+    """(where, flag, the config its command takes its stage flags from) of every `typer.Option(...)` written with a
+    literal `--flag` (the generic one that makes a stage field's flag from its metadata names none)."""
     out = []
     for path in python_files(root):
-        for node in ast.walk(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        owner_of = {id(n): _decorating_config(fn) for fn in ast.walk(tree)
+                    if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) for n in ast.walk(fn.args)}
+        for node in ast.walk(tree):
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "Option"
                     and isinstance(node.func.value, ast.Name) and node.func.value.id == "typer"):
                 flags = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)
                          and a.value.startswith("--")]
-                out += [(f"{path.relative_to(root)}:{node.lineno}", f) for f in flags or ["(from a field)"]]
+                out += [(f"{path.relative_to(root)}:{node.lineno}", f, owner_of.get(id(node)))
+                        for f in flags or ["(from a field)"]]
     return out
 
 
-def stage_field_flags() -> set[str]:
+def stage_field_flags(config: str | None = None) -> set[str]:
+    """The flags of a config's fields (every stage config's where `config` is None)."""
+    from effkit import config as configs
     from effkit.config import STAGES as CONFIGS
     from effkit.config import flat_fields
 
-    return {"--" + key.replace("_", "-") for cls in CONFIGS.values() for key in flat_fields(cls)}
+    classes = [getattr(configs, config)] if config else list(CONFIGS.values())
+    return {"--" + key.replace("_", "-") for cls in classes for key in flat_fields(cls)}
 
 
 def engine_words() -> set[str]:
@@ -420,7 +436,7 @@ def test_options_are_declared_once():
     """Few `typer.Option`s, and none for a stage field: a stage's flags come from its config's fields."""
     flags = option_flags(PACKAGE)
     assert len(flags) <= OPTION_LIMIT, flags
-    assert [(w, f) for w, f in flags if f in stage_field_flags()] == []
+    assert [(w, f) for w, f, config in flags if f in stage_field_flags(config)] == []
 
 
 def test_no_module_outside_an_engine_switches_on_its_name():
@@ -444,8 +460,8 @@ def test_the_shape_checks_find_planted_violations(tmp_path):
     assert [s.split(" ")[0] for s in long_functions(tmp_path)] == ["long.py:1"]
     assert large_modules(tmp_path) == [f"big.py ({MODULE_LINES + 1} lines)"]
     assert [s.split(" ")[0] for s in figure_comments(tmp_path)] == ["figures.py:1", "figures.py:2", "figures.py:3"]
-    flags = [f for _, f in option_flags(tmp_path)]
-    assert flags == ["--plan", "--lr"] and "--lr" in stage_field_flags()
+    flags = [f for _, f, config in option_flags(tmp_path) if f in stage_field_flags(config)]
+    assert flags == ["--lr"] and len(option_flags(tmp_path)) == 2
     assert [s.split(" ")[0] for s in name_switches(tmp_path, {"onnxruntime", "openvino"})] == [
         "bench.py:2", "bench.py:2", "engines/onnxruntime/x.py:2"]
 
