@@ -712,8 +712,8 @@ class TrainStep(Step):
 
 
 # what a training stage spends beside its steps and evaluations (its data and tokenizer, the model, the precision
-# probe, saving), in training steps: four Zen 4 EPYC quickstarts at 0.167-0.198 s a step spent 40-180 beyond their
-# steps and evaluations; about their mean (docs/benchmarks.md, session 17)
+# probe, saving), in training steps: about the mean of measured quickstarts (docs/benchmarks.md, "The run's time
+# estimate")
 TRAIN_SETUP = 80.0
 
 

@@ -34,10 +34,9 @@ from effkit.parallel import resolve_device
 from effkit.report import atomic_write_text
 from effkit.stage import Plan, RunContext, ShapeRun, Stage, Step, best_of_each_mode, fingerprint, pruning_rounds
 
-# the expected time of the stage (`BenchStep.work`), in seconds
-# (training steps; scaled so that what three Zen 4 EPYC quickstarts' benches of 9 artifacts spent beyond the share
-# of their budget the estimate adds, 709-1,122 step times, 861 on average, is what they predict: docs/benchmarks.md,
-# session 19, runs 13-15; the artifacts alone now run two processes at a time; 780-1,186 in session 18)
+# the expected time of the stage (`BenchStep.work`), in training steps: scaled so that what measured quickstarts'
+# benches spent beyond the share of their budget the estimate adds is what they predict (docs/benchmarks.md, "The
+# run's time estimate")
 BENCH_ARTIFACT_ROUND = 13.0  # per artifact per bench round: every workload and training batch at 128 tokens
 BENCH_ARTIFACT = 18.0  # per artifact: loading, its held-out loss, a sample, its memory
 # the fewest rounds of the first look a time budget leaves the bench (`--quick`'s)
