@@ -24,7 +24,7 @@ from pathlib import Path
 import onnxruntime.quantization as q
 from transformers import AutoTokenizer
 
-from effkit.engines import onnxruntime as eo
+from effkit.engines.onnxruntime import export, int8, runtime
 from effkit.measure import generation
 from effkit.model import load_model
 
@@ -38,11 +38,11 @@ def main() -> None:
     model, tok = load_model(args.source).eval(), AutoTokenizer.from_pretrained(args.source)
     base = Path(tempfile.mkdtemp(prefix="effkit-int8-forms-"))
     fp32 = base / "fp32.onnx"
-    eo.export_fp32(copy.deepcopy(model), fp32)
-    writers = {"effkit (tied)": lambda dst: eo.quantize_int8(fp32, dst),
+    export.export_fp32(copy.deepcopy(model), fp32)
+    writers = {"effkit (tied)": lambda dst: int8.quantize_int8(fp32, dst),
                "effkit untied": lambda dst: q.quantize_dynamic(str(fp32), str(dst), weight_type=q.QuantType.QInt8,
                                                                op_types_to_quantize=["MatMul", "Gemm", "Gather"]),
-               "quantize_dynamic (peer)": lambda dst: eo.quantize_standard(fp32, dst)}
+               "quantize_dynamic (peer)": lambda dst: int8.quantize_standard(fp32, dst)}
     models = {}
     for i, (name, write) in enumerate(writers.items()):
         folder = base / str(i)
@@ -51,7 +51,7 @@ def main() -> None:
         tok.save_pretrained(folder)
         write(folder / "model.onnx")
         (folder / "onnx.json").write_text(json.dumps({"params": sum(p.numel() for p in model.parameters())}))
-        models[name] = eo.OnnxCausalLM(folder)
+        models[name] = runtime.OnnxCausalLM(folder)
     for batch in (1, 12):
         timers = {n: generation.generation_timer(m, tok, args.tokens, batch=batch) for n, m in models.items()}
         rates: dict[str, list[float]] = {n: [] for n in timers}

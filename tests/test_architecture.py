@@ -184,6 +184,11 @@ def test_the_stage_check_sees_a_stage_packages_modules():
     assert sideways(graph) == ["effkit.studies.sync -> effkit.bench"]
 
 
+def plugin_of(name: str, plugins) -> str | None:
+    """The plug-in module `name` is, or the plug-in package that holds it (an engine is one package)."""
+    return next((p for p in plugins if name == p or name.startswith(p + ".")), None)
+
+
 def test_plugins_come_only_from_their_registries():
     """Only a registry imports its plug-ins' modules (backends, pruning methods, engines, studies): nothing else
     can switch on their names. Engines may be imported by the backends that write their format."""
@@ -191,13 +196,11 @@ def test_plugins_come_only_from_their_registries():
     plugins = {path.partition(":")[0]: reg for reg in (BACKENDS, PRUNERS, ENGINES, STUDIES)
                for path in reg.builtin.values()}
     helpers = {"effkit.quantize.backends.rowwise",  # shared by backends, imported by backends only
-               "effkit.engines.decoder_step"}  # shared by engines, imported by plug-ins only
+               "effkit.engines.decoder_step", "effkit.engines.shared"}  # shared by engines, imported by plug-ins only
     engines = {m for m, reg in plugins.items() if reg is ENGINES}
-    # a plug-in may be a package: its modules are the plug-in's own
-    owner = {m: next((p for p in plugins if m == p or m.startswith(p + ".")), None) for m in graph}
     leaks = [f"{m} -> {e}" for m, edges in graph.items() for e in edges
-             if (owner.get(e) or e in helpers) and not owner[m]
-             and not (owner.get(e) in engines and m.startswith("effkit.quantize.backends."))]
+             if (plugin_of(e, plugins) or e in helpers) and not plugin_of(m, plugins) and m not in helpers
+             and not (plugin_of(e, plugins) in engines and m.startswith("effkit.quantize.backends."))]
     assert leaks == []
     assert set(plugins) <= set(graph)  # the registries name real modules
     stage_modules = {path.partition(":")[0] for path in STAGES_REG.builtin.values()}

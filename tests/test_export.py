@@ -14,7 +14,8 @@ from effkit import cli
 from effkit.artifacts.loader import load_any, quantized_layers
 from effkit.config import BenchConfig, ExportConfig, PruneConfig, QuantizeConfig, TrainConfig
 from effkit.data import prepare
-from effkit.engines.onnxruntime import OnnxCausalLM, onnx_unavailable
+from effkit.engines.onnxruntime.graph import onnx_unavailable
+from effkit.engines.onnxruntime.runtime import OnnxCausalLM
 from effkit.errors import EffkitError
 from effkit.measure import evaluation
 from effkit.model import load_model
@@ -85,7 +86,7 @@ def test_onnx_fp32_export_gives_pytorch_logits(trained):
 def test_parity_gate_scales_with_the_logits(trained, monkeypatch):
     """fp32 rounding grows with the logits: a difference of 3e-4 passes on logits scaled to about 30 (1e-5 of the
     scale, as ONNX Runtime gives a trained model) and fails on logits below 1; a difference of 0.1 fails on both."""
-    import effkit.engines.onnxruntime as ox
+    import effkit.engines.onnxruntime.export as ox
 
     _, artifact, _ = trained
     model = load_model(artifact).eval()
@@ -120,7 +121,7 @@ def test_within_an_exports_kept_scope_one_models_second_onnx_export_is_a_copy_of
     """quantize's auto exports one parent for several ONNX candidates: inside its scope the first export
     (parity-checked) is kept; the same model again gets its bytes, a model that differs in one weight is exported
     afresh, and outside the scope every export is made."""
-    import effkit.engines.onnxruntime as ox
+    import effkit.engines.onnxruntime.export as ox
     from effkit import engines
 
     _, artifact, _ = trained
@@ -156,7 +157,7 @@ def test_ctranslate2_export_gives_pytorch_greedy_tokens_and_loss(trained, tmp_pa
     threads = torch.get_num_threads()
     model, parent = load_any(moved), load_model(artifact).eval()
     assert torch.get_num_threads() == threads  # CTranslate2 sets OpenMP's thread count; PyTorch's is put back
-    from effkit.engines.ctranslate2 import settle_after
+    from effkit.engines.ctranslate2.runtime import settle_after
     from effkit.measure.timing import SETTLE_S
 
     # #39 (3): the settle rule of every engine: a pool of spinning threads (more than one) idles the machine after
@@ -218,8 +219,9 @@ def test_every_engine_decodes_the_same_text_when_end_of_text_is_the_likeliest_to
     whose every next token is end-of-text by far: all three engines give the same greedy tokens, none of them it."""
     from transformers import AutoTokenizer
 
-    from effkit.engines import ctranslate2 as ct2
-    from effkit.engines import onnxruntime as ox
+    from effkit.engines.ctranslate2 import converter as ct2
+    from effkit.engines.ctranslate2.runtime import Ct2CausalLM
+    from effkit.engines.onnxruntime import export as ox
     from effkit.measure.generation import greedy_generate
     from effkit.model import save_model
 
@@ -241,8 +243,8 @@ def test_every_engine_decodes_the_same_text_when_end_of_text_is_the_likeliest_to
     (folder := tmp_path / "ct2").mkdir()
     ct2.write_artifact(folder, src, pt.config, tok, "float32", sum(p.numel() for p in pt.parameters()))
     made = {name: greedy_generate(m, tok, 8, batch=2)[0].tolist()
-            for name, m in (("pytorch", pt), ("onnxruntime", ox.OnnxCausalLM(onnx)), ("ctranslate2",
-                                                                                      ct2.Ct2CausalLM(folder)))}
+            for name, m in (("pytorch", pt), ("onnxruntime", OnnxCausalLM(onnx)), ("ctranslate2",
+                                                                                   Ct2CausalLM(folder)))}
     assert made["onnxruntime"] == made["pytorch"] == made["ctranslate2"], made
     assert eos not in made["pytorch"] and len(made["pytorch"]) == 8
 
@@ -287,7 +289,9 @@ def test_effkits_standard_int8_is_the_very_computation_of_onnx_runtimes_peer(tra
     head) and the fp32 graph are other computations."""
     from transformers import AutoTokenizer
 
-    from effkit.engines.onnxruntime import ENGINE, graph_digest, write_artifact
+    from effkit.engines.onnxruntime import ENGINE
+    from effkit.engines.onnxruntime.export import write_artifact
+    from effkit.engines.onnxruntime.graph import graph_digest
 
     _, artifact, _ = trained
     model, tok = load_model(artifact).eval(), AutoTokenizer.from_pretrained(artifact)
@@ -306,8 +310,8 @@ def test_effkits_standard_int8_is_the_very_computation_of_onnx_runtimes_peer(tra
     model.eval()
     digest = {k: ENGINE.computation(f) for k, f in folders.items()}
     assert digest["standard"] == digest["peer"] == graph_digest(folders["peer"])
-    # effkit's quantizer call (one fp32 copy of the graph alive, `engines.onnxruntime.quantize_dynamic`) writes what
-    # ONNX Runtime's public quantize_dynamic writes from the same export
+    # effkit's quantizer call (one fp32 copy of the graph alive, `engines.onnxruntime.int8.quantize_dynamic`) writes
+    # what ONNX Runtime's public quantize_dynamic writes from the same export
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     (tmp_path / "public").mkdir()
@@ -404,7 +408,8 @@ def run_cli(args, capsys, monkeypatch):
 
 @pytest.mark.slow
 def test_bad_export_input(trained, capsys, monkeypatch):
-    import effkit.engines.onnxruntime
+    import effkit.engines.onnxruntime.export
+    import effkit.engines.onnxruntime.graph
 
     tmp, artifact, _ = trained
     onnx8 = tmp / "runs" / "x" / "onnx-int8"
@@ -433,7 +438,8 @@ def test_bad_export_input(trained, capsys, monkeypatch):
     def unrepresentable(*args, **kwargs):
         raise RuntimeError("Unsupported: aten::weird_op\nlong exporter trace ...")
 
-    monkeypatch.setattr(effkit.engines.onnxruntime, "EXPORT_RTOL", -1.0)  # the parity gate refuses, nothing is written
+    # the parity gate refuses, nothing is written
+    monkeypatch.setattr(effkit.engines.onnxruntime.export, "EXPORT_RTOL", -1.0)
     code, err = run_cli(["export", "--from", artifact, *dirs], capsys, monkeypatch)
     assert code == 2 and "does not reproduce the model" in err and len(err.splitlines()) == 1, err
     assert sorted(p.name for p in (tmp / "runs" / "x").iterdir()) == before
@@ -441,7 +447,8 @@ def test_bad_export_input(trained, capsys, monkeypatch):
     monkeypatch.setattr(torch.onnx, "export", unrepresentable)  # a model the exporter cannot represent
     code, err = run_cli(["export", "--from", artifact, "--int8", *dirs], capsys, monkeypatch)
     assert code == 2 and "ONNX cannot represent this model" in err and len(err.splitlines()) == 1, err
-    monkeypatch.setattr(effkit.engines.onnxruntime, "onnx_unavailable", lambda: "ModuleNotFoundError: onnxruntime")
+    monkeypatch.setattr(effkit.engines.onnxruntime.graph, "onnx_unavailable",
+                        lambda: "ModuleNotFoundError: onnxruntime")
     code, err = run_cli(["export", "--from", artifact, *dirs], capsys, monkeypatch)
     assert code == 2 and "onnxruntime" in err and len(err.splitlines()) == 1
     assert sorted(p.name for p in (tmp / "runs" / "x").iterdir()) == before  # nothing half-written

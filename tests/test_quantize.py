@@ -256,13 +256,13 @@ def test_int4_measured_settings_travel_in_the_graph_and_reload_in_plain_onnxrunt
     import onnx
     from onnx import numpy_helper
 
-    from effkit.quantize.backends import onnxruntime_int4 as int4_backend
+    from effkit.engines.onnxruntime import choose
 
     tmp, artifact, eval_blocks = trained
     # the nano model's 4 held-out blocks (2 documents) give intervals near +-0.17%, on the edge of the +0.2% rule;
     # a wider budget makes both compute levels candidates, so the choice between them runs (the rule's bookkeeping
     # is checked against whatever budget is in force)
-    monkeypatch.setattr(int4_backend, "INT4_LOSS_BUDGET", 0.02)
+    monkeypatch.setattr(choose, "INT4_LOSS_BUDGET", 0.02)
     report = run_quantize(qcfg(tmp, artifact, backend="onnxruntime-int4", latency_rounds=2, latency_repeats=1))
     folder = Path(report["artifact"])
     int4 = json.loads((folder / "quantization.json").read_text())["onnx"]["int4"]
@@ -311,10 +311,10 @@ def test_int4_measured_settings_travel_in_the_graph_and_reload_in_plain_onnxrunt
 
 @pytest.mark.slow
 def test_int4_takes_the_lowest_loss_untimed_when_no_setting_is_within_the_budget(trained, monkeypatch):
-    from effkit.quantize.backends import onnxruntime_int4 as int4_backend
+    from effkit.engines.onnxruntime import choose
 
     tmp, artifact, _ = trained
-    monkeypatch.setattr(int4_backend, "INT4_LOSS_BUDGET", -1.0)  # no interval ends 100% below the parent
+    monkeypatch.setattr(choose, "INT4_LOSS_BUDGET", -1.0)  # no interval ends 100% below the parent
     report = run_quantize(qcfg(tmp, artifact, backend="onnxruntime-int4", latency_rounds=2, latency_repeats=1))
     int4 = json.loads((Path(report["artifact"]) / "quantization.json").read_text())["onnx"]["int4"]
     measured = {n: t for n, t in int4["table"].items() if "loss_delta" in t}
@@ -337,10 +337,10 @@ def test_int4_mixed_graph_keeps_the_most_sensitive_layers_in_8_bits_measured_on_
 
     from effkit import artifacts
     from effkit.config import DataConfig
-    from effkit.quantize.backends import onnxruntime_int4 as int4_backend
+    from effkit.engines.onnxruntime import choose
 
     tmp, artifact, eval_blocks = trained
-    real_within, real_sensitivity, seen = int4_backend.within_loss, int4_backend.sensitivity, []
+    real_within, real_sensitivity, seen = choose.within_loss, choose.sensitivity, []
 
     def within(models, table, parent, source, cfg, budget):  # all-4-bit graphs out, mixed ones in
         return real_within(models, table, parent, source, cfg, 1.0 if all("share" in n for n in models) else -1.0)
@@ -349,8 +349,8 @@ def test_int4_mixed_graph_keeps_the_most_sensitive_layers_in_8_bits_measured_on_
         seen.append(blocks.clone())
         return real_sensitivity(parent, blocks, block_size, batch_size)
 
-    monkeypatch.setattr(int4_backend, "within_loss", within)
-    monkeypatch.setattr(int4_backend, "sensitivity", sensitivity)
+    monkeypatch.setattr(choose, "within_loss", within)
+    monkeypatch.setattr(choose, "sensitivity", sensitivity)
     report = run_quantize(qcfg(tmp, artifact, backend="onnxruntime-int4", int4_block_size="32", latency_rounds=2,
                                latency_repeats=1))
     folder = Path(report["artifact"])
@@ -362,7 +362,7 @@ def test_int4_mixed_graph_keeps_the_most_sensitive_layers_in_8_bits_measured_on_
     # the layers in 8 bits are those the recorded sensitivities put there, and the graph holds them so
     sens = int4["sensitivity"]["by_block_size"]["32"]
     sizes = {n: m.weight.numel() for n, m in load_any(artifact).named_modules() if isinstance(m, torch.nn.Linear)}
-    eight, share = int4_backend.eight_bit_layers(sens, sizes, 0.75)
+    eight, share = choose.eight_bit_layers(sens, sizes, 0.75)
     assert table[int4["picked"]]["eight_bit_layers"] == eight and int4["int4_share"] == pytest.approx(share)
     assert 0 < share <= 0.75 and eight
     nbits = [{a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
@@ -426,18 +426,19 @@ def test_int4_bad_option_is_one_line(extra, needle, trained, capsys, monkeypatch
 def test_int4_without_avx2_does_not_run_int8_compute(monkeypatch):
     """ONNX Runtime runs accuracy level 4 in fp32 where MLAS has no int8 kernel (below AVX2 on x86), silently:
     timing it there would measure fp32 under another name, so auto says it was not run."""
+    from effkit.engines.onnxruntime import int4
     from effkit.quantize.backends import onnxruntime_int4 as int4_backend
 
-    monkeypatch.setattr(int4_backend.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(int4.platform, "machine", lambda: "x86_64")
     monkeypatch.setattr(hardware, "cpu_flags", lambda: [])
-    todo, skipped = int4_backend.candidates(int4_backend.Options(), 256)
+    todo, skipped = int4.candidates(int4_backend.Options(), 256)
     assert todo == [("rtn", 4, 32, 1), ("rtn", 4, 128, 1), ("rtn", 4, 256, 1)]
     assert set(skipped) == {"block32-level4", "block128-level4", "block256-level4"}
     assert all(s.startswith("not run: no AVX2") for s in skipped.values())
     asked = QuantizeConfig.from_flat(backend="onnxruntime-int4", accuracy_level="4")  # by hand: refused in one line
     assert backends.get("onnxruntime-int4").refuses(asked).startswith("--accuracy-level 4: no AVX2")
     monkeypatch.setattr(hardware, "cpu_flags", lambda: ["avx2"])
-    assert int4_backend.candidates(int4_backend.Options(), 256) == (
+    assert int4.candidates(int4_backend.Options(), 256) == (
         [("rtn", 4, b, lv) for b in (32, 128, 256) for lv in (1, 4)], {})
     assert backends.get("onnxruntime-int4").refuses(asked) is None
 
@@ -522,7 +523,7 @@ def test_int4_gptq_calibrates_on_training_blocks_only(trained, monkeypatch):
 
     from effkit import artifacts
     from effkit.config import DataConfig
-    from effkit.quantize.backends.onnxruntime_int4 import GPTQ_CALIBRATION_BLOCKS
+    from effkit.engines.onnxruntime.int4 import GPTQ_CALIBRATION_BLOCKS
 
     tmp, artifact, eval_blocks = trained
     seen = []
@@ -560,17 +561,18 @@ def torch_equal(a, b) -> bool:
 
 def test_int4_algorithm_candidates(monkeypatch):
     """auto writes every algorithm ONNX Runtime runs at these settings and says why the others were not run."""
+    from effkit.engines.onnxruntime import int4
     from effkit.quantize.backends import onnxruntime_int4 as int4_backend
 
     monkeypatch.setattr(hardware, "cpu_flags", lambda: ["avx2"])
-    todo, skipped = int4_backend.candidates(int4_backend.Options(int4_algorithm="auto", int4_block_size="32"), 256)
+    todo, skipped = int4.candidates(int4_backend.Options(int4_algorithm="auto", int4_block_size="32"), 256)
     assert todo == [("rtn", 4, 32, 1), ("rtn", 4, 32, 4), ("hqq", 4, 32, 1), ("gptq", 4, 32, 1), ("gptq", 4, 32, 4)]
     assert list(skipped) == ["hqq-block32-level4"] and "fp32 at any accuracy level" in skipped["hqq-block32-level4"]
-    todo, skipped = int4_backend.candidates(int4_backend.Options(int4_algorithm="auto", int4_bits="8",
+    todo, skipped = int4.candidates(int4_backend.Options(int4_algorithm="auto", int4_bits="8",
                                                                  int4_block_size="32", accuracy_level="1"), 256)
     assert todo == [("rtn", 8, 32, 1)] and set(skipped) == {"hqq-8bit-block32-level1", "gptq-8bit-block32-level1"}
     # one block of 64 per row of a 64-wide model: ONNX Runtime's GPTQ cannot pack its zero points
-    todo, skipped = int4_backend.candidates(int4_backend.Options(int4_algorithm="auto", int4_block_size="64",
+    todo, skipped = int4.candidates(int4_backend.Options(int4_algorithm="auto", int4_block_size="64",
                                                                  accuracy_level="1"), 64, (64, 256))
     assert [t[0] for t in todo] == ["rtn", "hqq"] and "odd number of blocks" in skipped["gptq-block64-level1"]
 

@@ -1,6 +1,7 @@
-"""Inference engines: one module each (`onnxruntime.py`, `ctranslate2.py`, ...), one interface (`Engine`), and the
-engines that offer a peer row (`peers`). What two engines share lives in `decoder_step.py` (the with-past decoder
-step they export, the parity rule, token picking): one engine never imports another.
+"""Inference engines: one module or package each (`onnxruntime/`, `ctranslate2/`, `openvino.py`, ...), one interface
+(`Engine`), and the engines that offer a peer row (`peers`). What two engines share lives in `decoder_step.py` (the
+with-past decoder step they export, the parity rule, token picking) and `shared.py` (the context and CPU checks, the
+parity gate, the numpy decode loop, the files saved beside an export): one engine never imports another.
 
 An engine turns a dense or pruned PyTorch artifact into its own format (`convert`), loads such a folder back
 behind effkit's model interface (`load`: logits from a forward, greedy decoding with the engine's own cache),

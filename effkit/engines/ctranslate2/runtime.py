@@ -1,14 +1,8 @@
-"""CTranslate2 artifacts: written by CTranslate2's own `TransformersConverter` from an effkit (Hugging Face) GPT-2
-folder, and `Ct2CausalLM`, which runs one through `ctranslate2.Generator` behind the few methods effkit's
-measurement code calls on a model (`model(ids).logits`, `generate` with CTranslate2's KV cache and batching,
-`config`, `eval`).
-
-A CTranslate2 artifact folder is a plain CTranslate2 model folder (`model.bin`, `vocabulary.json`, CTranslate2's
-own `config.json`: `ctranslate2.Generator(path)` loads it), plus the tokenizer files, `hf_config.json` (the
-source's `GPT2Config`: context, vocabulary), `ctranslate2.json` (how it was written and what it computes in) and
-`effkit.json`. Logits (held-out loss, prefill) come from `Generator.forward_batch`; generation from
-`generate_batch`, which takes token strings (`tokenizer.convert_ids_to_tokens`).
-"""
+"""CTranslate2 running a CTranslate2 artifact: `Ct2CausalLM`, which runs one through `ctranslate2.Generator` behind
+the few methods effkit's measurement code calls on a model (`model(ids).logits`, `generate` with CTranslate2's KV
+cache and batching, `config`, `eval`), and its OpenMP thread count, chosen per workload by measurement
+(`thread_choices`). Logits (held-out loss, prefill) come from `Generator.forward_batch`; generation from
+`generate_batch`, which takes token strings (`tokenizer.convert_ids_to_tokens`)."""
 
 from __future__ import annotations
 
@@ -23,15 +17,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from effkit.engines import Engine
+from effkit.engines.shared import check_length
 from effkit.errors import EffkitError
 
 CT2_DESC = "ctranslate2.json"
 HF_CONFIG = "hf_config.json"
 PORTABILITY = "portable: plain CTranslate2 loads the folder (ctranslate2.Generator(path))"
-WEIGHT_TYPES = {"int8": "int8", "int8_float32": "int8", "int8_float16": "int8", "int8_bfloat16": "int8",
-                "int16": "int16", "float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
-
+THREAD_WORKLOADS = (("decode", 1), ("decode", 12), ("prefill", 12))  # what the thread count is chosen for
 
 def ct2_unavailable(device: torch.device | None = None, compute_type: str | None = None) -> str | None:
     """None if CTranslate2 runs here (on `device`, with `compute_type` if given), else the reason."""
@@ -50,63 +42,6 @@ def ct2_unavailable(device: torch.device | None = None, compute_type: str | None
     return None
 
 
-def is_ct2(path: str | Path) -> bool:
-    return (Path(path) / CT2_DESC).is_file()
-
-
-def write_artifact(folder: Path, source: Path, config, tokenizer, compute_type: str, params: int) -> dict[str, Any]:
-    """Convert the Hugging Face GPT-2 folder `source` with CTranslate2's converter into `folder` (weights stored
-    as `compute_type` needs them), with the tokenizer and the source's config; returns the description written
-    to ctranslate2.json."""
-    import ctranslate2
-
-    if compute_type not in WEIGHT_TYPES:
-        raise EffkitError(f"unknown CTranslate2 compute type {compute_type!r}; choose one of "
-                          f"{', '.join(WEIGHT_TYPES)}")
-    t0 = time.perf_counter()
-    try:
-        # force: `folder` exists (effkit's atomic temporary folder); the converter writes into it
-        ctranslate2.converters.TransformersConverter(str(source)).convert(
-            str(folder), quantization=WEIGHT_TYPES[compute_type], force=True)
-    except Exception as e:  # noqa: BLE001 - the converter raises many kinds; the user needs one line
-        first = (str(e).strip().splitlines() or [""])[0]
-        raise EffkitError(f"CTranslate2's converter cannot convert {source}: {type(e).__name__}: {first[:160]}") \
-            from None
-    tokenizer.save_pretrained(folder)
-    fill_special_tokens(folder, tokenizer)
-    (folder / HF_CONFIG).write_text(config.to_json_string())
-    desc = {"format": "ctranslate2", "compute_type": compute_type, "weights": WEIGHT_TYPES[compute_type],
-            "params": params,
-            "converter": f"ctranslate2.converters.TransformersConverter(source).convert(out, quantization="
-                         f"{WEIGHT_TYPES[compute_type]!r}), ctranslate2 {ctranslate2.__version__}",
-            "convert_seconds": time.perf_counter() - t0,
-            "runtime": "ctranslate2.Generator(path, compute_type, intra_threads chosen per workload by paired "
-                       "measurement of 1 against torch's thread count; see effkit.engines.ctranslate2.thread_choices); "
-                       "logits from "
-                       "forward_batch, generation from generate_batch (KV cache, batched)"}
-    (folder / CT2_DESC).write_text(json.dumps(desc, indent=2))
-    return desc
-
-
-def fill_special_tokens(folder: Path, tokenizer) -> list[str]:
-    """CTranslate2 cannot load a model whose config.json has a null special token (its converter writes
-    `unk_token: null` for a tokenizer without an unknown token, and loading then fails in its JSON reader). GPT-2's
-    own tokenizer uses end-of-text for unknown, beginning and end: a missing one is filled with end-of-text (or
-    the first special token there is). Returns the tokens it filled."""
-    path = folder / "config.json"
-    cfg = json.loads(path.read_text())
-    fallback = tokenizer.eos_token or tokenizer.bos_token or next(iter(tokenizer.all_special_tokens), None)
-    missing = [k for k in ("bos_token", "eos_token", "unk_token") if k in cfg and cfg[k] is None]
-    if missing and fallback is None:
-        raise EffkitError("the tokenizer has no special token at all, which CTranslate2 needs for unknown, "
-                          "beginning and end of text; add one (e.g. <|endoftext|>) to the tokenizer and export again")
-    for k in missing:
-        cfg[k] = fallback
-    if missing:
-        path.write_text(json.dumps(cfg, indent=2))
-    return missing
-
-
 def settle_after(threads: int, device_type: str) -> float:
     """The same settle rule as every engine's: a contender whose runtime keeps a pool of spin-waiting CPU threads
     after a call (ONNX Runtime's sessions; CTranslate2's OpenMP threads when it runs more than one) leaves the
@@ -114,9 +49,6 @@ def settle_after(threads: int, device_type: str) -> float:
     from effkit.measure.timing import SETTLE_S
 
     return SETTLE_S if device_type == "cpu" and threads > 1 else 0.0
-
-
-THREAD_WORKLOADS = (("decode", 1), ("decode", 12), ("prefill", 12))  # what the thread count is chosen for
 
 
 def threads_key(compute_type: str, params: int) -> str:
@@ -247,14 +179,10 @@ class Ct2CausalLM(nn.Module):
         k, b = min(measured, key=lambda kb: abs(kb[1] - batch))
         return self.generators[self.thread_choices[f"{k}_b{b}"]["threads"]]
 
-    def _check_length(self, n: int) -> None:
-        if n > self.config.n_positions:
-            raise EffkitError(f"{n} tokens exceed the model's context ({self.config.n_positions})")
-
     def forward(self, input_ids: torch.Tensor, **_: Any) -> SimpleNamespace:
         import ctranslate2
 
-        self._check_length(input_ids.shape[-1])
+        check_length(input_ids.shape[-1], self.config.n_positions)
         ids = np.ascontiguousarray(input_ids.detach().cpu().numpy().astype(np.int32))
         lengths = np.full(ids.shape[0], ids.shape[1], np.int32)
         out = self.generator_for("prefill", ids.shape[0]).forward_batch(ctranslate2.StorageView.from_array(ids),
@@ -271,7 +199,7 @@ class Ct2CausalLM(nn.Module):
         `min_new_tokens` does for PyTorch (so the texts, not only the token counts, match); sampling is seeded from
         torch's global generator."""
         ids = input_ids.cpu().long()
-        self._check_length(ids.shape[1] + max_new_tokens - 1)
+        check_length(ids.shape[1] + max_new_tokens - 1, self.config.n_positions)
         starts = [self.tokenizer.convert_ids_to_tokens(row) for row in ids.tolist()]
         kwargs: dict[str, Any] = {"sampling_topk": 1}
         if do_sample:
@@ -294,116 +222,3 @@ class Ct2CausalLM(nn.Module):
                 streamer.put(new[:, k:k + 1])
             streamer.end()
         return out
-
-
-CT2_DTYPES = ("float32", "int8", "int16", "int32", "float16", "bfloat16")  # CTranslate2's DataType enum order
-
-
-def weight_dtypes(path: Path) -> dict[str, int]:
-    """The matrices (rank-2 variables) of a CTranslate2 `model.bin`, counted by stored dtype, read from the file's
-    variable headers (the layout `ctranslate2.specs.ModelSpec._serialize` writes); the data is skipped."""
-    import struct
-
-    counts: dict[str, int] = {}
-    with open(Path(path) / "model.bin", "rb") as f:
-        def string() -> str:
-            (n,) = struct.unpack("H", f.read(2))
-            return f.read(n)[:-1].decode("utf-8", "replace")
-
-        f.read(4)  # binary version
-        string()  # spec name
-        f.read(4)  # revision
-        (n_vars,) = struct.unpack("I", f.read(4))
-        for _ in range(n_vars):
-            string()
-            (rank,) = struct.unpack("B", f.read(1))
-            f.read(4 * rank)
-            (dtype,) = struct.unpack("B", f.read(1))
-            (n_bytes,) = struct.unpack("I", f.read(4))
-            f.seek(n_bytes, 1)
-            if rank == 2:
-                name = CT2_DTYPES[dtype] if dtype < len(CT2_DTYPES) else f"type {dtype}"
-                counts[name] = counts.get(name, 0) + 1
-    return counts
-
-
-def quantized_layers(model: Ct2CausalLM) -> int:
-    """The int8 weight matrices of the reloaded artifact's model.bin (every Linear of the blocks, the LM head)."""
-    return weight_dtypes(model.path).get("int8", 0)
-
-
-class CTranslate2Engine(Engine):
-    """CTranslate2 through its own converter."""
-
-    name = "ctranslate2"
-    marker = CT2_DESC
-    label = "CTranslate2"
-    noun = "a CTranslate2"  # "is a CTranslate2 artifact"
-    summary = "CTranslate2 (its converter; int8 or float32 weights)"
-    format = "ctranslate2"
-    portability = PORTABILITY
-    peer_tag = "peer-ctranslate2-int8"
-    peer_how = ("ctranslate2.converters.TransformersConverter(reference).convert(out, quantization='int8'), run by "
-                "ctranslate2.Generator (compute type int8)")
-
-    def available(self, device: torch.device | None = None, path: Path | None = None, compute_type: str | None = None,
-                  int8: bool | None = None, **options: Any) -> str | None:
-        if compute_type is None and int8 is not None:
-            compute_type = "int8" if int8 else "float32"
-        return ct2_unavailable(device, compute_type)
-
-    def load(self, path: Path, device: torch.device) -> Ct2CausalLM:
-        return Ct2CausalLM(path, device)
-
-    def convert(self, folder: Path, source: Path, model: nn.Module, tokenizer, int8: bool = True,
-                compute_type: str | None = None, **options: Any) -> dict[str, Any]:
-        return write_artifact(folder, source, model.config, tokenizer, compute_type or ("int8" if int8 else "float32"),
-                              sum(p.numel() for p in model.parameters()))
-
-    def exported(self, desc: dict[str, Any], folder: Path, int8: bool) -> tuple[dict[str, Any], dict[str, Any]]:
-        return {"precision": desc["compute_type"], "runtime": desc["runtime"], "exporter": desc["converter"],
-                "weights": weight_dtypes(folder)}, {}
-
-    def write_peer(self, folder: Path, reference: Path, model: nn.Module, tokenizer) -> dict[str, Any]:
-        return self.convert(folder, reference, model, tokenizer, compute_type="int8")
-
-    def quantized_layers(self, model: nn.Module, path: Path | None = None) -> int:
-        return quantized_layers(model)
-
-    def computation(self, path: Path) -> str | None:
-        """sha256 over the converted model file (its layers and weights) and the compute type it runs with."""
-        import hashlib
-
-        try:
-            desc = json.loads((Path(path) / CT2_DESC).read_text())
-            h = hashlib.sha256(f"compute_type {desc['compute_type']}\n".encode())
-            with open(Path(path) / "model.bin", "rb") as f:
-                for chunk in iter(lambda: f.read(1 << 20), b""):
-                    h.update(chunk)
-        except (OSError, ValueError, KeyError):
-            return None
-        return h.hexdigest()
-
-    def load_command(self, path: Path) -> str:
-        """With the thread count effkit timed it with on this machine (chosen per workload, `thread_choices`),
-        where one was measured; CTranslate2's default otherwise."""
-        from effkit.measure import machine_cache
-
-        line = f"ctranslate2.Generator('{path}')"
-        try:
-            desc = json.loads((Path(path) / CT2_DESC).read_text())
-            chosen, _ = machine_cache.machine_cached("ct2_threads", threads_key(desc["compute_type"],
-                                                                          int(desc.get("params", 0))), None)
-        except (OSError, ValueError, KeyError, ImportError):
-            chosen = None
-        if not chosen:
-            return line
-        per = {k: v["threads"] for k, v in chosen.items()}
-        line = f"ctranslate2.Generator('{path}', intra_threads={per.get('decode_b1', 1)})"
-        if len(set(per.values())) > 1:
-            line += " (timed with intra_threads " + ", ".join(f"{k.replace('_', ' ')} {n}" for k, n in per.items()) \
-                + ": one Generator per thread count)"
-        return line
-
-
-ENGINE = CTranslate2Engine()
