@@ -71,8 +71,9 @@ def _checked(cfg: ExportConfig) -> tuple[ExportConfig, Path]:
         what = "int8" if is_quantized(source) else engine_of(source).label
         raise EffkitError(f"{source} is a {meta['stage']} artifact ({what}); export a dense or pruned PyTorch "
                           f"artifact (its parent: {meta.get('parent')}), with --int8 for int8")
-    if cfg.what.fuse and cfg.what.format != "onnx":
-        raise EffkitError("--fuse applies to --format onnx (ONNX Runtime's fusions)")
+    if cfg.what.fuse and not engine.fuses:
+        fusing = [f"--format {e.format} ({e.label}'s fusions)" for _, e in ENGINES.items() if e.fuses]
+        raise EffkitError(f"--fuse applies to {' or '.join(fusing)}")
     if cfg.what.type and cfg.what.type not in (types := getattr(engine, "types", ())):
         with_types = [e.format for _, e in ENGINES.items() if getattr(e, "types", ())]
         raise EffkitError(f"unknown --type {cfg.what.type!r} for --format {cfg.what.format}; choose one of "

@@ -302,6 +302,12 @@ MODULE_LINES = 500
 # modules allowed over MODULE_LINES, each with the reason it stays whole
 LARGE_MODULES = {
     "config.py": "every stage's options dataclasses and the one mechanism that validates them, read by the CLI",
+    "train.py": "the one training loop (Trainer) and the stage that runs it: step, evaluation, checkpoints and the "
+                "run's hooks share the Trainer's state",
+    "prune/stage.py": "the prune stage: rounds, their dense controls and the paired comparisons that judge each round",
+    "quantize/stage.py": "the quantize stage: auto's choice among the backends, best-pruned, and the stage's plan",
+    "pipeline.py": "the run loop and the one time budget it fits before training and re-fits from training's steps "
+                   "(the cost model the estimate uses)",
 }
 FIGURE = re.compile(r"\d[\d,.]*\s*(MiB|GiB|KiB|GB|MB|ms|tok/s|tokens/s|x\b|%)")
 HISTORY = re.compile(r"(?i)\bsession \d|(?<![\w/])#\d+\b|\bissue \d")

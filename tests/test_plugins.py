@@ -24,6 +24,24 @@ def effkit(args, env, timeout=600):
                           timeout=timeout)
 
 
+def test_an_engine_is_one_package_and_one_registration(monkeypatch):
+    """The toy engine is a package of its own (its Engine and its runtime), and importing it is all it takes to
+    reach effkit's engine registry: no line of effkit names it."""
+    from effkit.registry import ENGINES
+
+    monkeypatch.syspath_prepend(str(PLUGINS))
+    import toy_engine
+
+    try:
+        assert hasattr(toy_engine, "__path__") and toy_engine.runtime.__name__ == "toy_engine.runtime"
+        assert ENGINES.get("toy") is toy_engine.ENGINE and "toy" in ENGINES.names()
+        assert not any("toy" in path for path in ENGINES.builtin.values())
+    finally:
+        ENGINES.unregister("toy")
+        for name in [m for m in sys.modules if m.partition(".")[0] == "toy_engine"]:
+            del sys.modules[name]
+
+
 @pytest.mark.slow
 def test_a_plugin_engine_workload_and_stage_run_in_effkit_run_and_its_bench(tmp_path, corpus_dir):
     recipe = tmp_path / "toy.toml"

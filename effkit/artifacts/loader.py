@@ -45,8 +45,8 @@ def cannot_run_on(path: str | Path, device: torch.device) -> str | None:
 
 
 def trainable(path: str | Path) -> bool:
-    """Whether an artifact can be trained (and so timed training): dense and pruned PyTorch ones."""
-    return kind(path) == "pytorch"
+    """Whether an artifact can be trained (and so timed training): dense and pruned ones, of an engine that trains."""
+    return not is_quantized(path) and engine_of(path).trains
 
 
 def quantized_layers(path: str | Path, model: nn.Module) -> int:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from effkit import artifacts, engines
-from effkit.artifacts.loader import kind
+from effkit.artifacts.loader import trainable
 from effkit.config import BenchConfig
 from effkit.errors import EffkitError
 
@@ -51,7 +51,7 @@ def make_peers(reference: Path, scratch: Path, only: list[str] | None = None) ->
     from effkit.model import load_model
 
     peers = engines.peers(only)
-    if kind(reference) != "pytorch":
+    if not trainable(reference):
         return [], {e.peer_tag: f"not run: the reference {reference.name} is not a PyTorch artifact" for e in peers}
     made, not_run = [], {}
     tokenizer, model = AutoTokenizer.from_pretrained(reference), load_model(str(reference)).eval()

@@ -122,6 +122,8 @@ class Engine:
     peer_how: str = ""
     settle_s: float = 0.0  # idle seconds after timing one of its models (engines whose threads spin-wait)
     prefill_kwargs: dict[str, Any] = {}  # what a prefill passes to its models' forward (PyTorch: build the cache)
+    trains: bool = False  # its (not quantized) artifacts can be trained, pruned and exported: the dense models
+    fuses: bool = False  # `effkit export --fuse` applies its runtime's graph fusions to its exports
 
     def memory_line(self, part: str) -> tuple[float, float] | None:
         """`part` of what this engine's work holds in memory, as measured (`memory_calibration.json`, under this

@@ -21,6 +21,7 @@ class PyTorchEngine(Engine):
     # a prefill as decoding runs it: the forward builds the KV cache, as ONNX Runtime's with-past graph does (its
     # presents are outputs)
     prefill_kwargs = {"use_cache": True}
+    trains = True
 
     def owns(self, path: str | Path) -> bool:
         return False

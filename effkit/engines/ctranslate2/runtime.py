@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
 from effkit.engines.shared import check_length
 from effkit.errors import EffkitError
+from effkit.measure.engine_model import EngineModel
 
 CT2_DESC = "ctranslate2.json"
 HF_CONFIG = "hf_config.json"
@@ -125,12 +125,11 @@ def thread_choices(path: Path, compute_type: str, device_type: str, start: list[
             for k, v in chosen.items()}
 
 
-class Ct2CausalLM(nn.Module):
+class Ct2CausalLM(EngineModel):
     """A CTranslate2 artifact behind effkit's model interface. It holds no PyTorch parameters: `n_params` is
     the source's parameter count."""
 
     compilable = False  # CTranslate2 runs its own kernels
-    generation_note = None
 
     def __init__(self, path: str | Path, device: torch.device | None = None):
         super().__init__()

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from effkit.engines import Engine
+from effkit.engines import Engine, shared
 from effkit.engines.llamacpp import artifact, runtime, writer
 from effkit.engines.llamacpp.runtime import GGUF_DESC, GGUF_FILE, LlamaCppCausalLM, llamacpp_unavailable, slots
 from effkit.errors import EffkitError
@@ -67,11 +67,10 @@ class LlamaCppEngine(Engine):
         return how + "; deviations from llama.cpp's defaults: " + "; ".join(peer_deviations())
 
     def available(self, device=None, path: Path | None = None, **options: Any) -> str | None:
-        return runtime.require_cpu(device) or llamacpp_unavailable()
+        return shared.cpu_only(device, "llama.cpp", "xllamacpp's CPU wheels") or llamacpp_unavailable()
 
     def load(self, path: Path, device) -> LlamaCppCausalLM:
-        if runtime.require_cpu(device):
-            raise EffkitError(f"{path} is a llama.cpp artifact, which effkit runs on the CPU only; use --device cpu")
+        shared.require_cpu(path, device, self.noun)
         return LlamaCppCausalLM.open(path)
 
     def write(self, folder: Path, model, tokenizer, wtype: str = "f16") -> dict[str, Any]:

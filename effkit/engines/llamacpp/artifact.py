@@ -16,6 +16,7 @@ from effkit.engines.llamacpp.parity import parity_gate
 from effkit.engines.llamacpp.q6k import head_storage
 from effkit.engines.llamacpp.runtime import GGUF_DESC, GGUF_FILE, require, slots
 from effkit.engines.llamacpp.writer import BLOCK, QUANTIZED, TYPES, check_model, refuse_shape, write_gguf
+from effkit.engines.shared import save_config_and_tokenizer
 from effkit.errors import EffkitError
 
 
@@ -24,12 +25,6 @@ def default_settings(threads: int, context: int | str) -> dict[str, Any]:
     ctx = slots() * context if isinstance(context, int) else context
     return {"threads": threads, "parallel": slots(), "ctx": ctx, "batch": 2048, "ubatch": 512}
 
-
-def save_config_and_tokenizer(folder: Path, model, tokenizer) -> None:
-    """The Hugging Face config (saved with its cache on, as a Hugging Face folder usually is) and tokenizer."""
-    model.config.use_cache = True
-    model.config.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
 
 
 def load_line(gguf_path: Path, settings: dict[str, Any]) -> str:

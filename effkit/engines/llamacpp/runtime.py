@@ -23,9 +23,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
+from effkit.engines.shared import check_length
 from effkit.errors import EffkitError
+from effkit.measure.engine_model import EngineModel
 
 GGUF_DESC = "gguf.json"
 GGUF_FILE = "model.gguf"
@@ -51,17 +52,6 @@ def require() -> None:
         raise EffkitError(f"llama.cpp cannot run here: {reason}")
 
 
-def require_cpu(device) -> str | None:
-    """None where effkit runs llama.cpp on `device` (the CPU, or none named), else why not and the fix."""
-    if device is not None and device.type != "cpu":
-        return "effkit runs llama.cpp artifacts on the CPU only (xllamacpp's CPU wheels); use --device cpu"
-    return None
-
-
-def check_length(n: int, config) -> None:
-    """One line where `n` tokens exceed the model's context."""
-    if n > config.n_positions:
-        raise EffkitError(f"{n} tokens exceed the model's context ({config.n_positions})")
 
 
 def physical_cores() -> int:
@@ -160,7 +150,7 @@ def sampling_body(top_k: int | None, temperature: float, seed: int) -> dict[str,
             "cache_prompt": False}
 
 
-class LlamaCppCausalLM(nn.Module):
+class LlamaCppCausalLM(EngineModel):
     """A GGUF file run by llama.cpp behind effkit's model interface. It holds no PyTorch parameters: `n_params` is
     the source's parameter count. Its two servers start on first use: one decodes and prefills (as llama.cpp's users
     run it), one serves the final hidden states that the held-out loss needs."""
@@ -178,7 +168,6 @@ class LlamaCppCausalLM(nn.Module):
         self.threads = threads or torch.get_num_threads()
         self.slots = slots()
         self.settle_s = settle_after(self.threads)
-        self.generation_note = None
         self.exact = exact  # an f32 KV cache (the gate's), not llama.cpp's default f16
         self._servers: dict[str, LlamaServer] = {}
         self._head = None
@@ -235,7 +224,7 @@ class LlamaCppCausalLM(nn.Module):
         return np.asarray([r["embedding"] for r in out], dtype=np.float32)
 
     def forward(self, input_ids, **_: Any) -> SimpleNamespace:
-        check_length(input_ids.shape[-1], self.config)
+        check_length(input_ids.shape[-1], self.config.n_positions)
         rows = input_ids.detach().cpu().long().tolist()
         logits = self.hidden(rows) @ self.head().T
         return SimpleNamespace(logits=torch.from_numpy(logits))
@@ -244,7 +233,8 @@ class LlamaCppCausalLM(nn.Module):
                  ids: bool = False) -> list[list[int]] | dict[str, Any]:
         """`new_tokens` from each row, all rows as parallel sequences of one request; with `ids`, the new token ids
         of each row (read from the log-probabilities), else the server's answer."""
-        check_length(max(len(r) for r in rows) + new_tokens - 1, self.config)  # the last new token is not fed back
+        # the last new token is not fed back
+        check_length(max(len(r) for r in rows) + new_tokens - 1, self.config.n_positions)
         request = {"prompt": rows, "max_tokens": new_tokens, **(body or greedy_body())}
         if ids:
             request["logprobs"] = 1

@@ -39,6 +39,7 @@ class OnnxRuntimeEngine(Engine):
     noun = "an ONNX"  # "is an ONNX artifact"
     summary = "ONNX Runtime, with-past ONNX graph (fp32 or dynamic int8)"
     format = "onnx"
+    fuses = True  # ONNX Runtime's transformer fusions
     portability = graph.PORTABILITY
     peer_tag = "peer-onnxruntime-int8"
     peer_how = ("the with-past ONNX export of the reference (the layout optimum writes) + "

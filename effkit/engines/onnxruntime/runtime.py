@@ -14,12 +14,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
 from effkit.engines.decoder_step import past_names
 from effkit.engines.onnxruntime.graph import ONNX_DESC, ONNX_FILE, int8_counts, int8_layers, require_onnx
 from effkit.engines.shared import check_length, decode_loop
 from effkit.errors import EffkitError
+from effkit.measure.engine_model import EngineModel
 from effkit.measure.timing import SETTLE_S  # idle seconds after timing a spinning thread pool
 
 GENERATION_NOTE = ("ONNX artifact of an older effkit, exported without past key/values: generation recomputes the "
@@ -76,7 +76,7 @@ def session(path: Path):
                           "parent again") from None
 
 
-class OnnxCausalLM(nn.Module):
+class OnnxCausalLM(EngineModel):
     """An ONNX artifact behind the interface effkit's measurement code uses: `model(ids).logits` (a torch tensor),
     `generate(...)` (greedy or top-k sampling, with the KV cache), `config`, `eval()`. It holds no PyTorch
     parameters: `n_params` gives the parent's parameter count."""

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from effkit.engines import Engine
+from effkit.engines import Engine, shared
 from effkit.engines.openvino import compress, convert, settings, tune
 from effkit.engines.openvino.runtime import OpenVINOCausalLM
 from effkit.errors import EffkitError
@@ -58,11 +58,10 @@ class OpenVINOEngine(Engine):
         return how + "; deviations from the defaults: " + "; ".join(peer_deviations())
 
     def available(self, device: torch.device | None = None, path: Path | None = None, **options: Any) -> str | None:
-        return settings.require_cpu(device) or settings.ov_unavailable()
+        return shared.cpu_only(device, "OpenVINO") or settings.ov_unavailable()
 
     def load(self, path: Path, device: torch.device) -> OpenVINOCausalLM:
-        if settings.require_cpu(device):
-            raise EffkitError(f"{path} is an OpenVINO artifact, which effkit runs on the CPU only; use --device cpu")
+        shared.require_cpu(path, device, self.noun)
         return OpenVINOCausalLM(path)
 
     def write(self, folder: Path, model: nn.Module, tokenizer, weights: str = "fp32", precision: str = "default",

@@ -36,6 +36,7 @@ from effkit.engines.openvino.settings import (
     record,
 )
 from effkit.engines.openvino.tokenizer import write_tokenizer_models
+from effkit.engines.shared import save_config_and_tokenizer
 from effkit.errors import EffkitError
 
 
@@ -104,16 +105,6 @@ def convert(model: nn.Module):
     return om
 
 
-def save_config_and_tokenizer(folder: Path, model: nn.Module, tokenizer) -> None:
-    """The Hugging Face config (saved with its cache on, as a Hugging Face folder usually is), generation config and
-    tokenizer beside the IR."""
-    model.config.use_cache = True
-    model.config.save_pretrained(folder)
-    model.config.use_cache = False
-    if getattr(model, "generation_config", None) is not None:
-        model.generation_config.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-
 
 def write_artifact(folder: Path, model: nn.Module, tokenizer, weights: str = "fp32", precision: str = "default",
                    runtime_options: dict[str, str] | None = None, precision_how: str = "",
@@ -157,7 +148,7 @@ def _write_artifact(folder: Path, model: nn.Module, tokenizer, weights: str, pre
         stored["INFERENCE_PRECISION_HINT"] = precision
     for name, value in stored.items():
         om.set_rt_info(value, ["runtime_options", name])
-    save_config_and_tokenizer(folder, model, tokenizer)
+    save_config_and_tokenizer(folder, model, tokenizer, generation_config=True)
     ov.save_model(om, str(folder / OV_MODEL), compress_to_fp16=False)
     desc: dict[str, Any] = {"format": "openvino", "weights": weights, "inference_precision": precision,
                             "precision_how": precision_how, "params": sum(p.numel() for p in model.parameters()),

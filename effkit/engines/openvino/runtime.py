@@ -20,9 +20,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
-from effkit.engines.decoder_step import never_end, next_tokens
 from effkit.engines.openvino.settings import (
     OV_MODEL,
     REWRITE,
@@ -31,34 +29,9 @@ from effkit.engines.openvino.settings import (
     property_name,
     read_description,
 )
+from effkit.engines.shared import check_length, decode_loop
 from effkit.errors import EffkitError
-
-
-def check_length(n: int, config) -> None:
-    """One line where `n` tokens exceed the model's context."""
-    if n > config.n_positions:
-        raise EffkitError(f"{n} tokens exceed the model's context ({config.n_positions})")
-
-
-def decode_loop(step, ids: np.ndarray, max_new_tokens: int, eos: int | None, min_new_tokens: int = 0,
-                do_sample: bool = False, top_k: int | None = None, temperature: float = 1.0,
-                streamer=None) -> np.ndarray:
-    """The numpy decoding loop over a graph with its own KV cache: `step(new ids, tokens already fed)` returns the
-    logits of the new positions; exactly `max_new_tokens` tokens are appended to the prompts `ids` (end-of-text
-    never picked among the first `min_new_tokens`; sampling from torch's generator)."""
-    if streamer is not None:
-        streamer.put(torch.from_numpy(ids))
-    todo, done = ids, 0
-    for k in range(max_new_tokens):
-        logits = step(todo, done)[:, -1, :]
-        done += todo.shape[1]
-        nxt = next_tokens(never_end(logits, eos) if k < min_new_tokens else logits, do_sample, top_k, temperature)
-        ids, todo = np.concatenate([ids, nxt], axis=1), nxt
-        if streamer is not None:
-            streamer.put(torch.from_numpy(nxt))
-    if streamer is not None:
-        streamer.end()
-    return ids
+from effkit.measure.engine_model import EngineModel
 
 
 def genai_version() -> str:
@@ -67,7 +40,7 @@ def genai_version() -> str:
     return openvino_genai.__version__
 
 
-class OpenVINOCausalLM(nn.Module):
+class OpenVINOCausalLM(EngineModel):
     """An OpenVINO artifact behind effkit's model interface. It holds no PyTorch parameters: `n_params` is the
     source's parameter count. `precision`: the inference precision to compile with (None: the artifact's);
     `kv_cache`: the KV cache's (None: the plug-in's default, u8 on CPUs, or the model's runtime_options).
@@ -108,7 +81,6 @@ class OpenVINOCausalLM(nn.Module):
         self._decoding: tuple[str | None, str] | None = None
         self.decoder_checks: list[dict[str, Any]] = []  # LLMPipeline's greedy tokens against effkit's loop
         # no idle time after it is timed: its threads do not spin-wait after a call (measured; docs/benchmarks.md)
-        self.settle_s = 0.0
         self.inference_precision = property_name(self.compiled.get_property("INFERENCE_PRECISION_HINT"))
         self.kv_cache_precision = property_name(self.compiled.get_property("KV_CACHE_PRECISION"))
         self.n_params = int(self.description.get("params", 0))
@@ -239,7 +211,7 @@ class OpenVINOCausalLM(nn.Module):
         return self.request.get_tensor("logits").data
 
     def forward(self, input_ids: torch.Tensor, **_: Any) -> SimpleNamespace:
-        check_length(input_ids.shape[-1], self.config)
+        check_length(input_ids.shape[-1], self.config.n_positions)
         self.request.reset_state()
         logits = self._step(input_ids.detach().cpu().long().numpy(), 0)
         return SimpleNamespace(logits=torch.from_numpy(np.array(logits, dtype=np.float32)))
@@ -250,10 +222,11 @@ class OpenVINOCausalLM(nn.Module):
         its internal KV cache (the ONNX artifact's loop and rules: end-of-text never picked among the first
         `min_new_tokens`; sampling from torch's generator): the reference LLMPipeline is checked against."""
         ids = np.asarray(ids, dtype=np.int64)
-        check_length(ids.shape[1] + max_new_tokens - 1, self.config)
+        check_length(ids.shape[1] + max_new_tokens - 1, self.config.n_positions)
         self.request.reset_state()
-        return decode_loop(self._step, ids, max_new_tokens, self.config.eos_token_id, min_new_tokens, do_sample,
-                           top_k, temperature, streamer)
+        step = lambda ids, done: self._step(np.ascontiguousarray(ids[:, done:]), done)[:, -1, :]  # noqa: E731
+        return decode_loop(step, ids, max_new_tokens, self.config.eos_token_id, min_new_tokens, do_sample, top_k,
+                           temperature, streamer)
 
     @torch.inference_mode()
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, do_sample: bool = False, top_k: int | None = None,
@@ -263,7 +236,7 @@ class OpenVINOCausalLM(nn.Module):
         sampler, seeded from torch's initial seed). Greedy tokens are checked against effkit's loop
         (`check_tokens`). Where LLMPipeline cannot be built, effkit's loop decodes (the generation note says so)."""
         ids = input_ids.cpu().long().numpy()
-        check_length(ids.shape[1] + max_new_tokens - 1, self.config)
+        check_length(ids.shape[1] + max_new_tokens - 1, self.config.n_positions)
         key, _ = self.decoding()
         if self.pipeline(key) is None:
             return torch.from_numpy(self.loop_generate(ids, max_new_tokens, min_new_tokens, do_sample, top_k,

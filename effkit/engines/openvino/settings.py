@@ -75,12 +75,6 @@ def bf16_unavailable() -> str | None:
     return None
 
 
-def require_cpu(device: torch.device | None) -> str | None:
-    """None where effkit runs OpenVINO on `device` (the CPU, or none named), else why not and the fix."""
-    if device is not None and device.type != "cpu":
-        return "effkit runs OpenVINO artifacts on the CPU only; use --device cpu"
-    return None
-
 
 def compile_config(precision: str, kv_cache: str | None = None) -> dict[str, str]:
     """What effkit passes to `compile_model`: the inference precision (omitted for "default": the plug-in's own
