@@ -467,3 +467,23 @@ def test_the_memory_plan_is_made_before_anything_and_one_that_does_not_fit_stops
 
     verdict = prune_plan(cfg.validate()).verdict()
     assert verdict.startswith("does not fit: it would with --no-control") and "GiB predicted" in verdict, verdict
+
+
+def test_the_plan_refuses_a_folder_of_pickled_weights_as_prune_does(trained, capsys, monkeypatch, tmp_path):
+    """A folder holding only pickled weights: `prune --plan` says what `prune` says (one line, exit 2), never
+    "fits" for a folder the stage will refuse."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    _, artifact = trained
+    folder = tmp_path / "pickled"
+    shutil.copytree(artifact, folder)
+    torch.save(load_file(folder / "model.safetensors"), folder / "pytorch_model.bin")
+    (folder / "model.safetensors").unlink()
+    base = ["--from", str(folder), "--runs-dir", str(tmp_path / "runs"), "--reports-dir", str(tmp_path / "reports")]
+    for args in (["--plan", *base], base):
+        code, err = run_cli(args, capsys, monkeypatch)
+        assert code == 2 and len(err.splitlines()) == 1, err
+        assert "holds no .safetensors weights; effkit never loads pickled weights" in err
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "reports").exists()

@@ -6,6 +6,7 @@ from effkit.model.gpt2 import (
     activation_checkpointing_enabled,
     build_model,
     check_block_size,
+    check_model_folder,
     check_preset,
     config_of,
     count_params,
@@ -18,7 +19,8 @@ from effkit.model.gpt2 import (
 )
 
 __all__ = [
-    "PRESETS", "activation_checkpointing_enabled", "build_model", "check_block_size", "check_preset",
+    "PRESETS", "activation_checkpointing_enabled", "build_model", "check_block_size", "check_model_folder",
+    "check_preset",
     "config_of", "conv1d_to_linear", "count_params", "enable_activation_checkpointing", "flops_per_token",
     "hf_state_dict", "is_pretrained_source", "load_model", "shape_of", "save_model",
 ]

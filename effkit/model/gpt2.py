@@ -102,20 +102,25 @@ def build_model(name: str, vocab_size: int, dropout: float = 0.0, eos_token_id: 
     return build_from_config(preset_config(name, vocab_size, dropout, eos_token_id))
 
 
+def check_model_folder(p: Path) -> None:
+    """Refuse, in one line, a folder `load_model` cannot load: what loads it and what a plan of it reads agree."""
+    if not (p / "config.json").is_file():
+        raise EffkitError(f"{p} is not a model folder (no config.json); give an effkit artifact or a "
+                          "Hugging Face model folder")
+    if (p / "model.onnx").is_file():
+        raise EffkitError(f"{p} is an ONNX artifact, which PyTorch stages cannot load; give its parent (see "
+                          f"{p / 'effkit.json'}), or run it with effkit bench / generate")
+    if not any(p.glob("*.safetensors")):
+        raise EffkitError(f"{p} holds no .safetensors weights; effkit never loads pickled weights")
+
+
 def load_model(path: str, dropout: float | None = None) -> nn.Module:
     """Load a transformers GPT-2 (folder or hub id) and convert it to effkit's Linear layout."""
     from transformers import AutoModelForCausalLM
 
     p = Path(path)
     if p.exists():
-        if not (p / "config.json").is_file():
-            raise EffkitError(f"{p} is not a model folder (no config.json); give an effkit artifact or a "
-                              "Hugging Face model folder")
-        if (p / "model.onnx").is_file():
-            raise EffkitError(f"{p} is an ONNX artifact, which PyTorch stages cannot load; give its parent (see "
-                              f"{p / 'effkit.json'}), or run it with effkit bench / generate")
-        if not any(p.glob("*.safetensors")):
-            raise EffkitError(f"{p} holds no .safetensors weights; effkit never loads pickled weights")
+        check_model_folder(p)
     elif "/" in path and (path.startswith((".", "/", "~")) or path.count("/") > 1):
         raise EffkitError(f"model path {path} does not exist")
     kwargs = {}

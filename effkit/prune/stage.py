@@ -29,7 +29,7 @@ from effkit.config import DataConfig, ModelConfig, ParallelConfig, PruneConfig, 
 from effkit.data import prepare
 from effkit.errors import EffkitError
 from effkit.measure import evaluation, hardware, memory, results, stats, stopping, timing
-from effkit.model import count_params, load_model
+from effkit.model import check_model_folder, count_params, load_model
 from effkit.parallel import Runtime, init_runtime
 from effkit.prune import methods
 from effkit.prune.distill import Distiller
@@ -224,6 +224,7 @@ def prune_plan(cfg: PruneConfig, probe: bool = False, suggest: bool = True) -> s
 
     source = artifacts.resolve_artifact(cfg.inputs.source, cfg.folders.runs_dir)
     meta = check_source(source)
+    check_model_folder(Path(source))  # what prune will refuse, the plan refuses too
     data = DataConfig.from_dict(artifacts.data_section(source, cfg.inputs.data))
     layout = RunLayout.of(cfg.folders.runs_dir, cfg.folders.reports_dir, artifacts.run_of(source))
     device = resolve_device(cfg.inputs.device)
