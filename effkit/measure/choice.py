@@ -369,7 +369,7 @@ def decide(samples: dict[str, list[list[float]]], higher_is_better: bool, level:
     for n in open_:
         if ratios[n]["verdict"] == "same":  # a decided ratio is never marked undecided
             ratios[n]["undecided"] = True
-    record = {**(record or {}), "precision": precision, "level": level, "familywise": round(1.0 - level, 6),
+    record = {**(record or {}), "precision": precision, "level": level, "familywise": 1.0 - level,
               "family": contest.family, "rounds": {n: len(s) for n, s in samples.items()},
               **({"contradictory": circle} if circle else {}),
               **({"default": default, "kept_default": kept_default} if default in live else {})}
