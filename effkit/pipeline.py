@@ -9,7 +9,8 @@ interrupted step starts again from scratch (training resumes from its checkpoint
 recipe); `--force` redoes everything. With a time budget ([run] `time_budget_min`), the whole run is shared among
 its stages before training starts (`fit_time_budget`: the step time `train --plan` predicts, the whole run
 predicted the way `Eta` predicts it; training and every measuring stage on one share of what the recipe gives them,
-the largest that fits, never under a fifth: `HOW_SHARED`; refused in one line where even that does not fit),
+the largest that fits, never under a fifth: `HOW_SHARED`; where even that does not fit, a typed budget is refused
+in one line and the recipe's own said to be over),
 re-fitted once from training's own first steps while the learning rate warms up (`refit_time_budget`), kept in
 `pipeline.json` and reused on resume, so that fingerprints and the estimate see what is run. While it
 runs, `Eta` prints the expected time of every step (its work in training steps, times the step time that the stage
@@ -147,7 +148,9 @@ HOW_SHARED = (f"one share for every stage: training the largest multiple of the 
               f"training steps x the step time + {BUDGET_USED:.0%} of each measuring step's time budget + "
               f"{OUTSIDE_S:.0f} s outside the steps, fits the budget less {BUDGET_MARGIN:.0%} (the spread of the "
               f"measuring stages between runs); the share is never under {FEWEST_SHARE:.0%} (nor training past its "
-              "warm-up): where even that is predicted over the budget, the run is refused before training")
+              "warm-up): where even that is predicted over the budget, a budget typed on the command line is "
+              "refused before training, and the recipe's own is said to be over before training and the run goes on "
+              "at the floors")
 
 
 def choose_steps(full: int, fewest: int, total: Any, budget_s: float) -> int:
