@@ -22,7 +22,7 @@ from effkit.measure import evaluation, hardware, memory
 from effkit.measure.compare import bf16_not_run, compare_with_parent, generate_sample
 from effkit.model import load_model
 from effkit.registry import ENGINES
-from effkit.report import write_stage_report
+from effkit.report import StageReport, stamp, write_stage_report
 
 
 def export_tag(cfg: ExportConfig, source: Path) -> str:
@@ -119,22 +119,21 @@ def _export(cfg: ExportConfig, source: Path, run_dir: Path,
                                         f"difference| {desc['parity']['max_abs_logit_diff']:.1e}")
         meta_out = artifacts.write_meta(tmp, "export", cfg.to_dict(), m, data=data_section, parent=str(source),
                                         extra={cfg.what.format: desc})
-    report = {
-        "stage": "export", "tag": tag, "parent": str(source), "run": run_dir.name, "artifact": str(artifact),
-        "load_command": engine.load_command(artifact),  # the engine's own way, outside effkit
-        "time": meta_out["time"], "config": cfg.to_dict(), "metrics": m, "verdicts": verdicts,
-        "what_ran": {"device": hardware.describe_device(device), "format": cfg.what.format, **ran, "world_size": 1,
-                     "source_model": str(source), "data": data_section["source"],
-                     "tokenizer": prepared.tokenizer_source,
-                     "parallel": "none", "amp_dtype": "fp32 activations" + (
-                         f", {cfg.what.type} weights" if cfg.what.type else ", int8 weights" if cfg.what.int8 else ""),
-                     "cpu_flags": " ".join(hardware.cpu_flags())},
-        "versions": meta_out["versions"], "git_commit": meta_out["git_commit"],
-        "protocol": protocol,
-        "memory": memory_of() if memory_of else None,  # the plan made before the stage, beside the peak it measured
-    }
+    report = StageReport(
+        stage="export", tag=tag, parent=str(source), run=run_dir.name, artifact=str(artifact),
+        config=cfg.to_dict(), metrics=m, verdicts=verdicts,
+        what_ran={"device": hardware.describe_device(device), "format": cfg.what.format, **ran, "world_size": 1,
+                  "source_model": str(source), "data": data_section["source"],
+                  "tokenizer": prepared.tokenizer_source,
+                  "parallel": "none", "amp_dtype": "fp32 activations" + (
+                      f", {cfg.what.type} weights" if cfg.what.type else ", int8 weights" if cfg.what.int8 else ""),
+                  "cpu_flags": " ".join(hardware.cpu_flags())},
+        protocol=protocol, **stamp(meta_out),
+        extras={"load_command": engine.load_command(artifact),  # the engine's own way, outside effkit
+                "memory": memory_of() if memory_of else None},  # the plan made before, beside the peak measured
+    )
     write_stage_report(Path(cfg.folders.reports_dir) / run_dir.name, report)
-    return report
+    return report.as_dict()
 
 
 # ------------------------------------------------------------------------------------------------ the memory plan

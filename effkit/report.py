@@ -1,14 +1,15 @@
-"""Report writers: one JSON per stage (`reports/<run>/<stage-tag>.json`); `summary.md` and `summary.csv` are
-rebuilt from those JSONs (one writer, so re-running a stage replaces its row); per-step CSVs; every plot
-(matplotlib, through `pyplot()`); the run's report (`render_run_report`, with the expected time against the actual,
-`eta_section`, and what a time budget left of the training, `schedule_line`); and the `report` stage of `effkit run`
-(`ReportStage`), which rebuilds it."""
+"""Report writers: one JSON per stage (`reports/<run>/<stage-tag>.json`, a `StageReport`); `summary.md` and
+`summary.csv` are rebuilt from those JSONs (one writer, so re-running a stage replaces its row); per-step CSVs;
+every plot (matplotlib, through `pyplot()`); the run's report (`render_run_report`, with the expected time against
+the actual, `eta_section`, and what a time budget left of the training, `schedule_line`); and the `report` stage of
+`effkit run` (`ReportStage`), which rebuilds it."""
 
 from __future__ import annotations
 
 import csv
 import io
 import json
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -70,11 +71,45 @@ def markdown_section(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_stage_report(reports_dir: Path, report: dict[str, Any]) -> Path:
+@dataclass(frozen=True)
+class StageReport:
+    """One stage's report of the artifact it made: what ran, its metrics, the verdicts and how each figure was
+    measured, with what only that stage reports in `extras` (export's `load_command`, the memory plan beside the
+    measured peak, a time budget's `schedule`). Built once, when all of it is known: nothing rewrites it after.
+    `as_dict()` is its JSON; readers of the files read that dict back."""
+    stage: str
+    tag: str
+    parent: str | None
+    run: str
+    artifact: str
+    time: str  # `time`, `versions` and `git_commit`: as the artifact's effkit.json records them (`stamp`)
+    config: dict[str, Any]
+    metrics: dict[str, Any]
+    verdicts: list[str]
+    what_ran: dict[str, Any]
+    versions: dict[str, str]
+    git_commit: str | None
+    protocol: dict[str, str]
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if clash := sorted(self.extras.keys() & {f.name for f in fields(self)}):
+            raise ValueError(f"a stage's extras cannot replace the report's own fields: {clash}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**{f.name: getattr(self, f.name) for f in fields(self) if f.name != "extras"}, **self.extras}
+
+
+def stamp(meta: dict[str, Any]) -> dict[str, Any]:
+    """The report's `time`, `versions` and `git_commit` from the artifact's effkit.json (`artifacts.write_meta`)."""
+    return {k: meta[k] for k in ("time", "versions", "git_commit")}
+
+
+def write_stage_report(reports_dir: Path, report: StageReport) -> Path:
     """Write `<tag>.json` into the run's report folder and rebuild its summary."""
     reports_dir = Path(reports_dir)
-    path = reports_dir / f"{report['tag']}.json"
-    atomic_write_text(path, json.dumps(report, indent=2, default=str))
+    path = reports_dir / f"{report.tag}.json"
+    atomic_write_text(path, json.dumps(report.as_dict(), indent=2, default=str))
     rebuild_summary(reports_dir)
     return path
 

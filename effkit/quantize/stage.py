@@ -34,7 +34,7 @@ from effkit.model import load_model
 from effkit.parallel import init_runtime
 from effkit.quantize import backends
 from effkit.quantize.backends import QUANT_FILE
-from effkit.report import write_stage_report
+from effkit.report import StageReport, stamp, write_stage_report
 from effkit.stage import Plan, RunContext, ShapeRun, Stage, Step, complete, fingerprint, most_compressed, pruning_rounds
 
 AUTO_LOSS_BUDGET = 0.01  # `auto` considers backends whose held-out loss is within this share of the parent's
@@ -410,20 +410,20 @@ def _write_and_measure(cfg: QuantizeConfig, device: torch.device, source: Path, 
         meta_out = artifacts.write_meta(tmp, "quantize", cfg.to_dict(), m, data=data_section, parent=str(source),
                                         extra={"quantization": {k: v for k, v in description.items()
                                                                 if k != "layers"}})
-    report = {
-        "stage": "quantize", "tag": tag, "parent": str(source), "run": run_dir.name, "artifact": str(artifact),
-        "time": meta_out["time"], "config": cfg.to_dict(), "metrics": m, "verdicts": verdicts,
-        "what_ran": {"device": hardware.describe_device(device), "backend": backend, "source_model": str(source),
-                     "data": data_section["source"], "tokenizer": prepared.tokenizer_source,
-                     "world_size": 1, "parallel": "none", "amp_dtype": "fp32 activations, int8 weights",
-                     "quantized_layers": len(description["layers"]), "int8_layers_reloaded": int8_layers,
-                     "include_head": description["include_head"], "format": description["format"],
-                     "cpu_flags": " ".join(hardware.cpu_flags()) if device.type == "cpu" else ""},
-        "versions": meta_out["versions"], "git_commit": meta_out["git_commit"], "protocol": protocol,
-        "memory": memory_of() if memory_of else None,  # the plan made before the stage, beside the peak it measured
-    }
+    report = StageReport(
+        stage="quantize", tag=tag, parent=str(source), run=run_dir.name, artifact=str(artifact),
+        config=cfg.to_dict(), metrics=m, verdicts=verdicts,
+        what_ran={"device": hardware.describe_device(device), "backend": backend, "source_model": str(source),
+                  "data": data_section["source"], "tokenizer": prepared.tokenizer_source,
+                  "world_size": 1, "parallel": "none", "amp_dtype": "fp32 activations, int8 weights",
+                  "quantized_layers": len(description["layers"]), "int8_layers_reloaded": int8_layers,
+                  "include_head": description["include_head"], "format": description["format"],
+                  "cpu_flags": " ".join(hardware.cpu_flags()) if device.type == "cpu" else ""},
+        protocol=protocol, **stamp(meta_out),
+        extras={"memory": memory_of() if memory_of else None},  # the plan made before, beside the peak measured
+    )
     write_stage_report(Path(cfg.folders.reports_dir) / run_dir.name, report)
-    return report
+    return report.as_dict()
 
 
 
