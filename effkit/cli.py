@@ -145,10 +145,10 @@ def train(
 
         cfg = cfg.with_flat(run_name=latest_run(Path(cfg.run.runs_dir)).name)
     from effkit.memplan import predict_quietly
-    from effkit.train import train_any
+    from effkit.train import Planned, train_any
 
     # a resumed run continues the configuration saved in its checkpoint, not these flags: no plan for it
-    console.show_train(train_any(cfg, plan=None if cfg.run.resume else predict_quietly(cfg)))
+    console.show_train(train_any(cfg, planned=Planned(None if cfg.run.resume else predict_quietly(cfg))))
 
 
 @app.command()

@@ -8,7 +8,8 @@ steps until a bound is reached; `finish` evaluates, saves the artifact and write
 
 Around the loop: the training precision (`resolve_amp`: `--amp auto` measured), launching the processes of a
 multi-process run and reading rank 0's report back (`train_in_processes`; `train_any` picks in-process or launched,
-under the run's lock), the memory plan beside the measured peak (`attach_plan`), and the stage of `effkit run`
+under the run's lock), what was decided before the run and is reported beside what it measured (`Planned`: the
+memory plan, a time budget's decision), and the stage of `effkit run`
 (`TrainStage`: the stage whose steps are the unit of the run's estimate, `measures_step_time`, and which a time
 budget shortens: before training from `memplan.step_time`, the step `train --plan` predicts, and once more from
 its own first steps while the learning rate still warms up, `Trainer.retarget`).
@@ -22,7 +23,7 @@ import os
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,7 @@ from effkit.model import (
 from effkit.parallel import ParallelDims, Runtime, init_runtime
 from effkit.parallel.launch import launch, nproc_per_node
 from effkit.parallel.parallelize import parallelize_gpt2
-from effkit.report import plot_loss_curve, write_rows_csv, write_stage_report
+from effkit.report import StageReport, plot_loss_curve, stamp, write_rows_csv, write_stage_report
 from effkit.stage import FORWARD, Plan, RunContext, ShapeRun, Stage, Step, complete, fingerprint
 
 
@@ -192,15 +193,63 @@ class TrainHooks:
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
 
+@dataclass(frozen=True)
+class Planned:
+    """What was decided before training, reported beside what training measured: the memory plan
+    (`effkit.memplan`'s, as a dict) and, under `effkit run` with a time budget, its decision (`schedule`: the
+    pipeline's, re-fitted in place from training's first steps, so read when the report is built) with the result
+    the recipe quotes for its full schedule."""
+    memory: dict[str, Any] | None = None
+    schedule: dict[str, Any] | None = None
+    full_schedule_result: str = ""
+
+    def sections(self, m: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+        """The report's `memory_plan` and `schedule` sections from the run's metrics `m`, and their protocol."""
+        out, how = {}, {}
+        if (plan := self.memory) is not None:
+            measured = max(m["peak_memory_bytes_per_rank"])
+            out["memory_plan"] = {
+                "predicted_steps_bytes": plan["steps_bytes"], "predicted_total_bytes": plan["total_bytes"],
+                "predicted_per_rank_bytes": plan["per_rank_bytes"], "measured_steps_bytes": measured,
+                "measured_over_predicted": measured / plan["steps_bytes"] if plan["steps_bytes"] else None,
+                "method": plan["method"], "notes": plan["notes"],
+            }
+            how["memory_plan"] = ("predicted before the run (" + plan["method"] + "); compared with the measured "
+                                  "increase over the training steps of the largest rank")
+        if self.schedule:
+            out["schedule"] = self.schedule_section(m.get("bits_per_byte"))
+            how["schedule"] = ("the training steps a time budget left: chosen before training from the step time "
+                               "`train --plan` predicts, re-fitted once from training's own first steps while the "
+                               "learning rate warms up (schedule.how_chosen, schedule.refit); the learning-rate "
+                               "schedule is built for them; full_schedule_result is quoted from the recipe, not "
+                               "measured here")
+        return out, how
+
+    def schedule_section(self, bpb: float | None) -> dict[str, Any]:
+        """The time budget's decision (the steps chosen, the step time it was fitted with), the recipe's recorded
+        full-schedule result and, where the steps were cut, what that cost and how to train them all."""
+        reference = self.full_schedule_result
+        s = {**{k: v for k, v in self.schedule.items() if k != "key"}, "full_schedule_result": reference}
+        if s["steps"] < s["recipe_steps"]:
+            s["what_it_costs"] = (
+                f"{s['steps']:,} of the recipe's {s['recipe_steps']:,} training steps"
+                + (f" reached {bpb:.3f} bits per byte on the held-out blocks" if bpb is not None else "")
+                + f"; the full schedule: {reference or 'not recorded by the recipe (full_schedule_result)'}"
+                + (f"; the stages after training ran on {s['share']:.0%} of their recipe's measuring budgets"
+                   if s.get("share", 1) < 1 else "") + f"; `effkit run --full` trains all {s['recipe_steps']:,}")
+        return s
+
+
 class Trainer:
     """One training run: built once, then `fit()` and `finish()`."""
 
     def __init__(self, cfg: TrainConfig, rt: Runtime, *, model: torch.nn.Module | None = None,
                  resumed: Checkpoint | None = None, hooks: TrainHooks | None = None, tag: str = "train",
-                 progress: bool = True, dims: ParallelDims | None = None):
+                 progress: bool = True, dims: ParallelDims | None = None, planned: Planned | None = None):
         if not cfg.run.run_name:
             cfg = cfg.replace(run=cfg.run.replace(run_name=artifacts.new_run_name(cfg.model.name)))
         self.cfg, self.rt, self.tag, self.progress = cfg, rt, tag, progress
+        self.planned = planned or Planned()  # what the report puts beside what the run measures
         self.hooks = hooks or TrainHooks()
         o, d = cfg.optim, cfg.data
         self.layout = RunLayout.for_run(cfg.run)
@@ -404,18 +453,19 @@ class Trainer:
         stage_metrics = extra_metrics(self.model) if extra_metrics is not None else {}
         report = None
         if self.rt.is_main:
-            report = build_report(self, stage, parent, final, peak_mem, stage_metrics, peak_abs)
             artifact = self.layout.artifact(self.tag)
             with artifacts.atomic_dir(artifact) as tmp:
                 save_model(self.par.save_as or self.model, tmp, self.data.tokenizer, state_dict=state)
-                report["metrics"]["size_bytes"] = artifacts.dir_size(tmp)
-                meta = artifacts.write_meta(tmp, stage, report["config"], report["metrics"],
-                                            data=self.cfg.data.to_dict(), parent=parent,
-                                            extra={"what_ran": report["what_ran"]})
+                ran, m, verdicts, protocol = measurements(self, final, peak_mem, peak_abs, {
+                    **stage_metrics, "size_bytes": artifacts.dir_size(tmp)})
+                meta = artifacts.write_meta(tmp, stage, self.cfg.to_dict(), m, data=self.cfg.data.to_dict(),
+                                            parent=parent, extra={"what_ran": ran})
             if mark_latest:
                 artifacts.set_latest(self.layout.runs_dir, self.layout.run_dir)
-            report.update(artifact=str(artifact), time=meta["time"], versions=meta["versions"],
-                          git_commit=meta["git_commit"])
+            beside, how = self.planned.sections(m)
+            report = StageReport(stage=stage, tag=self.tag, parent=parent, run=self.cfg.run.run_name,
+                                 artifact=str(artifact), config=meta["config"], metrics=m, verdicts=verdicts,
+                                 what_ran=ran, protocol={**protocol, **how}, **stamp(meta), extras=beside)
             out = self.layout.report_dir
             write_stage_report(out, report)
             write_rows_csv(out / f"{self.tag}_steps.csv", self.rows)
@@ -423,14 +473,14 @@ class Trainer:
                 plot_loss_curve(self.rows, out / f"{self.tag}_loss.png",
                                 f"{self.tag}: {os.path.basename(self.cfg.model.name)} on {self.data.corpus.name}")
         self.rt.barrier()
-        return report or {"stage": stage, "metrics": {"eval_loss": final["eval_loss"]}, "run": self.cfg.run.run_name,
-                          "rows": self.rows}
+        return report.as_dict() if report else {"stage": stage, "metrics": {"eval_loss": final["eval_loss"]},
+                                                "run": self.cfg.run.run_name, "rows": self.rows}
 
 
-def build_report(tr: Trainer, stage: str, parent: str | None, final: dict[str, float], peak_mem: list[int],
-                 stage_metrics: dict[str, Any], peak_abs: list[int] | None = None) -> dict[str, Any]:
-    """The stage report of a finished run: what ran (read back from the model), metrics and how each was
-    measured."""
+def measurements(tr: Trainer, final: dict[str, float], peak_mem: list[int], peak_abs: list[int],
+                 stage_metrics: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], list[str], dict[str, str]]:
+    """What a finished run reports: what ran (read back from the model), its metrics (the stage's own last), the
+    verdicts and how each metric was measured."""
     cfg, rt = tr.cfg, tr.rt
     steady = tr.steady_step_times
     excluded = len(tr.step_times) - len(steady)
@@ -473,33 +523,29 @@ def build_report(tr: Trainer, stage: str, parent: str | None, final: dict[str, f
     verdicts = [tr.amp_warning.removeprefix("warning: ")] if tr.amp_warning else []
     if mfu_invalid:
         verdicts.append(mfu_invalid)
-    return {
-        "stage": stage, "tag": tr.tag, "parent": parent, "run": cfg.run.run_name,
-        "what_ran": what_ran, "metrics": m, "config": cfg.to_dict(), "verdicts": verdicts,
-        "protocol": {
-            "eval_loss": evaluation.EVAL_PROTOCOL + f"; {final['eval_tokens']} predicted tokens; computed under "
-                         f"{amp_name}",
-            "train_tokens_per_s": f"global tokens per step ({tr.tokens_per_step}) x steady-state steps / their "
-                                  f"wall time ({len(steady)} steps; first {excluded} excluded as warm-up)",
-            "mfu": f"(6N + 12*L*d*T) FLOPs/token x tokens/s / (peak x {rt.world_size} processes); peak: "
-                   f"{peak_source}",
-            "peak_memory": tr.memory.method + ", per rank, over the training steps (the model is built, "
-                           "sharded and placed before; optimizer state, gradients and activations count); "
-                           "peak_memory_absolute_bytes_per_rank: the high-water mark itself",
-            "time_breakdown_s": "wall time per phase of every step on rank 0 (time.perf_counter"
-                                + (", CUDA synchronised" if cfg.run.profile else "") + "); other = training wall "
-                                "time minus the phases (logging, progress, checkpoints)",
-        },
+    return what_ran, m, verdicts, {
+        "eval_loss": evaluation.EVAL_PROTOCOL + f"; {final['eval_tokens']} predicted tokens; computed under "
+                     f"{amp_name}",
+        "train_tokens_per_s": f"global tokens per step ({tr.tokens_per_step}) x steady-state steps / their "
+                              f"wall time ({len(steady)} steps; first {excluded} excluded as warm-up)",
+        "mfu": f"(6N + 12*L*d*T) FLOPs/token x tokens/s / (peak x {rt.world_size} processes); peak: "
+               f"{peak_source}",
+        "peak_memory": tr.memory.method + ", per rank, over the training steps (the model is built, "
+                       "sharded and placed before; optimizer state, gradients and activations count); "
+                       "peak_memory_absolute_bytes_per_rank: the high-water mark itself",
+        "time_breakdown_s": "wall time per phase of every step on rank 0 (time.perf_counter"
+                            + (", CUDA synchronised" if cfg.run.profile else "") + "); other = training wall "
+                            "time minus the phases (logging, progress, checkpoints)",
     }
 
 
 # ---------------------------------------------------------------------------------------------- entry points
 
 def train(cfg: TrainConfig, rt: Runtime | None = None, *, on_step: Callable[[int, float], None] | None = None,
-          progress: bool = True, dims: ParallelDims | None = None) -> dict[str, Any]:
+          progress: bool = True, dims: ParallelDims | None = None, planned: Planned | None = None) -> dict[str, Any]:
     """Train per `cfg` in this process (or as one rank of a launched run, with the layout `dims` built before
-    launching); returns the report dict. `on_step(step, loss)` is called after every step. `cfg.run.resume`
-    continues from the last checkpoint with the config saved there."""
+    launching); returns the report dict (with `planned` beside what was measured). `on_step(step, loss)` is called
+    after every step. `cfg.run.resume` continues from the last checkpoint with the config saved there."""
     cfg = cfg.validate()
     rt = rt or init_runtime()
     resumed = None
@@ -512,7 +558,8 @@ def train(cfg: TrainConfig, rt: Runtime | None = None, *, on_step: Callable[[int
         if dims is not None and _saved_degrees(cfg, dims.world_size) != dims.degrees():
             raise EffkitError(f"run {cfg.run.run_name!r} was trained with --parallel {cfg.parallel.mode}; resume it "
                               f"with --parallel {cfg.parallel.mode} (got {dims.mode}: {dims.describe_degrees()})")
-    trainer = Trainer(cfg, rt, resumed=resumed, hooks=TrainHooks(on_step=on_step), progress=progress, dims=dims)
+    trainer = Trainer(cfg, rt, resumed=resumed, hooks=TrainHooks(on_step=on_step), progress=progress, dims=dims,
+                      planned=planned)
     trainer.fit()
     return trainer.finish()
 
@@ -545,9 +592,9 @@ def finetune(cfg: TrainConfig, model: torch.nn.Module, rt: Runtime, *, stage: st
     return trainer.finish(stage=stage, parent=parent, extra_metrics=extra_metrics, mark_latest=mark_latest)
 
 
-def train_in_processes(cfg: TrainConfig) -> dict[str, Any]:
+def train_in_processes(cfg: TrainConfig, planned: Planned | None = None) -> dict[str, Any]:
     """Validate the process layout here (one line, exit 2), build the data caches once, then start the
-    processes through Accelerate; returns rank 0's report."""
+    processes through Accelerate (rank 0 reports `planned` beside what it measured); returns rank 0's report."""
     p = cfg.parallel
     if p.mode == "none":
         raise EffkitError("--nproc/--nnodes > 1 need a parallel mode: add --parallel ddp (or fsdp, tp, fsdp+tp, "
@@ -572,63 +619,28 @@ def train_in_processes(cfg: TrainConfig) -> dict[str, Any]:
         finally:
             torch.set_num_threads(before)
     layout = RunLayout.for_run(cfg.run)
-    launch({"config": cfg.to_dict(), "dims": dims.to_dict()}, cfg.parallel, cfg.run.run_name)
+    launch({"config": cfg.to_dict(), "dims": dims.to_dict(), "planned": asdict(planned or Planned())}, cfg.parallel,
+           cfg.run.run_name)
     if p.node_rank != 0:  # only global rank 0 (on node 0) saves the artifact and writes the report
         return {"stage": "train", "run": cfg.run.run_name, "node_rank": p.node_rank,
                 "report_on_node0": str(layout.report("train")), "artifact_on_node0": str(layout.artifact("train"))}
     return json.loads(layout.report("train").read_text())
 
 
-def attach_schedule(report: dict[str, Any], schedule: dict[str, Any], reference: str) -> dict[str, Any]:
-    """The time budget's decision (the steps chosen, the step time it was fitted with) and the recipe's recorded
-    full-schedule result (`reference`, as the recipe states it) in the train report (rewritten)."""
-    s = report["schedule"] = {**{k: v for k, v in schedule.items() if k != "key"}, "full_schedule_result": reference}
-    if s["steps"] < s["recipe_steps"]:  # what the shorter schedule costs, and how to get the full one
-        bpb = report["metrics"].get("bits_per_byte")
-        s["what_it_costs"] = (
-            f"{s['steps']:,} of the recipe's {s['recipe_steps']:,} training steps"
-            + (f" reached {bpb:.3f} bits per byte on the held-out blocks" if bpb is not None else "")
-            + f"; the full schedule: {reference or 'not recorded by the recipe (full_schedule_result)'}"
-            + (f"; the stages after training ran on {s['share']:.0%} of their recipe's measuring budgets"
-               if s.get("share", 1) < 1 else "") + f"; `effkit run --full` trains all {s['recipe_steps']:,}")
-    report["protocol"]["schedule"] = ("the training steps a time budget left: chosen before training from the step "
-                                      "time `train --plan` predicts, re-fitted once from training's own first steps "
-                                      "while the learning rate warms up (schedule.how_chosen, schedule.refit); the "
-                                      "learning-rate schedule is built for them; full_schedule_result is quoted from "
-                                      "the recipe, not measured here")
-    write_stage_report(Path(report["config"]["run"]["reports_dir"]) / report["run"], report)
-    return report
-
-
-def attach_plan(report: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
-    """The memory plan made before the run, beside the measured peak, in the train report (rewritten)."""
-    measured = max(report["metrics"]["peak_memory_bytes_per_rank"])
-    report["memory_plan"] = {
-        "predicted_steps_bytes": plan["steps_bytes"], "predicted_total_bytes": plan["total_bytes"],
-        "predicted_per_rank_bytes": plan["per_rank_bytes"], "measured_steps_bytes": measured,
-        "measured_over_predicted": measured / plan["steps_bytes"] if plan["steps_bytes"] else None,
-        "method": plan["method"], "notes": plan["notes"],
-    }
-    report["protocol"]["memory_plan"] = ("predicted before the run (" + plan["method"] + "); compared with the "
-                                         "measured increase over the training steps of the largest rank")
-    write_stage_report(Path(report["config"]["run"]["reports_dir"]) / report["run"], report)
-    return report
-
-
 def train_any(cfg: TrainConfig, on_step: Callable[[int, float], None] | None = None,
-              plan: dict[str, Any] | None = None) -> dict[str, Any]:
+              planned: Planned | None = None) -> dict[str, Any]:
     """`effkit train`: in this process, or in launched processes when a parallel mode or several are asked;
     the run is locked against a second effkit process meanwhile. `on_step(step, loss)` is called after every step
-    of an in-process run (launched processes report only at the end). `plan` (effkit.memplan's, made before)
-    goes into the report beside the measured peak."""
+    of an in-process run (launched processes report only at the end). `planned` (the memory plan made before, a
+    time budget's decision) goes into the report beside what was measured."""
     if not cfg.run.run_name:
         cfg = cfg.replace(run=cfg.run.replace(run_name=artifacts.new_run_name(cfg.model.name)))
-    run = train_in_processes if cfg.parallel.launched else partial(train, on_step=on_step)
+    run = (partial(train_in_processes, planned=planned) if cfg.parallel.launched
+           else partial(train, on_step=on_step, planned=planned))
     if cfg.parallel.node_rank != 0:  # other nodes write nothing (global rank 0 saves): no lock to take
         return run(cfg)
     with artifacts.run_lock(RunLayout.for_run(cfg.run).run_dir):
-        report = run(cfg)
-    return attach_plan(report, plan) if plan is not None and "metrics" in report else report
+        return run(cfg)
 
 
 # ------------------------------------------------------------------------------------- the stage in `effkit run`
@@ -658,11 +670,10 @@ class TrainStep(Step):
         resume = Checkpointer(plan.layout.checkpoint_dir).exists()
         if resume:
             ctx.console.print("resuming training from its last checkpoint")
+        planned = Planned(predict_quietly(plan.train), plan.schedule, plan.run.pipeline.full_schedule_result)
         report = train_any(plan.train.replace(run=plan.train.run.replace(resume=resume)),
-                           on_step=ctx.eta.on_train_step, plan=predict_quietly(plan.train))
+                           on_step=ctx.eta.on_train_step, planned=planned)
         ctx.eta.step_time_from_report(report)  # a launched run, or one too short for the in-run estimate
-        if plan.schedule and "metrics" in report:
-            report = attach_schedule(report, plan.schedule, plan.run.pipeline.full_schedule_result)
         self.say_schedule(ctx, report)
 
     def reuse(self, ctx: RunContext) -> None:

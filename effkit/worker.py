@@ -26,14 +26,15 @@ def _fault_injection():
     return on_step
 
 
-def train_rank(config: dict[str, Any], dims: dict[str, Any], progress: bool = True) -> None:
-    """One rank of a launched training run (rank 0 writes the report and the artifact)."""
+def train_rank(config: dict[str, Any], dims: dict[str, Any], planned: dict[str, Any] | None = None,
+               progress: bool = True) -> None:
+    """One rank of a launched training run (rank 0 writes the report, with `planned` in it, and the artifact)."""
     from effkit.config import TrainConfig
     from effkit.parallel.dims import ParallelDims
-    from effkit.train import train
+    from effkit.train import Planned, train
 
     train(TrainConfig.from_dict(config), on_step=_fault_injection(), progress=progress,
-          dims=ParallelDims.from_dict(dims))
+          dims=ParallelDims.from_dict(dims), planned=Planned(**(planned or {})))
     # leave the process group before the interpreter exits: without it gloo's worker threads can outlive it and
     # abort the process ("terminate called without an active exception", SIGABRT) after the work was done
     # (pytorch/pytorch#190489). Only after a success, as torchtitan does: after a failure the peers may still

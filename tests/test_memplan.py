@@ -121,11 +121,11 @@ def test_plan_of_a_1_5b_model_allocates_nothing(tmp_path):
 
 
 def test_train_report_puts_the_plan_beside_the_measured_peak(tiny_cfg):
-    from effkit.train import train_any
+    from effkit.train import Planned, train_any
 
     cfg = tiny_cfg(run_name="planned")
     plan = memplan.predict(cfg)
-    report = train_any(cfg, plan=plan.to_dict())
+    report = train_any(cfg, planned=Planned(plan.to_dict()))
     mp = report["memory_plan"]
     assert mp["predicted_steps_bytes"] == plan.steps_bytes
     assert mp["measured_steps_bytes"] == max(report["metrics"]["peak_memory_bytes_per_rank"])
