@@ -428,6 +428,52 @@ def name_switches(root: Path, words: set[str]) -> list[str]:
     return out
 
 
+def _calls(node: ast.AST | None, name: str) -> bool:
+    return isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == name
+
+
+def _root_name(node: ast.AST) -> str | None:
+    while isinstance(node, (ast.Subscript, ast.Attribute)):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def report_rewrites(root: Path) -> list[str]:
+    """Places that write a stage report other than built once as a `StageReport`: a `write_stage_report` call whose
+    report is not a `StageReport` made in the same function (and bound to nothing else there but None), and a
+    function that writes into a report it was handed (`report[...] = ...`, `report.update(...)`: a report patched
+    after it was built)."""
+    out = []
+    for path in python_files(root):
+        rel = path.relative_to(root).as_posix()
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            bound: dict[str, list[ast.AST]] = {}
+            for n in ast.walk(fn):
+                for t in n.targets if isinstance(n, ast.Assign) else [n.target] if isinstance(n, ast.AnnAssign) else []:
+                    if isinstance(t, ast.Name):
+                        bound.setdefault(t.id, []).append(n.value)
+            built = {k for k, values in bound.items()  # None: not built yet (a rank that writes no report)
+                     if all(_calls(v, "StageReport") or isinstance(v, ast.Constant) and v.value is None
+                            for v in values)}
+            handed = {a.arg for a in [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs] if "report" in a.arg}
+            for n in ast.walk(fn):
+                if _calls(n, "write_stage_report"):
+                    r = n.args[1] if len(n.args) > 1 else next((k.value for k in n.keywords if k.arg == "report"), None)
+                    if not (_calls(r, "StageReport") or isinstance(r, ast.Name) and r.id in built):
+                        out.append(f"{rel}:{n.lineno} {fn.name}: write_stage_report of a report not built here")
+                targets = (n.targets if isinstance(n, ast.Assign) else [n.target]
+                           if isinstance(n, (ast.AugAssign, ast.AnnAssign)) else [])
+                written = [_root_name(t) for t in targets if isinstance(t, ast.Subscript)]
+                if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in (
+                        "update", "setdefault", "pop", "__setitem__"):
+                    written.append(_root_name(n.func.value))
+                if hit := sorted(handed & set(written)):
+                    out.append(f"{rel}:{n.lineno} {fn.name}: rewrites the report it was handed ({hit[0]})")
+    return out
+
+
 def test_no_function_is_over_80_lines():
     assert long_functions(PACKAGE) == []
 
@@ -452,6 +498,11 @@ def test_no_module_outside_an_engine_switches_on_its_name():
     assert name_switches(PACKAGE, engine_words()) == []
 
 
+def test_stage_reports_are_built_once_and_never_rewritten():
+    """Every stage report is a `StageReport` built where it is written; no function patches one it is handed."""
+    assert report_rewrites(PACKAGE) == []
+
+
 def test_the_shape_checks_find_planted_violations(tmp_path):
     """Each check flags what it is for in a planted tree, and only that."""
     body = "\n".join(f"    x{i} = {i}" for i in range(FUNCTION_LINES))
@@ -473,6 +524,14 @@ def test_the_shape_checks_find_planted_violations(tmp_path):
     assert flags == ["--lr"] and len(option_flags(tmp_path)) == 2
     assert [s.split(" ")[0] for s in name_switches(tmp_path, {"onnxruntime", "openvino"})] == [
         "bench.py:2", "bench.py:2", "engines/onnxruntime/x.py:2"]
+    (tmp_path / "reports.py").write_text(
+        "def attach_plan(report, plan):\n    report['memory_plan'] = plan\n    report['protocol']['plan'] = 'x'\n"
+        "    write_stage_report(plan['out'], report)\n    return report\n"
+        "def written(out):\n    report = StageReport(stage='train')\n    write_stage_report(out, report)\n"
+        "    write_stage_report(out, {'stage': 'train'})\n    write_stage_report(out, StageReport(stage='x'))\n"
+        "def patched(out, train_report):\n    train_report.update(schedule={})\n")
+    assert [s.split(" ")[0] for s in report_rewrites(tmp_path)] == [
+        "reports.py:2", "reports.py:3", "reports.py:4", "reports.py:9", "reports.py:12"]
 
 
 def interface_getattrs(source: str) -> list[str]:
