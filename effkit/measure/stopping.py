@@ -15,8 +15,9 @@ to be absent. Each sample lasts at least `min_sample_s`; the looks after the fir
 Looking more than once inflates the chance that noise alone crosses the line somewhere. The correction is
 Bonferroni over the looks planned: every look's interval is taken at 1 - 0.05 / looks, so that all of them cover
 at once with at least 95%, and so does the one at whichever look stops: each reported ratio, alone, is wrongly
-decided in at most 5% of measurements, as a fixed-rounds 95% interval is. A table of many ratios is not corrected
-as a whole. A decision read off the rounds (`contest`, `Contest`) is: its leader's ratios are decided under Holm's
+decided in at most 5% of measurements, as a fixed-rounds 95% interval is. A table of many ratios is corrected as a
+whole (`Family`: Holm's step-down over its ratios within each look's 0.05 / looks), and so is a decision read off
+the rounds (`contest`, `Contest`): its leader's ratios are decided under Holm's
 step-down over every pair of its contenders, within each look's 0.05 / looks, so that any false decided ratio
 in it has a chance of at most 5%. `fixed` runs `rounds` rounds once, at 95%.
 
@@ -55,7 +56,8 @@ METHOD = ("sequential: samples of at least {min_sample_s:g} s (a contender's cal
           "whose ratios are settled is not measured in later looks (each ratio is over the rounds both of its "
           "contenders ran); each look's interval at "
           "{level:.2%} (Bonferroni: 95% over the {looks} looks planned, so the look that stops covers with at "
-          "least 95%; each ratio alone, not the table as a whole){contest}")
+          "least 95%; each ratio alone, except a bench table's: decided together under Holm's step-down within it, "
+          "each interval at its Holm level){contest}")
 CONTEST = ("; a decision read off these rounds: its leader's ratios under Holm's step-down over every pair of its "
            "contenders within each look's {alpha:.2%}, family-wise error 5% per decision")
 
@@ -111,7 +113,7 @@ def settled(r: PairedRatio, precision: float) -> bool:
 
 def tie(r: PairedRatio, precision: float) -> bool:
     """Equal within the precision: not decided, and the interval inside [1 / (1 + precision), 1 + precision]."""
-    lo, hi = r.ci95
+    lo, hi = r.ci
     return r.verdict == "same" and math.isfinite(hi) and lo >= 1 / (1 + precision) and hi <= 1 + precision
 
 
@@ -124,12 +126,48 @@ class Measured(dict):
         super().__init__(samples)
         self.record = record
 
-    def ratio(self, reference: str, other: str, higher_is_better: bool = False) -> dict[str, Any]:
-        """The paired ratio; marked `undecided` when sequential and stopped before it settled (`settled`)."""
-        r = _paired(self, reference, other, self.record["level"], higher_is_better)
+    def ratio(self, reference: str, other: str, higher_is_better: bool = False,
+              level: float | None = None) -> dict[str, Any]:
+        """The paired ratio (at the record's level, or `level`: a table's Holm level, `Family`); marked
+        `undecided` when sequential and stopped before it settled (`settled`)."""
+        r = _paired(self, reference, other, level or self.record["level"], higher_is_better)
         if "precision" in self.record and not settled(PairedRatio.of(r), self.record["precision"]):
             r["undecided"] = True
         return r
+
+
+class Family:
+    """The ratios of one table, decided together: `ratio` hands out each one at its measurement's level, and
+    `close` re-decides them all under Holm's step-down at each look's error (1 - the level of a look, 0.05 / looks;
+    0.05 for fixed rounds) over the table's ratios, so that any false decided ratio in the table has a chance of at
+    most 5% (Bonferroni over the looks, Holm within them, as a decision's `Contest`). Each ratio's interval is
+    then at its Holm level (`ci_level`), so it excludes 1 exactly where Holm decides, and it says the table's size
+    (`family`)."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.cells: list[tuple[dict[str, Any], Measured, str, str, bool]] = []
+
+    def ratio(self, m: Measured, reference: str, other: str, higher_is_better: bool = False) -> dict[str, Any]:
+        r = m.ratio(reference, other, higher_is_better)
+        self.cells.append((r, m, reference, other, higher_is_better))
+        return r
+
+    def close(self) -> None:
+        """Every ratio handed out, replaced in place by the same ratio at its Holm level."""
+        if not self.cells:
+            return
+        ps = []
+        for _, m, a, b, _ in self.cells:
+            n = min(len(m[a]), len(m[b]))
+            ok = all(math.isfinite(x) and x > 0 for s in (m[a][:n], m[b][:n]) for rnd in s for x in rnd)
+            ps.append(stats.p_of_logs([math.log(median(y) / median(x)) for x, y in zip(m[a][:n], m[b][:n],
+                                                                                    strict=True)] if ok else None))
+        alpha = 1.0 - self.cells[0][1].record["level"]
+        for (r, m, a, b, higher), level in zip(self.cells, stats.holm_levels(ps, alpha), strict=True):
+            new = m.ratio(a, b, higher, level)
+            r.clear()
+            r.update(new, family=len(self.cells), table=self.name)
 
 
 def _paired(samples: dict[str, list[list[float]]], a: str, b: str, level: float,
