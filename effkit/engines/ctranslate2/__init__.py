@@ -86,8 +86,7 @@ class CTranslate2Engine(Engine):
         line = f"ctranslate2.Generator('{path}')"
         try:
             desc = json.loads((Path(path) / CT2_DESC).read_text())
-            chosen, _ = machine_cache.machine_cached("ct2_threads", threads_key(desc["compute_type"],
-                                                                          int(desc.get("params", 0))), None)
+            chosen, _ = machine_cache.machine_cached("ct2_threads", threads_key(desc["compute_type"], path), None)
         except (OSError, ValueError, KeyError, ImportError):
             chosen = None
         if not chosen:
