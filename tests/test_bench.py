@@ -495,3 +495,14 @@ def test_a_decided_a_a_ratio_is_flagged_as_a_measurement_problem():
         aa = q["vs_peers"]["peer-ort"]["decode_b1"]
         assert "family" not in aa and aa["ci_level"] == pytest.approx(1 - 0.05 / 3)
         assert any(f.startswith(AA_FAILED) for f in q["flags"]) == flagged, q["flags"]
+
+
+def test_the_peers_list_how_effkit_runs_them_other_than_their_users_do():
+    """Each peer's description lists its deviations: ONNX Runtime's decoded by effkit's numpy loop, CTranslate2's on
+    the threads effkit chose for each workload (OpenVINO's: tests/test_openvino.py)."""
+    from effkit.registry import ENGINES
+
+    assert "deviations" in ENGINES.get("onnxruntime").peer_how and "effkit's numpy" in ENGINES.get(
+        "onnxruntime").peer_how
+    assert "deviations" in ENGINES.get("ctranslate2").peer_how and "intra_threads chosen per workload by effkit" in \
+        ENGINES.get("ctranslate2").peer_how
