@@ -366,3 +366,26 @@ def test_a_contender_that_settled_early_is_shown_beside_the_reference_over_the_s
     assert a[d.ratio]["ratio"] == pytest.approx(73.0 / 50.0)
     note = same_rounds_note({"stopping": {d.measure: {"rounds": 24}}}, a, d.ratio)
     assert note == "; ref 50 in these 6 rounds"
+
+
+def test_a_decision_read_off_the_rounds_gets_budget_for_each_contender_open_against_its_leader():
+    """The deliverable's contest: three equal contenders, nothing else to settle, a per-measure budget too small
+    for a second look. Each one open against the leader adds `contest_budget_s`, as a decision's head to head does,
+    so the contest runs its later looks instead of stopping at the first on the fixed budget."""
+    from effkit.measure import stopping
+
+    now = [0.0]
+    rng = random.Random(5)
+
+    def contender():
+        def call() -> float:
+            took = 0.05 * rng.lognormvariate(0, 0.05)
+            now[0] += took
+            return took
+        return call
+    stop = stopping.Stopping(rounds=6, budget_s=1.0, looks=3)
+    m = stopping.measure({n: contender() for n in "abc"}, stop, 1, pairs=[], clock=lambda: now[0],
+                         contest=(list("abc"), False))
+    assert m.record["looks"] > 1 and m.record["stopped"] != "budget", m.record
+    alone = stopping.measure({n: contender() for n in "abc"}, stop, 1, pairs=[("a", "b")], clock=lambda: now[0])
+    assert alone.record["looks"] == 1 and alone.record["stopped"] == "budget", alone.record  # no contest: 1 s

@@ -59,7 +59,8 @@ METHOD = ("sequential: samples of at least {min_sample_s:g} s (a contender's cal
           "least 95%; each ratio alone, except a bench table's: decided together under Holm's step-down within it, "
           "each interval at its Holm level){contest}")
 CONTEST = ("; a decision read off these rounds: its leader's ratios under Holm's step-down over every pair of its "
-           "contenders within each look's {alpha:.2%}, family-wise error 5% per decision")
+           "contenders within each look's {alpha:.2%}, family-wise error 5% per decision, and {contest_budget_s:g} s "
+           "more budget for each contender still open against its leader, as every decision's head to head")
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,9 @@ class Stopping:
     seed: int = 0  # the rounds' orders are shuffled from it (written in the record)
     min_sample_s: float = MIN_SAMPLE_S  # sequential only: fixed rounds run exactly `repeats` calls a round
     h2h_sample_s: float = MIN_SAMPLE_S  # sequential only: the samples of the looks after the first (longer: slower)
+    # a decision read off the rounds (`measure`'s contest): seconds more per contender still open against its leader,
+    # so that its evidence scales with what is at stake, as `effkit.measure.choice.Rule.budget_s` does
+    contest_budget_s: float = 20.0
 
     @property
     def planned(self) -> int:
@@ -96,7 +100,7 @@ class Stopping:
         return METHOD.format(min_sample_s=self.min_sample_s, later=later, first=self.rounds,
                              looks=self.looks, max_rounds=self.schedule()[-1], band=1 + self.precision,
                              budget_s=self.budget_s, level=self.level,
-                             contest=CONTEST.format(alpha=ALPHA / self.looks))
+                             contest=CONTEST.format(alpha=ALPHA / self.looks, contest_budget_s=self.contest_budget_s))
 
     @classmethod
     def of(cls, measure: Any, rounds_key: str = "rounds") -> Stopping:
@@ -322,7 +326,8 @@ def measure(contenders: dict[str, Callable[[], float]], stopping: Stopping, repe
     """Interleaved rounds of `contenders` (see `timing.interleaved`) under `stopping`; `pairs`: the
     (reference, other) comparisons that must settle (default: every contender against the first). After the
     first look only the contenders of unsettled pairs are measured. `contest`: (members, higher_is_better) of a
-    decision to be read off these rounds: its leader against every member must settle too (`contest_pairs`)."""
+    decision to be read off these rounds: its leader against every member must settle too (`contest_pairs`), and
+    each member still open against it adds `stopping.contest_budget_s` to the budget."""
     names = list(contenders)
     sized = not stopping.fixed and stopping.min_sample_s > 0
     pairs = [(a, b) for a, b in (pairs if pairs is not None else [(names[0], n) for n in names[1:]])
@@ -346,9 +351,12 @@ def measure(contenders: dict[str, Callable[[], float]], stopping: Stopping, repe
     while not stopping.fixed:
         open_pairs = [(a, b) for a, b in pairs
                       if not settled(PairedRatio.of(_paired(samples, a, b, stopping.level)), stopping.precision)]
+        budget = stopping.budget_s
         if contest is not None:
             members = [n for n in contest[0] if n in samples]
-            open_pairs += contest_pairs(samples, members, contest[1], stopping.level, stopping.precision)
+            at_stake = contest_pairs(samples, members, contest[1], stopping.level, stopping.precision)
+            open_pairs += at_stake
+            budget += stopping.contest_budget_s * len(at_stake)
         if not open_pairs:
             stopped = "decided"
             break
@@ -359,7 +367,7 @@ def measure(contenders: dict[str, Callable[[], float]], stopping: Stopping, repe
         done, total = schedule[looks - 1], schedule[looks]
         per_round = sum(spent[n][0] / max(spent[n][1], 1) * calls[n] + timing.settle_time(contenders[n])
                         for n in active)  # each active contender's calls and its settling pause
-        if clock() - start - first + per_round * (total - done) > stopping.budget_s:
+        if clock() - start - first + per_round * (total - done) > budget:
             stopped = "budget"
             break
         more = timing.interleaved({n: timed[n] for n in active}, total - done, {n: calls[n] for n in active},
@@ -375,5 +383,6 @@ def measure(contenders: dict[str, Callable[[], float]], stopping: Stopping, repe
                               "calls_per_sample": screen_calls,
                               **({"calls_per_sample_after_screen": calls} if looks > 1 and calls != screen_calls
                                  else {}),
-                              **({} if stopping.fixed else {"precision": stopping.precision}),
+                              **({} if stopping.fixed else {"precision": stopping.precision,
+                                                            "budget_s": round(budget, 3)}),
                               "seconds": round(clock() - start, 3)})
