@@ -529,3 +529,18 @@ def test_data_aware_int4_on_a_width_nncf_cannot_group_is_one_line(exported, tmp_
     assert exc.value.code == 2 and len(err.splitlines()) == 1, err
     assert "int4-data" in err and "width 48" in err and "--width-multiple 32" in err
     assert not list((tmp_path / "runs" / "odd").glob("*quantize*"))
+
+
+def test_a_choice_timed_through_two_decoders_says_so():
+    """Where LLMPipeline cannot be built for one precision, `decode_timer` decodes it with effkit's loop: the record
+    names each one's decoder and the line says the timings are mixed."""
+    from types import SimpleNamespace
+
+    from effkit.engines.openvino.tune import decoders_of, mixed
+
+    def model(pipeline):
+        return SimpleNamespace(decoding=lambda: ("PA", None), pipeline=lambda key: pipeline)
+    both = decoders_of({"f32": model(object()), "bf16": model(object())})
+    assert both == {"f32": "LLMPipeline", "bf16": "LLMPipeline"} and mixed(both) == ""
+    split = decoders_of({"f32": model(object()), "bf16": model(None)})
+    assert mixed(split) == "; mixed decoders: f32 through LLMPipeline, bf16 through effkit's loop"

@@ -69,6 +69,21 @@ def decode_timer(model: OpenVINOCausalLM, tokenizer, batch: int, new_tokens: int
     return pipeline_timer(model, np.repeat(start, batch, axis=0), new_tokens, key)
 
 
+def decoders_of(models: dict[str, OpenVINOCausalLM]) -> dict[str, str]:
+    """Which loop `decode_timer` decodes each model with: LLMPipeline, or effkit's where LLMPipeline cannot be
+    built for it."""
+    return {n: "LLMPipeline" if m.pipeline(m.decoding()[0]) is not None else "effkit's loop"
+            for n, m in models.items()}
+
+
+def mixed(decoders: dict[str, str]) -> str:
+    """`; mixed decoders: f32 through LLMPipeline, bf16 through effkit's loop` where they differ (the ratio is then of
+    two decoders as much as of two settings), else nothing."""
+    if len(set(decoders.values())) < 2:
+        return ""
+    return "; mixed decoders: " + ", ".join(f"{n} through {how}" for n, how in decoders.items())
+
+
 def _choice_line(decided: dict[str, Any], noun: str) -> str:
     """`Choice.line` of a recorded choice (its `to_dict()`)."""
     from dataclasses import fields
@@ -158,11 +173,8 @@ def choose_precision(folder: Path, tokenizer, workload: str, rule=None) -> tuple
     if w.kind == "decode":  # the workload's own new tokens, as `auto` and the bench judge it
         new = generation.generation_budget(models["f32"], tokenizer, w.tokens or workloads.DECODE_TOKENS)[0]
         fns = {p: decode_timer(m, tokenizer, w.batch, new) for p, m in models.items()}
-        decoders = {p: "LLMPipeline" if m.pipeline(m.decoding()[0]) is not None else "effkit's loop"
-                    for p, m in models.items()}
-        what = f"greedy decoding of {new} new tokens from {w.batch} prompt(s), new tokens/s"
-        if len(set(decoders.values())) > 1:  # the ratio is of two decoders as much as of two precisions
-            what += "; mixed decoders: " + ", ".join(f"{p} through {how}" for p, how in decoders.items())
+        decoders = decoders_of(models)
+        what = f"greedy decoding of {new} new tokens from {w.batch} prompt(s), new tokens/s" + mixed(decoders)
     else:
         tokens = w.tokens or min(128, models["f32"].config.n_positions)
         fns = {p: timing.forward_timer(m, w.batch, tokens) for p, m in models.items()}
