@@ -97,7 +97,8 @@ def test_typed_results_round_trip_the_report_format_and_refuse_a_renamed_key():
     rng = random.Random(3)
     ratio = stats.paired_ratio(rounds(rng, 0.3), rounds(rng, 0.2))
     delta = stats.paired_delta([1.0, 2.0, 3.0], [1.1, 2.1, 3.0])
-    assert set(ratio) == {"ratio", "ci", "ci_level", "verdict", "rounds"} and set(delta) == {"delta", "ci95", "verdict", "blocks"}
+    assert set(ratio) == {"ratio", "ci", "ci_level", "verdict", "rounds"}
+    assert set(delta) == {"delta", "ci95", "verdict", "blocks"}
     assert PairedRatio.of(ratio).to_dict() == ratio and LossDelta.of(delta).to_dict() == delta  # the JSON, unchanged
     assert isinstance(comparison(ratio), PairedRatio) and isinstance(comparison(delta), LossDelta)
     assert stats.fmt_ratio(ratio) == PairedRatio.of(ratio).fmt() and stats.fmt_delta(delta) == LossDelta.of(delta).fmt()
