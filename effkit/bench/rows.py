@@ -169,8 +169,9 @@ def artifact_row(r: dict[str, Any], ref: dict[str, Any], timed: dict[str, Any], 
         row.same_computation_as = [p for p, d in (digests or {}).items() if d and d == r.get("computation")]
         row.vs_peers = {p: peer_ratios(timed, p, tag, None if p in row.same_computation_as else tables["peer"])
                         for p in peers}
-        row.flags += [aa_problem(tag, p, w, r) for p in row.same_computation_as
-                      for w, r in row.vs_peers[p].items() if results.PairedRatio.of(r).verdict in ("faster", "slower")]
+        row.flags += [aa_problem(tag, p, w, ratio) for p in row.same_computation_as
+                      for w, ratio in row.vs_peers[p].items()
+                      if results.PairedRatio.of(ratio).verdict in ("faster", "slower")]
     return row
 
 
@@ -200,7 +201,7 @@ def combine(static: list[dict[str, Any]], timed: dict[str, Any]) -> list[dict[st
 def peer_ratios(timed: dict[str, Any], peer: str, tag: str, table: Family | None) -> dict[str, Any]:
     """`tag` against the peer row `peer`, paired in the same rounds, per workload (`decode_b1`, ...): decode ratios
     above 1 and prefill ratios below 1 are faster than the peer. Ratios of the peer `table`; None for a peer that
-    runs the very computation of `tag` (the A/A check, `aa_checks`): each of its ratios alone, at its look's level,
+    runs the very computation of `tag` (the A/A check, `aa_problem`): each of its ratios alone, at its look's level,
     is the check."""
     return {w.key: (partial(table.ratio, timed[w.measure]) if table else timed[w.measure].ratio)(
         peer, tag, w.higher_is_better) for w in peer_workloads()}
