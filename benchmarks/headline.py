@@ -56,7 +56,7 @@ def table(report_dir: Path) -> str:
                     f"{cell(RATIOS[1])} | {r['decode_tokens_per_s_b12']:,.0f} | {cell(RATIOS[2])} | "
                     f"{r['size_ratio']:.2f}x |")
     v = bench.get("versions", {})
-    levels = [r[k].get("level") for r in bench["artifacts"] if r is not ref for k in RATIOS if r.get(k)]
+    levels = [r[k]["ci_level"] for r in bench["artifacts"] if r is not ref for k in RATIOS if r.get(k)]
     workload = ship.get("optimize_for", "decode-b1")
     command = "effkit run" + ("" if workload == "decode-b1" else f" --workload {workload}")
     caption = (f"Measured by `{command}` on {bench['device']}, {bench['time'][:10]}; torch {v.get('torch')}, "

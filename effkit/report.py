@@ -312,7 +312,7 @@ def plot_comparison(out: Path) -> Path | None:
     for ax, (key, title) in zip(axes[1:], panels, strict=False):
         cmp = [PairedRatio.of(r[key]) for r in rows]
         ratios = [c.ratio for c in cmp]
-        ax.barh(tags, ratios, color=colors, xerr=err(ratios, [c.ci95 for c in cmp]), capsize=3)
+        ax.barh(tags, ratios, color=colors, xerr=err(ratios, [c.ci for c in cmp]), capsize=3)
         ax.axvline(1.0, color="k", lw=0.8)
         better = "lower" if key.startswith("latency") else "higher"
         ax.set_title(f"{title} / {rows[0]['tag']} ({better} is better)", fontsize=9)
@@ -366,8 +366,9 @@ def plot_prune_curves(out: Path) -> list[Path]:
         cis = [results.comparison(c) for c in cis]
         values = [c.ratio if isinstance(c, PairedRatio) else c.delta * 100 for c in cis]
         scale = 1 if isinstance(cis[0], PairedRatio) else 100
-        below = [v - c.ci95[0] * scale for v, c in zip(values, cis, strict=True)]
-        above = [c.ci95[1] * scale - v for v, c in zip(values, cis, strict=True)]
+        ends = [c.ci if isinstance(c, PairedRatio) else c.ci95 for c in cis]
+        below = [v - e[0] * scale for v, e in zip(values, ends, strict=True)]
+        above = [e[1] * scale - v for v, e in zip(values, ends, strict=True)]
         ax.errorbar(xs, values, yerr=[below, above], capsize=3, fmt=fmt, color=color, label=lab)
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))

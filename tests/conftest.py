@@ -97,11 +97,11 @@ def assert_ratio_from_samples(reported, samples, ref, other, higher_is_better=Fa
     """The report's ratio of `other` to `ref` equals the one recomputed independently from the report's samples."""
     import pytest
 
-    ratio, (lo, hi), verdict = independent_ratio(samples[ref], samples[other], reported.get("level") or 0.95,
+    ratio, (lo, hi), verdict = independent_ratio(samples[ref], samples[other], reported["ci_level"],
                                                  higher_is_better)
     assert reported["ratio"] == pytest.approx(ratio, rel=1e-9), (reported, ratio)
     # (effkit's 95% t quantiles are a table to 3 decimals, scipy's exact: bounds agree to 1e-4 relative)
-    assert reported["ci95"] == pytest.approx([lo, hi], rel=1e-3), (reported, lo, hi)
+    assert reported["ci"] == pytest.approx([lo, hi], rel=1e-3), (reported, lo, hi)
     assert reported["verdict"] == verdict, (reported, verdict)
 
 
@@ -167,7 +167,7 @@ def assert_choice_from_samples(c: dict) -> None:
     open_, faster = [], []
     for other, level in zip(others, levels, strict=True):
         reported = c["ratios"][other]
-        assert reported["level"] == pytest.approx(level, abs=1e-9), (other, reported, level)
+        assert reported["ci_level"] == pytest.approx(level, abs=1e-9), (other, reported, level)
         assert_ratio_from_samples(reported, samples, picked, other, higher)
         ratio, (lo, hi), verdict = independent_ratio(samples[picked], samples[other], level, higher)
         assert verdict == "same" or not reported.get("undecided"), (other, reported)  # decided is never undecided

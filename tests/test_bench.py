@@ -125,8 +125,17 @@ def test_bench_files_and_leaderboard(run_with_artifacts):
     assert set(board["artifacts"]["train"]) == {"loss", "inference_latency_1", "inference_latency_12",
                                                  "training_throughput_4", "training_throughput_12"}
     assert board["artifacts"]["quantize-dynamic"]["training_throughput_4"] is None
+    # beside the bare figures: each one's paired ratio to the reference, its interval, level and rounds
+    assert board["reference"] == "train" and board["paired"]["train"]["loss"]["ci95"] == report["artifacts"][0][
+        "eval_loss_ci95"]
+    q = board["paired"]["quantize-dynamic"]["inference_latency_12"]
+    assert q["vs_reference"] == report["artifacts"][2]["latency_ratio_b12"] and {"ci", "ci_level", "rounds"} <= set(
+        q["vs_reference"]) and q["timings"] == report["artifacts"][2]["latency_b12"]["samples"]
     rows = list(csv.DictReader((out / "bench.csv").open()))
     assert [r["tag"] for r in rows] == ["train", "prune-row-r1", "quantize-dynamic"]
+    # each ratio's interval with the level it was computed at: bench.csv's figures can be recomputed
+    assert float(rows[2]["latency_ratio_b12_ci_level"]) == pytest.approx(
+        report["artifacts"][2]["latency_ratio_b12"]["ci_level"])
 
 
 def test_report_renders_summary_with_valid_pngs(run_with_artifacts):
@@ -200,7 +209,7 @@ def test_bench_with_the_default_generation_length_on_a_nano_model(run_with_artif
         for b in (1, 12):
             ratio, record = r[f"latency_ratio_b{b}"], report["stopping"][f"latency_b{b}"]
             assert ratio["rounds"] == record["rounds"] and record["rounds"] in (3, 6, 12)
-            assert ratio["level"] == pytest.approx(1 - 0.05 / 3)
+            assert ratio["ci_level"] == pytest.approx(1 - 0.05 / 3)
             if r is row:
                 assert_ratio_from_samples(ratio, report["samples"][f"latency_b{b}"], ref["tag"], r["tag"])
             if record["stopped"] == "decided":  # then it was decided or narrow: not merely out of rounds
@@ -418,3 +427,82 @@ def test_the_bench_plan_counts_a_pytorch_prefill_by_its_kv_cache_and_logits(tmp_
     path, c = part("gpt2-large")
     cache_and_logits = 4 * 12 * 128 * (2 * c.n_layer * c.n_embd + c.vocab_size)
     assert prefill_bytes(path, 128) == cache_and_logits and pytorch_workloads(path, 128) > cache_and_logits
+
+
+def _synthetic_timed(speeds: dict[str, float], seed: int, rounds: int = 24, noise: float = 0.05) -> dict:
+    """Every workload's measurement of contenders whose true costs are `speeds` (lognormal noise per round), as
+    `timed_side_by_side` hands them to the rows; no training measure."""
+    import random
+
+    from effkit import workloads
+    from effkit.bench.timing import TRAIN_SKIPPED
+    from effkit.measure.stopping import Measured
+
+    rng = random.Random(seed)
+    record = {"level": 1 - 0.05 / 3, "precision": 0.03, "rounds": rounds}
+
+    def rounds_of(s: float, higher: bool) -> list[list[float]]:
+        return [[(1 / s if higher else s) * rng.lognormvariate(0, noise)] for _ in range(rounds)]
+    return {**{w.measure: Measured({t: rounds_of(s, w.higher_is_better) for t, s in speeds.items()}, dict(record))
+               for w in workloads.all_()}, TRAIN_SKIPPED: "not run: --train-steps 0"}
+
+
+def _static(tag: str, stage: str, computation: str | None = None) -> dict:
+    return {"tag": tag, "stage": stage, "eval_loss": 4.0, "size_bytes": 2**20, "generation": {},
+            "block_losses": [4.0, 4.1, 3.9, 4.0], "block_docs": [0, 0, 1, 1], "computation": computation}
+
+
+def test_each_bench_table_decides_its_ratios_together_under_holm():
+    """A table of many ratios: each ratio's interval at its Holm level over the table (the main table: every ratio
+    to the reference; the peer table: every artifact against every peer), recomputed here with scipy; the caption
+    names the family-wise level per table."""
+    from conftest import holm_levels, paired_p
+
+    from effkit import workloads
+    from effkit.bench.render import family_words
+    from effkit.bench.rows import combine, peer_workloads
+
+    speeds = {"train": 1.0, "a": 0.98, "b": 1.0, "c": 0.9, "peer-x": 1.0}
+    timed = _synthetic_timed(speeds, seed=3)
+    static = [_static(t, "peer" if t.startswith("peer") else "prune") for t in speeds]
+    rows = combine(static, timed)
+    alpha = 1 - timed["decode_b1"].record["level"]
+    main = [(r, w) for r in rows[1:] for w in workloads.all_()]  # the peer rows too: each has its ratio to train
+    ps = [paired_p(timed[w.measure]["train"], timed[w.measure][r["tag"]]) for r, w in main]
+    for (r, w), level in zip(main, holm_levels(ps, alpha, len(main)), strict=True):
+        assert r[w.ratio]["ci_level"] == pytest.approx(level, abs=1e-9) and r[w.ratio]["family"] == len(main)
+        assert_ratio_from_samples(r[w.ratio], timed[w.measure], "train", r["tag"], w.higher_is_better)
+    peer = [(r, w) for r in rows if r["stage"] != "peer" for w in peer_workloads()]
+    ps = [paired_p(timed[w.measure]["peer-x"], timed[w.measure][r["tag"]]) for r, w in peer]
+    for (r, w), level in zip(peer, holm_levels(ps, alpha, len(peer)), strict=True):
+        assert r["vs_peers"]["peer-x"][w.key]["ci_level"] == pytest.approx(level, abs=1e-9)
+    report = {"artifacts": rows, "stopping": {"decode_b1": timed["decode_b1"].record}}
+    assert (f"family-wise error 5% per table: Holm's step-down within each look's 1.67% over the {len(main)} "
+            f"ratios of the main table, the {len(peer)} ratios of the peer table") in family_words(report)
+
+
+def test_a_decided_a_a_ratio_is_flagged_as_a_measurement_problem():
+    """The A/A pair (an artifact and a peer that run the very same computation): its ratio is reported alone at its
+    look's level, outside the peer table's Holm family, and a decided one is flagged in the notes and the
+    deliverable's record."""
+    from effkit.bench.rows import AA_FAILED, combine
+
+    for skew, flagged in ((1.0, False), (0.8, True)):  # the same computation measured 20% apart: the protocol's bias
+        timed = _synthetic_timed({"train": 1.0, "quantize-onnxruntime": skew, "peer-ort": 1.0}, seed=1, noise=0.02)
+        rows = combine([_static("train", "train"), _static("quantize-onnxruntime", "quantize", "abc"),
+                        _static("peer-ort", "peer", "abc")], timed)
+        q = rows[1]
+        aa = q["vs_peers"]["peer-ort"]["decode_b1"]
+        assert "family" not in aa and aa["ci_level"] == pytest.approx(1 - 0.05 / 3)
+        assert any(f.startswith(AA_FAILED) for f in q["flags"]) == flagged, q["flags"]
+
+
+def test_the_peers_list_how_effkit_runs_them_other_than_their_users_do():
+    """Each peer's description lists its deviations: ONNX Runtime's decoded by effkit's numpy loop, CTranslate2's on
+    the threads effkit chose for each workload (OpenVINO's: tests/test_openvino.py)."""
+    from effkit.registry import ENGINES
+
+    assert "deviations" in ENGINES.get("onnxruntime").peer_how and "effkit's numpy" in ENGINES.get(
+        "onnxruntime").peer_how
+    assert "deviations" in ENGINES.get("ctranslate2").peer_how and "intra_threads chosen per workload by effkit" in \
+        ENGINES.get("ctranslate2").peer_how

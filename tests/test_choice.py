@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+from statistics import median
 
 import pytest
 
@@ -116,6 +117,12 @@ def test_the_slow_are_screened_out_after_the_first_look_and_the_leaders_go_on():
     # 20x slower: gone after its three sizing calls, with by how much; the default (25x) runs the screen all the same
     assert "hopeless" in c.far and "hopeless" not in c.samples and "far slower" in c.far["hopeless"]
     assert c.record["rounds"]["lead"] > choice.Rule().rounds  # head to head after it
+    # the sizing calls are kept: the far screen is recomputed from the record (cost: 1 / the rate's median)
+    sizing = c.record["sizing"]
+    assert set(sizing) == set(cs) and all(len(s["seconds"]) == len(s["figures"]) == 3 for s in sizing.values())
+    cost = {n: 1 / median(s["figures"]) for n, s in sizing.items()}
+    best = min(cost.values())
+    assert {n for n, x in cost.items() if x > choice.Rule().far * best and n != "default"} == set(c.far)
 
 
 def test_non_finite_timings_are_never_picked_even_when_listed_first():
@@ -144,8 +151,8 @@ def test_a_choice_recomputes_from_its_samples():
     half = sp.t.ppf(1 - (1 - c.record["level"]) / 2, n - 1) * sd / n ** 0.5
     r = c.ratios[other]
     assert r["ratio"] == pytest.approx(math.exp(mean), rel=1e-9)
-    assert r["ci95"][0] == pytest.approx(math.exp(mean - half), rel=1e-6)
-    assert r["ci95"][1] == pytest.approx(math.exp(mean + half), rel=1e-6)
+    assert r["ci"][0] == pytest.approx(math.exp(mean - half), rel=1e-6)
+    assert r["ci"][1] == pytest.approx(math.exp(mean + half), rel=1e-6)
     # the pick follows the rule: the other is decided slower (tokens/s ratio below 1) or the verdict says why not
     if c.verdict == choice.DECIDED:
         assert math.exp(mean + half) < 1

@@ -27,8 +27,8 @@ def fake_bench(level):
     """A two-row bench report (the reference and one contender) whose ratios carry `level` (None: fixed rounds,
     95%, stored without a level), with every field the headline and bench.md read."""
     def ratio(x):
-        return {"ratio": x, "ci95": [x - 0.1, x + 0.1], "verdict": "faster", "rounds": 24,
-                **({} if level is None else {"level": level})}
+        return {"ratio": x, "ci": [x - 0.1, x + 0.1], "verdict": "faster", "rounds": 24,
+                "ci_level": 0.95 if level is None else level}
 
     rows = [{"tag": tag, "stage": stage, "eval_loss": 4.0, "eval_loss_ci95": [3.9, 4.1], "bits_per_byte": 1.5,
              "perplexity": 54.6, "eval_loss_delta": {"delta": 0.01, "ci95": [0.0, 0.02], "verdict": "worse"},
@@ -71,7 +71,7 @@ def test_the_headline_says_when_a_peer_beats_what_effkit_ships(tmp_path):
 
     h = headline()
     (tmp_path / "bench.json").write_text(json.dumps(fake_bench(0.98)))
-    slower = {"ratio": 0.8, "ci95": [0.7, 0.9], "verdict": "slower"}
+    slower = {"ratio": 0.8, "ci": [0.7, 0.9], "verdict": "slower"}
     ship = {"tag": "quantize-dynamic", "optimize_for": "decode-b1", "line": "deliver quantize-dynamic ...",
             "lossless": {"tag": "quantize-dynamic"}, "beaten_by_peers": {"delivered": {"peer-x": slower},
                                                                           "lossless": {}}}
@@ -89,7 +89,7 @@ def test_the_headline_says_when_a_peer_beats_what_effkit_ships(tmp_path):
     bench["artifacts"][0]["stage"], bench["artifacts"][0]["tag"] = "peer", "peer-onnxruntime-int8"
     row = bench["artifacts"][1]
     row["same_computation_as"] = ["peer-onnxruntime-int8"]
-    row["vs_peers"] = {"peer-onnxruntime-int8": {k: {"ratio": 0.9, "ci95": [0.8, 1.01], "verdict": "same"}
+    row["vs_peers"] = {"peer-onnxruntime-int8": {k: {"ratio": 0.9, "ci": [0.8, 1.01], "verdict": "same"}
                                                  for k in ("decode_b1", "decode_b12", "prefill_b1", "prefill_b12")}}
     (tmp_path / "bench.json").write_text(json.dumps(bench))
     assert ("**Same computation as a peer**: quantize-dynamic runs the very computation of peer-onnxruntime-int8"

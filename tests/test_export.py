@@ -505,3 +505,22 @@ def test_the_export_plan_is_made_before_anything_and_one_that_does_not_fit_stops
     parts = mem["plan"]["parts_bytes"]
     assert parts["parent: fp32 model"] == sum(p.numel() for p in load_model(artifact).parameters()) * 4
     assert sum(parts.values()) == mem["plan"]["total_bytes"]
+
+
+def test_a_thread_choice_is_cached_for_the_model_it_was_measured_on(tmp_path):
+    """CTranslate2's thread choice is keyed by the model (a digest of its config and parameter count), not by its
+    size to the nearest power of two: a pruned model of nearly the dense one's size never reuses its samples."""
+    import json
+
+    from effkit.engines.ctranslate2.runtime import CT2_DESC, HF_CONFIG, model_id, threads_key
+
+    def folder(name: str, n_inner: int, params: int):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / HF_CONFIG).write_text(json.dumps({"n_layer": 2, "n_embd": 64, "n_inner": n_inner}))
+        (tmp_path / name / CT2_DESC).write_text(json.dumps({"compute_type": "int8", "params": params}))
+        return tmp_path / name
+
+    dense, pruned, again = folder("d", 256, 1_000_000), folder("p", 192, 900_000), folder("a", 256, 1_000_000)
+    assert threads_key("int8", dense) != threads_key("int8", pruned)  # both 2^20 by size alone
+    assert threads_key("int8", dense) == threads_key("int8", again)
+    assert model_id(pruned).endswith("(900000 params)")

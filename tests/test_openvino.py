@@ -242,6 +242,35 @@ def test_a_tie_goes_to_f32_and_to_pa(exported, tmp_path, monkeypatch):
     assert chosen["attention"] == "PA" and chosen["decision"]["verdict"] == "tie"
     assert {chosen["decision"]["leader"], *chosen["decision"]["ties"]} == {"PA", "SDPA"}
     _assert_pick_recomputes(chosen["decision"])
+    assert chosen["line"].endswith("timed when the artifact was written") and not chosen["cached"]
+    again = choose_attention(OpenVINOCausalLM(folder), tok, "decode-b1")  # a cache hit says when and for what
+    assert again["cached"] and "cached: measured " in again["line"] and "for a model of " in again["line"]
+
+
+def test_a_setting_is_timed_on_the_new_tokens_of_the_workload_it_is_chosen_for(exported, tmp_path, monkeypatch):
+    """The attention backend chosen for a workload of 8 new tokens is timed decoding 8, as that workload is judged,
+    never a fixed count of the tuner's own."""
+    from transformers import AutoTokenizer
+
+    from effkit import workloads
+    from effkit.engines.openvino import tune
+    from effkit.engines.openvino.runtime import OpenVINOCausalLM
+
+    monkeypatch.setenv("EFFKIT_CACHE", str(tmp_path / "cache"))
+    seen, stand_in = [], _stand_in_timer({(p, a): 1000.0 for p in ("f32", "bf16") for a in ("PA", "SDPA")})
+
+    def timer(model, ids, new_tokens, attention):
+        seen.append(new_tokens)
+        return stand_in(model, ids, new_tokens, attention)
+    monkeypatch.setattr(tune, "pipeline_timer", timer)
+    workloads.register(workloads.Workload("decode-short", "decode", 1, tokens=8))
+    try:
+        folder = Path(exported[1]["artifact"])
+        chosen = tune.choose_attention(OpenVINOCausalLM(folder), AutoTokenizer.from_pretrained(folder),
+                                       "decode-short")
+    finally:
+        workloads.unregister("decode-short")
+    assert seen and set(seen) == {8} and "greedy decoding of 8 new tokens" in chosen["how"]
 
 
 def test_a_precision_picked_after_writing_is_written_into_the_model_and_its_load_line(exported, tmp_path):
@@ -500,3 +529,18 @@ def test_data_aware_int4_on_a_width_nncf_cannot_group_is_one_line(exported, tmp_
     assert exc.value.code == 2 and len(err.splitlines()) == 1, err
     assert "int4-data" in err and "width 48" in err and "--width-multiple 32" in err
     assert not list((tmp_path / "runs" / "odd").glob("*quantize*"))
+
+
+def test_a_choice_timed_through_two_decoders_says_so():
+    """Where LLMPipeline cannot be built for one precision, `decode_timer` decodes it with effkit's loop: the record
+    names each one's decoder and the line says the timings are mixed."""
+    from types import SimpleNamespace
+
+    from effkit.engines.openvino.tune import decoders_of, mixed
+
+    def model(pipeline):
+        return SimpleNamespace(decoding=lambda: ("PA", None), pipeline=lambda key: pipeline)
+    both = decoders_of({"f32": model(object()), "bf16": model(object())})
+    assert both == {"f32": "LLMPipeline", "bf16": "LLMPipeline"} and mixed(both) == ""
+    split = decoders_of({"f32": model(object()), "bf16": model(None)})
+    assert mixed(split) == "; mixed decoders: f32 through LLMPipeline, bf16 through effkit's loop"

@@ -84,7 +84,7 @@ greeting = "hi"
     for tag, r in rows.items():
         assert r["decode_tokens_per_s_b2"] > 0
         if tag != "train":
-            assert r["decode_ratio_b2"]["ci95"][0] <= r["decode_ratio_b2"]["ratio"] <= r["decode_ratio_b2"]["ci95"][1]
+            assert r["decode_ratio_b2"]["ci"][0] <= r["decode_ratio_b2"]["ratio"] <= r["decode_ratio_b2"]["ci"][1]
     assert "decode_b2" in rows["train"]["vs_peers"]["peer-toy"]
     assert int((tmp_path / "decode_b2.calls").read_text()) >= 2  # through the toy engine's own decode timer
     assert "decode b2" in (reports / "bench.md").read_text()  # the peer table's column
@@ -260,7 +260,7 @@ def test_a_registered_prefill_workload_joins_the_parent_comparisons_under_its_ow
             assert {f"latency_ratio_{tail}", f"latency_ratio_{tail}_vs_bf16", f"bf16_latency_ratio_{tail}"} <= set(m)
             assert f"latency_{tail}" in m["stopping"] and tail in m["samples"]
             assert f"fp32_compiled_vs_fp32_{tail}" in m["compiled"]
-        ratio = {"ratio": 1.0, "ci95": [0.9, 1.1], "verdict": "same"}
+        ratio = {"ratio": 1.0, "ci": [0.9, 1.1], "verdict": "same"}
         metrics = {**{k: 0.0 for k in ("achieved_sparsity", "block_params_removed", "n_embd", "n_layer", "n_inner",
                                         "eval_loss", "eval_loss_ci95", "params", "flops_per_token_dense",
                                         "speedup_projected_from_flops")}, "eval_loss_delta_vs_dense": ratio,

@@ -3,7 +3,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import assert_choice_from_samples, assert_ratio_from_samples
+from conftest import assert_choice_from_samples, assert_delta_from_blocks, assert_ratio_from_samples
 
 from effkit import cli
 from effkit.artifacts.loader import load_any, quantized_layers
@@ -121,6 +121,10 @@ def test_auto_measures_and_names_its_choice(trained, fake_backend, monkeypatch):
     assert_choice_from_samples(guard["choice"])
     assert auto["verdict"].startswith("kept the default: fake8 led at decode-b1 (decided)")
     assert all(auto["table"][b]["loss_delta"]["ci95"][1] <= AUTO_LOSS_BUDGET for b in timed)
+    for t in auto["table"].values():  # every candidate's loss delta recomputed from the per-block losses kept
+        if "loss_delta" in t:
+            assert_delta_from_blocks(t["loss_delta"], auto["parent_block_losses"], t["block_losses"],
+                                     auto["block_docs"])
     assert not list((tmp / "runs" / "q").glob(".tmp-auto-*"))  # the candidates' scratch folder is gone
     assert set(auto["table"]) == {"dynamic", "torchao", "bnb", "onnxruntime", "ctranslate2", "onnxruntime-int4",
                                   "openvino", "openvino-int4", "gguf", "fake8"}

@@ -268,7 +268,7 @@ def test_the_deliverable_is_chosen_pairwise_within_the_budget_by_the_decision_ru
     bench["artifacts"][1]["same_computation_as"] = ["peer-x"]
     ship = deliverable(plan, bench)
     assert ship["beaten_by_peers"]["delivered"] == {} and "NOTE" not in ship["line"]
-    assert "vs peer-x (the same computation: a tie by construction)" in ship["line"]
+    assert "vs peer-x (the same computation: the protocol's A/A check)" in ship["line"]
     # a tie within the precision goes to the smaller; an undecided leader is labelled a point estimate
     bench = _fake_bench({"train": ref, "big": [150.0] * 24, "small": [150.0] * 24},
                         {"train": 0.0, "big": 0.001, "small": 0.001}, sizes={"big": 0.6, "small": 0.3})

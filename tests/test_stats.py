@@ -30,7 +30,7 @@ def test_a_30_percent_shift_is_decided(scale, verdict):
     rng = random.Random(1)
     r = stats.paired_ratio(rounds(rng, 0.3), rounds(rng, 0.3 * scale))
     assert r["verdict"] == verdict
-    assert r["ci95"][0] < scale < r["ci95"][1]
+    assert r["ci"][0] < scale < r["ci"][1]
     assert r["ratio"] == pytest.approx(scale, rel=0.05)
 
 
@@ -66,8 +66,8 @@ def test_paired_delta_decides_a_consistent_one_percent_change():
 
 
 def test_formatting_marks_what_is_not_a_difference():
-    assert stats.fmt_ratio({"ratio": 0.71, "ci95": [0.66, 0.76], "verdict": "faster"}) == "0.71x (0.66-0.76)"
-    assert stats.fmt_ratio({"ratio": 0.98, "ci95": [0.91, 1.05], "verdict": "same"}) == "≈ 0.98x (0.91-1.05)"
+    assert stats.fmt_ratio({"ratio": 0.71, "ci": [0.66, 0.76], "verdict": "faster"}) == "0.71x (0.66-0.76)"
+    assert stats.fmt_ratio({"ratio": 0.98, "ci": [0.91, 1.05], "verdict": "same"}) == "≈ 0.98x (0.91-1.05)"
     assert stats.fmt_delta({"delta": 0.004, "ci95": [0.001, 0.007], "verdict": "worse"}) == "+0.4% (+0.1 to +0.7%)"
     small = {"delta": -0.0002, "ci95": [-0.0005, 0.0001], "verdict": "same"}
     assert stats.fmt_delta(small) == "≈ -0.02% (-0.05 to +0.01%)"
@@ -97,7 +97,8 @@ def test_typed_results_round_trip_the_report_format_and_refuse_a_renamed_key():
     rng = random.Random(3)
     ratio = stats.paired_ratio(rounds(rng, 0.3), rounds(rng, 0.2))
     delta = stats.paired_delta([1.0, 2.0, 3.0], [1.1, 2.1, 3.0])
-    assert set(ratio) == {"ratio", "ci95", "verdict", "rounds"} and set(delta) == {"delta", "ci95", "verdict", "blocks"}
+    assert set(ratio) == {"ratio", "ci", "ci_level", "verdict", "rounds"}
+    assert set(delta) == {"delta", "ci95", "verdict", "blocks"}
     assert PairedRatio.of(ratio).to_dict() == ratio and LossDelta.of(delta).to_dict() == delta  # the JSON, unchanged
     assert isinstance(comparison(ratio), PairedRatio) and isinstance(comparison(delta), LossDelta)
     assert stats.fmt_ratio(ratio) == PairedRatio.of(ratio).fmt() and stats.fmt_delta(delta) == LossDelta.of(delta).fmt()
@@ -137,11 +138,12 @@ def test_sequential_stopping_keeps_its_error_rate_and_decides_a_10_percent_shift
     assert all(m.record["stopped"] == "decided" and m.record["rounds"] in (6, 12, 24) for m in shifted)
     assert sum(m.record["rounds"] < 24 for m in shifted) > 50  # a clear difference stops before the last look
     r = shifted[0].ratio("ref", "other")
-    assert r["level"] == pytest.approx(1 - 0.05 / 3) and r["rounds"] == shifted[0].record["rounds"]
+    assert r["ci_level"] == pytest.approx(1 - 0.05 / 3) and r["rounds"] == shifted[0].record["rounds"]
     # the same shift with one fixed look of 6 rounds: 95% intervals, no more rounds whatever they show
     fixed = stopping.measure(synthetic(7, 1.0), stopping.Stopping(rounds=6, fixed=True), repeats=3)
     assert fixed.record["rounds"] == 6 and fixed.record["stopped"] == "fixed"
-    assert not {"level", "undecided"} & set(fixed.ratio("ref", "other"))  # a fixed look: 95%, never "undecided"
+    fixed_ratio = fixed.ratio("ref", "other")  # a fixed look: 95%, never "undecided"
+    assert fixed_ratio["ci_level"] == 0.95 and "undecided" not in fixed_ratio
 
 
 def test_sequential_stopping_respects_its_time_budget():
@@ -365,3 +367,26 @@ def test_a_contender_that_settled_early_is_shown_beside_the_reference_over_the_s
     assert a[d.ratio]["ratio"] == pytest.approx(73.0 / 50.0)
     note = same_rounds_note({"stopping": {d.measure: {"rounds": 24}}}, a, d.ratio)
     assert note == "; ref 50 in these 6 rounds"
+
+
+def test_a_decision_read_off_the_rounds_gets_budget_for_each_contender_open_against_its_leader():
+    """The deliverable's contest: three equal contenders, nothing else to settle, a per-measure budget too small
+    for a second look. Each one open against the leader adds `contest_budget_s`, as a decision's head to head does,
+    so the contest runs its later looks instead of stopping at the first on the fixed budget."""
+    from effkit.measure import stopping
+
+    now = [0.0]
+    rng = random.Random(5)
+
+    def contender():
+        def call() -> float:
+            took = 0.05 * rng.lognormvariate(0, 0.05)
+            now[0] += took
+            return took
+        return call
+    stop = stopping.Stopping(rounds=6, budget_s=1.0, looks=3)
+    m = stopping.measure({n: contender() for n in "abc"}, stop, 1, pairs=[], clock=lambda: now[0],
+                         contest=(list("abc"), False))
+    assert m.record["looks"] > 1 and m.record["stopped"] != "budget", m.record
+    alone = stopping.measure({n: contender() for n in "abc"}, stop, 1, pairs=[("a", "b")], clock=lambda: now[0])
+    assert alone.record["looks"] == 1 and alone.record["stopped"] == "budget", alone.record  # no contest: 1 s

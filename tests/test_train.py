@@ -115,7 +115,7 @@ def test_amp_probe_decides_by_an_interval_never_by_one_round():
     out = precision.choose({"fp32": timer("fp32", 0.1), "bf16": timer("bf16", 2.0)})
     r = out["bf16_vs_fp32_time"]
     assert out["picked"] == "fp32" and r["verdict"] == "slower" and r["rounds"] == 3
-    assert r["level"] == pytest.approx(1 - 0.05 / 4) and r["ci95"][0] > 1
+    assert r["ci_level"] == pytest.approx(1 - 0.05 / 4) and r["ci"][0] > 1
     # a warm-up and three sizing steps each; then three rounds of samples of at least 0.2 s (two 0.1 s fp32 steps)
     assert calls == {"fp32": 1 + 3 + 3 * 2, "bf16": 1 + 3 + 3}
     assert_choice_from_samples(out["choice"])
@@ -135,7 +135,7 @@ def test_amp_probe_is_cached_per_machine_and_model_shape(monkeypatch, tmp_path):
 
     def measure():
         calls.append(1)
-        return {"picked": "fp32", "bf16_vs_fp32_time": {"ratio": 2.0, "ci95": [1.8, 2.2], "verdict": "slower"}}
+        return {"picked": "fp32", "bf16_vs_fp32_time": {"ratio": 2.0, "ci": [1.8, 2.2], "verdict": "slower"}}
 
     nano = build_model("gpt2-nano", vocab_size=512)
     first = precision.cpu_choice(nano, 4, 32, measure=measure)

@@ -9,7 +9,7 @@ from typing import Any
 
 from effkit import workloads
 from effkit.artifacts.loader import load_command
-from effkit.bench.rows import peer_workloads
+from effkit.bench.rows import AA_FAILED, peer_workloads
 from effkit.bench.timing import within_budget
 from effkit.measure import choice, results, stats
 from effkit.stage import Plan
@@ -54,8 +54,9 @@ def deliverable(plan: Plan, bench: dict[str, Any]) -> dict[str, Any]:
                      for w in peer_workloads() if best is ref or w.ratio in best)
     peers = best.get("vs_peers", {})
     same = best.get("same_computation_as", ())
-    vs_peers = "; ".join(f"vs {p}" + (" (the same computation: a tie by construction)" if p in same else "") + ": "
-                         + ", ".join(f"{w} {stats.fmt_ratio(r[w])}" for w in r) for p, r in peers.items())
+    vs_peers = "; ".join(f"vs {p}" + (" (the same computation: the protocol's A/A check)" if p in same else "")
+                         + ": " + ", ".join(f"{w} {stats.fmt_ratio(r[w])}" for w in r) for p, r in peers.items())
+    aa = [f for r in ours for f in r["flags"] if f.startswith(AA_FAILED)]
     judged = {"delivered": best["tag"], "lossless": lossless.picked if lossless else None}
     beaten = {name: beaten_by(rows[tag], chosen) for name, tag in judged.items() if tag}
     warn = "; ".join(f"the {name} artifact {judged[name]} is slower at {chosen.name} than "
@@ -63,7 +64,7 @@ def deliverable(plan: Plan, bench: dict[str, Any]) -> dict[str, Any]:
                      for name, by in beaten.items() if by)
     line = (f"deliver {best['tag']} (chosen for {chosen.name}: {picked.label}): {cols}; "
             f"size {best['size_ratio']:.2f}x, loss {loss}" + (f"; {vs_peers}" if vs_peers else "")
-            + (f"; NOTE: {warn}" if warn else "")
+            + (f"; NOTE: {warn}" if warn else "") + "".join(f"; NOTE: {f}" for f in aa)
             + f"; load it: {load_command(path)}, or effkit generate --from {path}")
     return {"tag": best["tag"], "artifact": str(path), "line": line, "budget": budget, "optimize_for": chosen.name,
             "verdict": picked.label, "choice": picked.to_dict(),
@@ -71,6 +72,9 @@ def deliverable(plan: Plan, bench: dict[str, Any]) -> dict[str, Any]:
                          "limit": LOSSLESS} if lossless else None,
             "beaten_by_peers": beaten,
             "vs_peers": {p: r[chosen.key] for p, r in peers.items() if chosen.key in r},
+            "aa_check": {"pairs": {f"{r['tag']} vs {p}": r["vs_peers"][p] for r in ours
+                                   for p in r.get("same_computation_as", ())},
+                         "failed": aa},
             "how": f"benched artifacts (not the peer rows) whose held-out loss is at most {budget:.1%} above "
                    f"{ref['tag']}'s (upper end of the paired interval), and {ref['tag']} itself; at {chosen.name}, "
                    "over the bench's own rounds: the leader (best paired point estimate among those measured longest "

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from effkit import workloads
-from effkit.bench.rows import peer_workloads, train_figure, train_ratio
+from effkit.bench.rows import TABLES, peer_workloads, train_figure, train_ratio
 from effkit.bench.timing import TRAIN_BATCHES
 from effkit.measure import results, stats
 from effkit.report import atomic_write_text, write_rows_csv
@@ -100,11 +100,12 @@ def bench_markdown(report: dict[str, Any]) -> str:
              "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     # the level the printed intervals were computed at, as the ratios carry it, else the stopping records'
-    levels = [v.get("level") for r in report["artifacts"][1:] for v in r.values()
-              if isinstance(v, dict) and "ci95" in v and "ratio" in v] or [
+    levels = [v["ci_level"] for r in report["artifacts"][1:] for v in r.values()
+              if isinstance(v, dict) and "ci_level" in v and "ratio" in v] or [
         s.get("level") for s in report.get("stopping", {}).values()]
     intervals = stats.interval_words(levels)
-    lines += ["", f"Ratios are paired with the reference and carry {intervals}; ≈ marks an interval that "
+    lines += ["", f"Ratios are paired with the reference and carry {intervals}; {family_words(report)}; "
+              "≈ marks an interval that "
               "contains 1 (no difference shown) and ? one that also stopped wider than the precision asked for "
               "(undecided: more rounds could still decide it). A contender whose ratios settled early ran fewer "
               "rounds than the reference: its figure and ratio are over its own rounds, and the reference's figure "
@@ -121,6 +122,25 @@ def bench_markdown(report: dict[str, Any]) -> str:
     lines += ["How measured:", *[f"- {k}: {v}" for k, v in report["protocol"].items()], ""]
     lines += sample_lines(report["artifacts"])
     return "\n".join(lines)
+
+
+def family_words(report: dict[str, Any]) -> str:
+    """`family-wise error 5% per table: Holm's step-down within each look's 1.67% over the 8 ratios of the main
+    table, 12 of the peer table`: how the tables' ratios are corrected together (`stopping.Family`)."""
+    sizes: dict[str, int] = {}
+
+    def walk(o: Any) -> None:
+        if isinstance(o, dict) and "table" in o and "family" in o:
+            sizes[o["table"]] = o["family"]
+        for v in (o.values() if isinstance(o, dict) else o if isinstance(o, list) else ()):
+            walk(v)
+    walk(report["artifacts"])
+    if not sizes:
+        return "each ratio alone (no table-wide correction)"
+    alpha = 1 - next(iter(report.get("stopping", {}).values()), {}).get("level", stats.CONFIDENCE)
+    return (f"family-wise error {1 - stats.CONFIDENCE:.0%} per table: Holm's step-down within each look's "
+            f"{alpha:.2%} over " + ", ".join(f"the {sizes[t]} ratios of the {t} table" for t in TABLES if t in sizes)
+            + " (each interval at its Holm level)")
 
 
 def stopping_lines(records: dict[str, dict[str, Any]]) -> list[str]:
@@ -158,7 +178,9 @@ def peer_lines(report: dict[str, Any]) -> list[str]:
             same += [f"{r['tag']} runs the very computation of {p}" for p in r.get("same_computation_as", ())]
     if same:
         lines += ["", "; ".join(same) + " (the same operators and weights in the same engine with the same settings: "
-                  "one speed by construction, a tie; the ratios measured beside it show this machine's noise)."]
+                  "one speed by construction). Their ratios are the protocol's A/A check, each alone at its look's "
+                  "level and left out of the table's Holm family: a decided one is a measurement problem on this "
+                  "machine, flagged in the notes."]
     return [*lines, ""]
 
 
@@ -229,15 +251,16 @@ def csv_names(w: workloads.Workload) -> tuple[str, str]:
 
 
 def flat_row(r: dict[str, Any]) -> dict[str, Any]:
-    """A row of bench.csv: the row's figures, each ratio with its interval and verdict in four columns."""
+    """A row of bench.csv: the row's figures, each ratio with its interval, the interval's confidence and its
+    verdict in five columns."""
     def num(v):
         return round(v, 2) if isinstance(v, float) else v
 
     def ratio(key: str) -> dict[str, Any]:
         c = results.PairedRatio.of(r[key]) if r.get(key) else None
-        return {f"{key}": c.ratio, f"{key}_lo": c.ci95[0], f"{key}_hi": c.ci95[1],
-                f"{key}_verdict": c.verdict} if c else {f"{key}": "", f"{key}_lo": "", f"{key}_hi": "",
-                                                          f"{key}_verdict": ""}
+        return {f"{key}": c.ratio, f"{key}_lo": c.ci[0], f"{key}_hi": c.ci[1], f"{key}_ci_level": c.ci_level,
+                f"{key}_verdict": c.verdict} if c else dict.fromkeys(
+                    (key, f"{key}_lo", f"{key}_hi", f"{key}_ci_level", f"{key}_verdict"), "")
 
     def fig(w: workloads.Workload) -> Any:
         v = r.get(w.figure, "")
@@ -276,12 +299,27 @@ def leaderboard_units() -> dict[str, str]:
 
 
 def leaderboard(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The leaderboard's slots (its format: bare figures), and beside them (`paired`) what makes them comparable:
+    the timings each figure is the median of, and the artifact's paired ratio to the reference with its interval,
+    the interval's level and the rounds both ran (`reference`: the first artifact's tag); the loss with its 95%
+    interval."""
     def num(v):
         return v if isinstance(v, float) else None
 
+    def paired(r: dict[str, Any]) -> dict[str, Any]:
+        out = {"loss": {"eval_loss": r["eval_loss"], "ci95": r["eval_loss_ci95"]}}
+        for w in workloads.of_kind("prefill"):
+            out[leaderboard_key(w)] = {"timings": r[w.figure].get("samples"),
+                                       **({"vs_reference": r[w.ratio]} if r is not rows[0] else {})}
+        for b in TRAIN_BATCHES:
+            if r is not rows[0] and r.get(train_ratio(b)):
+                out[f"training_throughput_{b}"] = {"vs_reference": r[train_ratio(b)]}
+        return out
+
     return {"units": leaderboard_units(), "artifacts": {r["tag"]: {
         "loss": r["eval_loss"], **{leaderboard_key(w): r[w.figure]["p50_s"] for w in workloads.of_kind("prefill")},
-        **{f"training_throughput_{b}": num(r[train_figure(b)]) for b in TRAIN_BATCHES}} for r in rows}}
+        **{f"training_throughput_{b}": num(r[train_figure(b)]) for b in TRAIN_BATCHES}} for r in rows},
+        "reference": rows[0]["tag"], "paired": {r["tag"]: paired(r) for r in rows}}
 
 
 def write_reports(out: Path, report: dict[str, Any]) -> None:

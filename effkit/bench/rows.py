@@ -10,14 +10,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from effkit import workloads
 from effkit.bench.timing import COMPILED, TRAIN_BATCHES, TRAIN_SKIPPED, train_measure
 from effkit.measure import results, stats
+from effkit.measure.stopping import Family
 from effkit.measure.timing import latency_stats
 
 PER_BLOCK = ("block_losses", "block_docs")  # kept once per bench (its `block_losses`, `block_docs`), not per row
+# the bench's tables, each a family its ratios are decided in together under Holm (`stopping.Family`): the main
+# table (every ratio to the reference), the peer table (every artifact against every peer, the A/A pairs left out),
+# the compiled table
+TABLES = ("main", "peer", "compiled")
+AA_FAILED = "A/A check failed"  # the start of the flag of a decided ratio between two runs of the same computation
 
 
 def train_figure(batch: int) -> str:
@@ -111,8 +118,8 @@ class ArtifactRow:
         return [k for k, v in self.to_dict().items() if isinstance(v, dict) and v.get("verdict") == results.INVALID]
 
 
-def workload_figures(timed: dict[str, Any], tag: str, ref: str) -> list[WorkloadFigures]:
-    """`tag`'s figures at every workload, paired with `ref` in the same rounds."""
+def workload_figures(timed: dict[str, Any], tag: str, ref: str, table: Family) -> list[WorkloadFigures]:
+    """`tag`'s figures at every workload, paired with `ref` in the same rounds (a ratio of the main `table`)."""
     out = []
     for w in workloads.all_():
         samples = timed[w.measure]
@@ -120,19 +127,20 @@ def workload_figures(timed: dict[str, Any], tag: str, ref: str) -> list[Workload
         if tag != ref:  # a contender that settled early ran a prefix of the reference's rounds
             n = len(samples[tag])
             same = {"rounds": n, "reference": figure(w, samples[ref][:n])}
-        out.append(WorkloadFigures(w, figure(w, samples[tag]),
-                                   samples.ratio(ref, tag, higher_is_better=w.higher_is_better), same))
+        ratio = (samples.ratio if tag == ref else partial(table.ratio, samples))(ref, tag, w.higher_is_better)
+        out.append(WorkloadFigures(w, figure(w, samples[tag]), ratio, same))
     return out
 
 
-def train_figures(timed: dict[str, Any], tag: str, ref: str, stage: str) -> list[TrainFigures]:
-    """`tag`'s training tokens/s at every training batch, paired with `ref`; or why it was not run."""
+def train_figures(timed: dict[str, Any], tag: str, ref: str, stage: str, table: Family) -> list[TrainFigures]:
+    """`tag`'s training tokens/s at every training batch, paired with `ref` (a ratio of the main `table`); or
+    why it was not run."""
     out = []
     for b in TRAIN_BATCHES:
         train = timed.get(train_measure(b), {})
         if tag in train and ref in train:
-            out.append(TrainFigures(b, stats.median_of_rounds(train[tag]),
-                                    train.ratio(ref, tag, higher_is_better=True)))
+            ratio = (train.ratio if tag == ref else partial(table.ratio, train))(ref, tag, True)
+            out.append(TrainFigures(b, stats.median_of_rounds(train[tag]), ratio))
         else:
             out.append(TrainFigures(b, timed.get(TRAIN_SKIPPED) or
                                     f"not run: {stage} artifacts (int8 or ONNX) do not train"))
@@ -140,14 +148,15 @@ def train_figures(timed: dict[str, Any], tag: str, ref: str, stage: str) -> list
 
 
 def artifact_row(r: dict[str, Any], ref: dict[str, Any], timed: dict[str, Any], peers: list[str],
-                 digests: dict[str, str | None] | None = None) -> ArtifactRow:
+                 digests: dict[str, str | None], tables: dict[str, Family]) -> ArtifactRow:
     """The row of the artifact `r` (its static measurement) against the reference `ref` and the `peers`
-    (`digests`: each peer's `computation`)."""
+    (`digests`: each peer's `computation`); its ratios join `tables` (`TABLES`: each decided under Holm as a
+    whole once every row has joined, `Family.close`)."""
     tag = r["tag"]
     row = ArtifactRow({k: v for k, v in r.items() if k not in PER_BLOCK},
                       stats.paired_delta(ref["block_losses"], r["block_losses"], ref["block_docs"]),
-                      r["size_bytes"] / ref["size_bytes"], workload_figures(timed, tag, ref["tag"]),
-                      train_figures(timed, tag, ref["tag"], r["stage"]))
+                      r["size_bytes"] / ref["size_bytes"], workload_figures(timed, tag, ref["tag"], tables["main"]),
+                      train_figures(timed, tag, ref["tag"], r["stage"], tables["main"]))
     row.flags = [r["generation"]["note"]] if "note" in r["generation"] else []
     invalid = row.non_finite()
     if not math.isfinite(r["eval_loss"]) or invalid:
@@ -155,17 +164,33 @@ def artifact_row(r: dict[str, Any], ref: dict[str, Any], timed: dict[str, Any], 
                        "non-finite measurements in " + ", ".join(invalid))
         row.flags.append(f"invalid: {row.invalid} (never delivered; no verdict printed)")
     if tag in timed.get("compile_status", {}):
-        row.compiled = compiled_row(timed, tag, ref["tag"])
+        row.compiled = compiled_row(timed, tag, ref["tag"], tables["compiled"])
     if r["stage"] != "peer":
-        row.vs_peers = {p: peer_ratios(timed, p, tag) for p in peers}
         row.same_computation_as = [p for p, d in (digests or {}).items() if d and d == r.get("computation")]
+        row.vs_peers = {p: peer_ratios(timed, p, tag, None if p in row.same_computation_as else tables["peer"])
+                        for p in peers}
+        row.flags += [aa_problem(tag, p, w, ratio) for p in row.same_computation_as
+                      for w, ratio in row.vs_peers[p].items()
+                      if results.PairedRatio.of(ratio).verdict in ("faster", "slower")]
     return row
 
 
+def aa_problem(tag: str, peer: str, workload: str, ratio: dict[str, Any]) -> str:
+    """The flag of a decided A/A ratio: two contenders running the very same computation measured apart."""
+    return (f"{AA_FAILED}: {tag} vs {peer} at {workload} decided {results.PairedRatio.of(ratio).fmt()}, though "
+            "both run the very same computation: a measurement problem on this machine (its ratios carry a bias "
+            "the intervals do not cover)")
+
+
 def artifact_rows(static: list[dict[str, Any]], timed: dict[str, Any]) -> list[ArtifactRow]:
-    """One row per artifact: its own figures, and paired comparisons with the first (the reference)."""
+    """One row per artifact: its own figures, and paired comparisons with the first (the reference), each table's
+    ratios decided together under Holm (`TABLES`)."""
     peers = {r["tag"]: r.get("computation") for r in static if r["stage"] == "peer"}
-    return [artifact_row(r, static[0], timed, list(peers), peers) for r in static]
+    tables = {name: Family(name) for name in TABLES}
+    rows = [artifact_row(r, static[0], timed, list(peers), peers, tables) for r in static]
+    for t in tables.values():
+        t.close()
+    return rows
 
 
 def combine(static: list[dict[str, Any]], timed: dict[str, Any]) -> list[dict[str, Any]]:
@@ -173,13 +198,16 @@ def combine(static: list[dict[str, Any]], timed: dict[str, Any]) -> list[dict[st
     return [row.to_dict() for row in artifact_rows(static, timed)]
 
 
-def peer_ratios(timed: dict[str, Any], peer: str, tag: str) -> dict[str, Any]:
+def peer_ratios(timed: dict[str, Any], peer: str, tag: str, table: Family | None) -> dict[str, Any]:
     """`tag` against the peer row `peer`, paired in the same rounds, per workload (`decode_b1`, ...): decode ratios
-    above 1 and prefill ratios below 1 are faster than the peer."""
-    return {w.key: timed[w.measure].ratio(peer, tag, higher_is_better=w.higher_is_better) for w in peer_workloads()}
+    above 1 and prefill ratios below 1 are faster than the peer. Ratios of the peer `table`; None for a peer that
+    runs the very computation of `tag` (the A/A check, `aa_problem`): each of its ratios alone, at its look's level,
+    is the check."""
+    return {w.key: (partial(table.ratio, timed[w.measure]) if table else timed[w.measure].ratio)(
+        peer, tag, w.higher_is_better) for w in peer_workloads()}
 
 
-def compiled_row(timed: dict[str, Any], tag: str, ref: str) -> dict[str, Any]:
+def compiled_row(timed: dict[str, Any], tag: str, ref: str, table: Family) -> dict[str, Any]:
     """An artifact's compiled twin: its latency, paired with the same artifact eager and with the (eager)
     reference, and its compiled decoding's tokens/s paired with the eager decoding; or why either did not run."""
     out: dict[str, Any] = {"status": timed["compile_status"][tag],
@@ -189,10 +217,10 @@ def compiled_row(timed: dict[str, Any], tag: str, ref: str) -> dict[str, Any]:
         for w in prefill:
             samples = timed[w.measure]
             out[w.figure] = latency_stats(samples[tag + COMPILED])
-            out[f"ratio_vs_eager_{w.tail}"] = samples.ratio(tag, tag + COMPILED)
-            out[w.ratio] = samples.ratio(ref, tag + COMPILED)
+            out[f"ratio_vs_eager_{w.tail}"] = table.ratio(samples, tag, tag + COMPILED)
+            out[w.ratio] = table.ratio(samples, ref, tag + COMPILED)
     gen = timed[workloads.get(workloads.GENERATION).measure]
     if tag + COMPILED in gen:
         out["generation_tokens_per_s"] = stats.median_of_rounds(gen[tag + COMPILED])
-        out["generation_ratio_vs_eager"] = gen.ratio(tag, tag + COMPILED, higher_is_better=True)
+        out["generation_ratio_vs_eager"] = table.ratio(gen, tag, tag + COMPILED, higher_is_better=True)
     return out

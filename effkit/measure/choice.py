@@ -183,6 +183,9 @@ class _Samples:
         self.wall: dict[str, float] = {}
         self.long: set[str] = set()  # the contenders whose samples were lengthened for the head to head
         self.sized: dict[str, float] = {}  # the median of the sizing calls' figures, as a cost (1 / a rate)
+        # each contender's three sizing calls (their seconds, what each measured): the far screen and the sample
+        # sizes are recomputed from these
+        self.sizing: dict[str, dict[str, list[float]]] = {}
 
     def settle(self, n: str) -> None:
         if (pause := timing.settle_time(self.contenders[n])) > 0:
@@ -206,6 +209,7 @@ class _Samples:
                 invalid[n] = f"failed: {type(e).__name__}: {str(e).strip().splitlines()[0][:160] if str(e) else ''}"
                 continue
             self.settle(n)
+            self.sizing[n] = {"seconds": took, "figures": values}
             if not all(math.isfinite(x) and x > 0 for x in (*took, *values)):  # a rate of 0 or inf: no cost
                 invalid[n] = "non-finite or non-positive timings"
                 continue
@@ -321,7 +325,7 @@ def choose(contenders: dict[str, Callable[[], float]], higher_is_better: bool, r
     longer = {n: c for n, c in timed.calls.items() if c != screen_calls[n]}
     record = {"rule": rule.describe(), "looks": looks, "stopped": stopped, "contenders_per_look": per_look,
               "calls_per_sample": screen_calls, **({"calls_per_sample_after_screen": longer} if longer else {}),
-              "seconds": round(clock() - start, 3),
+              "seconds": round(clock() - start, 3), "sizing": timed.sizing,
               "order": f"shuffled each round from seed {rule.seed}"}
     c = decide({n: samples[n] for n in live}, higher, level, rule.precision,
                prefer=lambda n: ((prefer or names.index)(n), names.index(n)), record=record, default=default)

@@ -22,9 +22,10 @@ DELTA_VERDICTS = ("better", "worse", "same", "invalid")
 INVALID = "invalid"
 
 
-def _parse(d: Any, kind: str, value: str, verdicts: tuple[str, ...]) -> tuple[float, tuple[float, float], str]:
+def _parse(d: Any, kind: str, value: str, verdicts: tuple[str, ...],
+           interval: str = "ci95") -> tuple[float, tuple[float, float], str]:
     """(value, (lo, hi), verdict) of a stored comparison, every field checked; the message names what is wrong."""
-    required = (value, "ci95", "verdict")
+    required = (value, interval, "verdict")
     if not isinstance(d, Mapping):
         raise TypeError(f"a {kind} is a mapping with {', '.join(required)}; got {type(d).__name__}")
     missing = [k for k in required if k not in d]
@@ -32,22 +33,22 @@ def _parse(d: Any, kind: str, value: str, verdicts: tuple[str, ...]) -> tuple[fl
         raise KeyError(f"not a {kind}: no {', '.join(missing)} (has {', '.join(sorted(d)) or 'nothing'})")
     if d["verdict"] not in verdicts:
         raise ValueError(f"a {kind}'s verdict is one of {verdicts}, not {d['verdict']!r}")
-    lo, hi = d["ci95"]
+    lo, hi = d[interval]
     return float(d[value]), (float(lo), float(hi)), d["verdict"]
 
 
 @dataclass(frozen=True)
 class PairedRatio:
-    """other / reference of timings or rates, with its 95% interval and a verdict (faster / slower / same)."""
+    """other / reference of timings or rates, with its interval (`ci`) at its confidence (`ci_level`) and a verdict
+    (faster / slower / same). Stored as `ci` and `ci_level`, never as `ci95`: one look of a sequential measurement
+    is taken at 1 - alpha / looks planned, and a ratio of a contest or a bench table at its Holm level."""
 
     ratio: float
-    ci95: tuple[float, float]
+    ci: tuple[float, float]
     verdict: str
     rounds: int | None = None  # paired, interleaved rounds
     method: str | None = None  # "unpaired" for separate runs
-    # the interval's own confidence where it is not the usual one (`stats.CONFIDENCE`): one look of a sequential
-    # measurement, taken at 1 - alpha / looks planned so that the look that stops still covers at least as often
-    level: float | None = None
+    ci_level: float = 0.95  # the interval's confidence
     # a sequential measurement whose interval contains 1 but is wider than the precision asked for: it ran out of
     # rounds or time before deciding (`same` says no difference was shown, not that there is none)
     undecided: bool = False
@@ -56,12 +57,13 @@ class PairedRatio:
     def of(cls, d: PairedRatio | Mapping[str, Any]) -> PairedRatio:
         if isinstance(d, cls):
             return d
-        return cls(*_parse(d, "paired ratio", "ratio", RATIO_VERDICTS), d.get("rounds"), d.get("method"),
-                   d.get("level"), bool(d.get("undecided", False)))
+        return cls(*_parse(d, "paired ratio", "ratio", RATIO_VERDICTS, "ci"), d.get("rounds"), d.get("method"),
+                   d["ci_level"] if "ci_level" in d else 0.95, bool(d.get("undecided", False)))
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"ratio": self.ratio, "ci95": list(self.ci95), "verdict": self.verdict}
-        for key in ("rounds", "method", "level"):
+        out: dict[str, Any] = {"ratio": self.ratio, "ci": list(self.ci), "ci_level": self.ci_level,
+                               "verdict": self.verdict}
+        for key in ("rounds", "method"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         if self.undecided:
@@ -74,7 +76,7 @@ class PairedRatio:
         measurements)` when a NaN or an infinity was measured."""
         if self.verdict == INVALID:
             return "invalid (non-finite measurements)"
-        lo, hi = self.ci95
+        lo, hi = self.ci
         mark = "? " if self.undecided else "≈ " if self.verdict == "same" else ""
         return f"{mark}{self.ratio:.2f}x ({lo:.2f}-{hi:.2f})"
 

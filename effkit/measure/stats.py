@@ -169,8 +169,7 @@ def ratio_of_logs(logs: Sequence[float] | None, rounds: int, higher_is_better: b
     """`paired_ratio` from the per-round log ratios of medians (None: a non-finite or non-positive measurement,
     `invalid`)."""
     if logs is None:
-        return PairedRatio(math.nan, (math.nan, math.nan), INVALID, rounds=rounds,
-                           level=None if level == CONFIDENCE else level).to_dict()
+        return PairedRatio(math.nan, (math.nan, math.nan), INVALID, rounds=rounds, ci_level=level).to_dict()
     m, lo, hi = mean_ci(logs, confidence=level)
     ratio, ci = math.exp(m), [math.exp(lo), math.exp(hi)] if math.isfinite(lo) else [0.0, math.inf]
     if ci[1] < 1:
@@ -179,8 +178,7 @@ def ratio_of_logs(logs: Sequence[float] | None, rounds: int, higher_is_better: b
         verdict = "faster" if higher_is_better else "slower"
     else:
         verdict = "same"
-    return PairedRatio(ratio, (ci[0], ci[1]), verdict, rounds=len(logs),
-                       level=None if level == CONFIDENCE else level).to_dict()
+    return PairedRatio(ratio, (ci[0], ci[1]), verdict, rounds=len(logs), ci_level=level).to_dict()
 
 
 def p_of_logs(logs: Sequence[float] | None) -> float:

@@ -15,8 +15,9 @@ to be absent. Each sample lasts at least `min_sample_s`; the looks after the fir
 Looking more than once inflates the chance that noise alone crosses the line somewhere. The correction is
 Bonferroni over the looks planned: every look's interval is taken at 1 - 0.05 / looks, so that all of them cover
 at once with at least 95%, and so does the one at whichever look stops: each reported ratio, alone, is wrongly
-decided in at most 5% of measurements, as a fixed-rounds 95% interval is. A table of many ratios is not corrected
-as a whole. A decision read off the rounds (`contest`, `Contest`) is: its leader's ratios are decided under Holm's
+decided in at most 5% of measurements, as a fixed-rounds 95% interval is. A table of many ratios is corrected as a
+whole (`Family`: Holm's step-down over its ratios within each look's 0.05 / looks), and so is a decision read off
+the rounds (`contest`, `Contest`): its leader's ratios are decided under Holm's
 step-down over every pair of its contenders, within each look's 0.05 / looks, so that any false decided ratio
 in it has a chance of at most 5%. `fixed` runs `rounds` rounds once, at 95%.
 
@@ -55,9 +56,11 @@ METHOD = ("sequential: samples of at least {min_sample_s:g} s (a contender's cal
           "whose ratios are settled is not measured in later looks (each ratio is over the rounds both of its "
           "contenders ran); each look's interval at "
           "{level:.2%} (Bonferroni: 95% over the {looks} looks planned, so the look that stops covers with at "
-          "least 95%; each ratio alone, not the table as a whole){contest}")
+          "least 95%; each ratio alone, except a bench table's: decided together under Holm's step-down within it, "
+          "each interval at its Holm level){contest}")
 CONTEST = ("; a decision read off these rounds: its leader's ratios under Holm's step-down over every pair of its "
-           "contenders within each look's {alpha:.2%}, family-wise error 5% per decision")
+           "contenders within each look's {alpha:.2%}, family-wise error 5% per decision, and {contest_budget_s:g} s "
+           "more budget for each contender still open against its leader, as every decision's head to head")
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,9 @@ class Stopping:
     seed: int = 0  # the rounds' orders are shuffled from it (written in the record)
     min_sample_s: float = MIN_SAMPLE_S  # sequential only: fixed rounds run exactly `repeats` calls a round
     h2h_sample_s: float = MIN_SAMPLE_S  # sequential only: the samples of the looks after the first (longer: slower)
+    # a decision read off the rounds (`measure`'s contest): seconds more per contender still open against its leader,
+    # so that its evidence scales with what is at stake, as `effkit.measure.choice.Rule.budget_s` does
+    contest_budget_s: float = 20.0
 
     @property
     def planned(self) -> int:
@@ -94,7 +100,7 @@ class Stopping:
         return METHOD.format(min_sample_s=self.min_sample_s, later=later, first=self.rounds,
                              looks=self.looks, max_rounds=self.schedule()[-1], band=1 + self.precision,
                              budget_s=self.budget_s, level=self.level,
-                             contest=CONTEST.format(alpha=ALPHA / self.looks))
+                             contest=CONTEST.format(alpha=ALPHA / self.looks, contest_budget_s=self.contest_budget_s))
 
     @classmethod
     def of(cls, measure: Any, rounds_key: str = "rounds") -> Stopping:
@@ -111,7 +117,7 @@ def settled(r: PairedRatio, precision: float) -> bool:
 
 def tie(r: PairedRatio, precision: float) -> bool:
     """Equal within the precision: not decided, and the interval inside [1 / (1 + precision), 1 + precision]."""
-    lo, hi = r.ci95
+    lo, hi = r.ci
     return r.verdict == "same" and math.isfinite(hi) and lo >= 1 / (1 + precision) and hi <= 1 + precision
 
 
@@ -124,12 +130,48 @@ class Measured(dict):
         super().__init__(samples)
         self.record = record
 
-    def ratio(self, reference: str, other: str, higher_is_better: bool = False) -> dict[str, Any]:
-        """The paired ratio; marked `undecided` when sequential and stopped before it settled (`settled`)."""
-        r = _paired(self, reference, other, self.record["level"], higher_is_better)
+    def ratio(self, reference: str, other: str, higher_is_better: bool = False,
+              level: float | None = None) -> dict[str, Any]:
+        """The paired ratio (at the record's level, or `level`: a table's Holm level, `Family`); marked
+        `undecided` when sequential and stopped before it settled (`settled`)."""
+        r = _paired(self, reference, other, level or self.record["level"], higher_is_better)
         if "precision" in self.record and not settled(PairedRatio.of(r), self.record["precision"]):
             r["undecided"] = True
         return r
+
+
+class Family:
+    """The ratios of one table, decided together: `ratio` hands out each one at its measurement's level, and
+    `close` re-decides them all under Holm's step-down at each look's error (1 - the level of a look, 0.05 / looks;
+    0.05 for fixed rounds) over the table's ratios, so that any false decided ratio in the table has a chance of at
+    most 5% (Bonferroni over the looks, Holm within them, as a decision's `Contest`). Each ratio's interval is
+    then at its Holm level (`ci_level`), so it excludes 1 exactly where Holm decides, and it says the table's size
+    (`family`)."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.cells: list[tuple[dict[str, Any], Measured, str, str, bool]] = []
+
+    def ratio(self, m: Measured, reference: str, other: str, higher_is_better: bool = False) -> dict[str, Any]:
+        r = m.ratio(reference, other, higher_is_better)
+        self.cells.append((r, m, reference, other, higher_is_better))
+        return r
+
+    def close(self) -> None:
+        """Every ratio handed out, replaced in place by the same ratio at its Holm level."""
+        if not self.cells:
+            return
+        ps = []
+        for _, m, a, b, _ in self.cells:
+            n = min(len(m[a]), len(m[b]))
+            ok = all(math.isfinite(x) and x > 0 for s in (m[a][:n], m[b][:n]) for rnd in s for x in rnd)
+            ps.append(stats.p_of_logs([math.log(median(y) / median(x)) for x, y in zip(m[a][:n], m[b][:n],
+                                                                                    strict=True)] if ok else None))
+        alpha = 1.0 - self.cells[0][1].record["level"]
+        for (r, m, a, b, higher), level in zip(self.cells, stats.holm_levels(ps, alpha), strict=True):
+            new = m.ratio(a, b, higher, level)
+            r.clear()
+            r.update(new, family=len(self.cells), table=self.name)
 
 
 def _paired(samples: dict[str, list[list[float]]], a: str, b: str, level: float,
@@ -284,7 +326,8 @@ def measure(contenders: dict[str, Callable[[], float]], stopping: Stopping, repe
     """Interleaved rounds of `contenders` (see `timing.interleaved`) under `stopping`; `pairs`: the
     (reference, other) comparisons that must settle (default: every contender against the first). After the
     first look only the contenders of unsettled pairs are measured. `contest`: (members, higher_is_better) of a
-    decision to be read off these rounds: its leader against every member must settle too (`contest_pairs`)."""
+    decision to be read off these rounds: its leader against every member must settle too (`contest_pairs`), and
+    each member still open against it adds `stopping.contest_budget_s` to the budget."""
     names = list(contenders)
     sized = not stopping.fixed and stopping.min_sample_s > 0
     pairs = [(a, b) for a, b in (pairs if pairs is not None else [(names[0], n) for n in names[1:]])
@@ -308,9 +351,12 @@ def measure(contenders: dict[str, Callable[[], float]], stopping: Stopping, repe
     while not stopping.fixed:
         open_pairs = [(a, b) for a, b in pairs
                       if not settled(PairedRatio.of(_paired(samples, a, b, stopping.level)), stopping.precision)]
+        budget = stopping.budget_s
         if contest is not None:
             members = [n for n in contest[0] if n in samples]
-            open_pairs += contest_pairs(samples, members, contest[1], stopping.level, stopping.precision)
+            at_stake = contest_pairs(samples, members, contest[1], stopping.level, stopping.precision)
+            open_pairs += at_stake
+            budget += stopping.contest_budget_s * len(at_stake)
         if not open_pairs:
             stopped = "decided"
             break
@@ -321,7 +367,7 @@ def measure(contenders: dict[str, Callable[[], float]], stopping: Stopping, repe
         done, total = schedule[looks - 1], schedule[looks]
         per_round = sum(spent[n][0] / max(spent[n][1], 1) * calls[n] + timing.settle_time(contenders[n])
                         for n in active)  # each active contender's calls and its settling pause
-        if clock() - start - first + per_round * (total - done) > stopping.budget_s:
+        if clock() - start - first + per_round * (total - done) > budget:
             stopped = "budget"
             break
         more = timing.interleaved({n: timed[n] for n in active}, total - done, {n: calls[n] for n in active},
@@ -337,5 +383,6 @@ def measure(contenders: dict[str, Callable[[], float]], stopping: Stopping, repe
                               "calls_per_sample": screen_calls,
                               **({"calls_per_sample_after_screen": calls} if looks > 1 and calls != screen_calls
                                  else {}),
-                              **({} if stopping.fixed else {"precision": stopping.precision}),
+                              **({} if stopping.fixed else {"precision": stopping.precision,
+                                                            "budget_s": round(budget, 3)}),
                               "seconds": round(clock() - start, 3)})

@@ -504,8 +504,11 @@ def flat_curve_row(row: dict[str, Any]) -> dict[str, Any]:
     for k, v in row.items():
         if isinstance(v, dict):
             c = results.comparison(v)
-            value = c.ratio if isinstance(c, results.PairedRatio) else c.delta
-            out.update({k: value, f"{k}_lo": c.ci95[0], f"{k}_hi": c.ci95[1], f"{k}_verdict": c.verdict})
+            if isinstance(c, results.PairedRatio):
+                value, (lo, hi), level = c.ratio, c.ci, {f"{k}_ci_level": c.ci_level}
+            else:
+                value, (lo, hi), level = c.delta, c.ci95, {}
+            out.update({k: value, f"{k}_lo": lo, f"{k}_hi": hi, **level, f"{k}_verdict": c.verdict})
         elif isinstance(v, list):
             out.update({f"{k}_lo": v[0], f"{k}_hi": v[1]})
         else:

@@ -287,6 +287,7 @@ def pick_backend(cfg: QuantizeConfig, device: torch.device, parent: nn.Module, s
             pick = default
     return pick, {"picked": pick, "verdict": verdict, "table": table, "optimize_for": w.name,
                   "choice": picked.to_dict(), "tied_with": picked.ties, "default": default,
+                  "parent_block_losses": parent_blocks, "block_docs": list(docs),
                   **({"guard": guard} if guard else {}),
                   "how": f"every backend that runs here written and reloaded; those whose held-out loss is within "
                          f"{AUTO_LOSS_BUDGET:.0%} of the parent's (upper end of the paired 95% interval) timed at "
@@ -323,7 +324,8 @@ def _within_budget(cfg: QuantizeConfig, device: torch.device, parent: nn.Module,
             table[b] = {"status": "candidate" if ok else f"left out: loss {delta.fmt()}, its interval reaches past "
                                                          f"{AUTO_LOSS_BUDGET:.0%}",
                         "eval_loss": result["eval_loss"], "loss_increase": delta.delta, "loss_delta": delta.to_dict(),
-                        "size_bytes": artifacts.dir_size(scratch / b)}
+                        "size_bytes": artifacts.dir_size(scratch / b),
+                        "block_losses": result["block_losses"]}  # its loss delta is recomputed from these
             del model  # freed before the next backend's write
     return table
 

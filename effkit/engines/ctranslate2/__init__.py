@@ -37,7 +37,9 @@ class CTranslate2Engine(Engine):
     portability = PORTABILITY
     peer_tag = "peer-ctranslate2-int8"
     peer_how = ("ctranslate2.converters.TransformersConverter(reference).convert(out, quantization='int8'), run by "
-                "ctranslate2.Generator (compute type int8)")
+                "ctranslate2.Generator (compute type int8); deviations from its defaults: intra_threads chosen per "
+                "workload by effkit's measurement on this machine (one thread or torch's count, the row's notes say "
+                "which), not CTranslate2's default")
 
     def available(self, device: torch.device | None = None, path: Path | None = None, compute_type: str | None = None,
                   int8: bool | None = None, **options: Any) -> str | None:
@@ -86,8 +88,7 @@ class CTranslate2Engine(Engine):
         line = f"ctranslate2.Generator('{path}')"
         try:
             desc = json.loads((Path(path) / CT2_DESC).read_text())
-            chosen, _ = machine_cache.machine_cached("ct2_threads", threads_key(desc["compute_type"],
-                                                                          int(desc.get("params", 0))), None)
+            chosen, _ = machine_cache.machine_cached("ct2_threads", threads_key(desc["compute_type"], path), None)
         except (OSError, ValueError, KeyError, ImportError):
             chosen = None
         if not chosen:

@@ -51,27 +51,37 @@ def settle_after(threads: int, device_type: str) -> float:
     return SETTLE_S if device_type == "cpu" and threads > 1 else 0.0
 
 
-def threads_key(compute_type: str, params: int) -> str:
+def model_id(path: Path) -> str:
+    """`model 3f2a9c01d4e5 (124439808 params)`: which model a thread choice was measured on, by its shapes (a
+    digest of its config and parameter count): a pruned model is another model, and never reuses the dense one's
+    samples; two trainings of one shape cost the same and share it."""
+    import hashlib
+
+    params = int(json.loads((Path(path) / CT2_DESC).read_text()).get("params", 0))
+    digest = hashlib.sha256((Path(path) / HF_CONFIG).read_bytes() + str(params).encode()).hexdigest()[:12]
+    return f"model {digest} ({params} params)"
+
+
+def threads_key(compute_type: str, path: Path) -> str:
     """The machine cache's key of a thread choice: CPU, threads, CTranslate2's version, compute type, the rule's
-    version and the model's size."""
+    version and the model (`model_id`)."""
     import ctranslate2
 
     from effkit.measure import choice, hardware
 
     return (f"{hardware.describe_device(torch.device('cpu'))}|threads {torch.get_num_threads()}|ctranslate2 "
-            f"{ctranslate2.__version__}|{compute_type}|per workload|{choice.RULE_VERSION}"
-            + (f"|params 2^{round(math.log2(params))}" if params > 0 else ""))
+            f"{ctranslate2.__version__}|{compute_type}|per workload|{choice.RULE_VERSION}|{model_id(path)}")
 
 
-def thread_choices(path: Path, compute_type: str, device_type: str, start: list[str], params: int = 0,
+def thread_choices(path: Path, compute_type: str, device_type: str, start: list[str],
                    n_positions: int = 128) -> dict[str, dict[str, Any]]:
     """CTranslate2's OpenMP threads for this machine, chosen per workload by measurement, never assumed (more
     threads can decode far slower than one on a small machine, and their waiting threads slow every model timed
     beside them; batch 12 and a prefill may differ). For decode at batch 1 and 12 (32 greedy tokens from the token
     strings `start`) and prefill at batch 12, one thread and torch's thread count go through the decision rule
     (`effkit.measure.choice`; a tie within the precision goes to one thread). Cached per machine (host and CPU
-    flags), thread count, CTranslate2 version, compute type, rule and model size (`params` to the nearest power of
-    two), with the date and every sample: `{"decode_b1": {"threads": 1, "verdict": ..., "ratio": <the other vs
+    flags), thread count, CTranslate2 version, compute type, rule and model (`model_id`: its config and size), with
+    the date and every sample: `{"decode_b1": {"threads": 1, "verdict": ..., "ratio": <the other vs
     it>, "choice": {...}}, ...}`."""
     import ctranslate2
 
@@ -81,7 +91,7 @@ def thread_choices(path: Path, compute_type: str, device_type: str, start: list[
     keys = [f"{kind}_b{batch}" for kind, batch in THREAD_WORKLOADS]
     if device_type != "cpu" or most <= 1:
         return {k: {"threads": max(most, 1), "how": "torch's thread count (nothing to choose)"} for k in keys}
-    key = threads_key(compute_type, params)
+    key = threads_key(compute_type, path)
     rule = choice.Rule(budget_s=10.0)
 
     def measure() -> dict[str, Any]:
@@ -111,13 +121,13 @@ def thread_choices(path: Path, compute_type: str, device_type: str, start: list[
             c = choice.choose(fns, kind == "decode", rule, prefer=int)
             out[f"{kind}_b{batch}"] = {"threads": int(c.picked), "verdict": c.label,
                                        "vs": (vs := "1" if c.picked != "1" else str(most)),
-                                       "ratio": c.ratios.get(vs, {"ratio": math.nan, "ci95": [math.nan, math.nan],
+                                       "ratio": c.ratios.get(vs, {"ratio": math.nan, "ci": [math.nan, math.nan],
                                                                   "verdict": "invalid"}),
                                        "rounds": max(c.record["rounds"].values()), "choice": c.to_dict()}
         return out
 
     chosen, _ = machine_cache.machine_cached("ct2_threads", key, measure)
-    note = machine_cache.cache_note("ct2_threads", key)
+    note = f"{machine_cache.cache_note('ct2_threads', key)}, for {model_id(path)}"
     from effkit.measure.results import PairedRatio
 
     return {k: {**v, "how": f"{v['threads']} thread(s), {v['verdict']}: {v['vs']} thread(s) vs it "
@@ -154,7 +164,7 @@ class Ct2CausalLM(EngineModel):
         torch_threads = torch.get_num_threads()
         try:
             self.thread_choices = thread_choices(path, compute_type, self.device_type, start,
-                                                 int(self.description.get("params", 0)), self.config.n_positions)
+                                                 self.config.n_positions)
             self.generation_note = "CTranslate2 intra_threads per workload: " + "; ".join(
                 f"{k.replace('_', ' ')} {v['threads']} ({v['how']})" for k, v in self.thread_choices.items())
             self.generators = {n: ctranslate2.Generator(str(path), device=self.device_type, compute_type=compute_type,

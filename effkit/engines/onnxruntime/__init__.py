@@ -43,7 +43,10 @@ class OnnxRuntimeEngine(Engine):
     portability = graph.PORTABILITY
     peer_tag = "peer-onnxruntime-int8"
     peer_how = ("the with-past ONNX export of the reference (the layout optimum writes) + "
-                "onnxruntime.quantization.quantize_dynamic(weight_type=QInt8, MatMul and Gemm), per tensor")
+                "onnxruntime.quantization.quantize_dynamic(weight_type=QInt8, MatMul and Gemm), per tensor; "
+                "deviations from how its users run it: decoded by effkit's numpy greedy loop over the graph's "
+                "session (ONNX Runtime ships no decoding loop of its own; optimum's runs the same graph from its own "
+                "Python loop), not by optimum's ORTModelForCausalLM.generate")
 
     @property
     def settle_s(self) -> float:  # type: ignore[override]

@@ -24,7 +24,7 @@ from typing import Any
 
 from torch import nn
 
-from effkit import engines
+from effkit import engines, workloads
 from effkit.engines.onnxruntime.export import write_artifact
 from effkit.engines.onnxruntime.graph import ONNX_DESC, ONNX_FILE, matmulnbits_settings, weight_bytes_per_token
 from effkit.engines.onnxruntime.int4 import (
@@ -45,7 +45,6 @@ from effkit.engines.onnxruntime.runtime import OnnxCausalLM
 SETTING_LOSS_BUDGET = 0.002  # a form is timed only if its paired loss delta's interval ends within this share
 INT4_LOSS_BUDGET = 0.002  # a MatMulNBits setting is timed only if its loss delta's interval ends within this share
 SETTING_BUDGET_S = 10.0  # head-to-head seconds per open contender: one setting of one folder, as openvino's
-DECODE_TOKENS = 32  # new tokens per timed call of a setting's choice (within the model's context)
 FORMS = ("effkit", "standard")  # the smaller file first: it wins a tie
 VARIANTS = ".int4-variants"  # scratch inside the artifact folder, removed before the folder is complete
 
@@ -95,8 +94,9 @@ def time_settings(within: list[str], models: dict[str, Any], table: dict[str, di
 
     rule = replace(choice.Rule.of(cfg.measure), budget_s=min(cfg.measure.budget_s, SETTING_BUDGET_S))
     if w.kind == "decode":
-        new = min(DECODE_TOKENS, *(generation.generation_budget(models[n], tokenizer, w.tokens or DECODE_TOKENS)[0]
-                                   for n in within))
+        # the workload's own new tokens, as `auto` and the bench judge it (within every model's context)
+        new = min(generation.generation_budget(models[n], tokenizer, w.tokens or workloads.DECODE_TOKENS)[0]
+                  for n in within)
         fns = {n: generation.generation_timer(models[n], tokenizer, new, None, batch=w.batch) for n in within}
         timed = f"greedy decoding of {new} new tokens from {w.batch} prompt(s), new tokens/s"
     else:
@@ -117,7 +117,6 @@ def time_settings(within: list[str], models: dict[str, Any], table: dict[str, di
 def choose_form(folder: Path, parent: nn.Module, source: Path, tokenizer, cfg, fuse: bool) -> dict[str, Any]:
     """Both int8 forms written beside the artifact, the faster of those within +0.2% of the parent's loss moved
     into `folder` (see the module's text); its description with the record of the decision (`int8_form`)."""
-    from effkit import workloads
 
     w = workloads.get(cfg.method.optimize_for)
     scratch = folder / ".int8-forms"
@@ -249,7 +248,6 @@ def choose_settings(src: Path, dst: Path, parent: nn.Module, source: Path, token
     Returns `quantize_int4`'s description of the pick with `int4`: the record of the decision, and the settings
     read back from `dst`. One setting asked by hand is written as asked, its loss left to the stage, which
     measures every artifact's."""
-    from effkit import workloads
 
     widths = tuple(sorted({m.in_features for m in parent.modules() if isinstance(m, nn.Linear)}))
     todo, skipped = candidates(o, parent.config.n_embd, widths)
@@ -324,7 +322,7 @@ def _time_b1(model, tokenizer, samples: dict[str, list[list[float]]] | None, nam
 
     if samples and name in samples and w.kind == "decode" and w.batch == 1:
         return stats.median_of_rounds(samples[name]), f"the choice's samples at {w.name} (median of its rounds)"
-    new = min(DECODE_TOKENS, generation.generation_budget(model, tokenizer, DECODE_TOKENS)[0])
+    new = generation.generation_budget(model, tokenizer, workloads.DECODE_TOKENS)[0]
     timer = generation.generation_timer(model, tokenizer, new, batch=1)
     timer()
     return statistics.median(timer() for _ in range(5)), f"greedy decoding of {new} tokens from 1 prompt, median of " \

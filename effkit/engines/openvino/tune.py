@@ -22,7 +22,6 @@ ATTENTION = ("PA", "SDPA")  # LLMPipeline's ATTENTION_BACKEND values; the first 
 # at most this many seconds of head-to-head looks per open contender: it is one knob of one folder, and the
 # stage that writes it measures the folder against its parent afterwards anyway
 SETTING_BUDGET_S = 10.0
-DECODE_TOKENS = 32  # new tokens per timed call of a setting's choice (within the model's context)
 # the default workload a setting is chosen for where the writer names none (`effkit export`): the project's default
 # `optimize_for`
 DEFAULT_WORKLOAD = "decode-b1"
@@ -70,6 +69,21 @@ def decode_timer(model: OpenVINOCausalLM, tokenizer, batch: int, new_tokens: int
     return pipeline_timer(model, np.repeat(start, batch, axis=0), new_tokens, key)
 
 
+def decoders_of(models: dict[str, OpenVINOCausalLM]) -> dict[str, str]:
+    """Which loop `decode_timer` decodes each model with: LLMPipeline, or effkit's where LLMPipeline cannot be
+    built for it."""
+    return {n: "LLMPipeline" if m.pipeline(m.decoding()[0]) is not None else "effkit's loop"
+            for n, m in models.items()}
+
+
+def mixed(decoders: dict[str, str]) -> str:
+    """`; mixed decoders: f32 through LLMPipeline, bf16 through effkit's loop` where they differ (the ratio is then of
+    two decoders as much as of two settings), else nothing."""
+    if len(set(decoders.values())) < 2:
+        return ""
+    return "; mixed decoders: " + ", ".join(f"{n} through {how}" for n, how in decoders.items())
+
+
 def _choice_line(decided: dict[str, Any], noun: str) -> str:
     """`Choice.line` of a recorded choice (its `to_dict()`)."""
     from dataclasses import fields
@@ -104,7 +118,8 @@ def choose_attention(model: OpenVINOCausalLM, tokenizer, workload: str = "decode
         return {"attention": only, "workload": w.name, "not_run": {other: why},
                 "how": f"{only}, untimed: {other}: not run: {why}"}
     start = tokenizer(prompt(), return_tensors="np").input_ids
-    new = max(1, min(DECODE_TOKENS, model.config.n_positions - start.shape[1]))
+    # the workload's own new tokens, as `auto` and the bench judge it (within the model's context)
+    new = max(1, min(w.tokens or workloads.DECODE_TOKENS, model.config.n_positions - start.shape[1]))
     ids = np.repeat(start, w.batch, axis=0)
     d = model.description
     key = (f"{hardware.describe_device(torch.device('cpu'))}|threads {torch.get_num_threads()}|openvino "
@@ -116,9 +131,12 @@ def choose_attention(model: OpenVINOCausalLM, tokenizer, workload: str = "decode
         timers = {a: pipeline_timer(model, ids, new, a) for a in ATTENTION}
         return choice.choose(timers, True, rule, prefer=ATTENTION.index).to_dict()
 
-    decided, _ = machine_cache.machine_cached("openvino_attention_choice", key, measure)
-    return {"attention": decided["picked"], "workload": w.name, "decision": decided,
-            "line": f"{_choice_line(decided, '')} at {w.name}, timed when the artifact was written",
+    decided, cached = machine_cache.machine_cached("openvino_attention_choice", key, measure)
+    when = (f"cached: {machine_cache.cache_note('openvino_attention_choice', key)}, for a model of "
+            f"{d.get('params', 0)} parameters with {d.get('weights')} weights" if cached
+            else "timed when the artifact was written")
+    return {"attention": decided["picked"], "workload": w.name, "decision": decided, "cached": cached,
+            "line": f"{_choice_line(decided, '')} at {w.name}, {when}",
             "how": f"{_choice_line(decided, '')} at {w.name} (greedy decoding of {new} new tokens from {w.batch} "
                    f"prompt(s) by LLMPipeline, new tokens/s; each backend named explicitly); a tie goes to PA, "
                    f"LLMPipeline's default; the rule: {rule.describe()}; "
@@ -151,15 +169,18 @@ def choose_precision(folder: Path, tokenizer, workload: str, rule=None) -> tuple
     w = workloads.get(workload)
     rule = rule or choice.Rule(budget_s=SETTING_BUDGET_S)
     models = {p: OpenVINOCausalLM(folder, precision=p) for p in ("f32", "bf16")}
-    if w.kind == "decode":
-        new = min(DECODE_TOKENS, generation.generation_budget(models["f32"], tokenizer, w.tokens or DECODE_TOKENS)[0])
+    decoders: dict[str, str] = {}
+    if w.kind == "decode":  # the workload's own new tokens, as `auto` and the bench judge it
+        new = generation.generation_budget(models["f32"], tokenizer, w.tokens or workloads.DECODE_TOKENS)[0]
         fns = {p: decode_timer(m, tokenizer, w.batch, new) for p, m in models.items()}
-        what = f"greedy decoding of {new} new tokens from {w.batch} prompt(s), new tokens/s"
+        decoders = decoders_of(models)
+        what = f"greedy decoding of {new} new tokens from {w.batch} prompt(s), new tokens/s" + mixed(decoders)
     else:
         tokens = w.tokens or min(128, models["f32"].config.n_positions)
         fns = {p: timing.forward_timer(m, w.batch, tokens) for p, m in models.items()}
         what = f"forward of ({w.batch}, {tokens}) tokens, seconds"
     picked = choice.choose(fns, w.higher_is_better, rule, prefer=lambda p: p != "f32")
     return picked.picked, {"choice": picked.picked, "workload": w.name, "decision": picked.to_dict(),
+                           **({"decoders": decoders} if decoders else {}),
                            "how": f"{picked.line('inference precision ')} at {w.name} ({what}); a tie goes to f32, "
                                   f"whose loss the export gate checked; the rule: {rule.describe()}"}
