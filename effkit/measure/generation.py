@@ -1,7 +1,8 @@
 """Generation with the KV cache: the fixed prompt (`GENERATION_PROMPT`) and the new tokens that fit after it
 (`generation_budget`), greedy decoding at any batch (`greedy_generate`, compiled with a static cache through
 `compiled_generation`), its timer in tokens per second (`generation_timer`), seeded top-k sampling (`sampled_generate`,
-`SAMPLING`) and how much a text repeats itself (`repeated_fraction`)."""
+`SAMPLING`), how much a text repeats itself (`repeated_fraction`) and the prompts drawn from held-out documents that
+judge speculative decoding (`heldout_prompts`)."""
 
 from __future__ import annotations
 
@@ -85,6 +86,18 @@ def repeated_fraction(ids: list[int], n: int = 8) -> float:
     """The fraction of n-token windows that already occurred earlier in `ids` (greedy decoding loops: high)."""
     windows = [tuple(ids[i:i + n]) for i in range(len(ids) - n + 1)]
     return 1 - len(set(windows)) / len(windows) if windows else 0.0
+
+
+def heldout_prompts(texts: list[str], tokenizer, count: int, tokens: int) -> list[list[int]]:
+    """`count` prompts of `tokens` token ids each, cut from the held-out documents `texts` (tokenized and joined in
+    their order) at evenly spaced starts: the same for every artifact and peer that shares the tokenizer and the
+    split. Fewer where the documents hold fewer; none is an error."""
+    ids = [t for text in texts for t in tokenizer(text).input_ids]
+    room = len(ids) - tokens
+    if room < 0 or count < 1:
+        raise EffkitError(f"the held-out documents hold {len(ids)} tokens: too few for a {tokens}-token prompt")
+    starts = sorted({room * i // max(count - 1, 1) for i in range(count)} if count > 1 else {0})
+    return [ids[s:s + tokens] for s in starts]
 
 
 def generation_timer(model, tokenizer, new_tokens: int, generate_kwargs: dict[str, Any] | None = None,

@@ -106,9 +106,15 @@ class OnnxRuntimeEngine(Engine):
         counts, which are written out so that a machine with another default runs what was measured."""
         import torch
 
-        return (f"so = onnxruntime.SessionOptions(); so.intra_op_num_threads = {torch.get_num_threads()}; "
+        from effkit.engines import speculative
+
+        line = (f"so = onnxruntime.SessionOptions(); so.intra_op_num_threads = {torch.get_num_threads()}; "
                 f"so.inter_op_num_threads = 1; onnxruntime.InferenceSession('{Path(path) / graph.ONNX_FILE}', so, "
                 "providers=['CPUExecutionProvider'])")
+        if spec := speculative.read_settings(Path(path)):  # ONNX Runtime has no speculative decoding of its own
+            line += (f"; greedy decoding with effkit's speculative loop ({spec['draft']} draft, k={spec['k']}, at "
+                     f"batch 1): OnnxCausalLM('{path}').generate(ids, ...)")
+        return line
 
 
 ENGINE = OnnxRuntimeEngine()

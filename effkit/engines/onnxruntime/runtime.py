@@ -1,6 +1,9 @@
 """ONNX Runtime running an ONNX artifact: its CPU session (`session`, configured as its users get it), one step of
 the with-past graph (`step`), and `OnnxCausalLM`, which runs the artifact behind the few methods effkit's
 measurement code calls on a model (`model(ids).logits`, `generate` with the KV cache, `config`, `eval`).
+ONNX Runtime has no speculative decoding of its own: `generate` runs effkit's (`engines.speculative`, `verifier`
+checks a draft's k tokens in one run of the with-past graph) when asked with transformers' keywords or where the
+artifact records a measured k (`speculative.SETTINGS`, applied at batch 1, where it was measured).
 
 Artifacts of older effkit versions (no past inputs) still load; generation with them recomputes the prefix, and
 reports say so (`GENERATION_NOTE`)."""
@@ -15,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from effkit.engines import speculative
 from effkit.engines.decoder_step import past_names
 from effkit.engines.onnxruntime.graph import ONNX_DESC, ONNX_FILE, int8_counts, int8_layers, require_onnx
 from effkit.engines.shared import check_length, decode_loop
@@ -54,6 +58,21 @@ def stepper(sess, config, with_past: bool = True):
                             past if done else empty_past(config, ids.shape[0]), done)
         return logits[:, -1, :]
     return run
+
+
+def verifier(sess, config):
+    """`speculative.speculative_row`'s verify over the graph of `sess`, for one row with its own cache: the cache
+    rolled back to its first `cached` positions (the drafts the target rejected dropped), then `tokens` run after
+    them."""
+    past = empty_past(config, 1)
+
+    def verify(tokens: np.ndarray, cached: int) -> np.ndarray:
+        nonlocal past
+        if next(iter(past.values())).shape[2] > cached:
+            past = {n: np.ascontiguousarray(v[:, :, :cached]) for n, v in past.items()}
+        logits, past = step(sess, tokens[None], past, cached)
+        return logits[0]
+    return verify
 
 
 def session(path: Path):
@@ -103,6 +122,8 @@ class OnnxCausalLM(EngineModel):
         self.path = path
         self.with_past = "past_key_values.0.key" in {i.name for i in self.session.get_inputs()}
         self.generation_note = None if self.with_past else GENERATION_NOTE
+        self.speculative = speculative.read_settings(path)  # a measured draft and k, or None
+        self.speculative_stats: speculative.SpecStats | None = None  # of the last speculative generate
 
     def forward(self, input_ids: torch.Tensor, **_: Any) -> SimpleNamespace:
         check_length(input_ids.shape[-1], self.config.n_positions)
@@ -115,18 +136,37 @@ class OnnxCausalLM(EngineModel):
 
     @torch.inference_mode()
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, do_sample: bool = False, top_k: int | None = None,
-                 temperature: float = 1.0, streamer=None, min_new_tokens: int = 0, **_: Any) -> torch.Tensor:
+                 temperature: float = 1.0, streamer=None, min_new_tokens: int = 0, **kwargs: Any) -> torch.Tensor:
         """Exactly `max_new_tokens` new tokens (never stops early), with the KV cache (the prefix recomputed each
         step for an artifact without past inputs), by `shared.decode_loop`: end-of-text is never picked among the
         first `min_new_tokens`; sampling draws from torch's global generator (seed it first); greedy steps pick
         tokens in numpy, since a torch operation large enough to run on torch's threads would wait for a core that
-        ONNX Runtime's spinning threads hold."""
+        ONNX Runtime's spinning threads hold. Greedy decoding is speculative (`speculative.speculative_loop`, the
+        same tokens) with transformers' `prompt_lookup_num_tokens=k` or `assistant_model=` (a draft) and
+        `num_assistant_tokens=k`, or at batch 1 where the artifact records a k (`prompt_lookup_num_tokens=0`: plain);
+        its statistics land in `speculative_stats`."""
         ids = input_ids.cpu().long().numpy()
         check_length(ids.shape[1] + max_new_tokens - 1, self.config.n_positions)  # the last token is not fed back
+        if (spec := self._draft(kwargs, ids.shape[0], do_sample)) is not None:
+            out, self.speculative_stats = speculative.speculative_loop(
+                lambda: verifier(self.session, self.config), ids, max_new_tokens, *spec, self.config.eos_token_id,
+                min_new_tokens, streamer)
+            return torch.from_numpy(out)
         run = stepper(self.session, self.config, self.with_past)
         return torch.from_numpy(decode_loop(run, ids, max_new_tokens, self.config.eos_token_id, min_new_tokens,
                                             do_sample, top_k, temperature, streamer))
 
+    def _draft(self, kwargs: dict[str, Any], batch: int, do_sample: bool) -> tuple[Any, int] | None:
+        """The draft and k of a `generate` call: its own keywords, else the artifact's recorded ones at batch 1."""
+        asked = speculative.draft_of(kwargs)
+        if asked is not None and (do_sample or not self.with_past):
+            raise EffkitError("effkit's speculative decoding in ONNX Runtime is greedy, with the KV cache: "
+                              "drop --temperature, or export the parent again" if self.with_past else
+                              "this ONNX artifact has no KV cache; export the parent again")
+        if asked is None and self.speculative and batch == 1 and not do_sample and self.with_past \
+                and "prompt_lookup_num_tokens" not in kwargs:  # an explicit 0 asks for plain decoding
+            return speculative.draft_of(speculative.generate_kwargs(self.speculative["draft"], self.speculative["k"]))
+        return asked
 
 def quantized_layers(model: OnnxCausalLM) -> int:
     """The quantized operators of a reloaded ONNX artifact's graph (`int8_layers` of its `int8_counts`)."""
