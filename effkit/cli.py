@@ -237,7 +237,7 @@ def generate(**options):
     read_meta(path)
     dev = resolve_device(g.device)
     tok = AutoTokenizer.from_pretrained(path)
-    model = load_any(path, dev).eval()
+    model = _with_draft(g, path, dev) if g.draft else load_any(path, dev).eval()
     ids = tok(g.prompt, return_tensors="pt").input_ids.to(dev)
     if ids.shape[1] + g.max_new_tokens > model.config.n_positions:
         raise EffkitError(f"prompt ({ids.shape[1]} tokens) + --max-new-tokens exceed the model's context "
@@ -260,6 +260,22 @@ def generate(**options):
     with torch.inference_mode():
         model.generate(ids, max_new_tokens=g.max_new_tokens, pad_token_id=tok.eos_token_id, use_cache=True,
                        streamer=TextStreamer(tok), **kwargs)
+
+
+def _with_draft(g, path: Path, dev):
+    """The target at `path` decoding with `--draft` through PyTorch's assisted generation."""
+    from effkit.artifacts import resolve_artifact
+    from effkit.artifacts.loader import engine_of
+
+    if g.compile:
+        raise EffkitError("--compile and --draft: transformers' assisted generation does not run the compiled static "
+                          "cache; drop one")
+    draft = resolve_artifact(g.draft, g.runs_dir, default_tag="")
+    engine = engine_of(path)
+    if not hasattr(engine, "with_draft") or engine_of(draft) is not engine:
+        raise EffkitError(f"--draft: {path} is {engine.noun} artifact and {draft} {engine_of(draft).noun} one; "
+                          "a draft runs beside its target in an engine that decodes with one (PyTorch)")
+    return engine.with_draft(path, draft, dev, k=g.draft_k or None).eval()
 
 
 def _newest(runs_dir: str) -> Path:

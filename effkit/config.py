@@ -851,6 +851,9 @@ class GenerateConfig(_Section):
     seed: int = opt(0, "random seed for sampling")
     compile: bool = opt(False, "decode with a static KV cache and a torch.compile'd step (compiled before the "
                         "streamed text)", flag="--compile")
+    draft: str = opt("", "a draft of the model (effkit prune --mode draft): PyTorch decodes with it through "
+                     "transformers' assisted generation, the greedy text unchanged")
+    draft_k: int = opt(0, "--draft: tokens it proposes per step (0: the k its acceptance was measured with)", ge=0)
     device: str = opt("auto", DEVICE_HELP)
     runs_dir: str = opt("runs", "where runs/ are")
 

@@ -155,9 +155,11 @@ PRUNERS: Registry[Any] = Registry("pruning method", "--mode", {
     "row": "effkit.prune.row:PRUNER",
     "width": "effkit.prune.width:PRUNER",
     "depth": "effkit.prune.depth:PRUNER",
+    "draft": "effkit.prune.draft:PRUNER",
 }, options={
     "row": "effkit.prune.options:Options",
     "width": "effkit.prune.options:Options",
+    "draft": "effkit.prune.options:DraftOptions",
 })
 
 ENGINES: Registry[Any] = Registry("engine", "engine", {

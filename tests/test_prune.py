@@ -388,7 +388,7 @@ def test_the_registry_names_each_builtin_methods_own_options_without_importing_i
     code = ("import sys\nfrom effkit.config import PruneConfig, flat_fields\nfrom effkit.registry import PRUNERS\n"
             "assert flat_fields(PruneConfig)['width_multiple'][0].default == 32\n"
             "assert PruneConfig.from_flat(width_multiple=1).options.width_multiple == 1\n"
-            "assert [n for n in PRUNERS.builtin if PRUNERS.options(n)] == ['row', 'width']\n"
+            "assert [n for n in PRUNERS.builtin if PRUNERS.options(n)] == ['row', 'width', 'draft']\n"
             "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "NO-TORCH", out.stderr[-2000:]

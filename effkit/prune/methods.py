@@ -44,6 +44,10 @@ class Pruner(Protocol):
     # plan's student (a method without it is planned at the parent's size, an upper bound)
     # def cut_config(self, cfg, config, fraction: float): ...
 
+    # optional: what each round's metrics add, from the round's model, the dense parent, the data's blocks and the
+    # parent's folder (a draft's acceptance and cost, `effkit.prune.draft`)
+    # def round_metrics(self, cfg, model, dense_model, blocks, source): ...
+
 
 def options_of(cfg, options: type) -> Any:
     """A method's own options from a prune config, as its dataclass: from the config's plug-in section where it has

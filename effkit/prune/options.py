@@ -35,3 +35,29 @@ class Options:
 
     def __post_init__(self) -> None:
         check_multiple(self.width_multiple)
+
+
+@dataclass(frozen=True)
+class DraftOptions(Options):
+    """`effkit prune --mode draft`'s own options: `--target` removes that fraction of the blocks (as depth), these
+    narrow the MLP as well and say how the draft is judged (its acceptance of the target's greedy tokens on held-out
+    prompts, and its cost per token against the target's)."""
+
+    draft_narrow: float = field(default=0.0, metadata={
+        "help": "draft: fraction of the MLP channels removed as well as the blocks (0: blocks only; the kept width "
+                "rounded to --width-multiple)"})
+    draft_k: int = field(default=4, metadata={
+        "help": "draft: tokens the draft proposes per target forward (k) when its acceptance is measured"})
+    draft_prompts: int = field(default=8, metadata={
+        "help": "draft: held-out prompts its acceptance is measured on (one per held-out block, from the first)"})
+    draft_new_tokens: int = field(default=32, metadata={
+        "help": "draft: the target's greedy tokens per prompt that the draft is checked against"})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if isinstance(self.draft_narrow, bool) or not 0 <= self.draft_narrow < 1:
+            raise EffkitError(f"--draft-narrow must be in [0, 1) (got {self.draft_narrow!r})")
+        for name in ("draft_k", "draft_prompts", "draft_new_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise EffkitError(f"--{name.replace('_', '-')} must be a whole number, 1 or more (got {value!r})")

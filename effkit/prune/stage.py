@@ -347,6 +347,8 @@ def _round_metrics(mdl, *, cfg: PruneConfig, pruner, structure, distiller: Disti
                    "distill": distiller.describe() if distiller else None},
          **stage_metrics(mdl, block, dense, pruner.counts_block_params),
          **paired_latency(dense_model, mdl, block, cfg)}
+    if judge := getattr(pruner, "round_metrics", None):  # what a method judges its rounds by besides (a draft's)
+        m.update(judge(cfg, mdl, dense_model, blocks, source))
     own = evaluation.evaluate(mdl, blocks.eval, cfg.finetune.batch_size, docs=docs)
     m[results.EVAL_LOSS_DELTA_VS_DENSE] = stats.paired_delta(dense_eval["block_losses"], own["block_losses"], docs)
     if control_eval is not None:
