@@ -616,11 +616,11 @@ def attach_plan(report: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
 
 
 def train_any(cfg: TrainConfig, on_step: Callable[[int, float], None] | None = None,
-              plan: dict[str, Any] | None = None) -> dict[str, Any]:
+              plan: dict[str, Any] | None = None, layout_choice: dict[str, Any] | None = None) -> dict[str, Any]:
     """`effkit train`: in this process, or in launched processes when a parallel mode or several are asked;
     the run is locked against a second effkit process meanwhile. `on_step(step, loss)` is called after every step
     of an in-process run (launched processes report only at the end). `plan` (effkit.memplan's, made before)
-    goes into the report beside the measured peak."""
+    goes into the report beside the measured peak; `layout_choice` (`--parallel auto`'s ranking and pick) too."""
     if not cfg.run.run_name:
         cfg = cfg.replace(run=cfg.run.replace(run_name=artifacts.new_run_name(cfg.model.name)))
     run = train_in_processes if cfg.parallel.launched else partial(train, on_step=on_step)
@@ -628,6 +628,9 @@ def train_any(cfg: TrainConfig, on_step: Callable[[int, float], None] | None = N
         return run(cfg)
     with artifacts.run_lock(RunLayout.for_run(cfg.run).run_dir):
         report = run(cfg)
+    if layout_choice is not None and "metrics" in report:
+        report["parallel_auto"] = layout_choice
+        write_stage_report(Path(cfg.run.reports_dir) / report["run"], report)
     return attach_plan(report, plan) if plan is not None and "metrics" in report else report
 
 
