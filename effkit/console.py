@@ -63,10 +63,10 @@ def show_layouts(r: dict) -> None:
     for i, row in enumerate(r["layouts"], 1):
         memory = f"{row['per_rank_bytes'] / 2**20:,.0f} of {row['usable_bytes'] / 2**20:,.0f} MiB per rank"
         if row["fits"]:
-            print(f"{i:3}. {row['layout']:<38} step {row['step_s']:.3f} s = compute {row['compute_s']:.3f} + comm "
-                  f"{row['comm_s']:.3f} + bubble {row['bubble_s']:.3f}  {memory}  fits  [{row['flags']}]")
+            print(f"{i:3}. {row['layout']:<50} step {row['step_s']:.4g} s = compute {row['compute_s']:.4g} + comm "
+                  f"{row['comm_s']:.4g} + bubble {row['bubble_s']:.4g}  {memory}  fits  [{row['flags']}]")
         else:
-            print(f"  -  {row['layout']:<38} does not fit ({memory}), not timed  [{row['flags']}]")
+            print(f"  -  {row['layout']:<50} does not fit ({memory}), not timed  [{row['flags']}]")
     for line in r["not_runnable"]:
         print(f"  -  {line}")
     for k, v in hw["how"].items():

@@ -170,33 +170,36 @@ def _fit(points: list[list[float]], kind: str, n: int) -> Link:
     return Link(intercept / steps, 1 / (slope * n / steps))
 
 
-def measured_collectives(world: int, threads: int) -> tuple[dict[str, Link], str]:
-    """This machine's collectives among `world` processes on the CPU backend (gloo), fitted per collective;
-    measured once (a launch of `world` processes timing SIZES) and cached per machine; (links, how)."""
-    import torch
+def launch_timing(world: int, threads: int) -> dict[str, list[list[float]]]:
+    """`time_collectives` run in `world` launched processes on this machine (as training launches them)."""
+    import subprocess
 
     from effkit.child import Job
     from effkit.config import ParallelConfig
-    from effkit.measure.machine_cache import cache_note, machine_cached
     from effkit.parallel.launch import free_port, launch_command, raise_worker_failure
 
-    def measure() -> dict[str, Any]:
-        p = ParallelConfig(mode="ddp", nproc=world, threads=threads, master_port=free_port())
-        job = Job.create("effkit.parallel.auto:time_collectives", {"sizes": list(SIZES), "repeats": REPEATS},
-                         prefix="effkit-collectives-")
-        cmd, env = launch_command(p, job)
-        import subprocess
+    p = ParallelConfig(mode="ddp", nproc=world, threads=threads, master_port=free_port())
+    job = Job.create("effkit.parallel.auto:time_collectives", {"sizes": list(SIZES), "repeats": REPEATS},
+                     prefix="effkit-collectives-")
+    cmd, env = launch_command(p, job)
+    with (job.folder / "launch.log").open("w") as err:
+        proc = subprocess.run(cmd, env=env, stderr=err)
+    if proc.returncode:
+        raise_worker_failure(job, proc.returncode, job.folder / "launch.log")
+    result = job.result()
+    job.remove()
+    return result
 
-        with (job.folder / "launch.log").open("w") as err:
-            proc = subprocess.run(cmd, env=env, stderr=err)
-        if proc.returncode:
-            raise_worker_failure(job, proc.returncode, job.folder / "launch.log")
-        result = job.result()
-        job.remove()
-        return result
+
+def measured_collectives(world: int, threads: int) -> tuple[dict[str, Link], str]:
+    """This machine's collectives among `world` processes on the CPU backend (gloo), fitted per collective;
+    timed once (`launch_timing`) and cached per machine; (links, how they were obtained)."""
+    import torch
+
+    from effkit.measure.machine_cache import cache_note, machine_cached
 
     key = f"gloo|world {world}|threads {threads}|torch {torch.__version__}|sizes {list(SIZES)}"
-    timed, cached = machine_cached(COLLECTIVES, key, measure)
+    timed, cached = machine_cached(COLLECTIVES, key, lambda: launch_timing(world, threads))
     links = {kind: _fit(timed[kind], kind, world) for kind in KINDS}
     fitted = "; ".join(f"{k} {links[k].latency_s * 1e6:.0f} us + {links[k].bandwidth / 1e9:.2f} GB/s" for k in KINDS)
     return links, (f"gloo among {world} processes, timed at {len(SIZES)} sizes and fitted per ring step: {fitted} "
