@@ -26,8 +26,8 @@ PUBLISHED = {"source": "Narayanan et al. 2021 (arXiv:2104.04473), Table 1, row 1
 
 def megatron_flops(p: dict) -> float:
     """Eq. 3 of the paper: FLOPs of one iteration with activation recomputation."""
-    b, s, l, h, v = p["batch"], p["seq"], p["layers"], p["hidden"], p["vocab"]
-    return 96 * b * s * l * h * h * (1 + s / (6 * h) + v / (16 * l * h))
+    b, s, n, h, v = p["batch"], p["seq"], p["layers"], p["hidden"], p["vocab"]
+    return 96 * b * s * n * h * h * (1 + s / (6 * h) + v / (16 * n * h))
 
 
 def main() -> None:

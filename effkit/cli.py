@@ -133,8 +133,9 @@ def train(
     choice = None
     if cfg.parallel.mode == "auto" or cfg.parallel.simulate:
         from effkit.parallel import auto
+        from effkit.train import time_steps
 
-        cfg, choice = auto.choose(cfg, plan)
+        cfg, choice = auto.choose(cfg, plan, time_steps)
         if plan and choice:
             return console.show_layouts(choice)
     if plan:

@@ -424,6 +424,9 @@ class ParallelConfig(_Section):
                         "this one: a preset (a100-nvlink, h100-nvlink, a100-pcie) or a JSON description (file or "
                         "inline: devices_per_node, memory_gib, peak_tflops, efficiency, intra/inter_gbps, "
                         "intra/inter_latency_us)", show_default=False)
+    auto_top: int = opt(3, "--parallel auto: how many of the best-predicted layouts are timed side by side before "
+                        "training (1: the prediction's first, untimed)", ge=1)
+    auto_steps: int = opt(6, "--parallel auto: training steps of each layout per round of that timing", ge=2)
 
     @property
     def launched(self) -> bool:

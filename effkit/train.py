@@ -634,6 +634,20 @@ def train_any(cfg: TrainConfig, on_step: Callable[[int, float], None] | None = N
     return attach_plan(report, plan) if plan is not None and "metrics" in report else report
 
 
+def time_steps(cfg: TrainConfig) -> list[float]:
+    """The step times of a short run of `cfg` in a scratch folder (no evaluation between steps, no checkpoint):
+    `--parallel auto`'s trial of a layout."""
+    import csv
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="effkit-auto-") as tmp:
+        r = cfg.run.replace(run_name="trial", runs_dir=f"{tmp}/runs", reports_dir=f"{tmp}/reports", resume=False,
+                            eval_interval=0, checkpoint_interval=0)
+        train_any(cfg.replace(run=r))
+        with (Path(tmp) / "reports" / "trial" / "train_steps.csv").open() as f:
+            return [float(row["step_time_s"]) for row in csv.DictReader(f)]
+
+
 # ------------------------------------------------------------------------------------- the stage in `effkit run`
 
 class TrainStep(Step):

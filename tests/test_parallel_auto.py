@@ -155,3 +155,50 @@ def test_this_machines_collectives_are_timed_in_launched_processes():
     timed = auto.launch_timing(2, 1)
     assert set(timed) == set(auto.KINDS)
     assert all(len(v) == len(auto.SIZES) and all(s > 0 for _, s in v) for v in timed.values())
+
+
+def test_the_trial_times_only_fitting_layouts_in_paired_rounds_and_keeps_prediction_beside_measurement(
+        tiny_cfg, monkeypatch, capsys):
+    cfg = nano(tiny_cfg, nproc=4, simulate="")
+    desc = json.dumps({"preset": "a100-nvlink", "memory_gib": 80})
+    rank = auto.rank
+    monkeypatch.setattr(auto, "rank", lambda c, s="": rank(c, desc))
+    ranked = rank(cfg, desc)["layouts"]
+    second = ranked[1]["layout"]  # predicted second, measured fastest: the measurement decides
+    timed = []
+
+    def time_steps(c):
+        layout = next(r["layout"] for r in ranked if auto._layout_of(r).config(cfg, 16).parallel == c.parallel
+                      and auto._layout_of(r).config(cfg, 16).optim.batch_size == c.optim.batch_size)
+        timed.append(layout)
+        assert c.optim.max_steps == cfg.parallel.auto_steps
+        return [9.0] + [1.0 + 0.01 * i if layout == second else 2.0 + 0.01 * i for i in range(5)]
+
+    cfg = cfg.with_flat(auto_top=3)
+    chosen, ranking = auto.choose(cfg, plan=False, time_steps=time_steps)
+    top = ranking["layouts"][:3]
+    assert sorted(timed) == sorted([r["layout"] for r in top] * auto.TRIAL_ROUNDS)
+    assert all(r["fits"] for r in ranking["layouts"] if r["layout"] in timed)
+    assert ranking["chosen"]["layout"] == second and "decided" in ranking["chosen"]["why"]
+    assert chosen.parallel.mode == auto._layout_of(ranked[1]).mode and chosen.parallel.mode != "auto"
+    for r in top:
+        assert r["measured_step_s"] in (pytest.approx(1.02), pytest.approx(2.02))
+        assert r["predicted_over_measured"] == pytest.approx(r["step_s"] / r["measured_step_s"])
+    assert "--parallel auto: " + second in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_auto_times_the_best_layouts_and_trains_with_the_winner(tmp_path, corpus_dir):
+    import subprocess
+
+    args = ["train", "--model", "gpt2-nano", "--data", str(corpus_dir), "--vocab-size", "512", "--block-size", "32",
+            "--eval-blocks", "4", "--batch-size", "4", "--max-steps", "2", "--runs-dir", str(tmp_path / "runs"),
+            "--reports-dir", str(tmp_path / "reports"), "--run-name", "auto", "--parallel", "auto", "--nproc", "2",
+            "--auto-top", "2", "--auto-steps", "2", "--eval-interval", "0", "--checkpoint-interval", "0"]
+    proc = subprocess.run([sys.executable, "-m", "effkit", *args], capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((tmp_path / "reports" / "auto" / "train.json").read_text())
+    choice = report["parallel_auto"]
+    assert choice["chosen"]["layout"].startswith(report["config"]["parallel"]["mode"] + ":")
+    timed = [r for r in choice["layouts"] if "measured_step_s" in r]
+    assert len(timed) == 2 and all(r["fits"] and r["predicted_over_measured"] > 0 for r in timed)

@@ -32,6 +32,7 @@ import json
 import math
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ SIZES = (1 << 12, 1 << 16, 1 << 20, 1 << 22)  # bytes per rank's tensor timed fo
 REPEATS = 5
 COLLECTIVES = "parallel_collectives"  # the machine cache's file of measured collectives
 TRICKS = ((), ("adamw8bit",), ("checkpointing",), ("adamw8bit", "checkpointing"))  # cheapest first
+TRIAL_ROUNDS = 3  # paired rounds of the trial of the best-predicted layouts
 
 
 @dataclass(frozen=True)
@@ -412,9 +414,11 @@ def rank(cfg, simulate: str = "") -> dict[str, Any]:
             "method": __doc__.split("\n\n", 1)[1]}
 
 
-def choose(cfg, plan: bool) -> tuple[Any, dict[str, Any] | None]:
+def choose(cfg, plan: bool, time_steps: Callable[[Any], list[float]] | None = None) -> tuple[Any, dict | None]:
     """`--parallel auto` resolved before training: (the configuration to train or plan, the ranking made; None
-    where there is nothing to choose: one process). With `plan`, the ranking only."""
+    where there is nothing to choose: one process). With `plan`, the ranking only; else the best-predicted
+    `--auto-top` fitting layouts are timed side by side (`trial`, with `time_steps`: a configuration's step times)
+    and training goes on with the winner."""
     from effkit.parallel.launch import nproc_per_node
 
     p = cfg.parallel
@@ -427,13 +431,48 @@ def choose(cfg, plan: bool) -> tuple[Any, dict[str, Any] | None]:
     ranking = rank(cfg, p.simulate)
     if plan:
         return cfg, ranking
-    fitting = [r for r in ranking["layouts"] if r["fits"]]
+    fitting = [r for r in ranking["layouts"] if r["fits"]][: p.auto_top]
     if not fitting:
         raise EffkitError(f"--parallel auto: no layout of {ranking['world']} processes fits per rank, even with "
                           "8-bit AdamW and activation checkpointing; `--parallel auto --plan` lists them")
-    best = fitting[0]
-    ranking["chosen"] = {"layout": best["layout"], "flags": best["flags"], "how": "predicted fastest (not timed)"}
-    print(f"--parallel auto: {best['layout']} ({best['flags']}), predicted {best['step_s']:.3f} s per step")
-    layout = Layout(**{k: best[k] for k in ("mode", "dp", "tp", "pp", "schedule", "microbatches")},
-                    tricks=tuple(best["tricks"]))
-    return layout.config(cfg, ranking["global_batch"]), ranking
+    best, why = trial(cfg, fitting, ranking["global_batch"], time_steps) if len(fitting) > 1 and time_steps else (
+        fitting[0], "the only one fitting" if len(fitting) == 1 else "predicted fastest (--auto-top 1: not timed)")
+    ranking["chosen"] = {"layout": best["layout"], "flags": best["flags"], "why": why}
+    print(f"--parallel auto: {best['layout']} [{best['flags']}]: {why}")
+    return _layout_of(best).config(cfg, ranking["global_batch"]), ranking
+
+
+def _layout_of(row: dict[str, Any]) -> Layout:
+    return Layout(**{k: row[k] for k in ("mode", "dp", "tp", "pp", "schedule", "microbatches")},
+                  tricks=tuple(row["tricks"]))
+
+
+def trial(cfg, rows: list[dict[str, Any]], global_batch: int,
+          time_steps: Callable[[Any], list[float]]) -> tuple[dict[str, Any], str]:
+    """The layouts of `rows` timed side by side: TRIAL_ROUNDS paired rounds (each runs every layout once for
+    `--auto-steps` steps, in an order shuffled from a seed; its steps after the first are the round's sample),
+    decided by the decision rule (`effkit.measure.choice.decide`: Holm's intervals over the pairs; a tie or an
+    undecided leader goes to the better prediction). Each row gets its measured step beside its prediction;
+    returns (the winner's row, why it won)."""
+    import random
+
+    from effkit.measure.choice import Rule, decide
+
+    steps = cfg.parallel.auto_steps
+    samples: dict[str, list[list[float]]] = {r["layout"]: [] for r in rows}
+    order, rng = list(rows), random.Random(Rule.seed)
+    for _ in range(TRIAL_ROUNDS):
+        rng.shuffle(order)
+        for r in order:
+            c = _layout_of(r).config(cfg, global_batch)
+            c = c.replace(optim=c.optim.replace(max_steps=steps, max_tokens=0, time_budget=0))
+            samples[r["layout"]].append(time_steps(c)[1:])
+    rule = Rule()
+    choice = decide(samples, False, rule.level, rule.precision, prefer=[r["layout"] for r in rows].index)
+    for r in rows:
+        r["measured_step_s"] = statistics.median(t for rnd in samples[r["layout"]] for t in rnd)
+        r["predicted_over_measured"] = r["step_s"] / r["measured_step_s"]
+        r["samples_s"] = samples[r["layout"]]
+    best = next(r for r in rows if r["layout"] == choice.picked)
+    return best, (f"timed against the next {len(rows) - 1} by prediction, {TRIAL_ROUNDS} paired rounds of {steps} "
+                  f"steps: {choice.line()}")
