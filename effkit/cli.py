@@ -130,6 +130,14 @@ def train(
     cfg = build_config(TrainConfig, str(recipe) if recipe else None, _flags(ctx, TrainConfig))
     if fit and not plan:
         raise EffkitError("--fit goes with --plan: effkit train --plan --fit [options]")
+    choice = None
+    if cfg.parallel.mode == "auto" or cfg.parallel.simulate:
+        from effkit.parallel import auto
+        from effkit.train import time_steps
+
+        cfg, choice = auto.choose(cfg, plan, time_steps)
+        if plan and choice:
+            return console.show_layouts(choice)
     if plan:
         from effkit import memplan
 
@@ -148,7 +156,8 @@ def train(
     from effkit.train import Planned, train_any
 
     # a resumed run continues the configuration saved in its checkpoint, not these flags: no plan for it
-    console.show_train(train_any(cfg, planned=Planned(None if cfg.run.resume else predict_quietly(cfg))))
+    console.show_train(train_any(cfg, planned=Planned(None if cfg.run.resume else predict_quietly(cfg),
+                                                      layout=choice)))
 
 
 @app.command()

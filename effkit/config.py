@@ -55,7 +55,7 @@ from effkit.errors import EffkitError
 from effkit.registry import BACKENDS, ENGINES, OPTIMIZERS, PRUNERS
 from effkit.registry import STAGES as RUN_STAGES
 
-PARALLEL_MODES = ("none", "ddp", "fsdp", "tp", "fsdp+tp", "pp", "pp+fsdp")
+PARALLEL_MODES = ("none", "ddp", "fsdp", "tp", "fsdp+tp", "pp", "pp+fsdp", "auto")
 PP_SCHEDULES = ("gpipe", "1f1b")
 SYNC_MODES = ("ddp", "all-reduce", "gather-scatter")
 DATA_HELP = ("corpus for calibration, fine-tuning and evaluation: builtin, or a folder / file of text (default: "
@@ -420,6 +420,13 @@ class ParallelConfig(_Section):
     reshard_after_forward: bool = opt(True, "fsdp: free gathered parameters after forward")
     cpu_offload: bool = opt(False, "fsdp: keep parameters on CPU (GPU only)", flag="--cpu-offload")
     threads: int = opt(0, "torch threads per process (0 = torch default)", ge=0, le=MAX_THREADS)
+    simulate: str = opt("", "with --parallel auto --plan: rank the layouts on paper for a described machine, not "
+                        "this one: a preset (a100-nvlink, h100-nvlink, a100-pcie) or a JSON description (file or "
+                        "inline: devices_per_node, memory_gib, peak_tflops, efficiency, intra/inter_gbps, "
+                        "intra/inter_latency_us)", show_default=False)
+    auto_top: int = opt(3, "--parallel auto: how many of the best-predicted layouts are timed side by side before "
+                        "training (1: the prediction's first, untimed)", ge=1)
+    auto_steps: int = opt(6, "--parallel auto: training steps of each layout per round of that timing", ge=2)
 
     @property
     def launched(self) -> bool:

@@ -53,6 +53,28 @@ def show_plan(p: Any) -> None:
                      else "") + ")")
 
 
+def show_layouts(r: dict) -> None:
+    """`effkit train --parallel auto --plan`: the layouts ranked by predicted step time, one line each (the ones
+    that do not fit last, never priced), and what the prediction was made from."""
+    hw = r["hardware"]
+    where = f"SIMULATION on paper for {hw['name']}" if r["simulated"] else "measured on this machine"
+    print(f"parallel layouts for {r['model']} on {r['world']} processes ({r['nnodes']} node(s)), global batch "
+          f"{r['global_batch']} x {r['block_size']} tokens: {where}")
+    for i, row in enumerate(r["layouts"], 1):
+        memory = f"{row['per_rank_bytes'] / 2**20:,.0f} of {row['usable_bytes'] / 2**20:,.0f} MiB per rank"
+        if row["fits"]:
+            print(f"{i:3}. {row['layout']:<50} step {row['step_s']:.4g} s = compute {row['compute_s']:.4g} + comm "
+                  f"{row['comm_s']:.4g} + bubble {row['bubble_s']:.4g}  {memory}  fits  [{row['flags']}]")
+        else:
+            print(f"  -  {row['layout']:<50} does not fit ({memory}), not timed  [{row['flags']}]")
+    for line in r["not_runnable"]:
+        print(f"  -  {line}")
+    for k, v in hw["how"].items():
+        print(f"{k}: {v}")
+    print(f"ranked in {r['elapsed_s']:.1f} s; step = compute + communication + pipeline bubble, no overlap counted"
+          + ("; a simulation: nothing was run" if r["simulated"] else ""))
+
+
 def show_run_plan(r: dict) -> None:
     """`effkit run --plan`: each stage's memory plan (`effkit.runplan`) and the run's predicted time."""
     from rich.table import Table

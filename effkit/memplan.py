@@ -108,6 +108,13 @@ def simulate(model_config, batch: int, block: int, *, checkpointing: bool, optim
     from effkit.measure.machine_cache import machine_cached
 
     config = model_config.to_dict()  # all of it: dropout, for one, changes what a step saves
+    if optim == "adamw8bit":  # the simulation steps torch's AdamW either way: only the moments' bytes differ
+        from transformers import GPT2LMHeadModel
+        with torch.device("meta"):  # the parameters' shapes
+            model = GPT2LMHeadModel(model_config.__class__.from_dict({**config,
+                                                                      "n_layer": layers or config["n_layer"]}))
+        out = simulate(model_config, batch, block, checkpointing=checkpointing, amp_dtype=amp_dtype, layers=layers)
+        return {**out, "optimizer": _opt_state_8bit([p for p in model.parameters() if p.requires_grad])}
     key = json.dumps({"config": config, "layers": layers, "batch": batch, "block": block, "ckpt": checkpointing,
                       "optim": optim, "amp": str(amp_dtype), "torch": torch.__version__}, sort_keys=True)
     value, _ = machine_cached(SIMULATIONS, key, lambda: _simulate(model_config, batch, block,
@@ -153,8 +160,6 @@ def _simulate(model_config, batch: int, block: int, *, checkpointing: bool, opti
     kinds = {"parameters": _MemRefType.PARAM, "gradients": _MemRefType.GRAD, "optimizer": _MemRefType.OPT,
              "activations": _MemRefType.ACT, "temporaries": _MemRefType.TEMP, "buffers": _MemRefType.BUFFER}
     out = {k: int(peak.get(v, 0)) for k, v in kinds.items()}
-    if optim == "adamw8bit":
-        out["optimizer"] = _opt_state_8bit(params)
     out["params_count"] = sum(p.numel() for p in params)
     return out
 
@@ -301,17 +306,20 @@ def step_time(cfg) -> tuple[float | None, str]:
                      "as `effkit train --plan` predicts it (cached per machine and shape)")
 
 
-def simulate_layers(model_config, batch: int, block: int, layers: int, **kw) -> dict[str, int]:
+def simulate_layers(model_config, batch: int, block: int, layers: int, batch_from: int = 0, **kw) -> dict[str, int]:
     """`simulate` for a model of `layers` blocks, from two small simulations (2 and 4 blocks): each block adds
     its parameters, their moments and its saved activations, so every kind at the peak grows on a line the two
     fix (a 1-block model peaks in another phase and is not used). The peak can move from the end of the forward
     pass (activations) to the optimizer step (parameters, full gradients, moments) as the model grows: the
-    larger of the two is the plan. Minutes of fake execution for a 48-block model become seconds."""
-    if layers <= 4:
+    larger of the two is the plan. Minutes of fake execution for a 48-block model become seconds. `batch_from`:
+    simulated at that batch for any depth, activations and temporaries scaled to `batch` (`--parallel auto`)."""
+    if layers <= 4 and not batch_from:
         return simulate(model_config, batch, block, layers=layers, **kw)
-    a = simulate(model_config, batch, block, layers=2, **kw)
-    b = simulate(model_config, batch, block, layers=4, **kw)
-    line = {k: max(0, a[k] + (layers - 2) * (b[k] - a[k]) // 2) for k in a}
+    at = batch_from or batch
+    a = simulate(model_config, at, block, layers=2, **kw)
+    b = simulate(model_config, at, block, layers=4, **kw)
+    grow = {k: batch / at if k in ("activations", "temporaries") else 1 for k in a}
+    line = {k: max(0, int((a[k] + (layers - 2) * (b[k] - a[k]) // 2) * grow[k])) for k in a}
     at_step = {**line, "gradients": line["parameters"], "activations": 0}
     return max(line, at_step, key=lambda d: sum(v for k, v in d.items() if k != "params_count"))
 
@@ -393,10 +401,11 @@ FIT_HINT = "`effkit train --plan --fit` proposes what would"
 
 
 def predict(cfg, device: torch.device | None = None, probe: bool = False, runtime_bytes: int | None = None,
-            env: dict[str, str] | None = None, model_config=None) -> StagePlan:
+            env: dict[str, str] | None = None, model_config=None, batch_from: int = 0) -> StagePlan:
     """The plan of `cfg` (a TrainConfig) for one rank of the layout it asks for. On a CPU its runtime term comes
     from `runtime_bytes` when given, else from the cache, measured first when `probe` (`env`: the probe's).
-    `model_config`: the model's shape, when it is not the one `cfg` names (a pruned student)."""
+    `model_config`: the model's shape, when it is not the one `cfg` names (a pruned student); `simulate_layers`
+    says what `batch_from` does."""
     from effkit.parallel import ParallelDims
     from effkit.parallel.launch import nproc_per_node
 
@@ -409,7 +418,7 @@ def predict(cfg, device: torch.device | None = None, probe: bool = False, runtim
     amp = {"bf16": torch.bfloat16, "fp16": torch.float16}[o.amp_dtype] if o.amp else None
     notes: list[str] = []
     micro, layers, in_flight = _stage_share(cfg, dims, mc, notes)
-    sim = simulate_layers(mc, micro, d.block_size, layers, checkpointing=cfg.model.activation_checkpointing,
+    sim = simulate_layers(mc, micro, d.block_size, layers, batch_from, checkpointing=cfg.model.activation_checkpointing,
                           optim=o.optim, amp_dtype=amp)
     states = _sharded_states(sim, mc, dims, p, layers, device, notes)
     step_s = None

@@ -202,6 +202,7 @@ class Planned:
     memory: dict[str, Any] | None = None
     schedule: dict[str, Any] | None = None
     full_schedule_result: str = ""
+    layout: dict[str, Any] | None = None  # `--parallel auto`'s ranking and pick
 
     def sections(self, m: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
         """The report's `memory_plan` and `schedule` sections from the run's metrics `m`, and their protocol."""
@@ -223,6 +224,8 @@ class Planned:
                                "learning rate warms up (schedule.how_chosen, schedule.refit); the learning-rate "
                                "schedule is built for them; full_schedule_result is quoted from the recipe, not "
                                "measured here")
+        if self.layout is not None:
+            out["parallel_auto"] = self.layout
         return out, how
 
     def schedule_section(self, bpb: float | None) -> dict[str, Any]:
@@ -641,6 +644,20 @@ def train_any(cfg: TrainConfig, on_step: Callable[[int, float], None] | None = N
         return run(cfg)
     with artifacts.run_lock(RunLayout.for_run(cfg.run).run_dir):
         return run(cfg)
+
+
+def time_steps(cfg: TrainConfig) -> list[float]:
+    """The step times of a short run of `cfg` in a scratch folder (no evaluation between steps, no checkpoint):
+    `--parallel auto`'s trial of a layout."""
+    import csv
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="effkit-auto-") as tmp:
+        r = cfg.run.replace(run_name="trial", runs_dir=f"{tmp}/runs", reports_dir=f"{tmp}/reports", resume=False,
+                            eval_interval=0, checkpoint_interval=0)
+        train_any(cfg.replace(run=r))
+        with (Path(tmp) / "reports" / "trial" / "train_steps.csv").open() as f:
+            return [float(row["step_time_s"]) for row in csv.DictReader(f)]
 
 
 # ------------------------------------------------------------------------------------- the stage in `effkit run`

@@ -108,6 +108,10 @@ class ParallelDims:
 
     @classmethod
     def _layout(cls, p: ParallelConfig, world_size: int) -> ParallelDims:
+        if p.mode == "auto":
+            raise EffkitError("--parallel auto is chosen by `effkit train` (effkit train --parallel auto); here, "
+                              "name the layout: " + ", ".join(m for m in ("ddp", "fsdp", "tp", "fsdp+tp", "pp",
+                                                                          "pp+fsdp")))
         if p.mode == "none":
             if world_size > 1:
                 raise EffkitError("several processes were started but --parallel is none; choose a parallel mode")

@@ -1,0 +1,478 @@
+"""`effkit train --parallel auto`: every parallel layout of `nproc x nnodes` processes that fits per rank, ranked by
+its predicted step time, on this machine or on a described one (`--simulate`).
+
+A layout is the data-parallel (replicas or shards), tensor and pipeline degrees whose product is the world size,
+the pipeline's schedule and micro-batches, and the memory tricks it needs (8-bit AdamW states, activation
+checkpointing). Every layout trains the same global batch, `--batch-size` x processes (what every process trains
+under ddp), so their step times compare: a layout with data-parallel degree d trains batch x world / d blocks per
+rank. Each is planned by `effkit.memplan.predict` (one rank's peak; the machine's memory shared by the processes
+on it); one that does not fit as asked is planned again with the tricks, cheapest first (8-bit states cost no
+compute, checkpointing a forward more), and one that fits with none of them is listed as not fitting and never
+timed. A fitting layout's step is predicted as
+
+    compute + communication + pipeline bubble
+
+- compute: the rank's FLOPs (`memplan.step_flops`'s accounting, split by the tensor degree, the heaviest pipeline
+  stage, a forward more with checkpointing) at the rate the runtime probe measured for the whole model on one
+  process with the threads a rank gets (`memplan.runtime`, cached per machine and shape), or at the described
+  machine's peak times its efficiency;
+- communication: each collective the layout runs in a step (DDP's gradient all-reduce; FSDP's all-gathers, forward
+  and backward, and reduce-scatter per block; tensor parallelism's activation all-reduces, two per block each way;
+  the pipeline's sends of activations and their gradients) priced by a latency + bytes / bandwidth line per
+  collective: on this machine fitted to a timing of all_reduce, all_gather and reduce_scatter at a few sizes on
+  the backend, run once per machine and cached (`machine_cached`); in a simulation the ring algorithm's cost on
+  the described links, inter-node where the group spans nodes;
+- bubble: the pipeline's idle fraction (p - 1) / (m + p - 1) of the step for p stages and m micro-batches (GPipe
+  and 1F1B alike; 1F1B keeps fewer micro-batches in flight, which the memory plan counts).
+Nothing overlaps in the prediction (DDP's and FSDP's overlap of communication with compute is not counted)."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from effkit.errors import EffkitError
+
+KINDS = ("all_reduce", "all_gather", "reduce_scatter")
+SIZES = (1 << 12, 1 << 16, 1 << 20, 1 << 22)  # bytes per rank's tensor timed for each collective
+REPEATS = 5
+COLLECTIVES = "parallel_collectives"  # the machine cache's file of measured collectives
+TRICKS = ((), ("adamw8bit",), ("checkpointing",), ("adamw8bit", "checkpointing"))  # cheapest first
+TRIAL_ROUNDS = 3  # paired rounds of the trial of the best-predicted layouts
+
+
+@dataclass(frozen=True)
+class Link:
+    """A link's cost for the ring algorithms: `latency_s` per step, `bandwidth` bytes/s (bus bandwidth)."""
+
+    latency_s: float
+    bandwidth: float
+
+    def seconds(self, kind: str, nbytes: float, n: int) -> float:
+        """One `kind` collective of a tensor of `nbytes` (the whole one: all-gathered, all-reduced, sent) among n."""
+        if n <= 1:
+            return 0.0
+        steps = {"all_reduce": 2 * (n - 1), "all_gather": n - 1, "reduce_scatter": n - 1, "send": 1}[kind]
+        share = nbytes if kind == "send" else nbytes / n
+        return steps * (self.latency_s + share / self.bandwidth)
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """The machine layouts are ranked for: devices per node, each device's memory and peak FLOP/s, the fraction of
+    the peak a training step's matrices reach, and the links within a node and between nodes (one `Link` for
+    every collective; a measured machine has one per collective, fitted)."""
+
+    name: str
+    devices_per_node: int
+    memory_bytes: int
+    peak_flops: float
+    efficiency: float
+    intra: dict[str, Link]
+    inter: dict[str, Link]
+    simulated: bool = True
+    how: dict[str, str] = field(default_factory=dict)
+
+    def link(self, kind: str, spans_nodes: bool) -> Link:
+        links = self.inter if spans_nodes else self.intra
+        return links.get(kind) or links.get("all_gather") or next(iter(links.values()))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# presets: vendor figures (peak dense bf16, memory, NVLink per direction, one InfiniBand NIC per GPU)
+PRESETS: dict[str, dict[str, Any]] = {
+    "a100-nvlink": dict(devices_per_node=8, memory_gib=80, peak_tflops=312, efficiency=0.5, intra_gbps=300,
+                        intra_latency_us=5, inter_gbps=25, inter_latency_us=10),  # HDR 200 Gb/s per GPU
+    "h100-nvlink": dict(devices_per_node=8, memory_gib=80, peak_tflops=989, efficiency=0.5, intra_gbps=450,
+                        intra_latency_us=5, inter_gbps=50, inter_latency_us=10),  # NDR 400 Gb/s per GPU
+    "a100-pcie": dict(devices_per_node=8, memory_gib=40, peak_tflops=312, efficiency=0.5, intra_gbps=25,
+                      intra_latency_us=10, inter_gbps=12.5, inter_latency_us=15),
+}
+DESCRIPTION_KEYS = set(PRESETS["a100-nvlink"])
+
+
+def simulated_hardware(spec: str) -> Hardware:
+    """A described machine: a preset's name, a JSON file, or inline JSON with DESCRIPTION_KEYS (a preset's
+    `"preset"` key takes its values as defaults)."""
+    if spec in PRESETS:
+        d, name = dict(PRESETS[spec]), spec
+    else:
+        try:
+            d = json.loads(Path(spec).read_text() if Path(spec).is_file() else spec)
+        except (json.JSONDecodeError, OSError, ValueError):
+            raise EffkitError(f"--simulate {spec!r} is neither a preset ({', '.join(PRESETS)}) nor a JSON "
+                              "description (a file or inline)") from None
+        if not isinstance(d, dict):
+            raise EffkitError(f"--simulate: the description must be a JSON object with {sorted(DESCRIPTION_KEYS)}")
+        name = str(d.pop("name", "described machine"))
+        d = {**PRESETS.get(str(d.pop("preset", "")), {}), **d}
+    if unknown := set(d) - DESCRIPTION_KEYS:
+        raise EffkitError(f"--simulate: unknown keys {sorted(unknown)}; the description has {sorted(DESCRIPTION_KEYS)}")
+    if missing := DESCRIPTION_KEYS - set(d):
+        raise EffkitError(f"--simulate: {name} lacks {sorted(missing)}; give them or a \"preset\" to start from")
+    if not all(isinstance(v, (int, float)) and v > 0 for v in d.values()):
+        raise EffkitError(f"--simulate: every figure of {name} must be a positive number")
+    intra = Link(d["intra_latency_us"] * 1e-6, d["intra_gbps"] * 1e9)
+    inter = Link(d["inter_latency_us"] * 1e-6, d["inter_gbps"] * 1e9)
+    return Hardware(name, int(d["devices_per_node"]), int(d["memory_gib"] * 2**30), d["peak_tflops"] * 1e12,
+                    d["efficiency"], {"all": intra}, {"all": inter},
+                    how={"description": json.dumps(d, sort_keys=True)})
+
+
+# ----------------------------------------------------------------------------- this machine's collectives
+
+
+def time_collectives(sizes: list[int], repeats: int) -> dict[str, list[list[float]]]:
+    """In each launched rank: the seconds of each collective on the backend, per size (the median of `repeats`
+    after a warm-up; the slowest rank's), {kind: [[bytes of the whole tensor, seconds], ...]}."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    n, out = dist.get_world_size(), {}
+    try:
+        for kind in KINDS:
+            out[kind] = []
+            for size in sizes:
+                x = torch.ones(size // 4)
+                whole = torch.empty(n * x.numel())
+                run = {"all_reduce": lambda x, whole: dist.all_reduce(x),
+                       "all_gather": lambda x, whole: dist.all_gather_into_tensor(whole, x),
+                       "reduce_scatter": lambda x, whole: dist.reduce_scatter_tensor(x, whole)}[kind]
+                run(x, whole)
+                times = []
+                for _ in range(repeats):
+                    dist.barrier()
+                    t = time.perf_counter()
+                    run(x, whole)
+                    times.append(time.perf_counter() - t)
+                slowest = torch.tensor([statistics.median(times)])
+                dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+                out[kind].append([float(size * (1 if kind == "all_reduce" else n)), slowest.item()])
+    finally:
+        dist.destroy_process_group()
+    return out
+
+
+def _fit(points: list[list[float]], kind: str, n: int) -> Link:
+    """The ring `Link` whose cost line (least squares, seconds on bytes) passes nearest the timed points."""
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    slope = max(sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs), 1e-15)
+    intercept = max(my - slope * mx, 0.0)
+    steps = 2 * (n - 1) if kind == "all_reduce" else n - 1
+    return Link(intercept / steps, 1 / (slope * n / steps))
+
+
+def launch_timing(world: int, threads: int) -> dict[str, list[list[float]]]:
+    """`time_collectives` run in `world` launched processes on this machine (as training launches them)."""
+    import subprocess
+
+    from effkit.child import Job
+    from effkit.config import ParallelConfig
+    from effkit.parallel.launch import free_port, launch_command, raise_worker_failure
+
+    p = ParallelConfig(mode="ddp", nproc=world, threads=threads, master_port=free_port())
+    job = Job.create("effkit.parallel.auto:time_collectives", {"sizes": list(SIZES), "repeats": REPEATS},
+                     prefix="effkit-collectives-")
+    cmd, env = launch_command(p, job)
+    with (job.folder / "launch.log").open("w") as err:
+        proc = subprocess.run(cmd, env=env, stderr=err)
+    if proc.returncode:
+        raise_worker_failure(job, proc.returncode, job.folder / "launch.log")
+    result = job.result()
+    job.remove()
+    return result
+
+
+def measured_collectives(world: int, threads: int) -> tuple[dict[str, Link], str]:
+    """This machine's collectives among `world` processes on the CPU backend (gloo), fitted per collective;
+    timed once (`launch_timing`) and cached per machine; (links, how they were obtained)."""
+    import torch
+
+    from effkit.measure.machine_cache import cache_note, machine_cached
+
+    key = f"gloo|world {world}|threads {threads}|torch {torch.__version__}|sizes {list(SIZES)}"
+    timed, cached = machine_cached(COLLECTIVES, key, lambda: launch_timing(world, threads))
+    links = {kind: _fit(timed[kind], kind, world) for kind in KINDS}
+    fitted = "; ".join(f"{k} {links[k].latency_s * 1e6:.0f} us + {links[k].bandwidth / 1e9:.2f} GB/s" for k in KINDS)
+    return links, (f"gloo among {world} processes, timed at {len(SIZES)} sizes and fitted per ring step: {fitted} "
+                   f"({cache_note(COLLECTIVES, key) if cached else 'measured now, cached per machine'})")
+
+
+# ----------------------------------------------------------------------------- layouts
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One way to lay out the processes: the effkit mode, its degrees, the pipeline's schedule and micro-batches,
+    and the memory tricks (`adamw8bit`, `checkpointing`) added to what was asked."""
+
+    mode: str
+    dp: int
+    tp: int = 1
+    pp: int = 1
+    schedule: str = ""
+    microbatches: int = 1
+    tricks: tuple[str, ...] = ()
+
+    @property
+    def sharded(self) -> bool:
+        return self.mode in ("fsdp", "fsdp+tp", "pp+fsdp")
+
+    def describe(self) -> str:
+        how = " (sharded)" if self.sharded else " (replicas)" if self.dp > 1 else ""
+        pipe = f", {self.schedule} x{self.microbatches}" if self.pp > 1 else ""
+        return f"{self.mode}: dp {self.dp}{how} x tp {self.tp} x pp {self.pp}{pipe}"
+
+    def config(self, cfg, global_batch: int):
+        """`cfg` (a TrainConfig) trained in this layout: its flags applied, the global batch split by dp."""
+        p, o, m = cfg.parallel, cfg.optim, cfg.model
+        return cfg.replace(
+            parallel=p.replace(mode=self.mode, tp_size=self.tp if self.mode == "fsdp+tp" else 0,
+                               pp_size=self.pp if self.mode == "pp+fsdp" else 0,
+                               pp_schedule=self.schedule or p.pp_schedule,
+                               microbatches=self.microbatches if self.pp > 1 else p.microbatches),
+            optim=o.replace(batch_size=global_batch // self.dp,
+                            optim="adamw8bit" if "adamw8bit" in self.tricks else o.optim),
+            model=m.replace(activation_checkpointing=m.activation_checkpointing or "checkpointing" in self.tricks))
+
+    def flags(self, global_batch: int) -> str:
+        """The `effkit train` flags that train this layout."""
+        f = [f"--parallel {self.mode}", f"--batch-size {global_batch // self.dp}"]
+        f += [f"--tp-size {self.tp}"] if self.mode == "fsdp+tp" else []
+        f += [f"--pp-size {self.pp}"] if self.mode == "pp+fsdp" else []
+        f += [f"--pp-schedule {self.schedule} --microbatches {self.microbatches}"] if self.pp > 1 else []
+        f += ["--optim adamw8bit"] if "adamw8bit" in self.tricks else []
+        f += ["--activation-checkpointing"] if "checkpointing" in self.tricks else []
+        return " ".join(f)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def enumerate_layouts(world: int, n_head: int, n_layer: int, global_batch: int) -> tuple[list[Layout], list[str]]:
+    """Every layout effkit runs on `world` processes for a model of `n_head` heads and `n_layer` blocks and a global
+    batch of `global_batch` blocks (pipelines: 1, 2 and 4 micro-batches per stage where the batch divides), and
+    the ones it cannot run, each with why."""
+    degrees = [("ddp", world, 1, 1), ("fsdp", world, 1, 1), ("tp", 1, world, 1), ("pp", 1, 1, world)]
+    degrees += [("fsdp+tp", world // t, t, 1) for t in _divisors(world) if 1 < t < world]
+    degrees += [("pp+fsdp", world // s, 1, s) for s in _divisors(world) if 1 < s < world]
+    out, skipped = [], []
+    for mode, dp, tp, pp in degrees:
+        layout = Layout(mode, dp, tp, pp)
+        why = (f"tp {tp} does not divide the {n_head} heads" if n_head % tp else
+               f"{pp} stages for {n_layer} blocks" if pp > n_layer else
+               f"dp {dp} does not divide the global batch {global_batch}" if global_batch % dp else "")
+        if why:
+            skipped.append(f"{layout.describe()}: {why}")
+        elif pp == 1:
+            out.append(layout)
+        else:
+            per_rank = global_batch // dp
+            ms = [k * pp for k in (1, 2, 4) if per_rank % (k * pp) == 0]
+            if not ms:
+                skipped.append(f"{layout.describe()}: no micro-batch count of at least {pp} divides {per_rank}")
+            out += [replace(layout, schedule=s, microbatches=m) for s in ("gpipe", "1f1b") for m in ms]
+    return out, skipped
+
+
+def bubble_fraction(stages: int, microbatches: int) -> float:
+    """The pipeline's idle share of a step: (p - 1) / (m + p - 1) for p stages and m micro-batches (GPipe, 1F1B)."""
+    return (stages - 1) / (microbatches + stages - 1)
+
+
+def _block_params(mc) -> int:
+    d, inner = mc.n_embd, mc.n_inner or 4 * mc.n_embd
+    return 4 * d * d + 2 * d * inner + 9 * d + inner  # attention and MLP matrices, their biases, two LayerNorms
+
+
+def predict_step(layout: Layout, mc, block: int, global_batch: int, grad_accum: int, hw: Hardware,
+                 amp: bool) -> dict[str, float]:
+    """One training step of `layout` on `hw`, in seconds: compute, communication and the pipeline's bubble (see
+    the module's text)."""
+    from effkit.memplan import step_flops
+
+    tokens = global_batch // layout.dp * block  # per rank per micro-step
+    blocks = math.ceil(mc.n_layer / layout.pp)  # the heaviest stage (the head counted on it too)
+    head = step_flops(mc, 0, tokens, block)
+    per_blocks = (step_flops(mc, blocks, tokens, block) - head) / layout.tp
+    recompute = "checkpointing" in layout.tricks
+    compute = (head + per_blocks * (4 / 3 if recompute else 1)) * grad_accum / (hw.peak_flops * hw.efficiency)
+    act = tokens * mc.n_embd * (2 if amp else 4)
+    gpn, world = hw.devices_per_node, layout.dp * layout.tp * layout.pp
+    dp_spans, tp_spans = layout.dp * layout.tp > gpn, layout.tp > gpn
+    stage = blocks * _block_params(mc) / layout.tp + (mc.vocab_size + mc.n_positions + 2) * mc.n_embd
+
+    def cost(kind: str, nbytes: float, n: int, spans: bool, times: float) -> float:
+        return times * hw.link(kind, spans).seconds(kind, nbytes, n)
+
+    comm = 0.0
+    if layout.mode == "ddp":
+        comm += cost("all_reduce", 4 * stage, layout.dp, dp_spans, 1)
+    if layout.sharded:  # per block and the root: gathered forward and backward each micro-step, reduced once
+        units, gathers = blocks + 1, 2 * grad_accum * (layout.microbatches if layout.pp > 1 else 1)
+        pbytes = 2 if amp else 4
+        comm += cost("all_gather", pbytes * stage / units, layout.dp, dp_spans, gathers * units)
+        comm += cost("reduce_scatter", pbytes * stage / units, layout.dp, dp_spans, units)
+    if layout.tp > 1:  # two all-reduces per block forward and two backward (one more forward when recomputed)
+        comm += cost("all_reduce", act, layout.tp, tp_spans, blocks * (6 if recompute else 4) * grad_accum)
+    if layout.pp > 1:  # each stage receives every micro-batch's activations and sends back their gradients
+        m = layout.microbatches
+        comm += cost("send", act / m, 2, layout.dp * layout.tp >= gpn and world > gpn, 2 * m * grad_accum)
+    bubble = 0.0
+    if layout.pp > 1:
+        f = bubble_fraction(layout.pp, layout.microbatches)
+        bubble = (compute + comm) * f / (1 - f)
+    return {"step_s": compute + comm + bubble, "compute_s": compute, "comm_s": comm, "bubble_s": bubble}
+
+
+# ----------------------------------------------------------------------------- the ranking
+
+
+def this_machine(cfg, mc, world: int) -> tuple[Hardware, int | None]:
+    """This machine as the ranking prices it: the FLOP rate of the runtime probe's steps (one process, the
+    threads a launched rank gets) extended to the whole model, its memory shared by the processes on it, and its
+    collectives measured (`measured_collectives`); both cached per machine. Also the process runtime's bytes."""
+    import torch
+
+    from effkit import memplan
+
+    p, o, d = cfg.parallel, cfg.optim, cfg.data
+    nproc = world // p.nnodes
+    amp = {"bf16": torch.bfloat16, "fp16": torch.float16}[o.amp_dtype] if o.amp else None
+    runtime_bytes, how, probe_s = memplan.runtime(mc, o.batch_size, d.block_size,
+                                                  checkpointing=cfg.model.activation_checkpointing, optim=o.optim,
+                                                  amp_dtype=amp, probe=True, threads=p.threads or 1)
+    step_s = memplan.predicted_step_seconds(mc, mc.n_layer, d.block_size, probe_s)
+    rate = memplan.step_flops(mc, mc.n_layer, o.batch_size * d.block_size, d.block_size) / step_s
+    links, comm_how = measured_collectives(world, p.threads or 1)
+    _, avail = memplan.device_memory(torch.device("cpu"))
+    hw = Hardware("this machine (CPU)", nproc, (avail or 0) // nproc, rate, 1.0, links, links, simulated=False,
+                    how={"compute": f"{rate / 1e9:.2f} GFLOP/s per rank: the runtime probe's {memplan.STEP_ROUNDS} "
+                                    f"steps of a one- and a two-block model at batch {o.batch_size}, "
+                                    f"{p.threads or 1} thread(s), extended to {mc.n_layer} blocks ({how})",
+                         "collectives": comm_how, "memory": f"available RAM / {nproc} processes"})
+    return hw, runtime_bytes
+
+
+def rank(cfg, simulate: str = "") -> dict[str, Any]:
+    """The ranking `--parallel auto` chooses from: every layout (`enumerate_layouts`) planned, the tricks tried
+    where it does not fit as asked, and the fitting ones ranked by predicted step time; on this machine, or on the
+    machine `simulate` describes (`simulated_hardware`: on paper)."""
+    import torch
+
+    from effkit import memplan
+    from effkit.parallel.launch import nproc_per_node
+    from effkit.stageplan import what_fits
+
+    start = time.perf_counter()
+    p, o = cfg.parallel, cfg.optim
+    mc = memplan._model_config(cfg)
+    if simulate:
+        hw = simulated_hardware(simulate)
+        world, device, runtime_bytes = (p.nproc or hw.devices_per_node) * p.nnodes, torch.device("meta"), None
+    else:
+        world = nproc_per_node(p) * p.nnodes
+        hw, runtime_bytes = this_machine(cfg, mc, world)
+        device = torch.device("cpu")
+    global_batch = o.batch_size * world
+    layouts, skipped = enumerate_layouts(world, mc.n_head, mc.n_layer, global_batch)
+
+    def plan_of(layout: Layout):
+        c = layout.config(cfg, global_batch)
+        c = c.replace(parallel=c.parallel.replace(nproc=world // p.nnodes))
+        plan = memplan.predict(c, device, runtime_bytes=runtime_bytes, model_config=mc, batch_from=o.batch_size)
+        plan.device, plan.device_bytes = hw.name, hw.memory_bytes
+        return plan
+
+    rows = []
+    for base in layouts:
+        tricks = [t for t in TRICKS if ("adamw8bit" not in t or o.optim == "adamw")
+                  and ("checkpointing" not in t or not cfg.model.activation_checkpointing)]
+        for tried in what_fits([(" ".join(t), replace(base, tricks=t)) for t in tricks], plan_of):
+            layout = tried.option
+            row = {"layout": layout.describe(), "flags": layout.flags(global_batch), "fits": tried.fits,
+                   "per_rank_bytes": tried.plan.required_bytes, "usable_bytes": tried.plan.usable_bytes,
+                   "tricks": list(layout.tricks), **asdict(layout)}
+            if tried.fits:  # a layout that does not fit is never priced, nor timed
+                row |= predict_step(layout, mc, cfg.data.block_size, global_batch, o.grad_accum, hw, o.amp)
+            rows.append(row)
+    rows.sort(key=lambda r: (not r["fits"], r.get("step_s", 0)))
+    return {"world": world, "nnodes": p.nnodes, "model": cfg.model.name, "global_batch": global_batch,
+            "block_size": cfg.data.block_size, "simulated": hw.simulated, "hardware": hw.to_dict(),
+            "layouts": rows, "not_runnable": skipped, "elapsed_s": time.perf_counter() - start,
+            "method": __doc__.split("\n\n", 1)[1]}
+
+
+def choose(cfg, plan: bool, time_steps: Callable[[Any], list[float]] | None = None) -> tuple[Any, dict | None]:
+    """`--parallel auto` resolved before training: (the configuration to train or plan, the ranking made; None
+    where there is nothing to choose: one process). With `plan`, the ranking only; else the best-predicted
+    `--auto-top` fitting layouts are timed side by side (`trial`, with `time_steps`: a configuration's step times)
+    and training goes on with the winner."""
+    from effkit.parallel.launch import nproc_per_node
+
+    p = cfg.parallel
+    if p.simulate and not (plan and p.mode == "auto"):
+        raise EffkitError("--simulate ranks the layouts on paper and trains nothing: effkit train --parallel auto "
+                          "--plan --simulate a100-nvlink [options]")
+    if (p.nproc if p.simulate else nproc_per_node(p)) * p.nnodes == 1:
+        print("--parallel auto: one process, nothing to choose; training in this process")
+        return cfg.replace(parallel=p.replace(mode="none", nproc=1)), None
+    ranking = rank(cfg, p.simulate)
+    if plan:
+        return cfg, ranking
+    fitting = [r for r in ranking["layouts"] if r["fits"]][: p.auto_top]
+    if not fitting:
+        raise EffkitError(f"--parallel auto: no layout of {ranking['world']} processes fits per rank, even with "
+                          "8-bit AdamW and activation checkpointing; `--parallel auto --plan` lists them")
+    best, why = trial(cfg, fitting, ranking["global_batch"], time_steps) if len(fitting) > 1 and time_steps else (
+        fitting[0], "the only one fitting" if len(fitting) == 1 else "predicted fastest (--auto-top 1: not timed)")
+    ranking["chosen"] = {"layout": best["layout"], "flags": best["flags"], "why": why}
+    print(f"--parallel auto: {best['layout']} [{best['flags']}]: {why}")
+    return _layout_of(best).config(cfg, ranking["global_batch"]), ranking
+
+
+def _layout_of(row: dict[str, Any]) -> Layout:
+    return Layout(**{k: row[k] for k in ("mode", "dp", "tp", "pp", "schedule", "microbatches")},
+                  tricks=tuple(row["tricks"]))
+
+
+def trial(cfg, rows: list[dict[str, Any]], global_batch: int,
+          time_steps: Callable[[Any], list[float]]) -> tuple[dict[str, Any], str]:
+    """The layouts of `rows` timed side by side: TRIAL_ROUNDS paired rounds (each runs every layout once for
+    `--auto-steps` steps, in an order shuffled from a seed; its steps after the first are the round's sample),
+    decided by the decision rule (`effkit.measure.choice.decide`: Holm's intervals over the pairs; a tie or an
+    undecided leader goes to the better prediction). Each row gets its measured step beside its prediction;
+    returns (the winner's row, why it won)."""
+    import random
+
+    from effkit.measure.choice import Rule, decide
+
+    steps = cfg.parallel.auto_steps
+    samples: dict[str, list[list[float]]] = {r["layout"]: [] for r in rows}
+    order, rng = list(rows), random.Random(Rule.seed)
+    for _ in range(TRIAL_ROUNDS):
+        rng.shuffle(order)
+        for r in order:
+            c = _layout_of(r).config(cfg, global_batch)
+            c = c.replace(optim=c.optim.replace(max_steps=steps, max_tokens=0, time_budget=0))
+            samples[r["layout"]].append(time_steps(c)[1:])
+    rule = Rule()
+    choice = decide(samples, False, rule.level, rule.precision, prefer=[r["layout"] for r in rows].index)
+    for r in rows:
+        r["measured_step_s"] = statistics.median(t for rnd in samples[r["layout"]] for t in rnd)
+        r["predicted_over_measured"] = r["step_s"] / r["measured_step_s"]
+        r["samples_s"] = samples[r["layout"]]
+    best = next(r for r in rows if r["layout"] == choice.picked)
+    return best, (f"timed against the next {len(rows) - 1} by prediction, {TRIAL_ROUNDS} paired rounds of {steps} "
+                  f"steps: {choice.line()}")

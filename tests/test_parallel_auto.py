@@ -1,0 +1,204 @@
+"""`effkit train --parallel auto`: the layouts enumerated, planned and ranked; one that does not fit is never priced
+nor timed; the ranking's inputs (the runtime probe, the collectives) measured once per machine and recorded; the
+pipeline's bubble; `--simulate` on paper; one process: nothing to choose."""
+
+import json
+import sys
+
+import pytest
+
+from effkit import cli
+from effkit.errors import EffkitError
+from effkit.parallel import auto
+
+
+def nano(tiny_cfg, **kw):
+    return tiny_cfg(parallel="auto", **kw)
+
+
+def test_the_bubble_is_the_pipelines_idle_share():
+    assert auto.bubble_fraction(1, 8) == 0
+    assert auto.bubble_fraction(2, 2) == pytest.approx(1 / 3)
+    assert auto.bubble_fraction(4, 12) == pytest.approx(3 / 15)
+    from transformers import GPT2Config
+
+    mc = GPT2Config(n_embd=64, n_layer=4, n_head=2, vocab_size=512, n_positions=64)
+    hw = auto.simulated_hardware("a100-nvlink")
+    for m in (2, 4, 8):
+        t = auto.predict_step(auto.Layout("pp", 1, 1, 2, "1f1b", m), mc, 32, 16, 1, hw, False)
+        assert t["bubble_s"] / t["step_s"] == pytest.approx(auto.bubble_fraction(2, m))
+    assert auto.predict_step(auto.Layout("ddp", 2), mc, 32, 16, 1, hw, False)["bubble_s"] == 0
+
+
+def test_a_ring_link_fitted_to_its_own_timings_is_found_again():
+    link = auto.Link(50e-6, 2e9)
+    for kind in auto.KINDS:
+        points = [[b, link.seconds(kind, b, 4)] for b in (1e3, 1e5, 1e7)]
+        fitted = auto._fit(points, kind, 4)
+        assert fitted.latency_s == pytest.approx(link.latency_s, rel=1e-6)
+        assert fitted.bandwidth == pytest.approx(link.bandwidth, rel=1e-6)
+    assert link.seconds("all_reduce", 1e6, 1) == 0
+
+
+def test_layouts_effkit_cannot_run_are_said_with_why():
+    layouts, skipped = auto.enumerate_layouts(4, n_head=2, n_layer=2, global_batch=8)
+    modes = {lay.mode for lay in layouts}
+    assert {"ddp", "fsdp", "fsdp+tp", "pp+fsdp"} <= modes and "tp" not in modes and "pp" not in modes
+    assert any("tp 4 does not divide the 2 heads" in s for s in skipped)
+    assert any("4 stages for 2 blocks" in s for s in skipped)
+    assert all(lay.microbatches >= lay.pp for lay in layouts if lay.pp > 1)
+
+
+def test_a_layout_that_does_not_fit_is_never_priced_nor_timed(tiny_cfg, monkeypatch):
+    cfg = nano(tiny_cfg, nproc=4)
+    big = auto.rank(cfg, "a100-nvlink")
+    sizes = sorted(r["per_rank_bytes"] for r in big["layouts"])
+    assert sizes[0] < sizes[-1]
+    # a device whose usable memory lies between the smallest rank's plan and the largest's
+    memory_gib = (sizes[0] + sizes[-1]) / 2 / 0.9 / 2**30
+    priced = []
+    real = auto.predict_step
+    monkeypatch.setattr(auto, "predict_step", lambda layout, *a: priced.append(layout) or real(layout, *a))
+    desc = json.dumps({"preset": "a100-nvlink", "memory_gib": memory_gib})
+    ranking = auto.rank(cfg.with_flat(simulate=desc), desc)
+    fits = [r for r in ranking["layouts"] if r["fits"]]
+    out = [r for r in ranking["layouts"] if not r["fits"]]
+    assert fits and out
+    assert all(r["per_rank_bytes"] > r["usable_bytes"] and "step_s" not in r for r in out)
+    assert len(priced) == len(fits)
+    assert ranking["layouts"][: len(fits)] == fits  # the fitting ones first, by predicted step
+    assert [r["step_s"] for r in fits] == sorted(r["step_s"] for r in fits)
+    # nothing fits: nothing is trained, one line
+    tiny = json.dumps({"preset": "a100-nvlink", "memory_gib": 1e-6})
+    rank = auto.rank
+    monkeypatch.setattr(auto, "rank", lambda c, s="": rank(c, tiny))
+    priced.clear()
+    with pytest.raises(EffkitError, match="no layout of 4 processes fits"):
+        auto.choose(cfg, plan=False)
+    assert priced == []
+
+
+def test_the_rankings_inputs_are_measured_once_per_machine_and_recorded(tiny_cfg, monkeypatch, tmp_path):
+    import effkit.child
+    from effkit.measure.machine_cache import machine_id
+
+    monkeypatch.setenv("EFFKIT_CACHE", str(tmp_path / "cache"))
+    probes, timings = [], []
+
+    def probe(target, kwargs, what, env=None):
+        probes.append(kwargs)
+        return {"bytes": 50 * 2**20, "step_s": 0.1, "step2_s": 0.15}
+
+    def timing(world, threads):
+        timings.append(world)
+        link = auto.Link(1e-4, 1e9)
+        return {k: [[b, link.seconds(k, b, world)] for b in (1e4, 1e6, 1e7)] for k in auto.KINDS}
+
+    monkeypatch.setattr(effkit.child, "run_isolated", probe)
+    monkeypatch.setattr(auto, "launch_timing", timing)
+    cfg = nano(tiny_cfg, nproc=2)
+    first = auto.rank(cfg)
+    second = auto.rank(cfg)
+    assert len(probes) == 1 and probes[0]["threads"] == 1 and timings == [2]
+    how = second["hardware"]["how"]
+    assert "measured now" in first["hardware"]["how"]["collectives"]
+    assert f"machine {machine_id()}" in how["collectives"] and "cached" in how["collectives"]
+    assert "GFLOP/s per rank" in how["compute"] and "cached" in how["compute"]
+    assert not second["simulated"] and second["layouts"][0]["fits"]
+    cache = json.loads((tmp_path / "cache" / f"{auto.COLLECTIVES}.json").read_text())
+    assert all(machine_id() in key for key in cache)
+
+
+def test_the_simulate_preset_path_ranks_on_paper(tiny_cfg, monkeypatch, capsys):
+    import effkit.child
+
+    monkeypatch.setattr(effkit.child, "run_isolated", lambda *a, **k: pytest.fail("a simulation runs nothing"))
+    monkeypatch.setattr(auto, "launch_timing", lambda *a: pytest.fail("a simulation times nothing"))
+    r = auto.rank(nano(tiny_cfg, nproc=8, simulate="h100-nvlink"), "h100-nvlink")
+    assert r["simulated"] and r["world"] == 8 and r["hardware"]["name"] == "h100-nvlink"
+    assert r["hardware"]["memory_bytes"] == 80 * 2**30 and all(x["fits"] for x in r["layouts"])
+    over = auto.simulated_hardware('{"preset": "a100-nvlink", "inter_gbps": 50, "name": "mine"}')
+    assert over.name == "mine" and over.inter["all"].bandwidth == 50e9 and over.peak_flops == 312e12
+    for bad, needle in (("b200-nvlink", "neither a preset"), ('{"peak_tflops": 1}', "lacks"),
+                        ('{"preset": "a100-nvlink", "speed": 3}', "unknown keys"),
+                        ('{"preset": "a100-nvlink", "efficiency": -1}', "positive")):
+        with pytest.raises(EffkitError, match=needle):
+            auto.simulated_hardware(bad)
+    with pytest.raises(EffkitError, match="trains nothing"):
+        auto.choose(nano(tiny_cfg, simulate="a100-nvlink"), plan=False)
+
+
+def test_auto_with_one_process_says_there_is_nothing_to_choose(tiny_cfg, monkeypatch, capsys):
+    monkeypatch.setattr(auto, "rank", lambda *a: pytest.fail("nothing to rank"))
+    cfg, ranking = auto.choose(nano(tiny_cfg, nproc=1), plan=False)
+    assert ranking is None and cfg.parallel.mode == "none" and not cfg.parallel.launched
+    assert capsys.readouterr().out.strip().splitlines() == [
+        "--parallel auto: one process, nothing to choose; training in this process"]
+
+
+def test_the_cli_prints_a_simulated_ranking_one_line_per_layout(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["effkit", "train", "--parallel", "auto", "--plan", "--simulate", "a100-nvlink",
+                                      "--nproc", "2", "--model", "gpt2-nano", "--vocab-size", "512", "--block-size",
+                                      "32", "--batch-size", "4", "--max-steps", "1"])
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    out = capsys.readouterr().out
+    assert exc.value.code in (0, None), out
+    assert "SIMULATION on paper for a100-nvlink" in out
+    lines = [line for line in out.splitlines() if "--parallel " in line]
+    assert len(lines) == len({"ddp", "fsdp", "tp"}) + 2 * 3  # pp: gpipe and 1f1b, 2, 4 and 8 micro-batches
+    assert " 1. " in out and "step " in out and "fits" in out
+
+
+@pytest.mark.slow
+def test_this_machines_collectives_are_timed_in_launched_processes():
+    timed = auto.launch_timing(2, 1)
+    assert set(timed) == set(auto.KINDS)
+    assert all(len(v) == len(auto.SIZES) and all(s > 0 for _, s in v) for v in timed.values())
+
+
+def test_the_trial_times_only_fitting_layouts_in_paired_rounds_and_keeps_prediction_beside_measurement(
+        tiny_cfg, monkeypatch, capsys):
+    cfg = nano(tiny_cfg, nproc=4, simulate="")
+    desc = json.dumps({"preset": "a100-nvlink", "memory_gib": 80})
+    rank = auto.rank
+    monkeypatch.setattr(auto, "rank", lambda c, s="": rank(c, desc))
+    ranked = rank(cfg, desc)["layouts"]
+    second = ranked[1]["layout"]  # predicted second, measured fastest: the measurement decides
+    timed = []
+
+    def time_steps(c):
+        layout = next(r["layout"] for r in ranked if auto._layout_of(r).config(cfg, 16).parallel == c.parallel
+                      and auto._layout_of(r).config(cfg, 16).optim.batch_size == c.optim.batch_size)
+        timed.append(layout)
+        assert c.optim.max_steps == cfg.parallel.auto_steps
+        return [9.0] + [1.0 + 0.01 * i if layout == second else 2.0 + 0.01 * i for i in range(5)]
+
+    cfg = cfg.with_flat(auto_top=3)
+    chosen, ranking = auto.choose(cfg, plan=False, time_steps=time_steps)
+    top = ranking["layouts"][:3]
+    assert sorted(timed) == sorted([r["layout"] for r in top] * auto.TRIAL_ROUNDS)
+    assert all(r["fits"] for r in ranking["layouts"] if r["layout"] in timed)
+    assert ranking["chosen"]["layout"] == second and "decided" in ranking["chosen"]["why"]
+    assert chosen.parallel.mode == auto._layout_of(ranked[1]).mode and chosen.parallel.mode != "auto"
+    for r in top:
+        assert r["measured_step_s"] in (pytest.approx(1.02), pytest.approx(2.02))
+        assert r["predicted_over_measured"] == pytest.approx(r["step_s"] / r["measured_step_s"])
+    assert "--parallel auto: " + second in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_auto_times_the_best_layouts_and_trains_with_the_winner(tmp_path, corpus_dir):
+    import subprocess
+
+    args = ["train", "--model", "gpt2-nano", "--data", str(corpus_dir), "--vocab-size", "512", "--block-size", "32",
+            "--eval-blocks", "4", "--batch-size", "4", "--max-steps", "2", "--runs-dir", str(tmp_path / "runs"),
+            "--reports-dir", str(tmp_path / "reports"), "--run-name", "auto", "--parallel", "auto", "--nproc", "2",
+            "--auto-top", "2", "--auto-steps", "2", "--eval-interval", "0", "--checkpoint-interval", "0"]
+    proc = subprocess.run([sys.executable, "-m", "effkit", *args], capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((tmp_path / "reports" / "auto" / "train.json").read_text())
+    choice = report["parallel_auto"]
+    assert choice["chosen"]["layout"].startswith(report["config"]["parallel"]["mode"] + ":")
+    timed = [r for r in choice["layouts"] if "measured_step_s" in r]
+    assert len(timed) == 2 and all(r["fits"] and r["predicted_over_measured"] > 0 for r in timed)
