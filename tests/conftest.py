@@ -195,8 +195,21 @@ def assert_choice_from_samples(c: dict) -> None:
 SLOW_FIXTURES = {"parallel_runs", "run_with_artifacts"}  # module fixtures that train, launch or bench for tens of s
 
 
+# the modules that keep a worker busy longest, heaviest first (the end-to-end run, multi-process launches, exports
+# and quantizers; docs/benchmarks.md, "The test suite", has the measured ones): xdist hands each module whole to the
+# next free worker in this order (`--no-loadscope-reorder`; its own order, by test count, started heavy ones
+# such as test_openvino late), so the longest start first and the short ones fill the gaps at the end
+HEAVIEST_FIRST = ("test_run.py", "test_parallel.py", "test_quantize.py", "test_export.py", "test_openvino.py",
+                  "test_llamacpp.py", "test_bench.py", "test_prune.py", "test_cli.py", "test_structured.py",
+                  "test_studies.py", "test_plugins.py", "test_train.py", "test_memplan.py", "test_hf_input.py",
+                  "test_bf16_flags.py", "test_architecture.py")
+
+
 def pytest_collection_modifyitems(config, items):
-    """A test that uses one of SLOW_FIXTURES is slow too (the fast tier, `-m "not slow"`, never builds them)."""
+    """A test that uses one of SLOW_FIXTURES is slow too (the fast tier, `-m "not slow"`, never builds them); the
+    modules are put in the order of HEAVIEST_FIRST (a module's own tests keep theirs)."""
     for item in items:
         if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+    rank = {name: i for i, name in enumerate(HEAVIEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))

@@ -1,6 +1,5 @@
 """Bad input ends in one line on stderr, exit code 2, no traceback, and no half-written artifact."""
 
-import os
 import subprocess
 import sys
 import time
@@ -425,7 +424,6 @@ def test_peer_engines_that_would_give_no_peer_row_are_refused(flags, needle, tmp
     assert_clean_failure(code, err, tmp_path, needle)
 
 
-@pytest.mark.slow
 def test_a_recipes_peer_engines_need_peers_only_where_peers_are_off(tmp_path, capsys, monkeypatch):
     """`effkit run` turns peers on when its recipe leaves them unset, so there `peer_engines` alone is valid; with
     `peers = false` (and in `effkit bench`, where unset is off) it is refused like the flag."""
@@ -433,9 +431,11 @@ def test_a_recipes_peer_engines_need_peers_only_where_peers_are_off(tmp_path, ca
     head = f'[run]\nruns_dir = "{tmp_path / "runs"}"\nreports_dir = "{tmp_path / "reports"}"\n[bench]\n' \
            'peer_engines = "ctranslate2"\n'
     recipe.write_text(head)
-    out = subprocess.run([sys.executable, "-m", "effkit", "run", "--dry-run", str(recipe)], capture_output=True,
-                         text=True, timeout=120, env={**os.environ, "COLUMNS": "250"})
-    assert out.returncode == 0 and "with the peer engines" in out.stdout, out.stdout + out.stderr
+    monkeypatch.setattr(sys, "argv", ["effkit", "run", "--dry-run", str(recipe)])
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    out = capsys.readouterr()
+    assert exc.value.code in (0, None) and "with the peer engines" in out.out, out.out + out.err
     code, err = run_cli(["bench", "--recipe", str(recipe), "--runs-dir", str(tmp_path / "runs")], capsys,
                         monkeypatch)
     assert_clean_failure(code, err, tmp_path, "--peer-engines chooses among the peer rows: add --peers")

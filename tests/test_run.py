@@ -20,6 +20,7 @@ from effkit.bench import deliverable
 from effkit.pipeline import (
     BUDGET_USED,
     Eta,
+    fingerprints,
     make_plan,
     run_pipeline,
     stage_budgets,
@@ -161,7 +162,14 @@ def test_tiny_recipe_end_to_end_then_skips(tmp_path, corpus_dir):
     stale_before = (tmp_path / "runs" / "tiny" / "quantize-dynamic" / "effkit.json").stat().st_mtime_ns
     recipe.write_text(recipe.read_text().replace('backend = "dynamic"\nlatency_repeats = 2',
                                                  'backend = "dynamic"\nlatency_repeats = 3'))
-    changed = run_pipeline(str(recipe))  # the quantize section changed: it and what follows run again
+    # the quantize section alone changed: the fingerprints the run compares say it and what follows run again
+    recorded = json.loads((tmp_path / "runs" / "tiny" / "pipeline.json").read_text())
+    now = fingerprints(make_plan(str(recipe)))
+    assert [k for k in ("train", "prune row", "quantize train", "quantize best-pruned", "bench")
+            if now[k] != recorded[k]["fingerprint"]] == ["quantize train", "quantize best-pruned", "bench"]
+    # the bench that runs again leaves the peers out (the first run benched them): the run is shorter, the same steps
+    recipe.write_text(recipe.read_text().replace("quick = true", "quick = true\npeers = false"))
+    changed = run_pipeline(str(recipe))
     assert changed["done"] == ["train (skipped)", "prune row (skipped)", "quantize train",
                                "quantize best-pruned (prune-row-distill-r1)", "bench", "report"]
     assert (tmp_path / "runs" / "tiny" / "quantize-dynamic" / "effkit.json").stat().st_mtime_ns != stale_before
@@ -333,16 +341,17 @@ def test_missing_recipe(tmp_path, capsys, monkeypatch):
     assert exc.value.code == 2 and "not found" in capsys.readouterr().err
 
 
-@pytest.mark.slow
-def test_dry_run_shows_the_plan_and_the_launch_command(tmp_path, corpus_dir):
+def test_dry_run_shows_the_plan_and_the_launch_command(tmp_path, corpus_dir, capsys, monkeypatch):
     recipe = write_recipe(tmp_path, corpus_dir)
     text = recipe.read_text().replace('model = "gpt2-nano"', 'model = "gpt2-nano"\nparallel = "fsdp"\nnproc = 2')
     recipe.write_text(text)
-    out = subprocess.run([sys.executable, "-m", "effkit", "run", "--dry-run", str(recipe)], capture_output=True,
-                         text=True, timeout=60, env={**os.environ, "COLUMNS": "200"})
-    assert out.returncode == 0, out.stderr
-    assert "accelerate.commands.launch --num_processes 2" in out.stdout and "ACCELERATE_USE_CPU=1" in out.stdout
-    assert "prune row" in out.stdout and "bench" in out.stdout
+    monkeypatch.setattr(sys, "argv", ["effkit", "run", "--dry-run", str(recipe)])
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    out = capsys.readouterr()
+    assert exc.value.code in (0, None), out.err
+    assert "accelerate.commands.launch --num_processes 2" in out.out and "ACCELERATE_USE_CPU=1" in out.out
+    assert "prune row" in out.out and "bench" in out.out
     assert not (tmp_path / "runs").exists()
 
 
