@@ -138,6 +138,21 @@ def test_k_is_chosen_by_the_decision_rule_and_travels_with_the_artifact(models, 
     assert again.speculative_stats is None
 
 
+def test_a_k_whose_tokens_diverge_is_never_chosen_and_the_record_says_where():
+    from effkit.measure.choice import Rule
+
+    class Drifting:  # a target whose checked tokens differ from its own plain ones at k 4 (as dynamic int8 can)
+        def generate(self, ids, max_new_tokens, prompt_lookup_num_tokens=0, **_):
+            new = torch.arange(max_new_tokens)[None] + (prompt_lookup_num_tokens == 4) * (
+                torch.arange(max_new_tokens) >= 5)
+            return torch.cat([ids, new], 1)
+
+    rule = Rule(rounds=3, looks=1, min_sample_s=0.001, h2h_sample_s=0.001)
+    chosen = spec.choose_k(Drifting(), [REPETITIVE], 8, ks=(2, 4), rule=rule)
+    assert "k4" not in chosen.choice["samples"] and chosen.k != 4
+    assert "diverged from the target's greedy tokens at new token 5" in chosen.choice["invalid"]["k4"]
+
+
 def test_bad_speculative_input_is_one_line(models, tmp_path):
     _, ort, _ = models
     with pytest.raises(EffkitError, match="greedy"):

@@ -11,7 +11,9 @@ positions one forward settles).
   row and pad the rest), so a batch's output is each row's own greedy text.
 - `SpecStats`: acceptance rate, tokens per target forward and the draft's share of the time.
 - `first_divergence` / `check_exact`: exactness checked, not assumed: a mismatch with the target alone is an error
-  that says where it diverged.
+  that says where it diverged. Exactness needs a target whose logits for a token do not depend on the other tokens
+  of the same run: fp32 graphs hold to it up to rounding; ONNX Runtime's dynamic int8 does not (one activation scale
+  over every token of a run), and the check says so.
 - `choose_k`: k (and whether to draft at all) chosen by measurement under `effkit.measure.choice.choose`, its
   samples kept, exactness checked on every contender's first call; `write_settings` records the pick in the
   artifact's folder (`SETTINGS`), where the ONNX Runtime engine's loader reads it (`read_settings`).
@@ -219,7 +221,8 @@ def choose_k(model: Any, prompts: Sequence[np.ndarray], new_tokens: int, ks: Seq
     """k for `model` (an engine's loaded model: `generate` with transformers' keywords) chosen by
     `choice.choose` among plain greedy decoding (the default, kept unless beaten) and the draft at each of `ks`,
     in tokens per second over `prompts` (1-d int64 each; every prompt, every call). Every contender's first call is
-    checked token for token against plain decoding (`check_exact`)."""
+    checked token for token against plain decoding (`check_exact`): one that diverges fails, and the choice records
+    it among the invalid, with where, never picked."""
     import torch
 
     from effkit.measure.choice import Rule, choose
