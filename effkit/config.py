@@ -506,9 +506,10 @@ class TrainConfig(_Staged):
 
 @dataclass(frozen=True)
 class PruneMethod(_Section):
-    # weight | row (MLP channels) | width (residual channels) | depth (whole blocks): the names of registry.PRUNERS
+    # weight | row (MLP channels) | width (residual channels) | depth (whole blocks) | draft: registry.PRUNERS
     mode: str = opt("row", "a pruning method: {choices} (row: MLP channels, width: residual channels, depth: whole "
-                    "blocks, weight: unstructured)", choices=PRUNERS.names)
+                    "blocks, weight: unstructured, draft: a much smaller model for speculative decoding)",
+                    choices=PRUNERS.names)
     target: float = opt(0.5, "fraction removed by the last round (0-1): of the weights, MLP channels, residual "
                         "channels or blocks", gt=0, lt=1)
     rounds: int = opt(3, "prune in this many steps up to the target", ge=1)
