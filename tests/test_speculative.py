@@ -12,7 +12,7 @@ import torch
 from effkit.engines import speculative as spec
 from effkit.engines.onnxruntime.graph import onnx_unavailable
 from effkit.errors import EffkitError
-from tests.conftest import assert_choice_from_samples
+from conftest import assert_choice_from_samples
 
 pytestmark = pytest.mark.skipif(onnx_unavailable() is not None, reason=f"not run: {onnx_unavailable()}")
 
