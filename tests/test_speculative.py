@@ -8,11 +8,11 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import assert_choice_from_samples
 
 from effkit.engines import speculative as spec
 from effkit.engines.onnxruntime.graph import onnx_unavailable
 from effkit.errors import EffkitError
-from tests.conftest import assert_choice_from_samples
 
 pytestmark = pytest.mark.skipif(onnx_unavailable() is not None, reason=f"not run: {onnx_unavailable()}")
 
