@@ -281,9 +281,18 @@ def test_two_nodes_on_localhost_finish_and_match_single_process(tmp_path, corpus
     assert _losses(str(tmp_path / "reports"), "nodes") == pytest.approx(ref, rel=2e-5, abs=2e-5)
 
 
-def test_a_multi_node_run_needs_a_run_name(tmp_path, corpus_dir):
-    out = _cli(["--data", str(corpus_dir), "--parallel", "ddp", "--nnodes", "2", "--nproc", "1"], tmp_path)
-    assert out.returncode == 2 and "needs the same --run-name on every node" in out.stderr.strip().splitlines()[-1]
+def test_a_multi_node_run_needs_a_run_name(tmp_path, corpus_dir, capsys, monkeypatch):
+    import sys
+
+    from effkit import cli
+
+    monkeypatch.setattr(sys, "argv", ["effkit", "train", "--model", "gpt2-nano", "--data", str(corpus_dir),
+                                      "--runs-dir", str(tmp_path / "runs"), "--parallel", "ddp", "--nnodes", "2",
+                                      "--nproc", "1"])
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "needs the same --run-name on every node" in err.strip().splitlines()[-1]
 
 
 @pytest.mark.slow
