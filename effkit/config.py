@@ -629,6 +629,11 @@ class BackendOptions(_Section):
                             "(decode: greedy tokens/s; prefill: latency)", choices=workloads.names)
     # also the (tied) LM head and token embeddings
     include_head: bool = opt(False, "also quantize the tied LM head / token embedding")
+    # the share of its time budget `effkit run` gives the stage: auto writes that share of the backends (the ones
+    # measured fastest before first, effkit.stage.by_share) and lists the rest as not run
+    auto_share: float = opt(1.0, "auto: write and time this share of the backends that run here (at least 3, those "
+                            "measured fastest before first: effkit/stage_costs.json); the rest are listed as not run",
+                            gt=0, le=1)
 
 
 class BackendParams(PluginOptions):
@@ -722,6 +727,10 @@ class BenchWhat(_Section):
     # which engines give a peer row: comma-separated engine names ("" = every engine of the registry with a peer)
     peer_engines: str = opt("", "with --peers: comma-separated engines giving a peer row (default: every engine "
                             "that has one)")
+    # the share of its time budget `effkit run` gives the stage: that share of the peers (those measured fastest
+    # before first, effkit.stage.by_share), the rest listed as not run
+    peer_share: float = opt(1.0, "with --peers: bench this share of the peers (at least 2, those measured fastest "
+                            "before first: effkit/stage_costs.json); the rest are listed as not run", gt=0, le=1)
     device: str = opt("auto", DEVICE_HELP)
     force: bool = opt(False, "run even where the memory plan (--plan) predicts a peak above the machine's memory")
 

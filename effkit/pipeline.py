@@ -36,7 +36,7 @@ from effkit import artifacts
 from effkit.config import RunConfig, build_config, load_recipe
 from effkit.errors import EffkitError
 from effkit.registry import STAGES
-from effkit.stage import Plan, RunContext, Stage, Step, fingerprint
+from effkit.stage import Plan, RunContext, Stage, Step, costs, fingerprint
 
 RECORD = "pipeline.json"  # in the run folder: each step's fingerprint and the folders it left
 SCHEDULE = "time_budget"  # its entry holding the time budget's decision (no step has this name)
@@ -144,8 +144,11 @@ PROBE_TOLERANCE = 0.25
 REFIT_FEWEST = 5
 HOW_SHARED = (f"one share for every stage: training the largest multiple of the grain (`step_grain`) up to the "
               f"recipe's steps, every measuring stage that share of its recipe's time budgets, bench rounds and "
-              f"fine-tuning steps (each down to its floor), whose whole run, predicted as each step's work in "
-              f"training steps x the step time + {BUDGET_USED:.0%} of each measuring step's time budget + "
+              f"fine-tuning steps, quantize auto that share of the backends that run here and the bench that share "
+              f"of the peers (those measured fastest before first: effkit/stage_costs.json; the others listed as "
+              f"not run: budget share) (each down to its floor), whose whole run, predicted as each step's work in "
+              f"training steps (its weights from effkit/stage_costs.json, for what it runs at that share) x the "
+              f"step time + {BUDGET_USED:.0%} of each measuring step's time budget + "
               f"{OUTSIDE_S:.0f} s outside the steps, fits the budget less {BUDGET_MARGIN:.0%} (the spread of the "
               f"measuring stages between runs); the share is never under {FEWEST_SHARE:.0%} (nor training past its "
               "warm-up): where even that is predicted over the budget, a budget typed on the command line is "
@@ -467,9 +470,11 @@ class Eta:
                 "skipped": self.skipped,
                 **({"time_budget": {k: v for k, v in self.plan.schedule.items() if k != "key"}}
                    if self.plan.schedule else {}),
+                "weights": costs(),
                 "how": "each stage's work counted in training steps of the recipe (training and fine-tuning steps "
-                       "exactly; evaluations, timed rounds, exports and set-up by per-operation weights read off "
-                       "one quickstart on a 2-core Zen 4 EPYC), times the step time measured here, plus "
+                       "exactly; evaluations, timed rounds, exports, each backend quantize auto writes and set-up by "
+                       "the weights in `weights`, fitted from measured runs by benchmarks/stage_costs.py), times the "
+                       "step time measured here, plus "
                        f"{BUDGET_USED:.0%} of each measuring stage's time budget for the rounds after the first "
                        "look; predicted = the first estimate, printed after the first training steps"}
 

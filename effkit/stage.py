@@ -20,8 +20,10 @@ quantize, bench and report read.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,33 @@ from effkit.measure import results
 # weights (step equivalents) calibrated once against a quickstart run: they differ from machine to machine, which is
 # why `effkit run` rescales them as the measuring stages finish.
 FORWARD = 1 / 3  # a forward pass at the training batch, in training steps
+# the weights, fitted from measured runs by benchmarks/stage_costs.py (its `fitted_from` says which), and the speeds
+# measured there that rank `auto`'s backends and the bench's peers on a share of their budget (`by_share`)
+COSTS = Path(__file__).with_name("stage_costs.json")
+
+
+@functools.cache
+def costs() -> dict[str, Any]:
+    """effkit/stage_costs.json: each measuring stage's weights in training steps and the measured speeds."""
+    return json.loads(COSTS.read_text())
+
+
+def by_share(names: list[str], share: float, fewest: int, speed: dict[str, float],
+             first: str | None = None) -> tuple[list[str], list[str]]:
+    """The rule a measuring stage on `share` of its budget keeps candidates by: the `max(fewest, ceil(share x n))`
+    of the `n` `names` measured fastest before (`speed`: relative rates; one never measured after those that were),
+    `first` always among them. Returns (kept, left out), each in the order of `names`."""
+    n = max(fewest, math.ceil(round(share * len(names), 6)))
+    ranked = sorted(names, key=lambda b: (b != first, -speed.get(b, 0.0)))
+    kept = set(ranked[:n])
+    return [b for b in names if b in kept], [b for b in names if b not in kept]
+
+
+def left_out_why(share: float, speed: dict[str, float], name: str) -> str:
+    """The line a candidate left out by `by_share` is listed with (nothing is dropped silently)."""
+    rate = f"{speed[name]:.2g}x the fastest's" if name in speed else "never measured"
+    return (f"not run: budget share {share:.0%} (the time budget keeps the candidates measured fastest before, "
+            f"effkit/stage_costs.json: this one {rate})")
 
 
 NOT_RESULTS = frozenset({"force"})  # options that change whether a stage runs, never what it makes

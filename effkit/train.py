@@ -57,7 +57,7 @@ from effkit.parallel import ParallelDims, Runtime, init_runtime
 from effkit.parallel.launch import launch, nproc_per_node
 from effkit.parallel.parallelize import parallelize_gpt2
 from effkit.report import StageReport, plot_loss_curve, stamp, write_rows_csv, write_stage_report
-from effkit.stage import FORWARD, Plan, RunContext, ShapeRun, Stage, Step, complete, fingerprint
+from effkit.stage import FORWARD, Plan, RunContext, ShapeRun, Stage, Step, complete, costs, fingerprint
 
 
 def resolve_amp(o: OptimConfig, device: torch.device, model: torch.nn.Module | None = None,
@@ -709,7 +709,8 @@ class TrainStep(Step):
     def work(self, plan: Plan) -> float:
         t = plan.train
         evals = (t.optim.max_steps // t.run.eval_interval if t.run.eval_interval else 0) + 1
-        return t.optim.max_steps + evals * -(-t.data.eval_blocks // t.optim.batch_size) * FORWARD + TRAIN_SETUP
+        eval_batches = -(-t.data.eval_blocks // t.optim.batch_size)
+        return t.optim.max_steps + evals * eval_batches * FORWARD + costs()["train_setup"]
 
     def describe(self, plan: Plan) -> dict[str, Any]:
         import shlex
@@ -738,11 +739,6 @@ class TrainStep(Step):
             entry["launch"] = f"{cpu.strip()} {shlex.join(cmd)}".strip()
         return entry
 
-
-# what a training stage spends beside its steps and evaluations (its data and tokenizer, the model, the precision
-# probe, saving), in training steps: about the mean of measured quickstarts (docs/benchmarks.md, "The run's time
-# estimate")
-TRAIN_SETUP = 80.0
 
 
 class TrainStage(Stage):

@@ -27,6 +27,7 @@ from effkit.pipeline import (
     stage_work,
 )
 from effkit.quantize.stage import best_pruned
+from effkit.stage import costs
 
 
 def key_paths(obj, prefix=""):
@@ -409,7 +410,7 @@ def fake_probe(monkeypatch, seconds: float | None):
         return seconds, "a fake probe"
 
     monkeypatch.setattr(TrainStage, "probe_step_time", probe)
-    monkeypatch.setattr("effkit.train.TRAIN_SETUP", 0.0)  # the quickstart's set-up weight would swamp a 30 s budget
+    monkeypatch.setitem(costs(), "train_setup", 0.0)  # the quickstart's set-up weight would swamp a 30 s budget
     monkeypatch.setattr("effkit.pipeline.OUTSIDE_S", 0.0)  # and so would its seconds outside the stages
     return calls
 
@@ -427,14 +428,14 @@ def test_the_time_budget_fits_the_steps_by_the_estimates_model():
 
 
 def test_the_budgets_prediction_is_the_estimate_the_run_prints(tmp_path, corpus_dir):
-    from effkit.pipeline import predicted_total, step_timer
+    from effkit.pipeline import predicted_total, shared, step_timer
 
     plan = make_plan(str(write_recipe(tmp_path, corpus_dir)))
     plan.run = plan.run.replace(time_budget_min=1.0)
     timer = step_timer(plan)
     total = predicted_total(plan, timer, 3, 0.25)
     assert plan.train.optim.max_steps == 4  # predicted on a copy
-    timer.with_training_steps(plan, 3)
+    plan.configs = shared(plan, timer, 3)[0].configs  # what the run then runs (`apply_decision`): its shares too
     eta = Eta(plan, Console(file=__import__("io").StringIO()))
     eta.set_step_time(0.25, "a test")
     assert total == pytest.approx(sum(eta.first.values())) and eta.work["train"] < stage_work(
@@ -641,6 +642,7 @@ def test_the_share_given_to_each_stage_is_recorded_in_the_runs_report(tmp_path, 
     import io
 
     from effkit import artifacts, pipeline
+    from effkit.bench.stage import peers_at_share
     from effkit.pipeline import BUDGET_MARGIN, RECORD, StageRecord, fit_time_budget, predicted_total, step_timer
 
     recipe = write_recipe(tmp_path, corpus_dir, finetune=10)
@@ -657,7 +659,10 @@ def test_the_share_given_to_each_stage_is_recorded_in_the_runs_report(tmp_path, 
     assert d["steps"] == 50 and d["share"] == 0.5 and set(d["shares"]) == {"train", "prune", "quantize", "bench"}
     assert all(v["share"] == 0.5 for v in d["shares"].values()) and d["shares"]["train"]["training_steps"] == 50
     assert d["shares"]["prune"]["row"]["finetune_steps"] == plan.prune["row"].finetune.finetune_steps == 5
-    assert d["shares"]["bench"] == {"share": 0.5, "rounds": 3, "budget_s": 10.0} and plan.bench.measure.rounds == 3
+    bench = d["shares"]["bench"]
+    assert {k: bench[k] for k in ("share", "rounds", "budget_s")} == {"share": 0.5, "rounds": 3, "budget_s": 10.0}
+    assert plan.bench.measure.rounds == 3 and plan.bench.what.peer_share == 0.5
+    assert (bench["peers"], bench["not_run"]) == peers_at_share(plan.bench)  # the peers it makes, and those it lists
     assert d["shares"]["quantize"]["budget_s"] == plan.quantize.measure.budget_s
     assert set(d["stage_s"]) == {"train", "prune row", "quantize", "bench"}
     assert sum(d["stage_s"].values()) + pipeline.OUTSIDE_S == pytest.approx(d["predicted_s"])

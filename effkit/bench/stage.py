@@ -32,15 +32,23 @@ from effkit.measure import evaluation, hardware, memory, stats, stopping
 from effkit.measure.timing import INTERLEAVED_PROTOCOL
 from effkit.parallel import resolve_device
 from effkit.report import atomic_write_text
-from effkit.stage import Plan, RunContext, ShapeRun, Stage, Step, best_of_each_mode, fingerprint, pruning_rounds
+from effkit.stage import (
+    Plan,
+    RunContext,
+    ShapeRun,
+    Stage,
+    Step,
+    best_of_each_mode,
+    by_share,
+    costs,
+    fingerprint,
+    left_out_why,
+    pruning_rounds,
+)
 
-# the expected time of the stage (`BenchStep.work`), in training steps: scaled so that what measured quickstarts'
-# benches spent beyond the share of their budget the estimate adds is what they predict (docs/benchmarks.md, "The
-# run's time estimate")
-BENCH_ARTIFACT_ROUND = 13.0  # per artifact per bench round: every workload and training batch at 128 tokens
-BENCH_ARTIFACT = 18.0  # per artifact: loading, its held-out loss, a sample, its memory
 # the fewest rounds of the first look a time budget leaves the bench (`--quick`'s)
 FEWEST_ROUNDS = 3
+FEWEST_PEERS = 2  # a time budget leaves the bench at least this many peers (`peers_at_share`)
 
 
 def run_bench(cfg: BenchConfig, progress: bool = True, deliver: tuple[str, float] | None = None,
@@ -62,13 +70,24 @@ def run_bench(cfg: BenchConfig, progress: bool = True, deliver: tuple[str, float
         # the peers live as long as this bench; removed below, or by the next run lock if the process is killed
         scratch = Path(tempfile.mkdtemp(dir=run_dir, prefix=".tmp-peers-"))
         try:
-            peers, peers_not_run = make_peers(paths[0], scratch, cfg.peer_engine_names)
+            kept, left_out = peers_at_share(cfg)
+            peers, peers_not_run = make_peers(paths[0], scratch, kept)
+            peers_not_run |= left_out
             peers_not_run |= {p.name: f"not run: {reason}" for p in peers if (reason := cannot_run_on(p, device))}
             peers = [p for p in peers if p.name not in peers_not_run]
             return _bench(cfg, device, run_name, paths + peers, progress, {**not_run, **peers_not_run}, deliver,
                           processes, memory_of)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
+
+
+def peers_at_share(cfg: BenchConfig) -> tuple[list[str], dict[str, str]]:
+    """The peer engines a bench on `what.peer_share` of its time budget makes (`by_share`: at least `FEWEST_PEERS`,
+    those measured fastest before), and each peer left out, by tag, with why."""
+    tag = {e.name: e.peer_tag for e in engines.peers(cfg.peer_engine_names)}
+    speed, share = costs()["speed"]["peers"], cfg.what.peer_share
+    kept, left = by_share(list(tag), share, FEWEST_PEERS, speed)
+    return kept, {tag[n]: left_out_why(share, speed, n) for n in left}
 
 
 def _memory(plan: stageplan.StagePlan, processes: dict[str, int], mem: memory.PeakMemory,
@@ -230,9 +249,9 @@ class BenchStep(Step):
         n = 1 + (len(plan.prune) if "prune" in st else 0)  # the round of each mode a user would look at
         n += len(plan.run.pipeline.quantize_from) if "quantize" in st else 0
         b = plan.bench
-        n += len(engines.peers(b.peer_engine_names)) if b.what.peers else 0
-        ms = b.measure
-        return n * (ms.rounds * BENCH_ARTIFACT_ROUND * ms.gen_tokens / 128 * ms.repeats / 3 + BENCH_ARTIFACT)
+        n += len(peers_at_share(b)[0]) if b.what.peers else 0
+        ms, w = b.measure, costs()["bench"]
+        return n * (ms.rounds * w["artifact_round"] * ms.gen_tokens / 128 * ms.repeats / 3 + w["artifact"])
 
     def budget(self, plan: Plan) -> float:
         """The measures' time budgets: one per workload and per training batch (none with fixed rounds)."""
@@ -278,12 +297,17 @@ class BenchStage(Stage):
                  bench_plan(b))]
 
     def with_share(self, plan: Plan, share: float) -> dict[str, Any]:
-        """The rounds of its first look (at least `FEWEST_ROUNDS`, never more than the recipe's) and the time
-        budget of each measure's later looks, times `share`: every artifact and peer is still timed."""
+        """The rounds of its first look (at least `FEWEST_ROUNDS`, never more than the recipe's), the time budget
+        of each measure's later looks, and the peers (`peers_at_share`: the rest listed as not run), by `share`:
+        every artifact of the run is still timed."""
         ms = plan.bench.measure
         rounds = min(ms.rounds, max(FEWEST_ROUNDS, round(ms.rounds * share)))
-        plan.configs["bench"] = plan.bench.replace(rounds=rounds, budget_s=ms.budget_s * share)
-        return {"rounds": rounds, "budget_s": plan.bench.measure.budget_s}
+        plan.configs["bench"] = plan.bench.replace(rounds=rounds, budget_s=ms.budget_s * share, peer_share=share)
+        got = {"rounds": rounds, "budget_s": plan.bench.measure.budget_s}
+        if plan.bench.what.peers:
+            kept, left = peers_at_share(plan.bench)
+            got.update(peers=kept, not_run=left)
+        return got
 
     def fingerprints(self, plan: Plan, before: dict[str, str]) -> dict[str, str]:
         return {"bench": BenchStep().fingerprint(plan, before)}

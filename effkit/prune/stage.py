@@ -35,7 +35,7 @@ from effkit.prune import methods
 from effkit.prune.distill import Distiller
 from effkit.prune.structure import prunable_linears, sparsity
 from effkit.report import atomic_write_text, plot_prune_curves, write_rows_csv
-from effkit.stage import FORWARD, Plan, RunContext, ShapeRun, Stage, Step, complete, fingerprint
+from effkit.stage import FORWARD, Plan, RunContext, ShapeRun, Stage, Step, complete, costs, fingerprint
 from effkit.train import finetune, lr_lambda
 
 
@@ -522,10 +522,6 @@ __all__ = ["forward_flops_per_token", "run_prune"]
 
 
 # ------------------------------------------------------------------------------------- the stage in `effkit run`
-# per pruning round: calibration, the paired latency, evaluations, saving (training steps): the average of the
-# quickstarts' two modes measured in docs/benchmarks.md
-PRUNE_ROUND = 38.0
-
 
 def finetune_work(c: PruneConfig) -> float:
     """The fine-tuning of every round in training steps: the student's, the control arm's where there is one, and
@@ -562,7 +558,7 @@ class PruneStep(Step):
 
     def work(self, plan: Plan) -> float:
         c = self.cfg(plan)
-        return finetune_work(c) + c.method.rounds * PRUNE_ROUND
+        return finetune_work(c) + c.method.rounds * costs()["prune_round"]  # calibration, latency, evaluations
 
     def budget(self, plan: Plan) -> float:
         c = self.cfg(plan)

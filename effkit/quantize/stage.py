@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,13 +32,27 @@ from effkit.errors import EffkitError
 from effkit.measure import choice, evaluation, generation, hardware, memory, results, stats
 from effkit.measure.compare import bf16_not_run, compare_with_parent, generate_sample
 from effkit.model import load_model
-from effkit.parallel import init_runtime
+from effkit.parallel import init_runtime, resolve_device
 from effkit.quantize import backends
 from effkit.quantize.backends import QUANT_FILE
 from effkit.report import StageReport, stamp, write_stage_report
-from effkit.stage import Plan, RunContext, ShapeRun, Stage, Step, complete, fingerprint, most_compressed, pruning_rounds
+from effkit.stage import (
+    Plan,
+    RunContext,
+    ShapeRun,
+    Stage,
+    Step,
+    by_share,
+    complete,
+    costs,
+    fingerprint,
+    left_out_why,
+    most_compressed,
+    pruning_rounds,
+)
 
 AUTO_LOSS_BUDGET = 0.01  # `auto` considers backends whose held-out loss is within this share of the parent's
+AUTO_FEWEST = 3  # `auto` on a share of its budget still writes and times this many backends (`auto_candidates`)
 AUTO_DEFAULT = "onnxruntime"  # what a user has without effkit (ONNX Runtime's int8): `auto` keeps it unless another
 # backend is decided faster at the workload chosen for and not slower at the other batch
 
@@ -289,13 +304,33 @@ def pick_backend(cfg: QuantizeConfig, device: torch.device, parent: nn.Module, s
                   "choice": picked.to_dict(), "tied_with": picked.ties, "default": default,
                   "parent_block_losses": parent_blocks, "block_docs": list(docs),
                   **({"guard": guard} if guard else {}),
-                  "how": f"every backend that runs here written and reloaded; those whose held-out loss is within "
+                  "how": f"{_written(cfg)} written and reloaded; those whose held-out loss is within "
                          f"{AUTO_LOSS_BUDGET:.0%} of the parent's (upper end of the paired 95% interval) timed at "
                          f"{w.name} ({how}), each with its own engine, the fp32 parent in the screen; the rule: "
                          f"{rule.describe()}; a tie within the precision goes to the smaller folder; "
                          + (f"{default} (what a user has without effkit) is kept unless another is decided faster "
                             f"at {w.name} and not slower at the other batch (decided faster or within the "
                             "precision there)" if default else "")}
+
+
+def _written(cfg: QuantizeConfig) -> str:
+    """Which backends `auto` writes, in words (its `how`)."""
+    share = cfg.method.auto_share
+    return ("every backend that runs here" if share >= 1 else
+            f"on {share:.0%} of its time budget, that share of the backends that run here (at least {AUTO_FEWEST}, "
+            f"ONNX Runtime's int8 and those measured fastest before: effkit/stage_costs.json; the others listed as "
+            "not run)")
+
+
+def auto_candidates(cfg: QuantizeConfig, device: torch.device) -> tuple[list[str], dict[str, str]]:
+    """The backends `auto` writes with `cfg` (`method.auto_share`: the share of its time budget, `by_share` of those
+    that run here, ONNX Runtime's int8 always among them), and why each other one is not run."""
+    why = {b: f"not run: {r}" for b in backends.names()
+           if (r := backends.unavailable(b, device) or backends.get(b).refuses(cfg))}
+    speed = costs()["speed"]["backends"]
+    kept, left = by_share([b for b in backends.names() if b not in why], cfg.method.auto_share, AUTO_FEWEST, speed,
+                          AUTO_DEFAULT)
+    return kept, {**why, **{b: left_out_why(cfg.method.auto_share, speed, b) for b in left}}
 
 
 def _within_budget(cfg: QuantizeConfig, device: torch.device, parent: nn.Module, source: Path, tokenizer,
@@ -305,13 +340,15 @@ def _within_budget(cfg: QuantizeConfig, device: torch.device, parent: nn.Module,
     `candidate` where its held-out loss is within AUTO_LOSS_BUDGET of the parent's), or why it did not run; each
     reloaded model freed before the next backend's write."""
     table: dict[str, dict[str, Any]] = {}
+    runnable, left_out = auto_candidates(cfg, device)
     (scratch / ".exports").mkdir()
     with engines.exports_kept(scratch / ".exports"):  # one parent: its export made once for all its candidates
         for b in backends.names():
-            if reason := backends.unavailable(b, device) or backends.get(b).refuses(cfg):
-                table[b] = {"status": f"not run: {reason}"}
+            if b not in runnable:
+                table[b] = {"status": left_out[b]}
                 continue
             (scratch / b).mkdir()
+            start = time.perf_counter()
             try:
                 write_quantized(scratch / b, b, parent, source, tokenizer, cfg, device)
                 model = load_any(scratch / b, device)
@@ -325,7 +362,8 @@ def _within_budget(cfg: QuantizeConfig, device: torch.device, parent: nn.Module,
                                                          f"{AUTO_LOSS_BUDGET:.0%}",
                         "eval_loss": result["eval_loss"], "loss_increase": delta.delta, "loss_delta": delta.to_dict(),
                         "size_bytes": artifacts.dir_size(scratch / b),
-                        "block_losses": result["block_losses"]}  # its loss delta is recomputed from these
+                        "block_losses": result["block_losses"],  # its loss delta is recomputed from these
+                        "seconds": time.perf_counter() - start}  # written, reloaded, evaluated (stage_costs.py)
             del model  # freed before the next backend's write
     return table
 
@@ -431,10 +469,6 @@ def _write_and_measure(cfg: QuantizeConfig, device: torch.device, source: Path, 
 
 
 # ------------------------------------------------------------------------------------- the stage in `effkit run`
-# per quantized artifact: `auto` writes, reloads and evaluates every backend that runs here, chooses, then measures
-# the pick against its parent (training steps): the average of the quickstarts measured in docs/benchmarks.md, with
-# the far slower candidates gone before the screen (less the share of the budget the estimate adds)
-QUANTIZE = 550.0
 BEST_PRUNED = "best-pruned"
 
 
@@ -512,7 +546,14 @@ class QuantizeStep(Step):
         run_quantize(ctx.plan.quantize.replace(source=str(self.source(ctx))))
 
     def work(self, plan: Plan) -> float:
-        return QUANTIZE
+        """Per quantized artifact, in training steps (effkit/stage_costs.json): the parent's evaluation and its
+        comparison with the pick, and each backend written, reloaded, evaluated and timed: `auto`'s candidates at
+        its share (`auto_candidates`), or the one asked for."""
+        q, w = plan.quantize, costs()["quantize"]
+        each = w["backends"]
+        chosen = (auto_candidates(q, resolve_device(q.inputs.device))[0] if q.method.backend == "auto"
+                  else [q.method.backend])
+        return w["fixed"] + sum(each.get(b, max(each.values())) for b in chosen)
 
     def budget(self, plan: Plan) -> float:
         q = plan.quantize
@@ -552,9 +593,15 @@ class QuantizeStage(Stage):
 
     def with_share(self, plan: Plan, share: float) -> dict[str, Any]:
         """The time budget of its comparisons (`auto`'s head-to-head among the backends and the pick against its
-        parent) times `share` (0 s still runs the first look)."""
-        plan.configs["quantize"] = plan.quantize.replace(budget_s=plan.quantize.measure.budget_s * share)
-        return {"budget_s": plan.quantize.measure.budget_s}
+        parent) times `share` (0 s still runs the first look), and `auto`'s backends (`auto_candidates`: the rest
+        listed as not run)."""
+        q = plan.quantize
+        plan.configs["quantize"] = q.replace(budget_s=q.measure.budget_s * share, auto_share=share)
+        got: dict[str, Any] = {"budget_s": plan.quantize.measure.budget_s}
+        if q.method.backend == "auto":
+            kept, why = auto_candidates(plan.quantize, resolve_device(q.inputs.device))
+            got.update(backends=kept, not_run={b: w for b, w in why.items() if "budget share" in w})
+        return got
 
     def memory_plans(self, plan: Plan, shapes: ShapeRun) -> list[tuple[str, str, Any]]:
         """The plan (`effkit quantize --plan`) from the dense model's shapes: the largest parent it may have."""

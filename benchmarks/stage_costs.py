@@ -1,0 +1,194 @@
+"""The weights `effkit run` prices the stages with (its estimate, `effkit run --plan` and the time budget's share),
+fitted from measured runs, and the speeds that rank quantize `auto`'s backends and the bench's peers when a time
+budget leaves them a share: effkit/stage_costs.json.
+
+    python benchmarks/stage_costs.py --measure-auto runs/quickstart/train auto.json   # one `auto` at share 1, timed
+    python benchmarks/stage_costs.py reports/quickstart [...] --auto auto.json        # print the fit
+    python benchmarks/stage_costs.py reports/quickstart [...] --auto auto.json --write # and keep it
+    python benchmarks/stage_costs.py --predict 0.479   # the quickstart's decision and per-stage minutes with it
+
+Each report folder is a finished `effkit run`'s: eta.json (each stage's seconds, the step time of training's own
+steps, the time budget's shares, the weights it ran with) and the stage reports. Every weight is in training steps
+of that run (seconds / its step time), the time budget's part taken off first (`pipeline.BUDGET_USED` of each
+measuring stage's budget); several runs are averaged:
+- train_setup: the train stage less its steps and evaluations;
+- prune_round: a prune stage less its fine-tuning, per round;
+- quantize: a quantize stage is `fixed` + each backend it wrote, in the shares of the seconds of an `auto` that
+  wrote every backend (`--measure-auto`, on one machine at one time: the shares, not the seconds, are kept; a
+  backend's part: written, reloaded, evaluated, and the choice's timing over the contenders it timed), scaled so
+  that the runs' quantize stages (dense and pruned parents alike: which round is best-pruned is not known before
+  the run) are what they predict on average;
+- bench: per artifact per round of the first look (`artifact_round`) and per artifact (`artifact`); one run gives
+  one equation, so the two keep the ratio of the weights before and are scaled together.
+Speeds at the workload the runs optimize for (decode at batch 1), relative to the fastest: the backends from the
+quantize reports' `auto` tables (the medians of those timed, the far screen's cost ratios of the others), the peers
+from bench.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from effkit.pipeline import BUDGET_USED  # noqa: E402
+from effkit.stage import COSTS, FORWARD  # noqa: E402
+
+# the weights before this file (the code's constants): for runs whose eta.json does not record its weights
+BEFORE = {"train_setup": 80.0, "prune_round": 38.0, "bench": {"artifact_round": 13.0, "artifact": 18.0}}
+FAR = re.compile(r"([\d.]+)x (\S+)'s cost per call")
+
+
+def measure_auto(artifact: Path, out: Path) -> None:
+    """`effkit quantize --backend auto` at share 1 on a copy of `artifact`, timed: its report and its seconds."""
+    from effkit.config import QuantizeConfig, build_config
+    from effkit.quantize.stage import run_quantize
+
+    with tempfile.TemporaryDirectory(prefix="effkit-stage-costs-") as tmp:
+        runs, reports = Path(tmp) / "runs", Path(tmp) / "reports"
+        copy = runs / artifact.parent.name / artifact.name
+        shutil.copytree(artifact, copy)
+        cfg = build_config(QuantizeConfig, None, {"source": str(copy), "backend": "auto", "budget_s": 3.0,
+                                                  "runs_dir": str(runs), "reports_dir": str(reports)})
+        start = time.perf_counter()
+        report = run_quantize(cfg)
+        report["stage_s"] = time.perf_counter() - start
+    report["measured_from"] = str(artifact)
+    out.write_text(json.dumps(report, indent=2, default=str))
+    print(f"{out}: {report['stage_s']:.0f} s")
+
+
+def backend_parts(auto: dict) -> dict[str, float]:
+    """Each backend's share of an `auto` stage that wrote them all: its own seconds, plus its part of the choice's
+    timing (the choice's seconds over the contenders it timed or screened)."""
+    a = auto["metrics"]["auto"]
+    written = {b: row["seconds"] for b, row in a["table"].items() if "seconds" in row}
+    timed = [b for b in written if "median" in a["table"][b] or b in a["choice"].get("far", {})]
+    per_contender = a["choice"]["record"]["seconds"] / max(1, len(timed))
+    return {b: (s + (per_contender if b in timed else 0.0)) / auto["stage_s"] for b, s in written.items()}
+
+
+def speeds(reports: list[Path]) -> dict[str, dict[str, float]]:
+    """Decode-b1 rates relative to the fastest: backends (auto tables) and peers (bench.json, by engine name)."""
+    from effkit import engines
+
+    backends: dict[str, list[float]] = {}
+    peers: dict[str, list[float]] = {}
+    peer_engine = {e.peer_tag: e.name for e in engines.peers()}
+    for folder in reports:
+        for path in folder.glob("*quantize-*.json"):
+            a = json.loads(path.read_text())["metrics"].get("auto")
+            if not a:
+                continue
+            rate = {b: row["median"] for b, row in a["table"].items() if "median" in row}
+            for b, why in a["choice"].get("far", {}).items():
+                if (m := FAR.search(why)) and m.group(2) in rate:
+                    rate[b] = rate[m.group(2)] / float(m.group(1))
+            for b, r in rate.items():
+                backends.setdefault(b, []).append(r / max(rate.values()))
+        bench = json.loads((folder / "bench.json").read_text())
+        rate = {peer_engine[r["tag"]]: r["decode_tokens_per_s_b1"] for r in bench["artifacts"]
+                if r["tag"] in peer_engine and isinstance(r.get("decode_tokens_per_s_b1"), float)}
+        for n, r in rate.items():
+            peers.setdefault(n, []).append(r / max(rate.values()))
+    return {"backends": {b: round(statistics.mean(v), 4) for b, v in backends.items()},
+            "peers": {n: round(statistics.mean(v), 4) for n, v in peers.items()}}
+
+
+def fit_run(folder: Path, parts: dict[str, float]) -> dict[str, float]:
+    """One run's weights (see the module's text)."""
+    eta = json.loads((folder / "eta.json").read_text())
+    step, actual, budgets = eta["step_time_s"], eta["actual_s"], eta["sequential_budgets_s"]
+    before = eta.get("weights", BEFORE)
+    steps = {k: (actual[k] - BUDGET_USED * budgets.get(k, 0.0)) / step for k in actual}
+    train = json.loads((folder / "train.json").read_text())["config"]
+    n, every = train["optim"]["max_steps"], train["run"]["eval_interval"]
+    evals = (n // every if every else 0) + 1
+    fit = {"train_setup": steps["train"] - n - evals * -(-train["data"]["eval_blocks"] // train["optim"]["batch_size"])
+           * FORWARD}
+    rounds = {f"prune {r['mode']}": r["config"]["rounds"] for p in folder.glob("prune-*.json")
+              if "rounds" in (r := json.loads(p.read_text())).get("config", {}) and "curve" in r}
+    fit["prune_round"] = statistics.mean(  # the work recorded less its rounds' weight then: the fine-tuning
+        (steps[k] - (eta["work_in_steps"][k] - n_r * before["prune_round"])) / n_r for k, n_r in rounds.items())
+    rest = 1 - sum(parts.values())  # the share of a stage beside its backends
+    units = []  # each quantize stage, in steps, per unit of the full `auto` it would have been
+    for path in folder.glob("*quantize-*.json"):
+        a = json.loads(path.read_text())["metrics"].get("auto", {})
+        key = next(k for k in steps if k.startswith("quantize") and (("+" in path.name) == k.endswith("best-pruned")))
+        units.append(steps[key] / (rest + sum(parts[b] for b, row in a.get("table", {}).items() if "eval_loss" in row)))
+    unit = statistics.mean(units)
+    bench = json.loads((folder / "bench.json").read_text())
+    ms = bench["config"]
+    b = before["bench"]
+    unit = len(bench["artifacts"]) * (ms["rounds"] * b["artifact_round"] * ms["gen_tokens"] / 128
+                                      * ms["repeats"] / 3 + b["artifact"])
+    k = steps["bench"] / unit
+    return {**fit, "quantize_fixed": unit * rest, "quantize": {b: unit * p for b, p in parts.items()},
+            "bench": {"artifact_round": b["artifact_round"] * k, "artifact": b["artifact"] * k}}
+
+
+def fit(reports: list[Path], auto: dict) -> dict:
+    parts = backend_parts(auto)
+    runs = [fit_run(f, parts) for f in reports]
+    mean = lambda key: round(statistics.mean(r[key] for r in runs), 1)  # noqa: E731
+    return {
+        "how": "weights in training steps of each run (its seconds / its training step time), fitted by "
+               "benchmarks/stage_costs.py (its text says how); speeds: decode-b1 rates relative to the fastest",
+        "fitted_from": [str(f) for f in reports] + [
+            f"an auto at share 1 of {auto.get('measured_from', auto['parent'])} at {auto['git_commit']} "
+            f"({auto['stage_s']:.0f} s; its shares kept)"],
+        "train_setup": mean("train_setup"), "prune_round": mean("prune_round"),
+        "quantize": {"fixed": mean("quantize_fixed"),
+                     "backends": {b: round(statistics.mean(r["quantize"][b] for r in runs), 1) for b in parts}},
+        "bench": {k: round(statistics.mean(r["bench"][k] for r in runs), 2) for k in ("artifact_round", "artifact")},
+        "speed": speeds(reports),
+    }
+
+
+def predict(step_s: float, recipe: str = "recipes/quickstart.toml") -> None:
+    """What `effkit run` decides and predicts before training for `recipe` with a training step of `step_s`."""
+    from effkit.pipeline import OUTSIDE_S, decide, make_plan, step_timer
+
+    plan = make_plan(recipe)
+    d = decide(plan, step_timer(plan), step_s, plan.run.pipeline.time_budget_min or float("inf"))
+    print(f"{recipe}, one training step {step_s:.3f} s: {d['steps']} steps (share {d['share']:.0%}), "
+          f"{d['predicted_s'] / 60:.1f} min in all ({OUTSIDE_S:.0f} s outside the steps), fits: {d['fits']}")
+    for k, v in d["stage_s"].items():
+        print(f"  {k}: {v / 60:.2f} min")
+    for stage, got in d["shares"].items():
+        print(f"  {stage}: {json.dumps(got)}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("reports", nargs="*", type=Path, help="report folders of finished `effkit run`s")
+    ap.add_argument("--auto", type=Path, help="the file --measure-auto wrote")
+    ap.add_argument("--measure-auto", nargs=2, type=Path, metavar=("ARTIFACT", "OUT"))
+    ap.add_argument("--write", action="store_true", help=f"write {COSTS.relative_to(ROOT)}")
+    ap.add_argument("--predict", type=float, metavar="STEP_S", help="print the quickstart's decision and per-stage "
+                    "prediction for a training step of this many seconds, with the weights in the file")
+    args = ap.parse_args()
+    if args.measure_auto:
+        measure_auto(*args.measure_auto)
+        return
+    if args.predict:
+        predict(args.predict)
+        return
+    got = fit(args.reports, json.loads(args.auto.read_text()))
+    text = json.dumps(got, indent=2) + "\n"
+    print(text)
+    if args.write:
+        COSTS.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
