@@ -1,7 +1,10 @@
 """What every engine that runs its own artifacts shares, written once (torch and numpy imported where used, so that
 a backend's `available()` reads the CPU check without them):
 
-- `check_length`: the context check of a model wrapper's forward and generate, in effkit's one line;
+- `check_length`: the prompt check of a model wrapper's forward and generate (not empty, within the context), in
+  effkit's one line;
+- `one_line`, `load_or_fail`: an engine library's own exception (a truncated or foreign file) as effkit's one line,
+  with the artifact and the fix;
 - `cpu_only`, `require_cpu`: the CPU-only check of an engine or backend (`available`) and of a load;
 - `logit_gate`, `parity_gate`: the one parity gate a conversion passes before it is written: logits on a probe
   batch within a tolerance relative to the largest logit, then greedy tokens equal to PyTorch's with its cache;
@@ -13,17 +16,44 @@ The probe batches, the default tolerance and the token picking live in `effkit.e
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from effkit.errors import EffkitError
 
 
-def check_length(n: int, n_positions: int) -> None:
-    """Refuse `n` tokens past the model's context (`n_positions`) in one line: the runtimes' own errors are pages."""
-    if n > n_positions:
-        raise EffkitError(f"{n} tokens exceed the model's context ({n_positions})")
+def check_length(n: int, n_positions: int, new: int = 0) -> None:
+    """Refuse, in one line, a prompt of `n` tokens that is empty, or that runs past the model's context
+    (`n_positions`) with `new` tokens generated after it (the last one is not fed back): the runtimes' own errors
+    are pages, and an empty prompt reaches their graphs as a shape they reject."""
+    if n < 1:
+        raise EffkitError("the prompt has no tokens; give some text (a prompt the tokenizer turns into no tokens "
+                          "means the artifact's tokenizer files are missing or empty)")
+    if (total := n + max(new - 1, 0)) > n_positions:
+        raise EffkitError(f"{total} tokens exceed the model's context ({n_positions})")
+
+
+def one_line(e: BaseException, limit: int = 240) -> str:
+    """An exception as `Type: message` on one line. OpenVINO's run over several: the source files it passed through
+    ("Exception from src/inference/src/cpp/core.cpp:132:", left out: they tell a user nothing), the check, then why."""
+    lines = [line for line in str(e).splitlines() if not re.fullmatch(r"\s*Exception from \S+:\d+:\s*", line)]
+    return f"{type(e).__name__}: {' '.join(' '.join(lines).split())[:limit]}"
+
+
+@contextmanager
+def load_or_fail(what: str, fix: str) -> Iterator[None]:
+    """Inside the block an engine library opens an artifact; any exception of its own (a truncated or foreign file,
+    a plug-in that refuses it) becomes effkit's one line: `what` ("ONNX Runtime cannot open PATH"), the library's
+    message (`one_line`), then `fix` ("export the parent again")."""
+    try:
+        yield
+    except EffkitError:
+        raise
+    except Exception as e:  # noqa: BLE001 - whatever the library raises, the user gets the artifact and the fix
+        raise EffkitError(f"{what}: {one_line(e)}; {fix}") from None
 
 
 def cpu_only(device: Any, what: str, note: str = "") -> str | None:
