@@ -9,7 +9,8 @@ a backend's `available()` reads the CPU check without them):
 - `parity_probe`, `logit_gate`, `parity_gate`: the one parity gate a conversion passes before it is written: logits
   on a probe batch within a tolerance relative to the largest logit (each engine's, a parameter), then greedy tokens
   equal to PyTorch's with its cache;
-- `decode_loop`: the numpy decoding loop of the engines that step their graph themselves;
+- `decode_loop`: the numpy decoding loop of the engines that step their graph themselves; `stream_after`: the
+  streaming of the engines that decode a whole request at once;
 - `save_config_and_tokenizer`: the config and tokenizer files written beside an export.
 
 The probe batches, the default tolerance and the token picking live in `effkit.engines.decoder_step`.
@@ -45,16 +46,17 @@ def one_line(e: BaseException, limit: int = 240) -> str:
 
 
 @contextmanager
-def load_or_fail(what: str, fix: str) -> Iterator[None]:
-    """Inside the block an engine library opens an artifact; any exception of its own (a truncated or foreign file,
-    a plug-in that refuses it) becomes effkit's one line: `what` ("ONNX Runtime cannot open PATH"), the library's
-    message (`one_line`), then `fix` ("export the parent again")."""
+def load_or_fail(what: str, fix: str = "") -> Iterator[None]:
+    """Inside the block an engine library opens an artifact (or converts a model); any exception of its own (a
+    truncated or foreign file, a plug-in that refuses it, a converter's many kinds) becomes effkit's one line:
+    `what` ("ONNX Runtime cannot open PATH"), the library's message (`one_line`), then `fix` ("export the parent
+    again") where there is one."""
     try:
         yield
     except EffkitError:
         raise
     except Exception as e:  # noqa: BLE001 - whatever the library raises, the user gets the artifact and the fix
-        raise EffkitError(f"{what}: {one_line(e)}; {fix}") from None
+        raise EffkitError(f"{what}: {one_line(e)}" + (f"; {fix}" if fix else "")) from None
 
 
 def cpu_only(device: Any, what: str, note: str = "") -> str | None:
@@ -156,6 +158,16 @@ def decode_loop(step: Callable[[Any, int], Any], ids: Any, max_new_tokens: int, 
     if streamer is not None:
         streamer.end()
     return ids
+
+
+def stream_after(streamer: Any, ids: Any, new: Any) -> None:
+    """Hand `streamer` (if any) a decoding its engine did at once: the prompts `ids`, then the `new` tokens a column
+    at a time (torch (batch, n) each), as transformers' `generate` streams them step by step."""
+    if streamer is not None:
+        streamer.put(ids)
+        for k in range(new.shape[1]):
+            streamer.put(new[:, k:k + 1])
+        streamer.end()
 
 
 def save_config_and_tokenizer(folder: Path, model: Any, tokenizer: Any, generation_config: bool = False) -> None:

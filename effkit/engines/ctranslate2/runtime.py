@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from effkit.engines.shared import check_length, load_or_fail
+from effkit.engines.shared import check_length, load_or_fail, stream_after
 from effkit.errors import EffkitError
 from effkit.measure.engine_model import EngineModel
 
@@ -214,10 +214,5 @@ class Ct2CausalLM(EngineModel):
         results = self.generator_for("decode", len(starts)).generate_batch(
             starts, max_length=max_new_tokens, include_prompt_in_result=False, **kwargs)
         new = torch.tensor([r.sequences_ids[0] for r in results], dtype=torch.long)
-        out = torch.cat([ids, new], dim=1)
-        if streamer is not None:  # CTranslate2 generates the batch at once: the text is streamed after
-            streamer.put(ids)
-            for k in range(new.shape[1]):
-                streamer.put(new[:, k:k + 1])
-            streamer.end()
-        return out
+        stream_after(streamer, ids, new)  # CTranslate2 generates the batch at once: the text is streamed after
+        return torch.cat([ids, new], dim=1)

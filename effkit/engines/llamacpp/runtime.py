@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from effkit.engines.shared import check_length, load_or_fail
+from effkit.engines.shared import check_length, load_or_fail, stream_after
 from effkit.errors import EffkitError
 from effkit.measure.engine_model import EngineModel
 
@@ -257,10 +257,6 @@ class LlamaCppCausalLM(EngineModel):
         new = self.complete(ids.tolist(), max_new_tokens, body, ids=True)
         pad = self.config.eos_token_id if self.config.eos_token_id is not None else 0
         new = torch.tensor([r[:max_new_tokens] + [pad] * (max_new_tokens - len(r)) for r in new], dtype=torch.long)
-        if streamer is not None:  # llama.cpp decodes the whole request at once: the text is streamed after
-            streamer.put(ids)
-            for k in range(new.shape[1]):
-                streamer.put(new[:, k:k + 1])
-            streamer.end()
+        stream_after(streamer, ids, new)  # llama.cpp decodes the whole request at once: the text is streamed after
         return torch.cat([ids, new], dim=1)
 

@@ -36,7 +36,7 @@ from effkit.engines.openvino.settings import (
     record,
 )
 from effkit.engines.openvino.tokenizer import write_tokenizer_models
-from effkit.engines.shared import parity_gate, save_config_and_tokenizer
+from effkit.engines.shared import load_or_fail, parity_gate, save_config_and_tokenizer
 from effkit.errors import EffkitError
 
 
@@ -88,7 +88,7 @@ def convert(model: nn.Module):
     example = (probe_ids(c.vocab_size, (b, n)), torch.ones(b, p + n, dtype=torch.long),
                torch.arange(p, p + n).expand(b, n).contiguous(),
                *(torch.zeros(b, c.n_head, p, head_dim) for _ in past_names(c.n_layer)))
-    try:
+    with load_or_fail("OpenVINO cannot convert this model"):  # the converter raises many kinds
         with quiet_exporter():
             om = ov.convert_model(wrapper, example_input=example)
         for port, name in zip(om.inputs, ["input_ids", "attention_mask", "position_ids", *past_names(c.n_layer)],
@@ -97,11 +97,6 @@ def convert(model: nn.Module):
         for port, name in zip(om.outputs, ["logits", *present_names(c.n_layer)], strict=True):
             port.get_tensor().set_names({name})
         _stateful(om, c.n_layer, c.n_head, head_dim)
-    except EffkitError:
-        raise
-    except Exception as e:  # noqa: BLE001 - the converter raises many kinds; the user needs one line
-        first = (str(e).strip().splitlines() or [""])[0]
-        raise EffkitError(f"OpenVINO cannot convert this model: {type(e).__name__}: {first[:200]}") from None
     return om
 
 

@@ -29,7 +29,7 @@ from effkit.engines.openvino.settings import (
     property_name,
     read_description,
 )
-from effkit.engines.shared import check_length, decode_loop, load_or_fail, one_line
+from effkit.engines.shared import check_length, decode_loop, load_or_fail, one_line, stream_after
 from effkit.errors import EffkitError
 from effkit.measure.engine_model import EngineModel
 
@@ -240,10 +240,7 @@ class OpenVINOCausalLM(EngineModel):
         new = self.pipeline_generate(ids, max_new_tokens, key, min_new_tokens, sampling)
         if not do_sample:
             self.check_tokens(ids, new, key, min_new_tokens)
-        if streamer is not None:  # LLMPipeline streams text, one row only: the tokens are handed over at the end
-            streamer.put(torch.from_numpy(ids))
-            streamer.put(torch.from_numpy(new))
-            streamer.end()
+        stream_after(streamer, torch.from_numpy(ids), torch.from_numpy(new))  # LLMPipeline streams text, one row only
         return torch.from_numpy(np.concatenate([ids, new], axis=1))
 
 
