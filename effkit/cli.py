@@ -232,10 +232,11 @@ def generate(**options):
     """Stream text from any artifact, quantized ones included."""
     quiet_libraries()
     import torch
-    from transformers import AutoTokenizer, TextStreamer
+    from transformers import TextStreamer
 
     from effkit.artifacts import read_meta, resolve_artifact
     from effkit.artifacts.loader import load_any
+    from effkit.data.tokenizer import saved_tokenizer
     from effkit.parallel import resolve_device
 
     g = GenerateConfig(**options)
@@ -245,7 +246,7 @@ def generate(**options):
     path = resolve_artifact(g.source, g.runs_dir, default_tag="") if g.source else _newest(g.runs_dir)
     read_meta(path)
     dev = resolve_device(g.device)
-    tok = AutoTokenizer.from_pretrained(path)
+    tok = saved_tokenizer(path)
     model = _with_draft(g, path, dev) if g.draft else load_any(path, dev).eval()
     ids = tok(g.prompt, return_tensors="pt").input_ids.to(dev)
     if ids.shape[1] + g.max_new_tokens > model.config.n_positions:

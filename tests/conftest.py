@@ -213,3 +213,34 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
     rank = {name: i for i, name in enumerate(HEAVIEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
+def broken_copies(folder: Path, into: Path, weights: str) -> dict[str, Path]:
+    """Two broken copies of the artifact `folder` under `into`, as a new user might hold them: "cut", its weight file
+    `weights` cut in half; "untokenized", its tokenizer files gone."""
+    cut, untokenized = into / "cut", into / "untokenized"
+    for copy in (cut, untokenized):
+        shutil.copytree(folder, copy)
+    data = (cut / weights).read_bytes()
+    (cut / weights).write_bytes(data[:len(data) // 2])
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json"):
+        (untokenized / name).unlink(missing_ok=True)
+    return {"cut": cut, "untokenized": untokenized}
+
+
+def refused_in_one_line(args: list[str], capsys, monkeypatch, untouched: Path) -> str:
+    """`effkit ARGS` run as a user runs it: exit code 2, effkit's one line and no traceback, nothing written under
+    `untouched` (every file's name and size as before); the line."""
+    import sys
+
+    from effkit import cli
+
+    before = sorted((str(p), p.stat().st_size) for p in untouched.rglob("*"))
+    monkeypatch.setattr(sys, "argv", ["effkit", *args])
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and len(err.splitlines()) == 1 and err.startswith("effkit: error: "), err
+    assert "Traceback" not in err
+    assert sorted((str(p), p.stat().st_size) for p in untouched.rglob("*")) == before
+    return err

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_choice_from_samples, assert_ratio_from_samples
+from conftest import assert_choice_from_samples, assert_ratio_from_samples, broken_copies, refused_in_one_line
 
 from effkit import cli
 from effkit.artifacts.loader import load_any, quantized_layers
@@ -452,6 +452,27 @@ def test_bad_export_input(trained, capsys, monkeypatch):
     code, err = run_cli(["export", "--from", artifact, *dirs], capsys, monkeypatch)
     assert code == 2 and "onnxruntime" in err and len(err.splitlines()) == 1
     assert sorted(p.name for p in (tmp / "runs" / "x").iterdir()) == before  # nothing half-written
+
+
+@pytest.mark.slow
+def test_a_broken_onnx_or_ctranslate2_artifact_is_one_line_with_its_fix(trained, tmp_path, capsys, monkeypatch):
+    """A weight file cut in half, or the tokenizer files gone, through `effkit generate`: exit code 2, one line
+    naming what is wrong and the fix, no traceback, nothing written. A prompt of no tokens (what an empty tokenizer
+    makes of any text) is refused by the engine before its graph sees it."""
+    tmp, artifact, _ = trained
+    for fmt, tag, weights, says in (("onnx", "onnx-int8", "model.onnx", "ONNX Runtime cannot open"),
+                                    ("ctranslate2", "ctranslate2", "model.bin", "CTranslate2 cannot open")):
+        folder = tmp / "runs" / "x" / tag
+        if not folder.is_dir():
+            run_export_cfg(ecfg(tmp, artifact, format=fmt, int8=fmt == "onnx"))
+        capsys.readouterr()
+        broken = broken_copies(folder, tmp_path / fmt, weights)
+        for name, fix in (("cut", says), ("untokenized", "has no tokenizer files (tokenizer.json, or vocab.json")):
+            err = refused_in_one_line(["generate", "--from", str(broken[name]), "--max-new-tokens", "2"], capsys,
+                                      monkeypatch, tmp_path)
+            assert fix in err and str(broken[name]) in err and ("again" in err), err
+        with pytest.raises(EffkitError, match="the prompt has no tokens"):
+            load_any(folder).generate(torch.zeros((1, 0), dtype=torch.long), max_new_tokens=2)
 
 
 def test_the_memory_calibration_names_registered_engines_and_declared_parts():

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_ratio_from_samples
+from conftest import assert_ratio_from_samples, broken_copies, refused_in_one_line
 
 from effkit import cli
 from effkit.engines.llamacpp.runtime import llamacpp_unavailable
@@ -287,6 +287,27 @@ def test_a_shape_q8_0_cannot_store_and_a_missing_binding_are_one_line(exported, 
         from effkit.engines.llamacpp.runtime import LlamaCppCausalLM
 
         LlamaCppCausalLM.open(tmp / "runs" / "ll" / "gguf")
+
+
+def test_a_broken_gguf_artifact_is_one_line_with_its_fix(exported, tmp_path, capsys, monkeypatch):
+    """A GGUF file cut in half, or the tokenizer files gone (with them, the prompt of `effkit generate` became no
+    tokens and llama.cpp decoded from nothing), through `effkit generate`: exit code 2, one line naming what is
+    wrong and the fix, no traceback, nothing written. A prompt of no tokens is refused before a server starts."""
+    from effkit.engines.llamacpp.runtime import LlamaCppCausalLM
+
+    folder = Path(exported[2]["artifact"])
+    broken = broken_copies(folder, tmp_path, "model.gguf")
+    err = refused_in_one_line(["generate", "--from", str(broken["cut"]), "--max-new-tokens", "2"], capsys,
+                              monkeypatch, tmp_path)
+    assert f"llama.cpp cannot load {broken['cut'] / 'model.gguf'}: " in err, err
+    assert err.endswith("write it again (effkit export --format gguf)"), err
+    err = refused_in_one_line(["generate", "--from", str(broken["untokenized"]), "--max-new-tokens", "2"], capsys,
+                              monkeypatch, tmp_path)
+    assert f"{broken['untokenized']} has no tokenizer files (tokenizer.json, or vocab.json" in err, err
+    model = LlamaCppCausalLM.open(folder)
+    with pytest.raises(EffkitError, match="the prompt has no tokens"):
+        model.generate(torch.zeros((1, 0), dtype=torch.long), 2)
+    assert model._servers == {}
 
 
 def test_q6_k_by_llamacpps_quantizer_round_trips_through_gguf_py(monkeypatch):

@@ -15,7 +15,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import assert_choice_from_samples, assert_ratio_from_samples, independent_ratio
+from conftest import (
+    assert_choice_from_samples,
+    assert_ratio_from_samples,
+    broken_copies,
+    independent_ratio,
+    refused_in_one_line,
+)
 
 from effkit.engines.openvino.settings import ov_unavailable
 from effkit.errors import EffkitError
@@ -410,6 +416,27 @@ def test_an_openvino_json_that_is_not_an_object_is_one_line_naming_the_file(expo
         cli.main()
     err = capsys.readouterr().err.strip()
     assert exc.value.code == 2 and len(err.splitlines()) == 1 and "openvino.json holds a JSON list" in err
+
+
+def test_a_broken_openvino_artifact_is_one_line_with_its_fix(exported, tmp_path, capsys, monkeypatch):
+    """A weight file cut in half (OpenVINO's own message runs over three lines), or the tokenizer files gone,
+    through `effkit generate`: exit code 2, one line naming what is wrong and the fix, no traceback, nothing
+    written. A prompt of no tokens is refused before LLMPipeline or the graph sees it."""
+    from effkit.engines.openvino.runtime import OpenVINOCausalLM
+
+    broken = broken_copies(Path(exported[1]["artifact"]), tmp_path, "openvino_model.bin")
+    err = refused_in_one_line(["generate", "--from", str(broken["cut"]), "--max-new-tokens", "2"], capsys,
+                              monkeypatch, tmp_path)
+    assert f"OpenVINO cannot compile {broken['cut'] / 'openvino_model.xml'}: RuntimeError: " in err, err
+    assert "Exception from" not in err and err.endswith("write the artifact again (effkit export --format "
+                                                         "openvino, or effkit quantize --backend openvino)"), err
+    err = refused_in_one_line(["generate", "--from", str(broken["untokenized"]), "--max-new-tokens", "2"], capsys,
+                              monkeypatch, tmp_path)
+    assert f"{broken['untokenized']} has no tokenizer files (tokenizer.json, or vocab.json" in err, err
+    model = OpenVINOCausalLM(exported[1]["artifact"])
+    for decode in (model.generate, model.loop_generate):
+        with pytest.raises(EffkitError, match="the prompt has no tokens"):
+            decode(torch.zeros((1, 0), dtype=torch.long), 2)
 
 
 @pytest.fixture(scope="module")

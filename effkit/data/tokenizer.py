@@ -74,16 +74,31 @@ def tokenizer_cache_path(corpus: Corpus, vocab_size: int) -> Path:
     return cache_dir() / "tokenizers" / f"bpe-{corpus.fingerprint('train')}-v{vocab_size}"
 
 
+TOKENIZER_FILES = ("tokenizer.json", "vocab.json")  # a fast tokenizer's file, or a BPE's vocabulary (+ merges.txt)
+
+
+def saved_tokenizer(folder: str | Path):
+    """The tokenizer saved in the model folder (or hub id) `folder`, or one line naming what is missing: without its
+    files transformers builds an empty tokenizer that turns every prompt into no tokens."""
+    from transformers import AutoTokenizer
+
+    if Path(folder).is_dir() and not any((Path(folder) / f).is_file() for f in TOKENIZER_FILES):
+        raise EffkitError(f"{folder} has no tokenizer files (tokenizer.json, or vocab.json and merges.txt); copy them "
+                          "from the artifact it was made from, or write it again")
+    try:
+        return AutoTokenizer.from_pretrained(folder)
+    except Exception as e:  # noqa: BLE001 - a missing or corrupt file: the user gets the folder
+        raise EffkitError(f"could not load the tokenizer of {folder} ({type(e).__name__}: "
+                          f"{' '.join(str(e).split())[:200]})") from None
+
+
 def get_tokenizer(corpus: Corpus, vocab_size: int, pretrained: str | None = None):
     """Return (tokenizer, source). A pretrained model folder brings its own tokenizer; otherwise train
     (or reuse from the cache) a BPE tokenizer on the corpus' training split."""
     from transformers import AutoTokenizer
 
     if pretrained is not None:
-        try:
-            tok = AutoTokenizer.from_pretrained(pretrained)
-        except Exception as e:
-            raise EffkitError(f"could not load the tokenizer of {pretrained} ({type(e).__name__}: {e})") from None
+        tok = saved_tokenizer(pretrained)
         if tok.eos_token is None:
             raise EffkitError(f"the tokenizer of {pretrained} has no end-of-text token")
         return tok, f"pretrained:{pretrained}"

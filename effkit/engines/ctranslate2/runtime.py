@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from effkit.engines.shared import check_length
+from effkit.engines.shared import check_length, load_or_fail, stream_after
 from effkit.errors import EffkitError
 from effkit.measure.engine_model import EngineModel
 
@@ -144,7 +144,9 @@ class Ct2CausalLM(EngineModel):
     def __init__(self, path: str | Path, device: torch.device | None = None):
         super().__init__()
         import ctranslate2
-        from transformers import AutoTokenizer, GPT2Config
+        from transformers import GPT2Config
+
+        from effkit.data.tokenizer import saved_tokenizer
 
         path = Path(path)
         if reason := ct2_unavailable(device):
@@ -158,21 +160,19 @@ class Ct2CausalLM(EngineModel):
         compute_type = self.description["compute_type"]
         if reason := ct2_unavailable(device, compute_type):
             raise EffkitError(f"{path} computes in {compute_type}: {reason}")
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.tokenizer = saved_tokenizer(path)
         self.device_type = "cuda" if device is not None and device.type == "cuda" else "cpu"
         start = self.tokenizer.convert_ids_to_tokens(self.tokenizer("The state of the Union").input_ids)
         torch_threads = torch.get_num_threads()
         try:
-            self.thread_choices = thread_choices(path, compute_type, self.device_type, start,
-                                                 self.config.n_positions)
-            self.generation_note = "CTranslate2 intra_threads per workload: " + "; ".join(
-                f"{k.replace('_', ' ')} {v['threads']} ({v['how']})" for k, v in self.thread_choices.items())
-            self.generators = {n: ctranslate2.Generator(str(path), device=self.device_type, compute_type=compute_type,
-                                                        intra_threads=n)
-                               for n in sorted({v["threads"] for v in self.thread_choices.values()})}
-        except Exception as e:  # noqa: BLE001 - a truncated or foreign folder
-            raise EffkitError(f"CTranslate2 cannot open {path}: {type(e).__name__}: {str(e)[:160]}; write it again") \
-                from None
+            with load_or_fail(f"CTranslate2 cannot open {path}", "write it again"):  # a truncated or foreign folder
+                self.thread_choices = thread_choices(path, compute_type, self.device_type, start,
+                                                     self.config.n_positions)
+                self.generation_note = "CTranslate2 intra_threads per workload: " + "; ".join(
+                    f"{k.replace('_', ' ')} {v['threads']} ({v['how']})" for k, v in self.thread_choices.items())
+                self.generators = {n: ctranslate2.Generator(str(path), device=self.device_type,
+                                                            compute_type=compute_type, intra_threads=n)
+                                   for n in sorted({v["threads"] for v in self.thread_choices.values()})}
         finally:
             # CTranslate2 sets the OpenMP thread count of the calling thread, which is PyTorch's too: put it back,
             # or every PyTorch model in the process would run on CTranslate2's thread count
@@ -208,7 +208,7 @@ class Ct2CausalLM(EngineModel):
         `min_new_tokens` does for PyTorch (so the texts, not only the token counts, match); sampling is seeded from
         torch's global generator."""
         ids = input_ids.cpu().long()
-        check_length(ids.shape[1] + max_new_tokens - 1, self.config.n_positions)
+        check_length(ids.shape[1], self.config.n_positions, max_new_tokens)
         starts = [self.tokenizer.convert_ids_to_tokens(row) for row in ids.tolist()]
         kwargs: dict[str, Any] = {"sampling_topk": 1}
         if do_sample:
@@ -224,10 +224,5 @@ class Ct2CausalLM(EngineModel):
         results = self.generator_for("decode", len(starts)).generate_batch(
             starts, max_length=max_new_tokens, include_prompt_in_result=False, **kwargs)
         new = torch.tensor([r.sequences_ids[0] for r in results], dtype=torch.long)
-        out = torch.cat([ids, new], dim=1)
-        if streamer is not None:  # CTranslate2 generates the batch at once: the text is streamed after
-            streamer.put(ids)
-            for k in range(new.shape[1]):
-                streamer.put(new[:, k:k + 1])
-            streamer.end()
-        return out
+        stream_after(streamer, ids, new)  # CTranslate2 generates the batch at once: the text is streamed after
+        return torch.cat([ids, new], dim=1)

@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from effkit.engines.decoder_step import PARITY_TOKENS, probe_ids
 from effkit.engines.llamacpp.runtime import GGUF_FILE, LlamaCppCausalLM
 from effkit.engines.llamacpp.writer import QUANTIZED, write_gguf
+from effkit.engines.shared import logit_gate, parity_probe
 from effkit.errors import EffkitError
 
 # max |logit difference| allowed between llama.cpp running the f32 GGUF and PyTorch, relative to max(1, max |PyTorch
@@ -30,13 +30,15 @@ F16_RTOL = 1e-2
 
 
 @torch.no_grad()
-def greedy_agreement(gguf_model: LlamaCppCausalLM, model, prompt, cached: list[int]) -> dict[str, Any]:
+def greedy_agreement(gguf_model: LlamaCppCausalLM, model, prompt, cached: list[int], what: str,
+                     rtol: float | None = None, verb: str = "converted") -> dict[str, Any]:
     """How far llama.cpp's greedy tokens from `prompt` follow PyTorch's (`cached`), and how far its logits along
     PyTorch's tokens are from PyTorch's: {"equal": the tokens equal before the first difference, "error": the largest
     logit difference, "scale": max(1, the largest PyTorch logit), and where the tokens differ, "gap": PyTorch's margin
     for its own token over llama.cpp's there and "near_tie": whether the gap is within what the error can move (2 x
-    error: each of the two logits moves by at most it)}. A near tie is only a tie if the error itself is within the
-    caller's bound."""
+    error: each of the two logits moves by at most it)}. With `rtol`, the error is gated (`shared.logit_gate`, `what`
+    and `verb` word its error), and tokens may part only at a near tie; a near tie is only a tie if the error itself
+    is within that bound."""
     tokens = gguf_model.complete(prompt.tolist(), len(cached), ids=True)[0]
     seq = torch.tensor([prompt[0].tolist() + cached])
     at = slice(prompt.shape[1] - 1, seq.shape[1] - 1)  # the logits that chose each new token
@@ -46,6 +48,11 @@ def greedy_agreement(gguf_model: LlamaCppCausalLM, model, prompt, cached: list[i
     if (k := out["equal"]) < len(cached):
         out["gap"] = float(ref[k, cached[k]] - ref[k, tokens[k]]) if k < len(tokens) else float("inf")
         out["near_tie"] = out["gap"] <= 2 * out["error"]
+    if rtol is not None:
+        logit_gate(ours, ref, f"{what} along PyTorch's greedy tokens", rtol, verb)
+        if out["equal"] < len(cached) and not out["near_tie"]:
+            raise EffkitError(f"{what}'s greedy tokens differ from PyTorch's ({agreement_line(out, len(cached))}); "
+                              f"this model cannot be {verb} faithfully")
     return out
 
 
@@ -60,35 +67,21 @@ def agreement_line(a: dict[str, Any], new: int) -> str:
 @torch.no_grad()
 def parity_gate(model, tokenizer, folder: Path, wtype: str, threads: int) -> dict[str, Any]:
     """The gate (see the module doc): the model written as f32 GGUF (a scratch file in `folder`, removed after)
-    reproduces PyTorch's logits and greedy tokens in llama.cpp, and llama.cpp tokenizes like `tokenizer`; then the
-    `wtype` file `folder/model.gguf` decodes PyTorch's greedy tokens (required for f16, recorded for Q8_0 / Q4_0).
-    Greedy tokens may part only at a near tie (`greedy_agreement`: PyTorch's top two logits closer than the file's
-    own logit error can move them), which no conversion can settle. A one-line error otherwise."""
+    reproduces PyTorch's logits (`shared.parity_probe`, `shared.logit_gate` with GGUF_RTOL) and greedy tokens in
+    llama.cpp, and llama.cpp tokenizes like `tokenizer`; then the `wtype` file `folder/model.gguf` decodes PyTorch's
+    greedy tokens (required for f16, with F16_RTOL; recorded for Q8_0 / Q4_0). Greedy tokens may part only at a near
+    tie (`greedy_agreement`: PyTorch's top two logits closer than the file's own logit error can move them), which no
+    conversion can settle. A one-line error otherwise."""
     c = model.config
-    probe = probe_ids(c.vocab_size, (3, min(24, c.n_positions)))
-    prompt = probe_ids(c.vocab_size, (1, min(8, c.n_positions // 2)))
-    new = min(PARITY_TOKENS, c.n_positions - prompt.shape[1])
-    kw = {"max_new_tokens": new, "min_new_tokens": new, "do_sample": False, "pad_token_id": 0}
-    reference = model(probe).logits
-    cached = model.generate(prompt, use_cache=True, **kw)[0, prompt.shape[1]:].tolist()
+    probe, reference, prompt, new, cached = parity_probe(model)
+    cached = cached[0, prompt.shape[1]:].tolist()
     scratch = folder / ".gate-f32.gguf"
     try:
         write_gguf(scratch, model, tokenizer, "f32")
         exact = LlamaCppCausalLM(scratch, c, threads=threads, exact=True)
-        diff = float((exact(probe).logits - reference).abs().max())
-        allowed = GGUF_RTOL * max(1.0, float(reference.abs().max()))
-        if not diff <= allowed:
-            raise EffkitError(f"llama.cpp does not reproduce the model from its f32 GGUF (max logit difference "
-                              f"{diff:.2e} > {allowed:.2e}, {GGUF_RTOL} of the largest logit); this model cannot be "
-                              "converted faithfully")
-        f32 = greedy_agreement(exact, model, prompt, cached)
-        if f32["error"] > GGUF_RTOL * f32["scale"]:
-            raise EffkitError(f"llama.cpp does not reproduce the model from its f32 GGUF along PyTorch's greedy "
-                              f"tokens (max logit difference {f32['error']:.2e} > {GGUF_RTOL * f32['scale']:.2e}); "
-                              "this model cannot be converted faithfully")
-        if f32["equal"] < new and not f32["near_tie"]:
-            raise EffkitError(f"llama.cpp's greedy tokens from the f32 GGUF differ from PyTorch's "
-                              f"({agreement_line(f32, new)}); this model cannot be converted faithfully")
+        what = "llama.cpp running the f32 GGUF"
+        diff, allowed = logit_gate(exact(probe).logits, reference, what, GGUF_RTOL, "converted")
+        f32 = greedy_agreement(exact, model, prompt, cached, what, GGUF_RTOL)
         text = "The state of the Union is strong, and 2026's budget: 1,234.5 million"
         theirs = exact.server().post("/tokenize", {"content": text, "add_special": False}).get("tokens")
         ours = tokenizer(text).input_ids
@@ -98,22 +91,15 @@ def parity_gate(model, tokenizer, folder: Path, wtype: str, threads: int) -> dic
         del exact
     finally:
         scratch.unlink(missing_ok=True)
-    stored = greedy_agreement(LlamaCppCausalLM(folder / GGUF_FILE, c, threads=threads), model, prompt, cached)
+    stored = greedy_agreement(LlamaCppCausalLM(folder / GGUF_FILE, c, threads=threads), model, prompt, cached,
+                              "llama.cpp running the f16 GGUF", F16_RTOL if wtype == "f16" else None, "stored in f16")
     how = (f"the model written as f32 GGUF, run with an f32 KV cache and no flash attention: logits of a (3, "
            f"{probe.shape[1]}) probe batch within {allowed:.2e} of PyTorch's ({GGUF_RTOL} of the largest logit's "
            f"magnitude), {agreement_line(f32, new)} (PyTorch with its KV cache), llama.cpp's tokens of a probe text "
            "equal the tokenizer's")
     if wtype == "f16":
-        bound = F16_RTOL * stored["scale"]
-        if stored["error"] > bound:
-            raise EffkitError(f"llama.cpp's logits from the f16 GGUF differ from PyTorch's by {stored['error']:.2e} > "
-                              f"{bound:.2e} ({F16_RTOL} of the largest logit) along PyTorch's greedy tokens; this "
-                              "model cannot be stored in f16 faithfully")
-        if stored["equal"] < new and not stored["near_tie"]:
-            raise EffkitError(f"llama.cpp's greedy tokens from the f16 GGUF differ from PyTorch's "
-                              f"({agreement_line(stored, new)}); this model cannot be stored in f16 faithfully")
         how += (f"; then the f16 file, with llama.cpp's defaults: logits along PyTorch's greedy tokens within "
-                f"{bound:.2e} ({F16_RTOL} of the largest logit), {agreement_line(stored, new)}")
+                f"{F16_RTOL * stored['scale']:.2e} ({F16_RTOL} of the largest logit), {agreement_line(stored, new)}")
     else:
         how += f"; then the {QUANTIZED[wtype]} file (its loss measured, not gated): {agreement_line(stored, new)}"
     return {"max_abs_logit_diff": diff, "max_abs_logit_diff_allowed": allowed, "greedy_tokens_equal": f32["equal"],

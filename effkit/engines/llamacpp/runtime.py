@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from effkit.engines.shared import check_length
+from effkit.engines.shared import check_length, load_or_fail, stream_after
 from effkit.errors import EffkitError
 from effkit.measure.engine_model import EngineModel
 
@@ -108,11 +108,8 @@ class LlamaServer:
             p.n_batch = p.n_ubatch = max(512, context)  # a sequence's hidden states come from one micro-batch
         self.settings = {"threads": threads, "parallel": slots, "ctx": slots * context, "batch": p.n_batch,
                          "ubatch": p.n_ubatch}
-        try:
+        with load_or_fail(f"llama.cpp cannot load {gguf_path}", REWRITE):  # it says no more than that
             self.server = xllamacpp.Server(p)
-        except Exception as e:  # noqa: BLE001 - a file llama.cpp cannot load: it says no more than that
-            raise EffkitError(f"llama.cpp cannot load {gguf_path} ({type(e).__name__}: {str(e)[:120]}); "
-                              f"{REWRITE}") from None
 
     def complete(self, body: dict[str, Any]) -> dict[str, Any]:
         """One request to the completion route, checked: every choice, or a one-line error with llama.cpp's own."""
@@ -233,8 +230,8 @@ class LlamaCppCausalLM(EngineModel):
                  ids: bool = False) -> list[list[int]] | dict[str, Any]:
         """`new_tokens` from each row, all rows as parallel sequences of one request; with `ids`, the new token ids
         of each row (read from the log-probabilities), else the server's answer."""
-        # the last new token is not fed back
-        check_length(max(len(r) for r in rows) + new_tokens - 1, self.config.n_positions)
+        check_length(min(len(r) for r in rows), self.config.n_positions)
+        check_length(max(len(r) for r in rows), self.config.n_positions, new_tokens)
         request = {"prompt": rows, "max_tokens": new_tokens, **(body or greedy_body())}
         if ids:
             request["logprobs"] = 1
@@ -260,10 +257,6 @@ class LlamaCppCausalLM(EngineModel):
         new = self.complete(ids.tolist(), max_new_tokens, body, ids=True)
         pad = self.config.eos_token_id if self.config.eos_token_id is not None else 0
         new = torch.tensor([r[:max_new_tokens] + [pad] * (max_new_tokens - len(r)) for r in new], dtype=torch.long)
-        if streamer is not None:  # llama.cpp decodes the whole request at once: the text is streamed after
-            streamer.put(ids)
-            for k in range(new.shape[1]):
-                streamer.put(new[:, k:k + 1])
-            streamer.end()
+        stream_after(streamer, ids, new)  # llama.cpp decodes the whole request at once: the text is streamed after
         return torch.cat([ids, new], dim=1)
 

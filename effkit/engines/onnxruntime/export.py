@@ -40,7 +40,7 @@ from effkit.engines.onnxruntime.graph import ONNX_DESC, ONNX_FILE, OPSET, int8_l
 from effkit.engines.onnxruntime.int4 import quantize_int4
 from effkit.engines.onnxruntime.int8 import quantize_int8, quantize_standard
 from effkit.engines.onnxruntime.runtime import empty_past, session, step, stepper
-from effkit.engines.shared import decode_loop, parity_gate, save_config_and_tokenizer
+from effkit.engines.shared import decode_loop, load_or_fail, parity_gate, save_config_and_tokenizer
 from effkit.errors import EffkitError
 from effkit.measure.memory import give_back_freed
 
@@ -96,7 +96,7 @@ def _export_fp32(model: nn.Module, out: Path) -> dict[str, Any]:
     total = torch.export.Dim("total", min=1, max=c.n_positions)
     past_len = torch.export.Dim("past", min=0, max=c.n_positions)
     t0 = time.perf_counter()
-    try:
+    with load_or_fail("ONNX cannot represent this model"):  # the exporter raises many kinds
         with quiet_exporter():
             program = torch.onnx.export(
                 wrapper, (ids, mask, pos, *past), dynamo=True, optimize=True, verbose=False, opset_version=OPSET,
@@ -106,11 +106,6 @@ def _export_fp32(model: nn.Module, out: Path) -> dict[str, Any]:
                                 "position_ids": {0: batch, 1: seq},
                                 "past": tuple({0: batch, 2: past_len} for _ in past)})
             program.save(str(out))
-    except EffkitError:
-        raise
-    except Exception as e:  # noqa: BLE001 - the exporter raises many kinds; the user needs one line
-        first = (str(e).strip().splitlines() or [""])[0]
-        raise EffkitError(f"ONNX cannot represent this model: {type(e).__name__}: {first[:200]}") from None
     seconds = time.perf_counter() - t0
     del program
     parity = check_parity(model, session(out))

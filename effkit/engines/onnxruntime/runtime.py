@@ -21,7 +21,7 @@ import torch
 from effkit.engines import speculative
 from effkit.engines.decoder_step import past_names
 from effkit.engines.onnxruntime.graph import ONNX_DESC, ONNX_FILE, int8_counts, int8_layers, require_onnx
-from effkit.engines.shared import check_length, decode_loop
+from effkit.engines.shared import check_length, decode_loop, load_or_fail
 from effkit.errors import EffkitError
 from effkit.measure.engine_model import EngineModel
 from effkit.measure.timing import SETTLE_S  # idle seconds after timing a spinning thread pool
@@ -88,11 +88,8 @@ def session(path: Path):
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.log_severity_level = 3
     so.add_session_config_entry("session.intra_op.allow_spinning", "1")  # ONNX Runtime's default, said explicitly
-    try:
+    with load_or_fail(f"ONNX Runtime cannot open {path}", "export the parent again"):
         return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-    except Exception as e:  # noqa: BLE001 - a truncated or foreign file
-        raise EffkitError(f"ONNX Runtime cannot open {path}: {type(e).__name__}: {str(e)[:160]}; export the "
-                          "parent again") from None
 
 
 class OnnxCausalLM(EngineModel):
@@ -146,7 +143,7 @@ class OnnxCausalLM(EngineModel):
         `num_assistant_tokens=k`, or at batch 1 where the artifact records a k (`prompt_lookup_num_tokens=0`: plain);
         its statistics land in `speculative_stats`."""
         ids = input_ids.cpu().long().numpy()
-        check_length(ids.shape[1] + max_new_tokens - 1, self.config.n_positions)  # the last token is not fed back
+        check_length(ids.shape[1], self.config.n_positions, max_new_tokens)
         if (spec := self._draft(kwargs, ids.shape[0], do_sample)) is not None:
             out, self.speculative_stats = speculative.speculative_loop(
                 lambda: verifier(self.session, self.config), ids, max_new_tokens, *spec, self.config.eos_token_id,

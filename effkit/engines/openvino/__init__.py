@@ -2,8 +2,8 @@
 the stateful layout `optimum-cli export openvino` writes (`convert`), its weights compressed by NNCF (`compress`),
 the settings it runs with recorded where plain OpenVINO reads them (`settings`), run behind effkit's model interface
 (`runtime`: `OpenVINOCausalLM`, LLMPipeline checked against effkit's loop), its inference precision and attention
-backend chosen by measurement (`tune`), gated against PyTorch before anything is written (`parity`), with OpenVINO's
-tokenizer models (`tokenizer`). This module holds the engine (`ENGINE`) and its peer's description:
+backend chosen by measurement (`tune`), gated against PyTorch before anything is written (`convert.check_parity`),
+with OpenVINO's tokenizer models (`tokenizer`). This module holds the engine (`ENGINE`) and its peer's description:
 `effkit export --format openvino` and `effkit quantize --backend openvino` both write through `ENGINE.write`."""
 
 from __future__ import annotations

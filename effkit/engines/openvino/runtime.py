@@ -29,7 +29,7 @@ from effkit.engines.openvino.settings import (
     property_name,
     read_description,
 )
-from effkit.engines.shared import check_length, decode_loop
+from effkit.engines.shared import check_length, decode_loop, load_or_fail, one_line, stream_after
 from effkit.errors import EffkitError
 from effkit.measure.engine_model import EngineModel
 
@@ -68,13 +68,9 @@ class OpenVINOCausalLM(EngineModel):
             raise EffkitError(f"{path} has no {OV_MODEL}; {REWRITE}")
         self.precision = precision or self.description.get("inference_precision", "default")
         self.kv_cache = kv_cache
-        try:
-            core = ov.Core()
-            self.compiled = core.compile_model(str(path / OV_MODEL), "CPU",
-                                               compile_config(self.precision, kv_cache))
-        except Exception as e:  # noqa: BLE001 - a truncated or foreign file, or a plug-in crash on this CPU
-            raise EffkitError(f"OpenVINO cannot compile {path / OV_MODEL}: {type(e).__name__}: {str(e)[:160]}; "
-                              f"{REWRITE}") from None
+        with load_or_fail(f"OpenVINO cannot compile {path / OV_MODEL}", REWRITE):  # a truncated or foreign file
+            self.compiled = ov.Core().compile_model(str(path / OV_MODEL), "CPU",
+                                                    compile_config(self.precision, kv_cache))
         self.request = self.compiled.create_infer_request()
         self._pipelines: dict[str | None, Any] = {}  # by ATTENTION_BACKEND (None: LLMPipeline's default)
         self._pipeline_errors: dict[str | None, str] = {}
@@ -121,8 +117,7 @@ class OpenVINOCausalLM(EngineModel):
                 self._pipelines[attention] = openvino_genai.LLMPipeline(
                     str(self.path), "CPU", **compile_config(self.precision, self.kv_cache), **extra)
             except Exception as e:  # noqa: BLE001 - the reason is reported; the caller decides
-                # OpenVINO's messages run over several lines (the check, then why): one line, both kept
-                self._pipeline_errors[attention] = f"{type(e).__name__}: {' '.join(str(e).split())[:240]}"
+                self._pipeline_errors[attention] = one_line(e)
         return self._pipelines.get(attention)
 
     def why_no_pipeline(self, attention: str | None = None) -> str:
@@ -222,7 +217,7 @@ class OpenVINOCausalLM(EngineModel):
         its internal KV cache (the ONNX artifact's loop and rules: end-of-text never picked among the first
         `min_new_tokens`; sampling from torch's generator): the reference LLMPipeline is checked against."""
         ids = np.asarray(ids, dtype=np.int64)
-        check_length(ids.shape[1] + max_new_tokens - 1, self.config.n_positions)
+        check_length(ids.shape[1], self.config.n_positions, max_new_tokens)
         self.request.reset_state()
         step = lambda ids, done: self._step(np.ascontiguousarray(ids[:, done:]), done)[:, -1, :]  # noqa: E731
         return decode_loop(step, ids, max_new_tokens, self.config.eos_token_id, min_new_tokens, do_sample, top_k,
@@ -236,7 +231,7 @@ class OpenVINOCausalLM(EngineModel):
         sampler, seeded from torch's initial seed). Greedy tokens are checked against effkit's loop
         (`check_tokens`). Where LLMPipeline cannot be built, effkit's loop decodes (the generation note says so)."""
         ids = input_ids.cpu().long().numpy()
-        check_length(ids.shape[1] + max_new_tokens - 1, self.config.n_positions)
+        check_length(ids.shape[1], self.config.n_positions, max_new_tokens)
         key, _ = self.decoding()
         if self.pipeline(key) is None:
             return torch.from_numpy(self.loop_generate(ids, max_new_tokens, min_new_tokens, do_sample, top_k,
@@ -245,10 +240,7 @@ class OpenVINOCausalLM(EngineModel):
         new = self.pipeline_generate(ids, max_new_tokens, key, min_new_tokens, sampling)
         if not do_sample:
             self.check_tokens(ids, new, key, min_new_tokens)
-        if streamer is not None:  # LLMPipeline streams text, one row only: the tokens are handed over at the end
-            streamer.put(torch.from_numpy(ids))
-            streamer.put(torch.from_numpy(new))
-            streamer.end()
+        stream_after(streamer, torch.from_numpy(ids), torch.from_numpy(new))  # LLMPipeline streams text, one row only
         return torch.from_numpy(np.concatenate([ids, new], axis=1))
 
 
