@@ -390,7 +390,7 @@ class Trainer:
                               f"warm-up {o.warmup_steps}), to no fewer than those trained, and with --max-steps")
         self.cfg = self.cfg.replace(optim=o.replace(max_steps=steps))
         self.horizon = total_steps(self.cfg.optim, self.tokens_per_step)
-        self.scheduler.lr_lambdas = [lr_lambda(self.cfg.optim, self.horizon)]
+        self.scheduler.lr_lambdas = [lr_lambda(self.cfg.optim, self.horizon)] * len(self.optimizer.param_groups)
         self.stop_reason = "max_steps" if self.horizon == steps else "max_tokens"
 
     # ------------------------------------------------------------------------------------------ the loop
