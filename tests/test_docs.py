@@ -64,6 +64,21 @@ def test_the_captions_name_the_level_the_intervals_were_computed_at(tmp_path):
         assert says in caption and not_says not in caption, caption
 
 
+def test_a_caption_under_holm_names_each_ratios_own_level_not_a_look_count():
+    """Holm gives each ratio of a table its own level (0.05/looks/(k - rank + 1)): read as a look count, 99.9%
+    became "Bonferroni over 50 looks". The caption gives the range of the levels and where each is kept."""
+    from effkit.bench import bench_markdown
+
+    report = fake_bench(0.98)
+    row = report["artifacts"][1]
+    ratios = [k for k, v in row.items() if isinstance(v, dict) and "ci_level" in v]
+    for k, level in zip(ratios, (0.9833, 0.9917, 0.9944, 0.9958, 0.9967), strict=True):
+        row[k] = {**row[k], "ci_level": level, "family": 5, "table": "main"}
+    caption = next(line for line in bench_markdown(report).splitlines() if line.startswith("Ratios are paired"))
+    assert "intervals at their own Holm levels (98.33% to 99.67%" in caption, caption
+    assert "Bonferroni over" not in caption and "the 5 ratios of the main table" in caption, caption
+
+
 def test_the_headline_says_when_a_peer_beats_what_effkit_ships(tmp_path):
     """#42: a peer decided faster than the delivered (or the lossless) artifact at the chosen workload is said under
     the README's table, and the lossless artifact is marked in it."""
