@@ -209,7 +209,9 @@ def test_bench_with_the_default_generation_length_on_a_nano_model(run_with_artif
         for b in (1, 12):
             ratio, record = r[f"latency_ratio_b{b}"], report["stopping"][f"latency_b{b}"]
             assert ratio["rounds"] == record["rounds"] and record["rounds"] in (3, 6, 12)
-            assert ratio["ci_level"] == pytest.approx(1 - 0.05 / 3)
+            # Holm within the look's 0.05 / 3 over the table's ratios: one of its step-down levels
+            holm = [1 - 0.05 / 3 / j for j in range(1, ratio.get("family", 1) + 1)]
+            assert any(ratio["ci_level"] == pytest.approx(x) for x in holm), (ratio, holm)
             if r is row:
                 assert_ratio_from_samples(ratio, report["samples"][f"latency_b{b}"], ref["tag"], r["tag"])
             if record["stopped"] == "decided":  # then it was decided or narrow: not merely out of rounds

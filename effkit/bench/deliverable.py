@@ -56,7 +56,7 @@ def deliverable(plan: Plan, bench: dict[str, Any]) -> dict[str, Any]:
     same = best.get("same_computation_as", ())
     vs_peers = "; ".join(f"vs {p}" + (" (the same computation: the protocol's A/A check)" if p in same else "")
                          + ": " + ", ".join(f"{w} {stats.fmt_ratio(r[w])}" for w in r) for p, r in peers.items())
-    aa = [f for r in ours for f in r["flags"] if f.startswith(AA_FAILED)]
+    aa = [f for r in ours for f in r.get("flags", ()) if f.startswith(AA_FAILED)]
     judged = {"delivered": best["tag"], "lossless": lossless.picked if lossless else None}
     beaten = {name: beaten_by(rows[tag], chosen) for name, tag in judged.items() if tag}
     warn = "; ".join(f"the {name} artifact {judged[name]} is slower at {chosen.name} than "
