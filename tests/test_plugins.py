@@ -240,7 +240,7 @@ def test_a_registered_prefill_workload_joins_the_parent_comparisons_under_its_ow
     from effkit import workloads
     from effkit.measure import compare
     from effkit.measure.stopping import Stopping, measure
-    from effkit.prune.stage import _round_row
+    from effkit.prune.stage import CurvePoint
 
     asked = []
 
@@ -266,7 +266,7 @@ def test_a_registered_prefill_workload_joins_the_parent_comparisons_under_its_ow
                                         "speedup_projected_from_flops")}, "eval_loss_delta_vs_dense": ratio,
                    **{w.measure: {"p50_s": 0.01} for w in workloads.of_kind("prefill")},
                    **{w.ratio: ratio for w in workloads.of_kind("prefill")}}
-        row = _round_row(1, 0.5, {"metrics": metrics, "artifact": "a"}, structured=True)
+        row = CurvePoint.of_round(1, 0.5, {"metrics": metrics, "artifact": "a"}, structured=True).to_dict()
         assert {"latency_b1_s", "latency_b12_s", "latency_b4_s", "latency_ratio_b1", "latency_ratio_b12",
                 "latency_ratio_b4"} <= set(row)
     finally:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -232,8 +233,7 @@ def prune_plan(cfg: PruneConfig, probe: bool = False, suggest: bool = True) -> s
     tuning = memplan.predict(ft, device, probe=probe)
     f = cfg.finetune
     mc = memplan._model_config(ft)
-    cut = getattr(methods.get(cfg.method.mode), "cut_config", None)  # the student after round 1, the largest tuned
-    student_config = cut(cfg, mc, cfg.method.target / cfg.method.rounds) if cut else mc
+    student_config = first_cut(cfg, mc)  # the student after round 1, the largest tuned
     cut_size = student_config.to_dict() != mc.to_dict()
     if f.finetune_steps and not f.control and cut_size:  # the student is the model fine-tuned: planned at its shape
         tuning = memplan.predict(ft, device, probe=probe, model_config=student_config)
@@ -283,6 +283,13 @@ def prune_plan(cfg: PruneConfig, probe: bool = False, suggest: bool = True) -> s
     if suggest and plan.fits is False:
         plan.tricks = _fitting_tricks(cfg, ft.optim.optim)
     return plan
+
+
+def first_cut(cfg: PruneConfig, config):
+    """`config` (a GPT2Config) as round 1's cut leaves it, from shapes alone (`cut_config`); a method without
+    `cut_config` is planned at the parent's shape, an upper bound."""
+    cut = getattr(methods.get(cfg.method.mode), "cut_config", None)
+    return cut(cfg, config, cfg.method.target / cfg.method.rounds) if cut else config
 
 
 def _fp32_bytes(config) -> int:
@@ -363,29 +370,59 @@ def _round_metrics(mdl, *, cfg: PruneConfig, pruner, structure, distiller: Disti
     return m
 
 
-def _dense_row(dense: dict[str, Any], source: Path) -> dict[str, Any]:
-    """Round 0 of the curve: the dense parent."""
-    return {"round": 0, "target": 0.0, "achieved_sparsity": dense["achieved_sparsity"], "block_params_removed": 0.0,
-            "eval_loss": dense["eval_loss"], "eval_loss_ci95": dense["eval_loss_ci95"],
-            "control_eval_loss": dense["eval_loss"], "params": dense["params"],
-            "flops_per_token": dense["flops_per_token_dense"], "artifact": str(source)}
+@dataclass(frozen=True)
+class CurvePoint:
+    """A point of the prune curve: the dense parent (round 0) or a pruned round, made once from what was measured
+    of it; `to_dict()` is the point as the report's `curve` and prune-<label>.csv have it. Round 0 has none of a
+    round's own figures (its shape, paired deltas, latency, projected speed-up)."""
+    round: int
+    target: float
+    achieved_sparsity: float
+    block_params_removed: float
+    eval_loss: float
+    eval_loss_ci95: list[float]
+    control_eval_loss: float | None
+    params: int
+    flops_per_token: float
+    artifact: str
+    shape: dict[str, int] = field(default_factory=dict)  # n_embd, n_layer, n_inner
+    delta_vs_control: dict[str, Any] | None = None  # paired by block, as `stats.paired_delta` gives them
+    control_delta_vs_dense: dict[str, Any] | None = None
+    delta_vs_dense: dict[str, Any] | None = None
+    latency: dict[str, Any] = field(default_factory=dict)  # per prefill workload: p50 seconds, paired ratio
+    speedup_projected: float | None = None
 
+    @classmethod
+    def dense(cls, dense: dict[str, Any], source: Path) -> CurvePoint:
+        """Round 0 of the curve: the dense parent."""
+        return cls(0, 0.0, dense["achieved_sparsity"], 0.0, dense["eval_loss"], dense["eval_loss_ci95"],
+                   dense["eval_loss"], dense["params"], dense["flops_per_token_dense"], str(source))
 
-def _round_row(r: int, fraction: float, report: dict[str, Any], structured: bool) -> dict[str, Any]:
-    """Round `r` of the curve, from its fine-tuning report."""
-    m = report["metrics"]
-    return {"round": r, "target": fraction, "achieved_sparsity": m["achieved_sparsity"],
-            "block_params_removed": m["block_params_removed"], "n_embd": m["n_embd"],
-            "n_layer": m["n_layer"], "n_inner": m["n_inner"],
-            "eval_loss": m["eval_loss"], "eval_loss_ci95": m["eval_loss_ci95"],
-            "control_eval_loss": m.get("control_eval_loss"),
-            results.EVAL_LOSS_DELTA_VS_CONTROL: m.get(results.EVAL_LOSS_DELTA_VS_CONTROL),
-            results.CONTROL_DELTA_VS_DENSE: m.get(results.CONTROL_DELTA_VS_DENSE),
-            results.EVAL_LOSS_DELTA_VS_DENSE: m[results.EVAL_LOSS_DELTA_VS_DENSE], "params": m["params"],
-            "flops_per_token": m["flops_per_token_dense" if structured else "flops_per_token_nonzero"],
-            **{f"{w.measure}_s": m[w.measure]["p50_s"] for w in workloads.of_kind("prefill")},
-            **{w.ratio: m[w.ratio] for w in workloads.of_kind("prefill")},
-            "speedup_projected": m["speedup_projected_from_flops"], "artifact": report["artifact"]}
+    @classmethod
+    def of_round(cls, r: int, fraction: float, report: dict[str, Any], structured: bool) -> CurvePoint:
+        """Round `r` of the curve, from its fine-tuning report."""
+        m = report["metrics"]
+        prefill = workloads.of_kind("prefill")
+        return cls(r, fraction, m["achieved_sparsity"], m["block_params_removed"], m["eval_loss"],
+                   m["eval_loss_ci95"], m.get("control_eval_loss"), m["params"],
+                   m["flops_per_token_dense" if structured else "flops_per_token_nonzero"], report["artifact"],
+                   {k: m[k] for k in ("n_embd", "n_layer", "n_inner")}, m.get(results.EVAL_LOSS_DELTA_VS_CONTROL),
+                   m.get(results.CONTROL_DELTA_VS_DENSE), m[results.EVAL_LOSS_DELTA_VS_DENSE],
+                   {**{f"{w.measure}_s": m[w.measure]["p50_s"] for w in prefill},
+                    **{w.ratio: m[w.ratio] for w in prefill}},
+                   m["speedup_projected_from_flops"])
+
+    def to_dict(self) -> dict[str, Any]:
+        head = {"round": self.round, "target": self.target, "achieved_sparsity": self.achieved_sparsity,
+                "block_params_removed": self.block_params_removed, **self.shape, "eval_loss": self.eval_loss,
+                "eval_loss_ci95": self.eval_loss_ci95, "control_eval_loss": self.control_eval_loss}
+        size = {"params": self.params, "flops_per_token": self.flops_per_token}
+        if not self.round:
+            return {**head, **size, "artifact": self.artifact}
+        return {**head, results.EVAL_LOSS_DELTA_VS_CONTROL: self.delta_vs_control,
+                results.CONTROL_DELTA_VS_DENSE: self.control_delta_vs_dense,
+                results.EVAL_LOSS_DELTA_VS_DENSE: self.delta_vs_dense, **size, **self.latency,
+                "speedup_projected": self.speedup_projected, "artifact": self.artifact}
 
 
 def _prune(cfg: PruneConfig, rt: Runtime, source: Path, meta: dict[str, Any], data_cfg: DataConfig,
@@ -414,7 +451,7 @@ def _prune(cfg: PruneConfig, rt: Runtime, source: Path, meta: dict[str, Any], da
     cut = pruner.start(cfg, model)
     calib = _calibration(cfg, pruner, blocks.train)
 
-    rows: list[dict[str, Any]] = [_dense_row(dense, source)]
+    rows = [CurvePoint.dense(dense, source)]
     parent = str(source)
     for r in range(1, cfg.method.rounds + 1):
         fraction = cfg.method.target * r / cfg.method.rounds
@@ -429,7 +466,7 @@ def _prune(cfg: PruneConfig, rt: Runtime, source: Path, meta: dict[str, Any], da
         report = finetune(finetune_config(cfg, source, meta, data_cfg, r, layout), model, rt, stage="prune",
                           tag=prune_tag(cfg.label, r), parent=parent, after_step=after_step, extra_metrics=extra,
                           loss=distiller, progress=progress)
-        rows.append(_round_row(r, fraction, report, pruner.structured))
+        rows.append(CurvePoint.of_round(r, fraction, report, pruner.structured))
         parent = report["artifact"]
 
     source_info = {"model": str(source), "data": data_cfg.source, "tokenizer": prepared.tokenizer_source}
@@ -437,30 +474,30 @@ def _prune(cfg: PruneConfig, rt: Runtime, source: Path, meta: dict[str, Any], da
                               memory_of() if memory_of else None)
 
 
-def round_verdict(cfg: PruneConfig, row: dict[str, Any], dense: dict[str, Any]) -> str:
+def round_verdict(cfg: PruneConfig, row: CurvePoint, dense: dict[str, Any]) -> str:
     """`weight 50%: latency b12: same, ≈ 0.98x (0.91-1.05); params 1.00x; loss vs control: worse, +0.4% (...)`."""
-    parts = [stats.summary_of(row[results.LATENCY_RATIO_B12], f"latency {workloads.PREFILL_B12.tail}"),
-             f"params {row['params'] / dense['params']:.2f}x"]
-    if row.get(results.EVAL_LOSS_DELTA_VS_CONTROL):
-        parts.append(stats.summary_of(row[results.EVAL_LOSS_DELTA_VS_CONTROL], "loss vs control"))
+    parts = [stats.summary_of(row.latency[results.LATENCY_RATIO_B12], f"latency {workloads.PREFILL_B12.tail}"),
+             f"params {row.params / dense['params']:.2f}x"]
+    if row.delta_vs_control:
+        parts.append(stats.summary_of(row.delta_vs_control, "loss vs control"))
     else:
-        parts.append(stats.summary_of(row[results.EVAL_LOSS_DELTA_VS_DENSE],
+        parts.append(stats.summary_of(row.delta_vs_dense,
                                       "loss vs dense (confounded with the extra training: run with the control)"))
-    return f"{cfg.method.mode} {row['achieved_sparsity']:.0%} (round {row['round']}): " + "; ".join(parts)
+    return f"{cfg.method.mode} {row.achieved_sparsity:.0%} (round {row.round}): " + "; ".join(parts)
 
 
-def write_prune_report(cfg: PruneConfig, layout: RunLayout, rows: list[dict[str, Any]], dense: dict[str, Any],
+def write_prune_report(cfg: PruneConfig, layout: RunLayout, rows: list[CurvePoint], dense: dict[str, Any],
                        rt: Runtime, block: int, source: dict[str, str], lr_how: str = "set by --lr",
                        mem: dict[str, Any] | None = None) -> dict[str, Any]:
     out = layout.report_dir
     verdicts = [round_verdict(cfg, row, dense) for row in rows[1:]]
     last = rows[-1]
-    last_b12 = results.PairedRatio.of(last[results.LATENCY_RATIO_B12])
+    last_b12 = results.PairedRatio.of(last.latency[results.LATENCY_RATIO_B12])
     if not methods.get(cfg.method.mode).structured and last_b12.verdict != "faster":
         verdicts.append("unstructured zeros reduced FLOPs (counting non-zeros) but not latency: dense kernels "
                         "still multiply the zeros; the gain is in compressibility, not speed")
-    if last.get(results.CONTROL_DELTA_VS_DENSE):
-        verdicts.append(stats.summary_of(last[results.CONTROL_DELTA_VS_DENSE], "the control (the dense parent "
+    if last.control_delta_vs_dense:
+        verdicts.append(stats.summary_of(last.control_delta_vs_dense, "the control (the dense parent "
                                          f"fine-tuned the same way, lr {cfg.finetune.lr:.3g}) vs the dense parent") +
                         ": what the fine-tuning alone did, apart from the pruning")
     if not cfg.finetune.control:
@@ -468,8 +505,8 @@ def write_prune_report(cfg: PruneConfig, layout: RunLayout, rows: list[dict[str,
                         "with the extra fine-tuning steps")
     report = {
         "stage": "prune", "tag": f"prune-{cfg.label}", "mode": cfg.method.mode, "label": cfg.label, "run": layout.name,
-        "artifact": last["artifact"],
-        "config": cfg.to_dict(), "source": source, "curve": rows, "dense": dense, "verdicts": verdicts,
+        "artifact": last.artifact, "config": cfg.to_dict(), "source": source,
+        "curve": [r.to_dict() for r in rows], "dense": dense, "verdicts": verdicts,
         "protocol": {"eval_loss": evaluation.EVAL_PROTOCOL + "; " + stats.LOSS_METHOD,
                      "control": ("the dense parent fine-tuned with the same steps, data order, learning rate "
                                  "and loss as each round (distilled from the same frozen teacher when the rounds "
@@ -495,7 +532,7 @@ def write_prune_report(cfg: PruneConfig, layout: RunLayout, rows: list[dict[str,
         "versions": artifacts.versions(), "git_commit": artifacts.git_commit(),
     }
     atomic_write_text(out / f"prune-{cfg.label}.json", json.dumps(report, indent=2, default=str))
-    write_rows_csv(out / f"prune-{cfg.label}.csv", [flat_curve_row(r) for r in rows])
+    write_rows_csv(out / f"prune-{cfg.label}.csv", [flat_curve_row(r) for r in report["curve"]])
     plot_prune_curves(out)
     return report
 
@@ -516,9 +553,6 @@ def flat_curve_row(row: dict[str, Any]) -> dict[str, Any]:
         else:
             out[k] = v
     return out
-
-
-__all__ = ["forward_flops_per_token", "run_prune"]
 
 
 # ------------------------------------------------------------------------------------- the stage in `effkit run`
@@ -604,12 +638,10 @@ class PruneStage(Stage):
                         prune_plan(c, probe=True)))
             from transformers import GPT2Config
 
-            mc = GPT2Config.from_pretrained(dense)
-            cut = getattr(methods.get(c.method.mode), "cut_config", None)
             tag = artifacts.prune_tag(c.label, 1)
-            shapes.artifacts[tag] = artifacts.shape_only(
-                shapes.run_dir / tag, cut(c, mc, c.method.target / c.method.rounds) if cut else mc,
-                artifacts.data_section(dense), "prune", parent=str(dense))
+            shapes.artifacts[tag] = artifacts.shape_only(shapes.run_dir / tag,
+                                                         first_cut(c, GPT2Config.from_pretrained(dense)),
+                                                         artifacts.data_section(dense), "prune", parent=str(dense))
         if any(c.method.rounds > 1 for c in plan.prune.values()):
             shapes.notes.append("each prune mode's later rounds (smaller than its first) are not planned for the "
                                 "stages after it")
