@@ -9,7 +9,7 @@ decode workload `workloads.GENERATION` under the generation's older names: `gene
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -49,7 +49,7 @@ def peer_workloads() -> tuple[workloads.Workload, ...]:
                         key=lambda w: w.kind != "decode"))
 
 
-@dataclass
+@dataclass(frozen=True)
 class WorkloadFigures:
     """One workload in an artifact's row: its own figure over its own rounds, its paired ratio to the reference
     and, for a contender (which may have settled early and run a prefix of the reference's rounds), the
@@ -61,7 +61,7 @@ class WorkloadFigures:
     same_rounds: dict[str, Any] | None = None  # {"rounds": n, "reference": its figure over those n rounds}
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainFigures:
     """The training steps at one batch: tokens/s and the paired ratio to the reference, or why not run."""
 
@@ -74,11 +74,13 @@ class TrainFigures:
                 **({train_ratio(self.batch): self.ratio} if self.ratio is not None else {})}
 
 
-@dataclass
+@dataclass(frozen=True)
 class ArtifactRow:
     """One artifact in the bench: what was measured of it alone (`effkit.bench.static`, its per-block losses
     left out), its loss and size against the reference, its figures per workload and training batch, its flags,
-    its compiled twin (with --compile) and, for all but the peers, its ratios against each peer."""
+    its compiled twin (with --compile) and, for all but the peers, its ratios against each peer. Made once, when
+    all of it is known (`artifact_row`); only its table's Holm decision (`Family.close`) settles its ratios'
+    levels afterwards."""
 
     measured: dict[str, Any]
     loss_delta: dict[str, Any]  # a LossDelta's dict, against the reference
@@ -153,26 +155,27 @@ def artifact_row(r: dict[str, Any], ref: dict[str, Any], timed: dict[str, Any], 
     (`digests`: each peer's `computation`); its ratios join `tables` (`TABLES`: each decided under Holm as a
     whole once every row has joined, `Family.close`)."""
     tag = r["tag"]
-    row = ArtifactRow({k: v for k, v in r.items() if k not in PER_BLOCK},
-                      stats.paired_delta(ref["block_losses"], r["block_losses"], ref["block_docs"]),
-                      r["size_bytes"] / ref["size_bytes"], workload_figures(timed, tag, ref["tag"], tables["main"]),
-                      train_figures(timed, tag, ref["tag"], r["stage"], tables["main"]))
-    row.flags = [r["generation"]["note"]] if "note" in r["generation"] else []
-    invalid = row.non_finite()
-    if not math.isfinite(r["eval_loss"]) or invalid:
-        row.invalid = ("non-finite held-out loss" if not math.isfinite(r["eval_loss"]) else
-                       "non-finite measurements in " + ", ".join(invalid))
-        row.flags.append(f"invalid: {row.invalid} (never delivered; no verdict printed)")
-    if tag in timed.get("compile_status", {}):
-        row.compiled = compiled_row(timed, tag, ref["tag"], tables["compiled"])
+    measured = ArtifactRow({k: v for k, v in r.items() if k not in PER_BLOCK},
+                           stats.paired_delta(ref["block_losses"], r["block_losses"], ref["block_docs"]),
+                           r["size_bytes"] / ref["size_bytes"],
+                           workload_figures(timed, tag, ref["tag"], tables["main"]),
+                           train_figures(timed, tag, ref["tag"], r["stage"], tables["main"]))
+    flags = [r["generation"]["note"]] if "note" in r["generation"] else []
+    invalid = None
+    if not math.isfinite(r["eval_loss"]) or (bad := measured.non_finite()):
+        invalid = ("non-finite held-out loss" if not math.isfinite(r["eval_loss"]) else
+                   "non-finite measurements in " + ", ".join(bad))
+        flags.append(f"invalid: {invalid} (never delivered; no verdict printed)")
+    compiled = compiled_row(timed, tag, ref["tag"], tables["compiled"]) if tag in timed.get("compile_status", {}) \
+        else None
+    same, vs_peers = None, None
     if r["stage"] != "peer":
-        row.same_computation_as = [p for p, d in (digests or {}).items() if d and d == r.get("computation")]
-        row.vs_peers = {p: peer_ratios(timed, p, tag, None if p in row.same_computation_as else tables["peer"])
-                        for p in peers}
-        row.flags += [aa_problem(tag, p, w, ratio) for p in row.same_computation_as
-                      for w, ratio in row.vs_peers[p].items()
-                      if results.PairedRatio.of(ratio).verdict in ("faster", "slower")]
-    return row
+        same = [p for p, d in (digests or {}).items() if d and d == r.get("computation")]
+        vs_peers = {p: peer_ratios(timed, p, tag, None if p in same else tables["peer"]) for p in peers}
+        flags += [aa_problem(tag, p, w, ratio) for p in same for w, ratio in vs_peers[p].items()
+                  if results.PairedRatio.of(ratio).verdict in ("faster", "slower")]
+    return replace(measured, flags=flags, invalid=invalid, compiled=compiled, vs_peers=vs_peers,
+                   same_computation_as=same)
 
 
 def aa_problem(tag: str, peer: str, workload: str, ratio: dict[str, Any]) -> str:
