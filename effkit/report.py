@@ -20,9 +20,6 @@ from effkit.measure import results
 from effkit.measure.results import LossDelta, PairedRatio
 from effkit.stage import Plan, RunContext, Stage, Step
 
-SUMMARY_FIELDS = ["stage", "tag", "artifact", "eval_loss", "bits_per_byte", "perplexity", "train_tokens_per_s", "mfu",
-                  "peak_memory_mb", "params", "size_mb", "parallel", "world_size", "amp_dtype", "time"]
-
 
 def _fmt(v: Any) -> str:
     if isinstance(v, float):
@@ -44,22 +41,16 @@ def summary_row(report: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+SUMMARY_FIELDS = list(summary_row({}))  # summary.csv's columns
+
+
 def markdown_section(report: dict[str, Any]) -> str:
-    m, what = report.get("metrics", {}), report.get("what_ran", {})
-    lines = [f"## {report['stage']} ({report['tag']}) at {report.get('time', '')}", ""]
-    lines.append(f"Artifact: `{report.get('artifact')}`")
-    lines.append("")
-    lines.append("| what ran | |")
-    lines.append("|---|---|")
-    for k, v in what.items():
-        lines.append(f"| {k} | {_fmt(v)} |")
-    lines.append("")
-    lines.append("| metric | value |")
-    lines.append("|---|---|")
-    for k, v in m.items():
-        if isinstance(v, (dict, list)):
-            v = json.dumps(v)
-        lines.append(f"| {k} | {_fmt(v)} |")
+    lines = [f"## {report['stage']} ({report['tag']}) at {report.get('time', '')}", "",
+             f"Artifact: `{report.get('artifact')}`", "", "| what ran | |", "|---|---|",
+             *(f"| {k} | {_fmt(v)} |" for k, v in report.get("what_ran", {}).items()), "",
+             "| metric | value |", "|---|---|",
+             *(f"| {k} | {_fmt(json.dumps(v) if isinstance(v, (dict, list)) else v)} |"
+               for k, v in report.get("metrics", {}).items())]
     if report.get("verdicts"):
         lines.append("")
         lines.extend(f"> {v}" for v in report["verdicts"])
@@ -231,6 +222,13 @@ def pyplot():
     return plt
 
 
+def save_figure(plt, fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
 def plot_loss_curve(rows: list[dict[str, Any]], path: Path, title: str = "training loss") -> Path:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4))
@@ -243,10 +241,7 @@ def plot_loss_curve(rows: list[dict[str, Any]], path: Path, title: str = "traini
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
+    return save_figure(plt, fig, path)
 
 
 def plot_loss_curves(out: Path) -> Path | None:
@@ -275,11 +270,7 @@ def plot_loss_curves(out: Path) -> Path | None:
     ax.grid(alpha=0.3)
     if len(files) <= 12:
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = out / "loss_curves.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(plt, fig, out / "loss_curves.png")
 
 
 def plot_comparison(out: Path) -> Path | None:
@@ -321,11 +312,7 @@ def plot_comparison(out: Path) -> Path | None:
     for ax in axes:
         ax.grid(axis="x", alpha=0.3)
     axes[0].invert_yaxis()
-    fig.tight_layout()
-    path = out / "comparison.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(plt, fig, out / "comparison.png")
 
 
 def save_sparsity_figure(plt, fig, axes, path: Path) -> None:
@@ -334,9 +321,7 @@ def save_sparsity_figure(plt, fig, axes, path: Path) -> None:
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:  # an empty panel (no control arm) has nothing to label
             ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(plt, fig, path)
 
 
 def plot_prune_curves(out: Path) -> list[Path]:
