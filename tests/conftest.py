@@ -19,6 +19,12 @@ def _isolated_cache(tmp_path_factory):
     tempfile.tempdir = None  # read TMPDIR again
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     os.environ["EFFKIT_PG_TIMEOUT"] = "90"  # a hung collective in a multi-process test fails in 90 s, not 300
+    # torch.compile's kernels are built once per suite run, not once per test that compiles: every compiling test
+    # (the processes it starts too) shares one Inductor cache, made empty at the run's start as a fresh clone has it
+    # (its folder under the run's base, which both xdist workers share)
+    shared = tmp_path_factory.getbasetemp()
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str((shared.parent if os.environ.get("PYTEST_XDIST_WORKER") else shared)
+                                                / "inductor-cache")
     if os.environ.get("PYTEST_XDIST_WORKER"):  # one thread per worker: two workers of two spinning OpenMP threads
         # each on two cores wait on each other; the processes a test starts inherit it
         import torch
@@ -199,10 +205,11 @@ SLOW_FIXTURES = {"parallel_runs", "run_with_artifacts"}  # module fixtures that 
 # and quantizers; docs/benchmarks.md, "The test suite", has the measured ones): xdist hands each module whole to the
 # next free worker in this order (`--no-loadscope-reorder`; its own order, by test count, started heavy ones
 # such as test_openvino late), so the longest start first and the short ones fill the gaps at the end
-HEAVIEST_FIRST = ("test_run.py", "test_parallel.py", "test_quantize.py", "test_export.py", "test_openvino.py",
-                  "test_llamacpp.py", "test_bench.py", "test_prune.py", "test_cli.py", "test_structured.py",
-                  "test_studies.py", "test_plugins.py", "test_train.py", "test_memplan.py", "test_hf_input.py",
-                  "test_bf16_flags.py", "test_architecture.py")
+HEAVIEST_FIRST = ("test_run.py", "test_parallel.py", "test_parallel_auto.py", "test_quantize.py", "test_export.py",
+                  "test_openvino.py", "test_llamacpp.py", "test_bench.py", "test_prune.py", "test_cli.py",
+                  "test_structured.py", "test_studies.py", "test_plugins.py", "test_speculative.py", "test_draft.py",
+                  "test_train.py", "test_memplan.py", "test_hf_input.py", "test_bf16_flags.py",
+                  "test_architecture.py")
 
 
 def pytest_collection_modifyitems(config, items):

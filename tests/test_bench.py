@@ -1,6 +1,5 @@
 import csv
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -149,25 +148,36 @@ def test_report_renders_summary_with_valid_pngs(run_with_artifacts):
     assert "![comparison](comparison.png)" in text and "## Benchmark" in text and "## train (train)" in text
 
 
+def generate(args, capsys, monkeypatch) -> tuple[int, str, str]:
+    """`effkit generate ARGS` in this process (the entry point's own process is test_cli's): exit code, out, err."""
+    monkeypatch.setattr(sys, "argv", ["effkit", "generate", *args])
+    try:
+        cli.main()
+        code = 0
+    except SystemExit as e:
+        code = e.code or 0
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
 @pytest.mark.parametrize("which", [0, 2])  # dense and quantized
-def test_generate_streams_text(run_with_artifacts, which):
+def test_generate_streams_text(run_with_artifacts, which, capsys, monkeypatch):
     _, dirs, _, paths = run_with_artifacts
-    out = subprocess.run([sys.executable, "-m", "effkit", "generate", "--from", paths[which], "--prompt",
-                          "The Congress", "--max-new-tokens", "8"], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-1500:]
-    assert out.stdout.startswith("The Congress") and len(out.stdout.strip()) > len("The Congress")
+    code, out, err = generate(["--from", paths[which], "--prompt", "The Congress", "--max-new-tokens", "8"], capsys,
+                              monkeypatch)
+    assert code == 0, err[-1500:]
+    assert out.startswith("The Congress") and len(out.strip()) > len("The Congress")
 
 
 @pytest.mark.slow
-def test_generate_compile_gives_the_eager_greedy_text(run_with_artifacts):
+def test_generate_compile_gives_the_eager_greedy_text(run_with_artifacts, capsys, monkeypatch):
     _, _, _, paths = run_with_artifacts
-    args = [sys.executable, "-m", "effkit", "generate", "--from", paths[0], "--prompt", "The Congress",
-            "--max-new-tokens", "6"]
-    eager = subprocess.run(args, capture_output=True, text=True, timeout=300)
-    compiled = subprocess.run([*args, "--compile"], capture_output=True, text=True, timeout=300)
-    assert compiled.returncode == 0, compiled.stderr[-1500:]
-    assert "compiled in" in compiled.stderr and "static KV cache" in compiled.stderr
-    assert compiled.stdout == eager.stdout and len(eager.stdout.strip()) > len("The Congress")
+    args = ["--from", paths[0], "--prompt", "The Congress", "--max-new-tokens", "6"]
+    _, eager, _ = generate(args, capsys, monkeypatch)
+    code, compiled, err = generate([*args, "--compile"], capsys, monkeypatch)
+    assert code == 0, err[-1500:]
+    assert "compiled in" in err and "static KV cache" in err
+    assert compiled == eager and len(eager.strip()) > len("The Congress")
 
 
 def run_cli(args, capsys, monkeypatch):
