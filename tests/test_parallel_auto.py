@@ -189,7 +189,7 @@ def test_the_trial_times_only_fitting_layouts_in_paired_rounds_and_keeps_predict
         return [9.0] + [1.0 + 0.01 * i if layout == second else 2.0 + 0.01 * i for i in range(5)]
 
     cfg = cfg.with_flat(auto_top=3)
-    chosen, ranking = auto.choose(cfg, plan=False, time_steps=time_steps)
+    chosen, ranking = auto.choose(cfg, plan=False, time_steps=lambda cs: [time_steps(c) for c in cs])
     top = ranking["layouts"][:3]
     assert sorted(timed) == sorted([r["layout"] for r in top] * auto.TRIAL_ROUNDS)
     assert all(r["fits"] for r in ranking["layouts"] if r["layout"] in timed)

@@ -330,10 +330,11 @@ def rank(cfg, simulate: str = "") -> dict[str, Any]:
             "method": __doc__.split("\n\n", 1)[1]}
 
 
-def choose(cfg, plan: bool, time_steps: Callable[[Any], list[float]] | None = None) -> tuple[Any, dict | None]:
+def choose(cfg, plan: bool, time_steps: Callable[[list[Any]], list[list[float]]] | None = None
+           ) -> tuple[Any, dict | None]:
     """`--parallel auto` resolved before training: (the configuration to train or plan, the ranking made; None
     where there is nothing to choose: one process). With `plan`, the ranking only; else the best-predicted
-    `--auto-top` fitting layouts are timed side by side (`trial`, with `time_steps`: a configuration's step times)
+    `--auto-top` fitting layouts are timed side by side (`trial`, with `time_steps`: configurations' step times)
     and training goes on with the winner."""
     from effkit.parallel.launch import nproc_per_node
 
@@ -364,7 +365,7 @@ def _layout_of(row: dict[str, Any]) -> Layout:
 
 
 def trial(cfg, rows: list[dict[str, Any]], global_batch: int,
-          time_steps: Callable[[Any], list[float]]) -> tuple[dict[str, Any], str]:
+          time_steps: Callable[[list[Any]], list[list[float]]]) -> tuple[dict[str, Any], str]:
     """The layouts of `rows` timed side by side: TRIAL_ROUNDS paired rounds (each runs every layout once for
     `--auto-steps` steps, in an order shuffled from a seed; its steps after the first are the round's sample),
     decided by the decision rule (`effkit.measure.choice.decide`: Holm's intervals over the pairs; a tie or an
@@ -377,12 +378,14 @@ def trial(cfg, rows: list[dict[str, Any]], global_batch: int,
     steps = cfg.parallel.auto_steps
     samples: dict[str, list[list[float]]] = {r["layout"]: [] for r in rows}
     order, rng = list(rows), random.Random(Rule.seed)
+    runs = []  # (row, configuration) in the rounds' orders, timed in one go
     for _ in range(TRIAL_ROUNDS):
         rng.shuffle(order)
         for r in order:
             c = _layout_of(r).config(cfg, global_batch)
-            c = c.replace(optim=c.optim.replace(max_steps=steps, max_tokens=0, time_budget=0))
-            samples[r["layout"]].append(time_steps(c)[1:])
+            runs.append((r, c.replace(optim=c.optim.replace(max_steps=steps, max_tokens=0, time_budget=0))))
+    for (r, _), times in zip(runs, time_steps([c for _, c in runs]), strict=True):
+        samples[r["layout"]].append(times[1:])
     rule = Rule()
     choice = decide(samples, False, rule.level, rule.precision, prefer=[r["layout"] for r in rows].index)
     for r in rows:
