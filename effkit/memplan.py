@@ -171,7 +171,7 @@ def _one_block(model_config) -> Any:
 
 
 def probe_runtime(model_config: dict[str, Any], batch: int, block: int, checkpointing: bool, optim: str,
-                  amp: str | None, steps: int = RUNTIME_STEPS, threads: int = 0) -> dict[str, float]:
+                  amp: str | None, steps: int = RUNTIME_STEPS, threads: int = 0, rounds: int = STEP_ROUNDS) -> dict:
     """How much the resident set grows over `steps` real training steps of the one-block model `model_config`
     (measured as training measures it: the model built and placed first); then, outside that measure, the
     seconds of its steps and of a two-block model's, timed in turns (their medians: what `predicted_step_seconds`
@@ -224,7 +224,7 @@ def probe_runtime(model_config: dict[str, Any], batch: int, block: int, checkpoi
     two_blocks = build(2)  # the time a block adds
     step(*two_blocks)
     one, two = [], []
-    for _ in range(STEP_ROUNDS):  # in turns, outside the memory's sampling thread: a busy moment slows both alike
+    for _ in range(rounds):  # in turns, outside the memory's sampling thread: a busy moment slows both alike
         one.append(step(model, opt))
         two.append(step(*two_blocks))
     return {"bytes": mem.peak_bytes, "step_s": statistics.median(one), "step2_s": statistics.median(two)}
@@ -235,12 +235,12 @@ CACHE = "memplan_runtime"
 
 def runtime(model_config, batch: int, block: int, *, checkpointing: bool, optim: str = "adamw",
             amp_dtype: torch.dtype | None = None, probe: bool = True, env: dict[str, str] | None = None,
-            threads: int = 0) -> tuple[int | None, str, tuple[float, float] | None]:
+            threads: int = 0, rounds: int = STEP_ROUNDS, run_probe: Any = None) -> tuple[int | None, str, Any]:
     """The process runtime's bytes at the peak on this CPU for this shape (see the module's text), how it was
-    obtained, and the probe's step seconds of one and two blocks on `threads` threads (`probe_runtime`); (None,
-    why, None) when it is not cached and `probe` is off. The probe runs in a fresh process (one
-    forked from a process that imported the libraries measures their code pages again as it touches them: 5 MiB
-    more on gpt2-nano), `env` on top of this one's (the allocator's settings change what the resident set keeps)."""
+    obtained, and the probe's step seconds of one and two blocks on `threads` threads (`probe_runtime`, `rounds`
+    each); (None, why, None) when not cached and `probe` is off. The probe runs in a fresh process (one forked from
+    a process that imported the libraries measures their code pages again: 5 MiB more on gpt2-nano), `env` on top
+    of this one's (the allocator's settings change what the resident set keeps); in `run_probe(args)` if given."""
     import json
     import os
 
@@ -251,14 +251,14 @@ def runtime(model_config, batch: int, block: int, *, checkpointing: bool, optim:
     mc = _one_block(model_config)
     amp = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(amp_dtype)
     args = {"model_config": json.loads(mc.to_json_string()), "batch": batch, "block": block,
-            "checkpointing": checkpointing, "optim": optim, "amp": amp, "threads": threads}
+            "checkpointing": checkpointing, "optim": optim, "amp": amp, "threads": threads, "rounds": rounds}
     malloc = {k: v for k, v in {**os.environ, **(env or {})}.items() if k.startswith("MALLOC_")}
     shape = {k: args["model_config"].get(k) for k in ("vocab_size", "n_embd", "n_head", "n_inner", "n_positions")}
     key = (f"{describe_device(torch.device('cpu'))}|torch {torch.__version__}|{json.dumps(shape, sort_keys=True)}|"
            f"b{batch}x{block}|ckpt {checkpointing}|{optim}|{amp}|{json.dumps(malloc, sort_keys=True)}|"
-           f"threads {threads}|v4")
-    measure = (lambda: run_isolated("effkit.memplan:probe_runtime", args, what="the memory plan's runtime probe",
-                                    env=env)) if probe else None
+           f"threads {threads}|v4{'' if rounds == STEP_ROUNDS else f'|rounds {rounds}'}{'|launched' * bool(run_probe)}")
+    measure = (lambda: run_probe(args) if run_probe else run_isolated(
+        "effkit.memplan:probe_runtime", args, what="the memory plan's runtime probe", env=env)) if probe else None
     probed, cached = machine_cached(CACHE, key, measure)
     if probed is None:
         return None, "not measured on this machine for this shape yet (effkit train --plan measures it)", None

@@ -595,9 +595,11 @@ def finetune(cfg: TrainConfig, model: torch.nn.Module, rt: Runtime, *, stage: st
     return trainer.finish(stage=stage, parent=parent, extra_metrics=extra_metrics, mark_latest=mark_latest)
 
 
-def train_in_processes(cfg: TrainConfig, planned: Planned | None = None) -> dict[str, Any]:
+def train_in_processes(cfg: TrainConfig, planned: Planned | None = None,
+                       trial: list[TrainConfig] | None = None) -> dict[str, Any]:
     """Validate the process layout here (one line, exit 2), build the data caches once, then start the
-    processes through Accelerate (rank 0 reports `planned` beside what it measured); returns rank 0's report."""
+    processes through Accelerate (rank 0 reports `planned` beside what it measured); returns rank 0's report.
+    `trial` (`time_steps`): those runs, each like `cfg`'s, trained in turn in one launch (`time_rank`)."""
     p = cfg.parallel
     if p.mode == "none":
         raise EffkitError("--nproc/--nnodes > 1 need a parallel mode: add --parallel ddp (or fsdp, tp, fsdp+tp, "
@@ -622,6 +624,12 @@ def train_in_processes(cfg: TrainConfig, planned: Planned | None = None) -> dict
         finally:
             torch.set_num_threads(before)
     layout = RunLayout.for_run(cfg.run)
+    if trial:
+        runs = [{"config": c.replace(parallel=c.parallel.replace(nproc=nproc, threads=threads)).to_dict(),
+                 "dims": ParallelDims.build(c.parallel.replace(nproc=nproc), nproc * p.nnodes, shape.get("n_head"),
+                                            shape.get("n_layer")).to_dict()} for c in trial]
+        launch({"runs": runs}, cfg.parallel, cfg.run.run_name, target="effkit.train:time_rank")
+        return {}
     launch({"config": cfg.to_dict(), "dims": dims.to_dict(), "planned": asdict(planned or Planned())}, cfg.parallel,
            cfg.run.run_name)
     if p.node_rank != 0:  # only global rank 0 (on node 0) saves the artifact and writes the report
@@ -646,18 +654,38 @@ def train_any(cfg: TrainConfig, on_step: Callable[[int, float], None] | None = N
         return run(cfg)
 
 
-def time_steps(cfg: TrainConfig) -> list[float]:
-    """The step times of a short run of `cfg` in a scratch folder (no evaluation between steps, no checkpoint):
-    `--parallel auto`'s trial of a layout."""
+def time_steps(cfgs: list[TrainConfig]) -> list[list[float]]:
+    """The step times of short runs of `cfgs` (no evaluation between steps, no checkpoint) in a scratch folder:
+    `--parallel auto`'s trial of layouts. Launched runs go in one launch (`time_rank`: the processes and their
+    imports started once, each run's model and layout built anew)."""
     import csv
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="effkit-auto-") as tmp:
-        r = cfg.run.replace(run_name="trial", runs_dir=f"{tmp}/runs", reports_dir=f"{tmp}/reports", resume=False,
-                            eval_interval=0, checkpoint_interval=0)
-        train_any(cfg.replace(run=r))
-        with (Path(tmp) / "reports" / "trial" / "train_steps.csv").open() as f:
-            return [float(row["step_time_s"]) for row in csv.DictReader(f)]
+        runs = [c.replace(run=c.run.replace(run_name=f"trial{i}", runs_dir=f"{tmp}/runs", reports_dir=f"{tmp}/reports",
+                                            resume=False, eval_interval=0, checkpoint_interval=0))
+                for i, c in enumerate(cfgs)]
+        if runs and runs[0].parallel.launched:
+            train_in_processes(runs[0], trial=runs)
+        else:
+            for c in runs:
+                train_any(c)
+        out = []
+        for c in runs:
+            with (Path(tmp) / "reports" / c.run.run_name / "train_steps.csv").open() as f:
+                out.append([float(row["step_time_s"]) for row in csv.DictReader(f)])
+        return out
+
+
+def time_rank(runs: list[dict[str, Any]]) -> None:
+    """One launched rank of `time_steps`: its runs trained in turn in one process group, left after the last (as
+    `effkit.worker.train_rank` leaves it)."""
+    import torch.distributed as dist
+
+    for run in runs:
+        train(TrainConfig.from_dict(run["config"]), progress=False, dims=ParallelDims.from_dict(run["dims"]))
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 # ------------------------------------------------------------------------------------- the stage in `effkit run`

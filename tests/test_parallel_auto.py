@@ -9,7 +9,7 @@ import pytest
 
 from effkit import cli
 from effkit.errors import EffkitError
-from effkit.parallel import auto
+from effkit.parallel import auto, machine
 
 
 def nano(tiny_cfg, **kw):
@@ -32,9 +32,9 @@ def test_the_bubble_is_the_pipelines_idle_share():
 
 def test_a_ring_link_fitted_to_its_own_timings_is_found_again():
     link = auto.Link(50e-6, 2e9)
-    for kind in auto.KINDS:
+    for kind in machine.KINDS:
         points = [[b, link.seconds(kind, b, 4)] for b in (1e3, 1e5, 1e7)]
-        fitted = auto._fit(points, kind, 4)
+        fitted = machine._fit(points, kind, 4)
         assert fitted.latency_s == pytest.approx(link.latency_s, rel=1e-6)
         assert fitted.bandwidth == pytest.approx(link.bandwidth, rel=1e-6)
     assert link.seconds("all_reduce", 1e6, 1) == 0
@@ -83,37 +83,42 @@ def test_the_rankings_inputs_are_measured_once_per_machine_and_recorded(tiny_cfg
     from effkit.measure.machine_cache import machine_id
 
     monkeypatch.setenv("EFFKIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(effkit.child, "run_isolated", lambda *a, **k: pytest.fail("the probe runs in the ranks"))
     probes, timings = [], []
 
-    def probe(target, kwargs, what, env=None):
-        probes.append(kwargs)
-        return {"bytes": 50 * 2**20, "step_s": 0.1, "step2_s": 0.15}
-
-    def timing(world, threads):
+    def measuring(world, threads, probe, meanwhile):
+        meanwhile()  # the simulations, made while the ranks start
         timings.append(world)
+        probes.append(probe)
         link = auto.Link(1e-4, 1e9)
-        return {k: [[b, link.seconds(k, b, world)] for b in (1e4, 1e6, 1e7)] for k in auto.KINDS}
+        return {"probe": {"bytes": 50 * 2**20, "step_s": 0.1, "step2_s": 0.15},
+                "collectives": {k: [[b, link.seconds(k, b, world)] for b in (1e4, 1e6, 1e7)] for k in machine.KINDS}}
 
-    monkeypatch.setattr(effkit.child, "run_isolated", probe)
-    monkeypatch.setattr(auto, "launch_timing", timing)
+    monkeypatch.setattr(auto, "launch_measuring", measuring)
     cfg = nano(tiny_cfg, nproc=2)
     first = auto.rank(cfg)
     second = auto.rank(cfg)
+    # the probe and the collectives measured in one launch, once
     assert len(probes) == 1 and probes[0]["threads"] == 1 and timings == [2]
+    assert probes[0]["batch"] == auto.PROBE_BATCH and probes[0]["rounds"] == auto.PROBE_ROUNDS
     how = second["hardware"]["how"]
     assert "measured now" in first["hardware"]["how"]["collectives"]
     assert f"machine {machine_id()}" in how["collectives"] and "cached" in how["collectives"]
     assert "GFLOP/s per rank" in how["compute"] and "cached" in how["compute"]
     assert not second["simulated"] and second["layouts"][0]["fits"]
-    cache = json.loads((tmp_path / "cache" / f"{auto.COLLECTIVES}.json").read_text())
+    cache = json.loads((tmp_path / "cache" / f"{machine.COLLECTIVES}.json").read_text())
     assert all(machine_id() in key for key in cache)
+    # with the probe cached (another shape's collectives too), the collectives alone are measured
+    (tmp_path / "cache" / f"{machine.COLLECTIVES}.json").unlink()
+    auto.rank(cfg)
+    assert timings == [2, 2] and probes[1] is None
 
 
 def test_the_simulate_preset_path_ranks_on_paper(tiny_cfg, monkeypatch, capsys):
     import effkit.child
 
     monkeypatch.setattr(effkit.child, "run_isolated", lambda *a, **k: pytest.fail("a simulation runs nothing"))
-    monkeypatch.setattr(auto, "launch_timing", lambda *a: pytest.fail("a simulation times nothing"))
+    monkeypatch.setattr(auto, "launch_measuring", lambda *a: pytest.fail("a simulation times nothing"))
     r = auto.rank(nano(tiny_cfg, nproc=8, simulate="h100-nvlink"), "h100-nvlink")
     assert r["simulated"] and r["world"] == 8 and r["hardware"]["name"] == "h100-nvlink"
     assert r["hardware"]["memory_bytes"] == 80 * 2**30 and all(x["fits"] for x in r["layouts"])
@@ -151,10 +156,19 @@ def test_the_cli_prints_a_simulated_ranking_one_line_per_layout(tmp_path, monkey
 
 
 @pytest.mark.slow
-def test_this_machines_collectives_are_timed_in_launched_processes():
-    timed = auto.launch_timing(2, 1)
-    assert set(timed) == set(auto.KINDS)
-    assert all(len(v) == len(auto.SIZES) and all(s > 0 for _, s in v) for v in timed.values())
+def test_this_machines_collectives_and_probe_are_timed_in_launched_processes(tiny_cfg):
+    from effkit import memplan
+
+    cfg = tiny_cfg()
+    mc = memplan._one_block(memplan._model_config(cfg))
+    probe = {"model_config": mc.to_dict(), "batch": 1, "block": cfg.data.block_size, "checkpointing": False,
+             "optim": "adamw", "amp": None, "threads": 1, "rounds": 2}
+    started = []
+    measured = machine.launch_measuring(2, 1, probe, lambda: started.append(1))
+    timed = measured["collectives"]
+    assert started == [1] and set(timed) == set(machine.KINDS)
+    assert all(len(v) == len(machine.SIZES) and all(s > 0 for _, s in v) for v in timed.values())
+    assert measured["probe"]["bytes"] > 0 and 0 < measured["probe"]["step_s"] < measured["probe"]["step2_s"] * 2
 
 
 def test_the_trial_times_only_fitting_layouts_in_paired_rounds_and_keeps_prediction_beside_measurement(
@@ -175,7 +189,7 @@ def test_the_trial_times_only_fitting_layouts_in_paired_rounds_and_keeps_predict
         return [9.0] + [1.0 + 0.01 * i if layout == second else 2.0 + 0.01 * i for i in range(5)]
 
     cfg = cfg.with_flat(auto_top=3)
-    chosen, ranking = auto.choose(cfg, plan=False, time_steps=time_steps)
+    chosen, ranking = auto.choose(cfg, plan=False, time_steps=lambda cs: [time_steps(c) for c in cs])
     top = ranking["layouts"][:3]
     assert sorted(timed) == sorted([r["layout"] for r in top] * auto.TRIAL_ROUNDS)
     assert all(r["fits"] for r in ranking["layouts"] if r["layout"] in timed)

@@ -13,15 +13,16 @@ timed. A fitting layout's step is predicted as
     compute + communication + pipeline bubble
 
 - compute: the rank's FLOPs (`memplan.step_flops`'s accounting, split by the tensor degree, the heaviest pipeline
-  stage, a forward more with checkpointing) at the rate the runtime probe measured for the whole model on one
-  process with the threads a rank gets (`memplan.runtime`, cached per machine and shape), or at the described
-  machine's peak times its efficiency;
+  stage, a forward more with checkpointing) at the rate the runtime probe's steps of a one- and a two-block model
+  at PROBE_BATCH extend to the whole model, timed in every launched rank at once with the threads a rank gets
+  (`memplan.runtime` in `machine.launch_measuring`, cached per machine and shape), or at the described machine's
+  peak times its efficiency;
 - communication: each collective the layout runs in a step (DDP's gradient all-reduce; FSDP's all-gathers, forward
   and backward, and reduce-scatter per block; tensor parallelism's activation all-reduces, two per block each way;
   the pipeline's sends of activations and their gradients) priced by a latency + bytes / bandwidth line per
   collective: on this machine fitted to a timing of all_reduce, all_gather and reduce_scatter at a few sizes on
-  the backend, run once per machine and cached (`machine_cached`); in a simulation the ring algorithm's cost on
-  the described links, inter-node where the group spans nodes;
+  the backend, in the probe's launch, once per machine and cached (`machine_cached`); in a simulation the ring
+  algorithm's cost on the described links, inter-node where the group spans nodes;
 - bubble: the pipeline's idle fraction (p - 1) / (m + p - 1) of the step for p stages and m micro-batches (GPipe
   and 1F1B alike; 1F1B keeps fewer micro-batches in flight, which the memory plan counts).
 Nothing overlaps in the prediction (DDP's and FSDP's overlap of communication with compute is not counted)."""
@@ -38,29 +39,12 @@ from pathlib import Path
 from typing import Any
 
 from effkit.errors import EffkitError
+from effkit.parallel.machine import Link, launch_measuring, measured_collectives
 
-KINDS = ("all_reduce", "all_gather", "reduce_scatter")
-SIZES = (1 << 12, 1 << 16, 1 << 20, 1 << 22)  # bytes per rank's tensor timed for each collective
-REPEATS = 5
-COLLECTIVES = "parallel_collectives"  # the machine cache's file of measured collectives
+PROBE_BATCH = 1  # blocks per step of the ranking's runtime probe: its FLOP rate carried to every layout's batch
+PROBE_ROUNDS = 3  # timed steps of its one- and two-block models each
 TRICKS = ((), ("adamw8bit",), ("checkpointing",), ("adamw8bit", "checkpointing"))  # cheapest first
 TRIAL_ROUNDS = 3  # paired rounds of the trial of the best-predicted layouts
-
-
-@dataclass(frozen=True)
-class Link:
-    """A link's cost for the ring algorithms: `latency_s` per step, `bandwidth` bytes/s (bus bandwidth)."""
-
-    latency_s: float
-    bandwidth: float
-
-    def seconds(self, kind: str, nbytes: float, n: int) -> float:
-        """One `kind` collective of a tensor of `nbytes` (the whole one: all-gathered, all-reduced, sent) among n."""
-        if n <= 1:
-            return 0.0
-        steps = {"all_reduce": 2 * (n - 1), "all_gather": n - 1, "reduce_scatter": n - 1, "send": 1}[kind]
-        share = nbytes if kind == "send" else nbytes / n
-        return steps * (self.latency_s + share / self.bandwidth)
 
 
 @dataclass(frozen=True)
@@ -125,87 +109,6 @@ def simulated_hardware(spec: str) -> Hardware:
     return Hardware(name, int(d["devices_per_node"]), int(d["memory_gib"] * 2**30), d["peak_tflops"] * 1e12,
                     d["efficiency"], {"all": intra}, {"all": inter},
                     how={"description": json.dumps(d, sort_keys=True)})
-
-
-# ----------------------------------------------------------------------------- this machine's collectives
-
-
-def time_collectives(sizes: list[int], repeats: int) -> dict[str, list[list[float]]]:
-    """In each launched rank: the seconds of each collective on the backend, per size (the median of `repeats`
-    after a warm-up; the slowest rank's), {kind: [[bytes of the whole tensor, seconds], ...]}."""
-    import torch
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo")
-    n, out = dist.get_world_size(), {}
-    try:
-        for kind in KINDS:
-            out[kind] = []
-            for size in sizes:
-                x = torch.ones(size // 4)
-                whole = torch.empty(n * x.numel())
-                run = {"all_reduce": lambda x, whole: dist.all_reduce(x),
-                       "all_gather": lambda x, whole: dist.all_gather_into_tensor(whole, x),
-                       "reduce_scatter": lambda x, whole: dist.reduce_scatter_tensor(x, whole)}[kind]
-                run(x, whole)
-                times = []
-                for _ in range(repeats):
-                    dist.barrier()
-                    t = time.perf_counter()
-                    run(x, whole)
-                    times.append(time.perf_counter() - t)
-                slowest = torch.tensor([statistics.median(times)])
-                dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-                out[kind].append([float(size * (1 if kind == "all_reduce" else n)), slowest.item()])
-    finally:
-        dist.destroy_process_group()
-    return out
-
-
-def _fit(points: list[list[float]], kind: str, n: int) -> Link:
-    """The ring `Link` whose cost line (least squares, seconds on bytes) passes nearest the timed points."""
-    xs, ys = [p[0] for p in points], [p[1] for p in points]
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    slope = max(sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs), 1e-15)
-    intercept = max(my - slope * mx, 0.0)
-    steps = 2 * (n - 1) if kind == "all_reduce" else n - 1
-    return Link(intercept / steps, 1 / (slope * n / steps))
-
-
-def launch_timing(world: int, threads: int) -> dict[str, list[list[float]]]:
-    """`time_collectives` run in `world` launched processes on this machine (as training launches them)."""
-    import subprocess
-
-    from effkit.child import Job
-    from effkit.config import ParallelConfig
-    from effkit.parallel.launch import free_port, launch_command, raise_worker_failure
-
-    p = ParallelConfig(mode="ddp", nproc=world, threads=threads, master_port=free_port())
-    job = Job.create("effkit.parallel.auto:time_collectives", {"sizes": list(SIZES), "repeats": REPEATS},
-                     prefix="effkit-collectives-")
-    cmd, env = launch_command(p, job)
-    with (job.folder / "launch.log").open("w") as err:
-        proc = subprocess.run(cmd, env=env, stderr=err)
-    if proc.returncode:
-        raise_worker_failure(job, proc.returncode, job.folder / "launch.log")
-    result = job.result()
-    job.remove()
-    return result
-
-
-def measured_collectives(world: int, threads: int) -> tuple[dict[str, Link], str]:
-    """This machine's collectives among `world` processes on the CPU backend (gloo), fitted per collective;
-    timed once (`launch_timing`) and cached per machine; (links, how they were obtained)."""
-    import torch
-
-    from effkit.measure.machine_cache import cache_note, machine_cached
-
-    key = f"gloo|world {world}|threads {threads}|torch {torch.__version__}|sizes {list(SIZES)}"
-    timed, cached = machine_cached(COLLECTIVES, key, lambda: launch_timing(world, threads))
-    links = {kind: _fit(timed[kind], kind, world) for kind in KINDS}
-    fitted = "; ".join(f"{k} {links[k].latency_s * 1e6:.0f} us + {links[k].bandwidth / 1e9:.2f} GB/s" for k in KINDS)
-    return links, (f"gloo among {world} processes, timed at {len(SIZES)} sizes and fitted per ring step: {fitted} "
-                   f"({cache_note(COLLECTIVES, key) if cached else 'measured now, cached per machine'})")
 
 
 # ----------------------------------------------------------------------------- layouts
@@ -340,27 +243,40 @@ def predict_step(layout: Layout, mc, block: int, global_batch: int, grad_accum: 
 
 
 def this_machine(cfg, mc, world: int) -> tuple[Hardware, int | None]:
-    """This machine as the ranking prices it: the FLOP rate of the runtime probe's steps (one process, the
-    threads a launched rank gets) extended to the whole model, its memory shared by the processes on it, and its
-    collectives measured (`measured_collectives`); both cached per machine. Also the process runtime's bytes."""
+    """This machine as the ranking prices it: the FLOP rate of the runtime probe's steps (PROBE_BATCH blocks, in
+    every launched rank at once with the threads a rank gets) extended to the whole model, its memory shared by the
+    processes on it, and its collectives measured (`measured_collectives`); both measured in one launch
+    (`launch_measuring`) and cached per machine. Also the process runtime's bytes."""
     import torch
 
     from effkit import memplan
 
     p, o, d = cfg.parallel, cfg.optim, cfg.data
-    nproc = world // p.nnodes
+    nproc, threads = world // p.nnodes, p.threads or 1
     amp = {"bf16": torch.bfloat16, "fp16": torch.float16}[o.amp_dtype] if o.amp else None
-    runtime_bytes, how, probe_s = memplan.runtime(mc, o.batch_size, d.block_size,
-                                                  checkpointing=cfg.model.activation_checkpointing, optim=o.optim,
-                                                  amp_dtype=amp, probe=True, threads=p.threads or 1)
+    kw = dict(checkpointing=cfg.model.activation_checkpointing, optim=o.optim, amp_dtype=amp)
+
+    def simulations() -> None:  # what the probe's runtime bytes and the layouts' plans read, made as ranks start
+        memplan.simulate(memplan._one_block(mc), PROBE_BATCH, d.block_size, **kw)
+        memplan.simulate_layers(mc, o.batch_size, d.block_size, mc.n_layer, o.batch_size, **kw)
+
+    measured: dict[str, Any] = {}
+
+    def measure(probe: dict[str, Any] | None) -> dict[str, Any]:
+        measured.update(measured or launch_measuring(world, threads, probe, simulations))
+        return measured
+
+    runtime_bytes, how, probe_s = memplan.runtime(mc, PROBE_BATCH, d.block_size, **kw, probe=True, threads=threads,
+                                                  rounds=PROBE_ROUNDS, run_probe=lambda a: measure(a)["probe"])
+    links, comm_how = measured_collectives(world, threads, lambda: measure(None))
     step_s = memplan.predicted_step_seconds(mc, mc.n_layer, d.block_size, probe_s)
-    rate = memplan.step_flops(mc, mc.n_layer, o.batch_size * d.block_size, d.block_size) / step_s
-    links, comm_how = measured_collectives(world, p.threads or 1)
+    rate = memplan.step_flops(mc, mc.n_layer, PROBE_BATCH * d.block_size, d.block_size) / step_s
     _, avail = memplan.device_memory(torch.device("cpu"))
     hw = Hardware("this machine (CPU)", nproc, (avail or 0) // nproc, rate, 1.0, links, links, simulated=False,
-                    how={"compute": f"{rate / 1e9:.2f} GFLOP/s per rank: the runtime probe's {memplan.STEP_ROUNDS} "
-                                    f"steps of a one- and a two-block model at batch {o.batch_size}, "
-                                    f"{p.threads or 1} thread(s), extended to {mc.n_layer} blocks ({how})",
+                    how={"compute": f"{rate / 1e9:.2f} GFLOP/s per rank: the runtime probe's {PROBE_ROUNDS} steps "
+                                    f"of a one- and a two-block model at batch {PROBE_BATCH}, {threads} thread(s), "
+                                    f"in each of the {nproc} ranks at once (the slowest's), extended to "
+                                    f"{mc.n_layer} blocks ({how})",
                          "collectives": comm_how, "memory": f"available RAM / {nproc} processes"})
     return hw, runtime_bytes
 
@@ -414,10 +330,11 @@ def rank(cfg, simulate: str = "") -> dict[str, Any]:
             "method": __doc__.split("\n\n", 1)[1]}
 
 
-def choose(cfg, plan: bool, time_steps: Callable[[Any], list[float]] | None = None) -> tuple[Any, dict | None]:
+def choose(cfg, plan: bool, time_steps: Callable[[list[Any]], list[list[float]]] | None = None
+           ) -> tuple[Any, dict | None]:
     """`--parallel auto` resolved before training: (the configuration to train or plan, the ranking made; None
     where there is nothing to choose: one process). With `plan`, the ranking only; else the best-predicted
-    `--auto-top` fitting layouts are timed side by side (`trial`, with `time_steps`: a configuration's step times)
+    `--auto-top` fitting layouts are timed side by side (`trial`, with `time_steps`: configurations' step times)
     and training goes on with the winner."""
     from effkit.parallel.launch import nproc_per_node
 
@@ -448,7 +365,7 @@ def _layout_of(row: dict[str, Any]) -> Layout:
 
 
 def trial(cfg, rows: list[dict[str, Any]], global_batch: int,
-          time_steps: Callable[[Any], list[float]]) -> tuple[dict[str, Any], str]:
+          time_steps: Callable[[list[Any]], list[list[float]]]) -> tuple[dict[str, Any], str]:
     """The layouts of `rows` timed side by side: TRIAL_ROUNDS paired rounds (each runs every layout once for
     `--auto-steps` steps, in an order shuffled from a seed; its steps after the first are the round's sample),
     decided by the decision rule (`effkit.measure.choice.decide`: Holm's intervals over the pairs; a tie or an
@@ -461,12 +378,14 @@ def trial(cfg, rows: list[dict[str, Any]], global_batch: int,
     steps = cfg.parallel.auto_steps
     samples: dict[str, list[list[float]]] = {r["layout"]: [] for r in rows}
     order, rng = list(rows), random.Random(Rule.seed)
+    runs = []  # (row, configuration) in the rounds' orders, timed in one go
     for _ in range(TRIAL_ROUNDS):
         rng.shuffle(order)
         for r in order:
             c = _layout_of(r).config(cfg, global_batch)
-            c = c.replace(optim=c.optim.replace(max_steps=steps, max_tokens=0, time_budget=0))
-            samples[r["layout"]].append(time_steps(c)[1:])
+            runs.append((r, c.replace(optim=c.optim.replace(max_steps=steps, max_tokens=0, time_budget=0))))
+    for (r, _), times in zip(runs, time_steps([c for _, c in runs]), strict=True):
+        samples[r["layout"]].append(times[1:])
     rule = Rule()
     choice = decide(samples, False, rule.level, rule.precision, prefer=[r["layout"] for r in rows].index)
     for r in rows:

@@ -88,16 +88,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(kwargs: dict[str, Any], p: ParallelConfig, run_name: str) -> None:
-    """Run `train_rank(**kwargs)` in `p.nproc` processes per node; wait; raise a one-line error naming the rank
-    that failed first. One machine: the rendezvous takes a free port (as `torchrun --standalone`), so two runs on
-    one machine do not collide on --master-port. The job folder (the call, per-rank error records, the launcher's
-    log) is temporary: removed after a success and named in the error after a failure, so a failed launch leaves
-    nothing in the run's folder."""
+def launch(kwargs: dict[str, Any], p: ParallelConfig, run_name: str, target: str = WORKER_TARGET) -> None:
+    """Run `train_rank(**kwargs)` (or `target`'s function) in `p.nproc` processes per node; wait; raise a one-line
+    error naming the rank that failed first. One machine: the rendezvous takes a free port (as `torchrun
+    --standalone`), so two runs on one machine do not collide on --master-port. The job folder (the call, per-rank
+    error records, the launcher's log) is temporary: removed after a success and named in the error after a
+    failure, so a failed launch leaves nothing in the run's folder."""
     if p.nnodes == 1:
         p = p.replace(master_port=free_port())
     wait_for_master(p)
-    job = Job.create(WORKER_TARGET, kwargs, prefix=f"effkit-launch-{run_name}-")
+    job = Job.create(target, kwargs, prefix=f"effkit-launch-{run_name}-")
     log = job.folder / "launch.log"
     cmd, env = launch_command(p, job)
     with log.open("w") as err:  # the launcher's and workers' stderr: warnings, and tracebacks on a crash

@@ -1,0 +1,157 @@
+"""This machine's figures for `--parallel auto`'s ranking, measured in launched ranks: its collectives on the
+backend (all-reduce, all-gather, reduce-scatter at a few sizes, fitted per collective by a ring `Link`: latency +
+bytes / bandwidth) and the runtime probe's steps (`memplan.probe_runtime`), both in one launch whose ranks start
+while the parent makes its simulations and time only once it is done (they would slow each other)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+KINDS = ("all_reduce", "all_gather", "reduce_scatter")
+SIZES = (1 << 12, 1 << 16, 1 << 20, 1 << 22)  # bytes per rank's tensor timed for each collective
+REPEATS = 5
+GO_WAIT_S = 600  # the longest a measuring rank waits for its parent's go before timing anyway
+COLLECTIVES = "parallel_collectives"  # the machine cache's file of measured collectives
+
+
+@dataclass(frozen=True)
+class Link:
+    """A link's cost for the ring algorithms: `latency_s` per step, `bandwidth` bytes/s (bus bandwidth)."""
+
+    latency_s: float
+    bandwidth: float
+
+    def seconds(self, kind: str, nbytes: float, n: int) -> float:
+        """One `kind` collective of a tensor of `nbytes` (the whole one: all-gathered, all-reduced, sent) among n."""
+        if n <= 1:
+            return 0.0
+        steps = {"all_reduce": 2 * (n - 1), "all_gather": n - 1, "reduce_scatter": n - 1, "send": 1}[kind]
+        share = nbytes if kind == "send" else nbytes / n
+        return steps * (self.latency_s + share / self.bandwidth)
+
+
+def time_collectives(sizes: list[int], repeats: int) -> dict[str, list[list[float]]]:
+    """In each rank of a joined process group: the seconds of each collective on the backend, per size (the median
+    of `repeats` after a warm-up; the slowest rank's), {kind: [[bytes of the whole tensor, seconds], ...]}."""
+    import torch
+    import torch.distributed as dist
+
+    n, out = dist.get_world_size(), {}
+    for kind in KINDS:
+        out[kind] = []
+        for size in sizes:
+            x = torch.ones(size // 4)
+            whole = torch.empty(n * x.numel())
+            run = {"all_reduce": lambda x, whole: dist.all_reduce(x),
+                   "all_gather": lambda x, whole: dist.all_gather_into_tensor(whole, x),
+                   "reduce_scatter": lambda x, whole: dist.reduce_scatter_tensor(x, whole)}[kind]
+            run(x, whole)
+            times = []
+            for _ in range(repeats):
+                dist.barrier()
+                t = time.perf_counter()
+                run(x, whole)
+                times.append(time.perf_counter() - t)
+            slowest = torch.tensor([statistics.median(times)])
+            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+            out[kind].append([float(size * (1 if kind == "all_reduce" else n)), slowest.item()])
+    return out
+
+
+def _fit(points: list[list[float]], kind: str, n: int) -> Link:
+    """The ring `Link` whose cost line (least squares, seconds on bytes) passes nearest the timed points."""
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    slope = max(sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs), 1e-15)
+    intercept = max(my - slope * mx, 0.0)
+    steps = 2 * (n - 1) if kind == "all_reduce" else n - 1
+    return Link(intercept / steps, 1 / (slope * n / steps))
+
+
+def measure_rank(go: str, probe: dict[str, Any] | None, sizes: list[int], repeats: int) -> dict[str, Any]:
+    """One launched rank's share of this machine's measurements: its libraries imported, it waits for `go` (the
+    parent's simulations done, which would slow these timings), joins the process group, runs the runtime probe
+    (`memplan.probe_runtime`, every rank at once, as they train; the slowest rank's step times) and times the
+    collectives (`time_collectives`)."""
+    import torch
+    import torch.distributed as dist
+    from transformers import GPT2LMHeadModel  # noqa: F401  (imported before `go`: the probe's model)
+
+    from effkit.memplan import probe_runtime
+
+    deadline = time.monotonic() + GO_WAIT_S
+    while not Path(go).exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    dist.init_process_group("gloo")
+    try:
+        out: dict[str, Any] = {}
+        if probe:
+            probed = probe_runtime(**probe)
+            slowest = torch.tensor([probed["step_s"], probed["step2_s"]], dtype=torch.float64)
+            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+            out["probe"] = {**probed, "step_s": slowest[0].item(), "step2_s": slowest[1].item()}
+        out["collectives"] = time_collectives(sizes, repeats)
+    finally:
+        dist.destroy_process_group()
+    return out
+
+
+def launch_measuring(world: int, threads: int, probe: dict[str, Any] | None,
+                     meanwhile: Callable[[], Any] = lambda: None) -> dict[str, Any]:
+    """`measure_rank` in `world` processes of `threads` threads started here (the environment a launcher gives
+    them, without one: its start-up is not needed to measure), `meanwhile()` run here while they import.
+    {"probe": `probe_runtime`'s result (with `probe`), "collectives": `time_collectives`'s}."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    from effkit.child import Job
+    from effkit.errors import WorkerFailed
+    from effkit.parallel.launch import free_port
+
+    go = Path(tempfile.mkdtemp(prefix="effkit-measure-go-")) / "go"
+    job = Job.create("effkit.parallel.machine:measure_rank",
+                     {"go": str(go), "probe": probe, "sizes": list(SIZES), "repeats": REPEATS},
+                     prefix="effkit-measure-")
+    env = dict(os.environ, WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+               OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
+    log = job.folder / "ranks.log"
+    with log.open("w") as err:
+        procs = [subprocess.Popen([sys.executable, *job.module_args()], env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
+                                  stderr=err) for r in range(world)]
+        try:
+            meanwhile()
+        finally:
+            go.touch()
+            codes = [p.wait() for p in procs]
+    go.unlink()
+    go.parent.rmdir()
+    if any(codes):
+        failures = job.failures()
+        why = failures[0]["message"] if failures else f"exit codes {codes}"
+        raise WorkerFailed(f"measuring this machine for --parallel auto failed: {why}; see {log}")
+    result = job.result()
+    job.remove()
+    return result
+
+
+def measured_collectives(world: int, threads: int, measure: Callable[[], dict[str, Any]]
+                         ) -> tuple[dict[str, Link], str]:
+    """This machine's collectives among `world` processes on the CPU backend (gloo), fitted per collective;
+    timed once (`measure()`: `launch_measuring`'s result) and cached per machine; (links, how they were obtained)."""
+    import torch
+
+    from effkit.measure.machine_cache import cache_note, machine_cached
+
+    key = f"gloo|world {world}|threads {threads}|torch {torch.__version__}|sizes {list(SIZES)}"
+    timed, cached = machine_cached(COLLECTIVES, key, lambda: measure()["collectives"])
+    links = {kind: _fit(timed[kind], kind, world) for kind in KINDS}
+    fitted = "; ".join(f"{k} {links[k].latency_s * 1e6:.0f} us + {links[k].bandwidth / 1e9:.2f} GB/s" for k in KINDS)
+    return links, (f"gloo among {world} processes, timed at {len(SIZES)} sizes and fitted per ring step: {fitted} "
+                   f"({cache_note(COLLECTIVES, key) if cached else 'measured now, cached per machine'})")
