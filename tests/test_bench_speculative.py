@@ -53,10 +53,14 @@ def test_the_speculative_artifact_is_checked_exact_and_carries_its_draft_statist
             {"tag": bs.SPEC_TAG, "stage": "export", "artifact": str(folder)}]
     bs.annotate(rows)
     assert bs.ROW_KEY not in rows[0] and rows[1][bs.ROW_KEY] == what
-    # the next bench makes it again (a stale one is never benched beside the new one), or removes it when off
+    # the next bench makes it again (the earlier one is never benched beside the new one); a bench not asked for
+    # one benches it as it finds it; one on too small a share removes it (its reference may have been retrained)
     assert bs.add(cfg, tmp_path, [artifacts_path, folder], NEW)[0] == [artifacts_path, folder]
-    assert bs.add(cfg.replace(speculative=False), tmp_path, [artifacts_path, folder], NEW) == (
-        [artifacts_path], {bs.SPEC_TAG: "not run: --no-speculative"})
+    assert bs.add(cfg.replace(speculative=None), tmp_path, [artifacts_path, folder], NEW) == (
+        [artifacts_path, folder], {})
+    small = cfg.replace(peer_share=bs.cost()["from_share"] / 2)
+    assert bs.add(small, tmp_path, [artifacts_path, folder], NEW) == ([artifacts_path],
+                                                                    {bs.SPEC_TAG: bs.left_out(small)})
     assert not folder.exists()
 
 
@@ -126,3 +130,23 @@ def test_a_small_budget_share_leaves_the_speculative_artifact_out_with_a_reason(
 
     assert STAGE.with_share(small, need / 2)["speculative"].startswith("not run: budget share")
     assert STAGE.with_share(whole, 1.0)["speculative"] == "made and benched"
+
+
+@pytest.mark.slow
+def test_the_bench_times_the_speculative_artifact_beside_the_others(reference, picks_k4):
+    """`effkit bench --speculative`: the speculative artifact's row in bench.json, in the same rounds as the
+    reference, with its draft's statistics and its exactness."""
+    from effkit.bench import run_bench
+
+    runs = Path(reference).parent.parent
+    report = run_bench(BenchConfig.from_flat(paths=(reference,), speculative=True, quick=True, train_steps=0,
+                                             runs_dir=str(runs), reports_dir=str(runs.parent / "reports")),
+                       progress=False)
+    rows = {r["tag"]: r for r in report["artifacts"]}
+    assert list(rows) == [Path(reference).name, bs.SPEC_TAG]
+    row = rows[bs.SPEC_TAG]
+    assert row["speculative"]["k"] == 4 and {"acceptance_rate", "tokens_per_target_forward",
+                                             "draft_share_of_time"} <= set(row["speculative"])
+    for w in workloads.of_kind("decode"):
+        assert row[w.figure] > 0 and len(report["samples"][w.measure][bs.SPEC_TAG]) >= 2
+    assert "speculative" not in rows[Path(reference).name] and report["not_run"] == {}

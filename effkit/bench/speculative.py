@@ -40,10 +40,10 @@ def cost() -> dict[str, float]:
 
 
 def left_out(cfg: BenchConfig) -> str | None:
-    """Why this bench makes no speculative artifact, None where it makes one: off (`--speculative`), or the bench's
-    share of a time budget (`peer_share`, the share `with_share` gives the whole bench) under `from_share`."""
+    """Why a bench asked for a speculative artifact (`--speculative`) makes none, else None: the bench's share of a
+    time budget (`peer_share`, the share `with_share` gives the whole bench) under `from_share`."""
     if not cfg.what.speculative:
-        return None if cfg.what.speculative is None else "not run: --no-speculative"
+        return None
     share, need = cfg.what.peer_share, cost()["from_share"]
     if share < need:
         return (f"not run: budget share {share:.0%} (the speculative artifact, its k chosen and its exactness "
@@ -140,12 +140,15 @@ class _NoArtifact(EffkitError):
 
 def add(cfg: BenchConfig, run_dir: Path, paths: list[Path], new_tokens: int) -> tuple[list[Path], dict[str, str]]:
     """The bench's paths with the speculative artifact of their first (the reference) made and put after the run's
-    own artifacts (a stale one of an earlier bench dropped), and why there is none (by tag)."""
+    own artifacts (the one of an earlier bench replaced), and why there is none (by tag). A bench not asked for one
+    benches the one it finds as any other artifact."""
     folder = run_dir / SPEC_TAG
+    if not cfg.what.speculative:
+        return paths, {}
     paths = [p for p in paths if p.resolve() != folder.resolve()]
-    if not runs(cfg):
-        shutil.rmtree(folder, ignore_errors=True)  # never a stale one benched or delivered
-        return paths, {SPEC_TAG: why} if (why := left_out(cfg)) else {}
+    if why := left_out(cfg):
+        shutil.rmtree(folder, ignore_errors=True)  # the one of an earlier bench is of a reference maybe since retrained
+        return paths, {SPEC_TAG: why}
     if not trainable(paths[0]):
         return paths, {SPEC_TAG: f"not run: the reference {paths[0].name} is not a PyTorch artifact"}
     why = make(cfg, paths[0], folder, new_tokens)
