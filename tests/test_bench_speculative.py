@@ -44,15 +44,17 @@ def test_the_speculative_artifact_is_checked_exact_and_carries_its_draft_statist
     what = artifacts.read_meta(folder)[bs.ROW_KEY]
     assert what["k"] == 4 and what["prompts"]["count"] == workloads.DECODE_B1_HELDOUT.prompts
     assert what["exact"].startswith(f"{workloads.DECODE_B1_HELDOUT.prompts} prompts x {NEW} tokens")
-    assert what["new_tokens"] == NEW * workloads.DECODE_B1_HELDOUT.prompts
+    assert what["tokens_per_prompt"] == NEW and what["new_tokens"] == NEW * workloads.DECODE_B1_HELDOUT.prompts
     assert 0 <= what["acceptance_rate"] <= 1 and 1 <= what["tokens_per_target_forward"] <= 5
     assert 0 <= what["draft_share_of_time"] < 1 and what["choice"] == picks_k4.choice
     model = load_any(folder)  # plain ONNX Runtime with effkit's loop and the measured k: the settings travel
     assert model.speculative == {"draft": "ngram", "k": 4} and "k=4" in load_command(folder)
-    rows = [{"tag": "train", "stage": "train", "artifact": reference},
-            {"tag": bs.SPEC_TAG, "stage": "export", "artifact": str(folder)}]
+    rows = [{"tag": "train", "stage": "train", "artifact": reference, "flags": []},
+            {"tag": bs.SPEC_TAG, "stage": "export", "artifact": str(folder), "flags": []}]
     bs.annotate(rows)
-    assert bs.ROW_KEY not in rows[0] and rows[1][bs.ROW_KEY] == what
+    assert bs.ROW_KEY not in rows[0] and rows[1][bs.ROW_KEY] == what and rows[0]["flags"] == []
+    assert rows[1]["flags"][0].startswith(f"speculative: ngram draft, k=4 (chosen on this CPU), exact on "
+                                          f"{workloads.DECODE_B1_HELDOUT.prompts} held-out prompts x {NEW} tokens")
     # the next bench makes it again (the earlier one is never benched beside the new one); a bench not asked for
     # one benches it as it finds it; one on too small a share removes it (its reference may have been retrained)
     assert bs.add(cfg, tmp_path, [artifacts_path, folder], NEW)[0] == [artifacts_path, folder]

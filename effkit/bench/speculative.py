@@ -127,7 +127,7 @@ def make(cfg: BenchConfig, reference: Path, folder: Path, new_tokens: int) -> st
     what = {"draft": "ngram", "k": chosen.k, "target": "the dense reference, ONNX Runtime fp32 with past",
             "prompts": {"count": len(ids), "tokens": workloads.HELDOUT_PROMPT_TOKENS,
                         "from": "held-out documents (workloads.DECODE_B1_HELDOUT), the same for every k"},
-            "new_tokens": new_tokens, "exact": f"{len(ids)} prompts x {new_tokens} tokens equal to the target's",
+            "tokens_per_prompt": new_tokens, "exact": f"{len(ids)} prompts x {new_tokens} tokens equal to the target's",
             **draft, "choice": record["choice"]}
     artifacts.write_meta(folder, "export", {"speculative": {"draft": "ngram", "k": chosen.k}}, {}, data=data,
                          parent=str(reference), extra={ROW_KEY: what})
@@ -157,7 +157,12 @@ def add(cfg: BenchConfig, run_dir: Path, paths: list[Path], new_tokens: int) -> 
 
 def annotate(rows: list[dict[str, Any]]) -> None:
     """The speculative row's draft statistics (acceptance rate, tokens per target forward, the draft's share of the
-    time), k and its choice, from its artifact's record."""
+    time), k and its choice, from its artifact's record; in words among its flags (bench.md's notes)."""
     for r in rows:
         if r["stage"] != "peer" and (what := artifacts.read_meta(Path(r["artifact"])).get(ROW_KEY)):
             r[ROW_KEY] = what
+            r["flags"].append(f"speculative: {what['draft']} draft, k={what['k']} (chosen on this CPU), exact on "
+                              f"{what['prompts']['count']} held-out prompts x {what['tokens_per_prompt']} tokens; "
+                              f"acceptance {what['acceptance_rate']:.2f}, {what['tokens_per_target_forward']:.2f} "
+                              f"tokens per target forward, the draft {what['draft_share_of_time']:.0%} of the time; "
+                              "decode b1 runs it, larger batches decode plainly")
