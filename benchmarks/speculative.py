@@ -1,10 +1,13 @@
 """Plain greedy decoding against n-gram (prompt lookup) speculative decoding, on one model folder.
 
     python benchmarks/speculative.py MODEL_FOLDER [--data builtin] [--tokens 128] [--k 2,4,6] [--rounds 6]
-                                     [--check-only] [--out reports/speculative]
+                                     [--check-only] [--peers ENGINES] [--out reports/speculative]
 
 MODEL_FOLDER is a PyTorch artifact (a Hugging Face GPT-2 folder with its tokenizer, e.g. the quickstart's dense or
-pruned model). It is exported to ONNX Runtime fp32 and effkit's int8 (`write_artifact`); the held-out prompts are
+pruned model). It is exported to ONNX Runtime fp32 and effkit's int8 (`write_artifact`), and (where it is an effkit
+artifact, `--peers` naming which) written through every peer engine as the bench writes its peers (`make_peers`:
+ONNX Runtime int8, OpenVINO, CTranslate2, llama.cpp), each decoding plainly as the bench decodes it (OpenVINO by
+LLMPipeline, llama.cpp by its server, the others by `generate`) from the same prompts; the held-out prompts are
 `workloads.DECODE_B1_HELDOUT`'s (`measure.generation.heldout_prompts` over the held-out documents of `--data`, the
 same for every contender). Contenders, all at batch 1 over every prompt: each engine (ONNX Runtime fp32 and int8
 through effkit's speculative loop, PyTorch through transformers' `prompt_lookup_num_tokens`) plainly and with the
@@ -14,8 +17,9 @@ ONNX Runtime's dynamic int8 quantizes activations with one scale over all the to
 tokens at once can round differently from decoding them one by one); the draft's statistics
 (acceptance rate, tokens per target forward, the draft's share of the time) from effkit's loop. Then the timing:
 `--rounds` interleaved rounds (`timing.interleaved`, order shuffled each round), tokens per second, and each
-contender's paired ratio (`stats.paired_ratio`) to its engine's plain decoding and to the fastest plain contender.
-Writes `speculative.json` under --out (samples kept). Timings are results only on an otherwise idle machine.
+contender's paired ratio (`stats.paired_ratio`) to its engine's plain decoding, to the fastest plain contender and
+to the fastest peer (`vs_fastest_peer`: the issue's batch-1 comparison). Writes `speculative.json` under --out
+(samples kept). Timings are results only on an otherwise idle machine.
 """
 
 from __future__ import annotations
@@ -57,6 +61,46 @@ def decode_all(model, prompts: list[list[int]], tokens: int, kw: dict) -> tuple[
     return made, time.perf_counter() - t, total.to_dict() if total.forwards else None
 
 
+def peer_timer(engine, model, prompts: list[list[int]], tokens: int):
+    """A peer's greedy decoding of every prompt at batch 1 as the bench decodes it (tokens/s over all prompts):
+    OpenVINO by LLMPipeline (its tokens checked on the first call), llama.cpp by its server, the others by
+    `generate`."""
+    if engine.name == "openvino":
+        from effkit.engines.openvino import tune
+
+        each = [tune.pipeline_timer(model, np.asarray([p]), tokens, model.decoding()[0]) for p in prompts]
+    elif engine.name == "llamacpp":
+        def one(p):
+            def once() -> float:
+                t = time.perf_counter()
+                model.complete([p], tokens)
+                return tokens / (time.perf_counter() - t)
+            return once
+        each = [one(p) for p in prompts]
+    else:
+        def once() -> float:
+            return len(prompts) * tokens / decode_all(model, prompts, tokens, {})[1]
+        once.settle_s = timing.settle_time(model)
+        return once
+
+    def over_all() -> float:
+        return len(prompts) * tokens / sum(tokens / f() for f in each)
+    over_all.settle_s = getattr(model, "settle_s", 0.0)
+    return over_all
+
+
+def with_peers(model_dir: str, scratch: Path, only: list[str]) -> tuple[dict, dict]:
+    """The peers of `model_dir` (an effkit artifact), loaded: {tag: (engine, model)}, and why any is not run."""
+    from effkit.artifacts.loader import engine_of, load_any
+    from effkit.bench.discover import make_peers
+
+    try:
+        made, not_run = make_peers(Path(model_dir), scratch, only or None)
+    except EffkitError as e:  # a plain Hugging Face folder has no data section: no peers
+        return {}, {"peers": f"not run: {e}"}
+    return {p.name: (engine_of(p), load_any(p)) for p in made}, not_run
+
+
 def contenders(models: dict, prompts: list[list[int]], tokens: int, ks: list[int]) -> tuple[dict, dict]:
     """The timers (tokens/s) of every engine, plain and at each k, and each one's exactness and draft statistics
     (checked here, before any timing)."""
@@ -92,6 +136,7 @@ def main() -> None:
     ap.add_argument("--k", default="2,4,6")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--check-only", action="store_true", help="exactness and draft statistics, no timing")
+    ap.add_argument("--peers", default="", help="comma-separated peer engines (default: every one the bench runs)")
     ap.add_argument("--out", default="reports/speculative")
     a = ap.parse_args()
     ks = [int(k) for k in a.k.split(",") if k]
@@ -106,18 +151,26 @@ def main() -> None:
             onnx_export.write_artifact(folder, copy.deepcopy(pt), tok, int8=int8, fused=False)
             models[name] = OnnxCausalLM(folder)
         timers, checks = contenders(models, prompts, a.tokens, ks)
+        (scratch := Path(tmp) / "peers").mkdir()
+        peers, peers_not_run = with_peers(a.model, scratch, [n for n in a.peers.split(",") if n])
+        timers |= {tag: peer_timer(engine, m, prompts, a.tokens) for tag, (engine, m) in peers.items()}
         result = {"model": str(Path(a.model).resolve()), "cpu": hardware.describe_device(torch.device("cpu")),
                   "cpu_flags": hardware.cpu_flags(), "threads": torch.get_num_threads(), "tokens": a.tokens,
                   "prompts": {"count": len(prompts), "tokens": HELDOUT_PROMPT_TOKENS, "data": corpus.name,
                               "from": "held-out documents (workloads.DECODE_B1_HELDOUT)"},
-                  "batch": 1, "k": ks, "checks": checks}
+                  "batch": 1, "k": ks, "checks": checks, "peers": list(peers), "peers_not_run": peers_not_run}
         if not a.check_only:
             samples = timing.interleaved(timers, a.rounds, 1, seed=0)
             rates = {n: float(np.median([x for r in s for x in r])) for n, s in samples.items()}
             best = max((n for n in rates if n.endswith("plain")), key=rates.__getitem__)
+            if peers:  # the fastest peer at batch 1, and every speculative contender against it
+                fastest = max(peers, key=rates.__getitem__)
+                result |= {"fastest_peer": fastest,
+                           "vs_fastest_peer": {n: stats.paired_ratio(samples[fastest], s, True)
+                                               for n, s in samples.items() if n not in peers}}
             result |= {"rounds": a.rounds, "tokens_per_s": rates, "fastest_plain": best, "samples": samples,
                        "vs_own_plain": {n: stats.paired_ratio(samples[n.rsplit(" ", 1)[0] + " plain"], s, True)
-                                        for n, s in samples.items() if not n.endswith("plain")},
+                                        for n, s in samples.items() if not n.endswith("plain") and n not in peers},
                        "vs_fastest_plain": {n: stats.paired_ratio(samples[best], s, True)
                                             for n, s in samples.items() if n != best}}
     out = Path(a.out)
@@ -129,6 +182,12 @@ def main() -> None:
                 f"draft {d['draft_share_of_time']:.0%} of the time" if d else "")
         rate = f"{result['tokens_per_s'][name]:8.1f} tok/s  " if name in result.get("tokens_per_s", {}) else ""
         print(f"{name:24s} {rate}{'exact' if c['exact'] else c['diverged']}  {line}")
+    for tag in result["peers"]:
+        print(f"{tag:24s} {result['tokens_per_s'][tag]:8.1f} tok/s" if "tokens_per_s" in result else tag)
+    if "fastest_peer" in result:
+        print("vs the fastest peer at batch 1 (" + result["fastest_peer"] + "): " + ", ".join(
+            f"{n} {stats.fmt_ratio(r)}"
+            for n, r in result["vs_fastest_peer"].items()))
     print(f"wrote {out / 'speculative.json'}")
 
 

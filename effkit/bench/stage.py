@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+import effkit.bench.speculative as speculative
 from effkit import artifacts, engines, stageplan, workloads
 from effkit.artifacts.loader import cannot_run_on
 from effkit.bench.deliverable import deliverable
@@ -65,6 +66,8 @@ def run_bench(cfg: BenchConfig, progress: bool = True, deliver: tuple[str, float
     run_dir = Path(cfg.folders.runs_dir) / run_name
     with artifacts.run_lock(run_dir), memory.PeakMemory(device) as mem:
         memory_of = partial(_memory, plan, processes, mem)
+        paths, made_not = speculative.add(cfg, run_dir, paths, cfg.measure.gen_tokens)
+        not_run = {**not_run, **made_not}
         if not cfg.what.peers:
             return _bench(cfg, device, run_name, paths, progress, not_run, deliver, processes, memory_of)
         # the peers live as long as this bench; removed below, or by the next run lock if the process is killed
@@ -139,6 +142,7 @@ def _bench(cfg: BenchConfig, device: torch.device, run_name: str, paths: list[Pa
     for row, tag in zip(static, tags(paths), strict=True):
         row["tag"] = tag
     rows = combine(static, timed)
+    speculative.annotate(rows)
     report = {
         "stage": "bench", "run": run_name, "config": cfg.to_dict(), "artifacts": rows, "reference": rows[0]["tag"],
         "device": hardware.describe_device(device), "versions": artifacts.versions(),
@@ -250,8 +254,10 @@ class BenchStep(Step):
         n += len(plan.run.pipeline.quantize_from) if "quantize" in st else 0
         b = plan.bench
         n += len(peers_at_share(b)[0]) if b.what.peers else 0
+        spec = speculative.runs(b)  # one more artifact in the rounds, and its k chosen before them
         ms, w = b.measure, costs()["bench"]
-        return n * (ms.rounds * w["artifact_round"] * ms.gen_tokens / 128 * ms.repeats / 3 + w["artifact"])
+        return (n + spec) * (ms.rounds * w["artifact_round"] * ms.gen_tokens / 128 * ms.repeats / 3 + w["artifact"]) \
+            + spec * speculative.cost()["choose_k"] * ms.gen_tokens / 128
 
     def budget(self, plan: Plan) -> float:
         """The measures' time budgets: one per workload and per training batch (none with fixed rounds)."""
@@ -275,7 +281,7 @@ class BenchStage(Stage):
         plan.configs["bench"] = build_config(BenchConfig, plan.recipe, {"run": plan.run.pipeline.run_name,
                                                                         "runs_dir": f.runs_dir,
                                                                         "reports_dir": f.reports_dir},
-                                             defaults={"peers": True})
+                                             defaults={"peers": True, "speculative": True})
 
     def steps(self, plan: Plan) -> list[Step]:
         return [BenchStep()]
@@ -307,6 +313,8 @@ class BenchStage(Stage):
         if plan.bench.what.peers:
             kept, left = peers_at_share(plan.bench)
             got.update(peers=kept, not_run=left)
+        if plan.bench.what.speculative:
+            got["speculative"] = speculative.left_out(plan.bench) or "made and benched"
         return got
 
     def fingerprints(self, plan: Plan, before: dict[str, str]) -> dict[str, str]:

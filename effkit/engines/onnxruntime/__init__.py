@@ -99,7 +99,11 @@ class OnnxRuntimeEngine(Engine):
         return runtime.quantized_layers(model)
 
     def computation(self, path: Path) -> str | None:
-        return graph.graph_digest(path)
+        """The graph's digest, and the speculative settings the loader applies (another computation per step)."""
+        from effkit.engines import speculative
+
+        digest, spec = graph.graph_digest(path), speculative.read_settings(Path(path))
+        return f"{digest}+{spec['draft']}-k{spec['k']}" if digest and spec else digest
 
     def load_command(self, path: Path) -> str:
         """With the session options effkit timed it with (`runtime.session`): ONNX Runtime's defaults but the thread

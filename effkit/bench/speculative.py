@@ -1,0 +1,168 @@
+"""The speculative artifact of a bench: the dense reference exported to ONNX Runtime fp32 (with past: a target whose
+logits for a token do not depend on the other tokens of a run, which ONNX Runtime's dynamic int8 is not) paired with
+the n-gram draft (prompt lookup). Before any timing: its k chosen on this CPU by `speculative.choose_k` over the
+prompts drawn from the held-out documents (`workloads.DECODE_B1_HELDOUT`: how many, and the same for every
+contender), its greedy tokens checked against the plain target's on those prompts (a mismatch is a failure, listed
+with where it diverged, and no artifact), and its settings written beside it (`speculative.SETTINGS`, which the ONNX
+Runtime loader reads: plain ONNX Runtime with effkit's loop and the measured k at batch 1). Where plain decoding
+measured faster, no artifact either. The artifact lives in the run's folder (what `effkit run` ships must outlive
+the bench) and is then benched as every other artifact, in the same rounds, and judged as a lossless candidate of
+the deliverable; its row carries the draft's statistics over the held-out prompts (`annotate`). The bench's share of
+a time budget decides whether it is made at all (`left_out`: its cost, effkit/stage_costs.json's `COST_KEY`)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from effkit import artifacts, workloads
+from effkit.artifacts.loader import trainable
+from effkit.config import BenchConfig
+from effkit.engines import speculative
+from effkit.errors import EffkitError
+from effkit.stage import costs
+
+SPEC_TAG = "speculative-ngram"  # its folder in the run
+COST_KEY = "bench_speculative"  # its entry in effkit/stage_costs.json: weights in training steps, and its share
+ROW_KEY = "speculative"  # the row's (and the artifact's record's) key
+
+
+def cost() -> dict[str, float]:
+    """Its entry in effkit/stage_costs.json: `choose_k` (weight of choosing k and checking exactness, in training
+    steps, beside the artifact's own weight in the bench's rounds) and `from_share` (the least share of its time
+    budget on which the bench makes it)."""
+    return costs()[COST_KEY]
+
+
+def left_out(cfg: BenchConfig) -> str | None:
+    """Why a bench asked for a speculative artifact (`--speculative`) makes none, else None: the bench's share of a
+    time budget (`peer_share`, the share `with_share` gives the whole bench) under `from_share`."""
+    if not cfg.what.speculative:
+        return None
+    share, need = cfg.what.peer_share, cost()["from_share"]
+    if share < need:
+        return (f"not run: budget share {share:.0%} (the speculative artifact, its k chosen and its exactness "
+                f"checked on this CPU, is made from a share of {need:.0%}: effkit/stage_costs.json)")
+    return None
+
+
+def runs(cfg: BenchConfig) -> bool:
+    return bool(cfg.what.speculative) and left_out(cfg) is None
+
+
+def prompts(reference: Path, data: dict[str, Any], tokenizer) -> list[np.ndarray]:
+    """`workloads.DECODE_B1_HELDOUT`'s prompts: cut from the held-out documents of the reference's data split."""
+    from effkit.config import DataConfig
+    from effkit.data.corpus import load_corpus
+    from effkit.measure.generation import heldout_prompts
+
+    d = DataConfig.from_dict(data)
+    texts = [t for _, t in load_corpus(d.source, d.heldout_fraction).heldout]
+    return [np.asarray(p, np.int64) for p in heldout_prompts(texts, tokenizer, workloads.DECODE_B1_HELDOUT.prompts,
+                                                             workloads.HELDOUT_PROMPT_TOKENS)]
+
+
+def exactness(model, ids: list[np.ndarray], new_tokens: int, k: int) -> dict[str, Any]:
+    """`model`'s greedy tokens with the n-gram draft at `k` against its plain ones on every prompt, token for token
+    (`speculative.check_exact`: a mismatch raises, saying where), and the draft's statistics over the prompts."""
+    import torch
+
+    total = speculative.SpecStats()
+    for i, p in enumerate(ids):
+        x = torch.as_tensor(p)[None]
+        kw = {"max_new_tokens": new_tokens, "min_new_tokens": new_tokens, "do_sample": False}
+        plain = model.generate(x, prompt_lookup_num_tokens=0, **kw)[0, x.shape[1]:].tolist()
+        spec = model.generate(x, **speculative.generate_kwargs("ngram", k), **kw)[0, x.shape[1]:].tolist()
+        speculative.check_exact(plain, spec, f"{SPEC_TAG} (n-gram draft, k={k}) on held-out prompt {i}")
+        total.add(model.speculative_stats)
+    return total.to_dict()
+
+
+def rule_of(cfg: BenchConfig):
+    """`choose_k`'s rule on the bench's own measure: its rounds and budget (a fixed-rounds bench: its rounds, one
+    look)."""
+    from effkit.measure.choice import Rule
+
+    ms = cfg.measure
+    return Rule(rounds=ms.rounds, looks=1) if ms.fixed_rounds else Rule(rounds=ms.rounds, budget_s=ms.budget_s / 3)
+
+
+def make(cfg: BenchConfig, reference: Path, folder: Path, new_tokens: int) -> str | None:
+    """The speculative artifact of `reference` (a PyTorch artifact) written to `folder`; None, or why there is none
+    (a failure: "failed: ..."; plain decoding faster: "not run: ..."), the folder then removed."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from effkit.model import load_model
+    from effkit.registry import ENGINES
+
+    shutil.rmtree(folder, ignore_errors=True)
+    context = int(json.loads((reference / "config.json").read_text()).get("n_positions", 1 << 30))
+    new_tokens = min(new_tokens, context - workloads.HELDOUT_PROMPT_TOKENS)  # the prompt and its tokens fit
+    tokenizer, data = AutoTokenizer.from_pretrained(reference), artifacts.data_section(reference)
+    ids = prompts(reference, data, tokenizer)
+    folder.mkdir(parents=True)
+    try:
+        ort = ENGINES.get("onnxruntime")
+        ort.convert(folder, reference, copy.deepcopy(load_model(str(reference)).eval()), tokenizer)
+        model = ort.load(folder, torch.device("cpu"))
+        chosen = speculative.choose_k(model, ids, new_tokens, rule=rule_of(cfg))
+        if chosen.k == 0:
+            invalid = chosen.choice.get("invalid") or {}
+            raise _NoArtifact("not run: plain decoding of the fp32 target measured no slower than the n-gram draft "
+                              f"at every k on this CPU ({chosen.choice.get('label', 'the decision rule')})"
+                              + (f"; {'; '.join(f'{n}: {w}' for n, w in invalid.items())}" if invalid else ""))
+        record = speculative.write_settings(folder, chosen, f"{len(ids)} prompts x {new_tokens} new tokens at batch 1, "
+                                            "from the held-out documents (workloads.DECODE_B1_HELDOUT)")
+        draft = exactness(model, ids, new_tokens, chosen.k)
+        del model
+    except EffkitError as e:
+        shutil.rmtree(folder, ignore_errors=True)
+        return e.args[0] if isinstance(e, _NoArtifact) else f"failed: {e}"
+    what = {"draft": "ngram", "k": chosen.k, "target": "the dense reference, ONNX Runtime fp32 with past",
+            "prompts": {"count": len(ids), "tokens": workloads.HELDOUT_PROMPT_TOKENS,
+                        "from": "held-out documents (workloads.DECODE_B1_HELDOUT), the same for every k"},
+            "tokens_per_prompt": new_tokens, "exact": f"{len(ids)} prompts x {new_tokens} tokens equal to the target's",
+            **draft, "choice": record["choice"]}
+    artifacts.write_meta(folder, "export", {"speculative": {"draft": "ngram", "k": chosen.k}}, {}, data=data,
+                         parent=str(reference), extra={ROW_KEY: what})
+    return None
+
+
+class _NoArtifact(EffkitError):
+    """Plain decoding measured faster: no speculative artifact, and no failure either."""
+
+
+def add(cfg: BenchConfig, run_dir: Path, paths: list[Path], new_tokens: int) -> tuple[list[Path], dict[str, str]]:
+    """The bench's paths with the speculative artifact of their first (the reference) made and put after the run's
+    own artifacts (the one of an earlier bench replaced), and why there is none (by tag). A bench not asked for one
+    benches the one it finds as any other artifact."""
+    folder = run_dir / SPEC_TAG
+    if not cfg.what.speculative:
+        return paths, {}
+    paths = [p for p in paths if p.resolve() != folder.resolve()]
+    if why := left_out(cfg):
+        shutil.rmtree(folder, ignore_errors=True)  # the one of an earlier bench is of a reference maybe since retrained
+        return paths, {SPEC_TAG: why}
+    if not trainable(paths[0]):
+        return paths, {SPEC_TAG: f"not run: the reference {paths[0].name} is not a PyTorch artifact"}
+    why = make(cfg, paths[0], folder, new_tokens)
+    return (paths, {SPEC_TAG: why}) if why else (paths + [folder], {})
+
+
+def annotate(rows: list[dict[str, Any]]) -> None:
+    """The speculative row's draft statistics (acceptance rate, tokens per target forward, the draft's share of the
+    time), k and its choice, from its artifact's record; in words among its flags (bench.md's notes)."""
+    for r in rows:
+        if r["stage"] != "peer" and (what := artifacts.read_meta(Path(r["artifact"])).get(ROW_KEY)):
+            r[ROW_KEY] = what
+            r["flags"].append(f"speculative: {what['draft']} draft, k={what['k']} (chosen on this CPU), exact on "
+                              f"{what['prompts']['count']} held-out prompts x {what['tokens_per_prompt']} tokens; "
+                              f"acceptance {what['acceptance_rate']:.2f}, {what['tokens_per_target_forward']:.2f} "
+                              f"tokens per target forward, the draft {what['draft_share_of_time']:.0%} of the time; "
+                              "decode b1 runs it, larger batches decode plainly")
