@@ -483,6 +483,13 @@ def test_each_bench_table_decides_its_ratios_together_under_holm():
     ps = [paired_p(timed[w.measure]["peer-x"], timed[w.measure][r["tag"]]) for r, w in peer]
     for (r, w), level in zip(peer, holm_levels(ps, alpha, len(peer)), strict=True):
         assert r["vs_peers"]["peer-x"][w.key]["ci_level"] == pytest.approx(level, abs=1e-9)
+    # the tables the stopping rule judged each ratio in hold the very ratios the report's tables do
+    from effkit.bench.timing import table_cells
+
+    cells = table_cells(list(speeds), ["peer-x"], frozenset(), {w.measure: list(speeds) for w in workloads.all_()})
+    assert {t: sum(c[0] == t for c in cells) for t in ("main", "peer")} == {"main": len(main), "peer": len(peer)}
+    assert {(w.measure, "train", r["tag"]) for r, w in main} == {c[1:] for c in cells if c[0] == "main"}
+    assert {(w.measure, "peer-x", r["tag"]) for r, w in peer} == {c[1:] for c in cells if c[0] == "peer"}
     report = {"artifacts": rows, "stopping": {"decode_b1": timed["decode_b1"].record}}
     assert (f"family-wise error 5% per table: Holm's step-down within each look's 1.67% over the {len(main)} "
             f"ratios of the main table, the {len(peer)} ratios of the peer table") in family_words(report)
@@ -502,6 +509,12 @@ def test_a_decided_a_a_ratio_is_flagged_as_a_measurement_problem():
         aa = q["vs_peers"]["peer-ort"]["decode_b1"]
         assert "family" not in aa and aa["ci_level"] == pytest.approx(1 - 0.05 / 3)
         assert any(f.startswith(AA_FAILED) for f in q["flags"]) == flagged, q["flags"]
+    # nor does the stopping rule judge it within the peer table
+    from effkit.bench.timing import table_cells
+
+    cells = table_cells(["train", "quantize-onnxruntime", "peer-ort"], ["peer-ort"],
+                        frozenset({frozenset(("quantize-onnxruntime", "peer-ort"))}), {"decode_b1": ["train"]})
+    assert {c[3] for c in cells if c[0] == "peer"} == {"train"}
 
 
 def test_the_peers_list_how_effkit_runs_them_other_than_their_users_do():
