@@ -205,8 +205,7 @@ def test_bench_bad_input(run_with_artifacts, tmp_path, capsys, monkeypatch):
 def test_bench_with_the_default_generation_length_on_a_nano_model(run_with_artifacts):
     """The default generation length (128) exceeds gpt2-nano's context after the prompt: capped, and said. Timed
     sequentially (the default): rounds until decided, within a short budget, the ratios at the looks' level or,
-    in the main table, at their Holm level over it."""
-    from effkit.measure import stats
+    in the main table, at their Holm level over it, the level their stopping was judged at."""
     from effkit.measure.stopping import settled
 
     tmp, dirs, _, (dense, pruned, _) = run_with_artifacts
@@ -229,11 +228,9 @@ def test_bench_with_the_default_generation_length_on_a_nano_model(run_with_artif
                 holm = [1 - (1 - look) / j for j in range(1, ratio["family"] + 1)]  # Holm's step-down levels
                 assert any(ratio["ci_level"] == pytest.approx(x) for x in holm), (ratio, holm)
                 assert_ratio_from_samples(ratio, samples, ref["tag"], r["tag"])
-            if record["stopped"] == "decided":  # then it was decided or narrow at the look's level (what stopping
-                # judges), not merely out of rounds
-                n = ratio["rounds"]
-                at_look = stats.paired_ratio(samples[ref["tag"]][:n], samples[r["tag"]][:n], level=look)
-                assert settled(PairedRatio.of(at_look), 0.03)
+            if record["stopped"] == "decided":  # then it was decided or narrow at the level it is reported at
+                # (what stopping judges: its Holm level within its table at that look), not merely out of rounds
+                assert settled(PairedRatio.of(ratio), 0.03) and not ratio.get("undecided"), ratio
             elif record["stopped"] == "max-rounds":
                 assert record["rounds"] == 12
         lo, hi = r["eval_loss_ci95"]
@@ -496,6 +493,13 @@ def test_each_bench_table_decides_its_ratios_together_under_holm():
     ps = [paired_p(timed[w.measure]["peer-x"], timed[w.measure][r["tag"]]) for r, w in peer]
     for (r, w), level in zip(peer, holm_levels(ps, alpha, len(peer)), strict=True):
         assert r["vs_peers"]["peer-x"][w.key]["ci_level"] == pytest.approx(level, abs=1e-9)
+    # the tables the stopping rule judged each ratio in hold the very ratios the report's tables do
+    from effkit.bench.timing import table_cells
+
+    cells = table_cells(list(speeds), ["peer-x"], frozenset(), {w.measure: list(speeds) for w in workloads.all_()})
+    assert {t: sum(c[0] == t for c in cells) for t in ("main", "peer")} == {"main": len(main), "peer": len(peer)}
+    assert {(w.measure, "train", r["tag"]) for r, w in main} == {c[1:] for c in cells if c[0] == "main"}
+    assert {(w.measure, "peer-x", r["tag"]) for r, w in peer} == {c[1:] for c in cells if c[0] == "peer"}
     report = {"artifacts": rows, "stopping": {"decode_b1": timed["decode_b1"].record}}
     assert (f"family-wise error 5% per table: Holm's step-down within each look's 1.67% over the {len(main)} "
             f"ratios of the main table, the {len(peer)} ratios of the peer table") in family_words(report)
@@ -515,6 +519,12 @@ def test_a_decided_a_a_ratio_is_flagged_as_a_measurement_problem():
         aa = q["vs_peers"]["peer-ort"]["decode_b1"]
         assert "family" not in aa and aa["ci_level"] == pytest.approx(1 - 0.05 / 3)
         assert any(f.startswith(AA_FAILED) for f in q["flags"]) == flagged, q["flags"]
+    # nor does the stopping rule judge it within the peer table
+    from effkit.bench.timing import table_cells
+
+    cells = table_cells(["train", "quantize-onnxruntime", "peer-ort"], ["peer-ort"],
+                        frozenset({frozenset(("quantize-onnxruntime", "peer-ort"))}), {"decode_b1": ["train"]})
+    assert {c[3] for c in cells if c[0] == "peer"} == {"train"}
 
 
 def test_the_peers_list_how_effkit_runs_them_other_than_their_users_do():

@@ -17,6 +17,7 @@ from rich.console import Console
 
 from effkit import cli
 from effkit.bench import deliverable
+from effkit.errors import EffkitError
 from effkit.pipeline import (
     BUDGET_USED,
     Eta,
@@ -216,9 +217,9 @@ def test_the_expected_time_is_the_measured_step_time_times_each_stages_work_resc
 def _fake_bench(speeds: dict[str, list[float]], losses: dict[str, float], stages: dict[str, str] | None = None,
                 sizes: dict[str, float] | None = None, seed: int = 0, spread: dict[str, float] | None = None) -> dict:
     """A bench report as the deliverable reads it: decode-b1 tokens/s per round (`speeds`: one figure a round,
-    with 1% noise; a shorter list is an artifact that settled early), per-block losses around 5.0 x (1 + the
-    relative loss), each artifact's own per-block noise `spread` (default 0.005), every artifact's ratios to the
-    reference and to the peers from those samples."""
+    with 1% noise; a shorter list is an artifact that settled early; the deliverable's own rounds the same ones),
+    per-block losses around 5.0 x (1 + the relative loss), each artifact's own per-block noise `spread` (default
+    0.005), every artifact's ratios to the reference and to the peers from those samples."""
     import random
 
     from effkit.measure import stats
@@ -245,8 +246,53 @@ def _fake_bench(speeds: dict[str, list[float]], losses: dict[str, float], stages
                      "eval_loss_delta": stats.paired_delta(blocks[ref], blocks[t], docs),
                      "decode_ratio_b1": ratio(ref, t),
                      "vs_peers": {p: {"decode_b1": ratio(p, t)} for p in peers}})
+    ours = {t: s for t, s in samples.items() if stages.get(t) != "peer"}  # the deliverable's own rounds
     return {"artifacts": rows, "samples": {"decode_b1": samples}, "block_losses": blocks, "block_docs": docs,
-            "stopping": {"decode_b1": {"level": level, "precision": 0.03, "rounds": 24}}}
+            "stopping": {"decode_b1": {"level": level, "precision": 0.03, "rounds": 24}},
+            "deliverable_rounds": {"workload": "decode-b1", "samples": ours,
+                                   "record": {"level": level, "precision": 0.03, "looks": 3, "stopped": "decided"}}}
+
+
+def test_the_deliverable_is_measured_in_its_own_rounds_with_a_budget_for_each_open_contender():
+    """The deliverable's decision gets its own paired, interleaved rounds among its contenders (fake clock, the
+    tests' noise model): three equal contenders and a per-measure budget too small for a second look. Each one open
+    against the leader adds `contest_budget_s`, as every decision's head to head, so its rounds run later looks where
+    the bench's own measure stops at the first; the deliverable's record carries those rounds and every sample."""
+    import random
+    from types import SimpleNamespace
+
+    from effkit.bench.timing import deliverable_rounds
+    from effkit.measure import stopping
+
+    now, rng = [0.0], random.Random(5)
+
+    def contender():
+        def call() -> float:
+            took = 0.05 * rng.lognormvariate(0, 0.05)
+            now[0] += took
+            return 8 / took  # tokens/s of a decode of 8 new tokens
+        return call
+    stop = stopping.Stopping(rounds=6, budget_s=1.0, looks=3)
+    rounds = deliverable_rounds({n: contender() for n in ("train", "a", "b", "peer-x")},
+                                ("decode-b1", ["train", "a", "b"]),
+                                stop, 1.0, clock=lambda: now[0], sleep=lambda s: None)
+    assert set(rounds["samples"]) == {"train", "a", "b"} and rounds["workload"] == "decode-b1"
+    assert rounds["record"]["looks"] > 1, rounds["record"]  # the head to head ran on its budget per open contender
+    assert max(len(s) for s in rounds["samples"].values()) > 6
+    alone = stopping.measure({n: contender() for n in "abc"}, stop, 1, pairs=[("a", "b")], clock=lambda: now[0])
+    assert alone.record["looks"] == 1 and alone.record["stopped"] == "budget", alone.record  # the bench's measure
+    bench = _fake_bench({t: [100.0] * 24 for t in ("train", "a", "b")}, {"train": 0.0, "a": 0.001, "b": 0.001})
+    bench["deliverable_rounds"] = rounds
+    plan = SimpleNamespace(run=SimpleNamespace(pipeline=SimpleNamespace(max_loss_increase=0.02,
+                                                                        optimize_for="decode-b1")))
+    ship = deliverable(plan, bench)
+    assert ship["choice"]["samples"] == rounds["samples"]
+    assert ship["choice"]["record"]["looks"] == rounds["record"]["looks"]
+    assert ship["choice"]["record"]["rounds"] == {t: len(s) for t, s in rounds["samples"].items()}
+    assert_choice_from_samples(ship["choice"])
+    del bench["deliverable_rounds"]  # a bench report without them: bench again, never the bench's own samples
+    with pytest.raises(EffkitError, match="no rounds of the deliverable's own"):
+        deliverable(plan, bench)
 
 
 @pytest.mark.slow

@@ -369,24 +369,46 @@ def test_a_contender_that_settled_early_is_shown_beside_the_reference_over_the_s
     assert note == "; ref 50 in these 6 rounds"
 
 
-def test_a_decision_read_off_the_rounds_gets_budget_for_each_contender_open_against_its_leader():
-    """The deliverable's contest: three equal contenders, nothing else to settle, a per-measure budget too small
-    for a second look. Each one open against the leader adds `contest_budget_s`, as a decision's head to head does,
-    so the contest runs its later looks instead of stopping at the first on the fixed budget."""
+def _holm_bench(seed: int, tables: bool, looks_level: bool = False):
+    """A measure of the bench's: a reference and seven contenders each 8% faster under the tests' noise model (a
+    fake clock), the seven ratios of one table; returns (the measure, its ratios as the table reports them)."""
     from effkit.measure import stopping
 
-    now = [0.0]
-    rng = random.Random(5)
+    now, rng = [0.0], random.Random(seed)
 
-    def contender():
+    def contender(speed: float):
         def call() -> float:
-            took = 0.05 * rng.lognormvariate(0, 0.05)
+            took = 0.05 * speed * rng.lognormvariate(0, 0.04)
             now[0] += took
             return took
         return call
-    stop = stopping.Stopping(rounds=6, budget_s=1.0, looks=3)
-    m = stopping.measure({n: contender() for n in "abc"}, stop, 1, pairs=[], clock=lambda: now[0],
-                         contest=(list("abc"), False))
-    assert m.record["looks"] > 1 and m.record["stopped"] != "budget", m.record
-    alone = stopping.measure({n: contender() for n in "abc"}, stop, 1, pairs=[("a", "b")], clock=lambda: now[0])
-    assert alone.record["looks"] == 1 and alone.record["stopped"] == "budget", alone.record  # no contest: 1 s
+    names = ["ref", *"abcdefg"]
+    stop = stopping.Stopping(rounds=6, budget_s=600.0, looks=3, min_sample_s=0)
+    cells = stopping.Tables(("main", "latency", "ref", n) for n in names[1:])
+    m = stopping.measure({n: contender(1.0 if n == "ref" else 0.92) for n in names}, stop, 1, clock=lambda: now[0],
+                         tables=(cells, "latency") if tables else None)
+    family = stopping.Family("main")
+    ratios = [family.ratio(m, "ref", n) for n in names[1:]]
+    family.close()
+    return m, ratios
+
+
+def test_the_bench_stops_a_ratio_only_where_its_holm_level_in_its_table_settles_it():
+    """The bench reports each ratio of a table at its Holm level over the table; its stopping rule judges each ratio
+    at that level, at every look: measuring never stops as "decided" with a ratio the table reports undecided, and
+    a ratio reported decided or tied is settled at the level the stopping rule judged it at. Seeds where the looks'
+    own level would have stopped after the first look while Holm's left ratios open are among those run."""
+    from effkit.measure import stopping
+    from effkit.measure.results import PairedRatio
+
+    early = 0
+    for seed in range(12):
+        m, ratios = _holm_bench(seed, tables=True)
+        if m.record["stopped"] == "decided":
+            assert all(stopping.settled(PairedRatio.of(r), 0.03) and not r.get("undecided") for r in ratios), ratios
+        else:
+            assert m.record["stopped"] in ("max-rounds", "budget") and m.record["rounds"] == 24, m.record
+        # the same seed judged at the looks' own level: stopped as decided, some ratios reported undecided
+        old, at_look = _holm_bench(seed, tables=False)
+        early += old.record["stopped"] == "decided" and any(r.get("undecided") for r in at_look)
+    assert early >= 3, early

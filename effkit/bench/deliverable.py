@@ -1,6 +1,8 @@
-"""Which artifact `effkit run` ships, read off the bench's own rounds: the decision rule
-(`effkit.measure.choice.decide`) at the recipe's workload among the artifacts within the loss budget, the best
-lossless one beside it, each one's standing against the peers (`beaten_by`), and the line the run prints."""
+"""Which artifact `effkit run` ships, by the decision rule (`effkit.measure.choice.decide`) over its own paired,
+interleaved rounds among its contenders at the recipe's workload (the bench's `deliverable_rounds`,
+`effkit.bench.timing.deliverable_rounds`: the artifacts within the loss budget, with a budget for each contender
+still open, as every decision of effkit's), the best lossless one beside it, each one's standing against the peers
+(`beaten_by`), and the line the run prints."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from effkit import workloads
 from effkit.artifacts.loader import load_command
 from effkit.bench.rows import AA_FAILED, peer_workloads
 from effkit.bench.timing import within_budget
+from effkit.errors import EffkitError
 from effkit.measure import choice, results, stats
 from effkit.stage import Plan
 
@@ -18,21 +21,26 @@ LOSSLESS = 0.002  # a loss increase up to this over the reference (the interval'
 
 
 def deliverable(plan: Plan, bench: dict[str, Any]) -> dict[str, Any]:
-    """The artifact to ship, by the decision rule (`effkit.measure.choice.decide`) over the bench's own rounds at
-    the recipe's workload (`optimize_for`): among the benched artifacts (peers excluded: they are what a user has
-    without effkit) whose held-out loss is within `max_loss_increase` of the dense reference's (the upper end of
-    the paired interval), the leader (the best paired point estimate among those measured longest that no other is
-    decided faster than), decided against each of the others, or tied within the precision (then the smallest), or
-    still undecided (then labelled a point estimate), Holm over the contest as in every decision. Beside it: the best
-    lossless artifact (within +0.2%) by the same rule, each one's standing against every peer at that workload
-    (a peer that beats it is named), and, for a pruned artifact, its dense control's attribution."""
+    """The artifact to ship, by the decision rule (`effkit.measure.choice.decide`) over its own rounds at the
+    recipe's workload (`optimize_for`; the bench's `deliverable_rounds`): among the benched artifacts (peers
+    excluded: they are what a user has without effkit) whose held-out loss is within `max_loss_increase` of the
+    dense reference's (the upper end of the paired interval), the leader (the best paired point estimate among those
+    measured longest that no other is decided faster than), decided against each of the others, or tied within the
+    precision (then the smallest), or still undecided (then labelled a point estimate), Holm over the contest as in
+    every decision. Beside it: the best lossless artifact (within +0.2%) by the same rule over the same rounds, each
+    one's standing against every peer at that workload (a peer that beats it is named), and, for a pruned artifact,
+    its dense control's attribution."""
     budget, chosen = plan.run.pipeline.max_loss_increase, workloads.get(plan.run.pipeline.optimize_for)
     rows = {r["tag"]: r for r in bench["artifacts"]}
     ours = [r for r in bench["artifacts"] if r["stage"] != "peer"]
     ref = ours[0]
     losses, docs = bench["block_losses"], bench.get("block_docs")
-    samples, record = bench["samples"][chosen.measure], bench["stopping"][chosen.measure]
-    level, precision = record["level"], record.get("precision", plan.bench.measure.precision)
+    rounds = bench.get("deliverable_rounds")
+    if rounds is None or rounds.get("workload") != chosen.name:
+        raise EffkitError(f"the bench report has no rounds of the deliverable's own at {chosen.name}: bench again "
+                          "(effkit run --force)")
+    samples, record = rounds["samples"], rounds["record"]
+    level, precision = record["level"], record["precision"]
 
     def pick(limit: float, with_ref: bool) -> choice.Choice | None:
         members = [r["tag"] for r in ours if not r.get("invalid") and r["tag"] in samples and (
@@ -40,8 +48,10 @@ def deliverable(plan: Plan, bench: dict[str, Any]) -> dict[str, Any]:
                                                                        limit)))]
         if not members:
             return None
-        return choice.decide({t: samples[t] for t in members}, chosen.higher_is_better, level, precision,
-                             prefer=lambda t: (rows[t]["size_ratio"], members.index(t)))
+        c = choice.decide({t: samples[t] for t in members}, chosen.higher_is_better, level, precision,
+                          prefer=lambda t: (rows[t]["size_ratio"], members.index(t)), record=dict(record))
+        c.far = {t: why for t, why in rounds.get("far", {}).items() if t in members}
+        return c
 
     picked, lossless = pick(budget, True), pick(LOSSLESS, False)
     best = rows[picked.picked]
@@ -75,14 +85,16 @@ def deliverable(plan: Plan, bench: dict[str, Any]) -> dict[str, Any]:
             "aa_check": {"pairs": {f"{r['tag']} vs {p}": r["vs_peers"][p] for r in ours
                                    for p in r.get("same_computation_as", ())},
                          "failed": aa},
-            "how": f"benched artifacts (not the peer rows) whose held-out loss is at most {budget:.1%} above "
-                   f"{ref['tag']}'s (upper end of the paired interval), and {ref['tag']} itself; at {chosen.name}, "
-                   "over the bench's own rounds: the leader (best paired point estimate among those measured longest "
-                   "that no other is decided faster than over the rounds both ran), decided against each of the "
-                   f"others, or tied (interval inside [1/{1 + precision:g}, {1 + precision:g}]; then the smallest), "
-                   f"or undecided (labelled a point estimate); family-wise error {1 - level:.2%} per look under "
-                   f"Holm over every pair of its {len(picked.ratios) + 1} contenders; "
-                   f"the lossless one the same way among those within +{LOSSLESS:.1%}"}
+            "how": (f"benched artifacts (not the peer rows) whose held-out loss is at most {budget:.1%} above "
+                    f"{ref['tag']}'s (upper end of the paired interval), and {ref['tag']} itself; at {chosen.name}, "
+                    "in their own paired, interleaved rounds (the decision rule's screen, then its head to head; "
+                    "its record and every sample under `choice`): the leader (best paired point estimate among "
+                    "those measured longest that no other is decided faster than over the rounds both ran), "
+                    "decided against each of the others, or tied (interval inside "
+                    f"[1/{1 + precision:g}, {1 + precision:g}]; then the smallest), or undecided (labelled a point "
+                    f"estimate); family-wise error {1 - level:.2%} per look under Holm over every pair of its "
+                    f"{len(picked.ratios) + 1} contenders; the lossless one the same way, over the same rounds, "
+                    f"among those within +{LOSSLESS:.1%}")}
 
 
 def beaten_by(row: dict[str, Any], w: workloads.Workload) -> dict[str, dict[str, Any]]:

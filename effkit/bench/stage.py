@@ -151,6 +151,8 @@ def _bench(cfg: BenchConfig, device: torch.device, run_name: str, paths: list[Pa
         "verdicts": verdicts(rows), "not_run": not_run or {}, "stopping": timed["stopping"],
         # every timing of every round, per measure and contender: every ratio above can be recomputed from these
         "samples": {m: dict(timed[m]) for m in timed["stopping"]},
+        # the deliverable's decision in its own rounds among its contenders, every sample kept
+        **({"deliverable_rounds": timed["decision"]} if "decision" in timed else {}),
         # each artifact's held-out loss per block, and each block's document: every loss delta can be recomputed
         "block_losses": {r["tag"]: r["block_losses"] for r in static},
         "block_docs": static[0]["block_docs"],

@@ -1,7 +1,8 @@
 """The bench's timing: every artifact loaded at once and timed in interleaved rounds, one measure per registered
 workload (`effkit.workloads`) and per training batch, each until the ratios it reports are settled
-(`effkit.measure.stopping`); which ratios those are (`compared`), and the contest the deliverable's decision
-adds (`contest_of`, `within_budget`)."""
+(`effkit.measure.stopping`), each ratio judged at its Holm level within its table (`table_cells`); which ratios
+those are (`compared`), and the deliverable's decision in its own rounds (`deliverable_rounds` among `contest_of`'s
+artifacts, `within_budget`)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from effkit import artifacts, workloads
 from effkit.artifacts.loader import engine_of, load_any, trainable
 from effkit.bench.discover import tags
 from effkit.config import BenchConfig
-from effkit.measure import generation, results, stats, stopping
+from effkit.measure import choice, generation, results, stats, stopping
 from effkit.measure.timing import compile_for_inference, train_step_timers
 
 TRAIN_SKIPPED = "train_skipped"  # the timed result's key saying why no training was measured (--train-steps 0)
@@ -60,13 +61,13 @@ def timed_side_by_side(paths: list[Path], cfg: BenchConfig, tokenizer, block: in
                        ties: frozenset[frozenset[str]] = frozenset()) -> dict[str, dict[str, Any]]:
     """Every artifact loaded at once and timed in interleaved rounds: {measure: {tag: per-round samples}}. Measures:
     each workload's (`w.measure`: prefill seconds, or new tokens/s of greedy decoding with the KV cache), and the
-    training steps' (`train_b4`, `train_b12`: tokens/s, dense and pruned artifacts only). With `compile`, each PyTorch
-    artifact's compiled twin (`<tag> (compiled)`) joins the prefill rounds, and its compiled decoding (static KV cache)
-    the decode rounds at the generation's batch (`workloads.GENERATION`); `compile_status` and
-    `generation_compile_status` say, per artifact, whether they compiled. `contest`: (workload, tags) of a decision read
-    off that workload's rounds (the deliverable): its leader against each of them must settle too
-    (`stopping.contest_pairs`). `ties`: pairs of tags that run the very same computation (`ties_of`): their ratio is
-    reported, but no round is run to settle it."""
+    training steps' (`train_b4`, `train_b12`: tokens/s, dense and pruned artifacts only). With `compile`, each
+    PyTorch artifact's compiled twin (`<tag> (compiled)`) joins the prefill rounds, and its compiled decoding
+    (static KV cache) the decode rounds at the generation's batch (`workloads.GENERATION`); `compile_status` and
+    `generation_compile_status` say, per artifact, whether they compiled. `contest`: (workload, tags) of the
+    deliverable's decision: measured after them in its own rounds at that workload (`deliverable_rounds`, under
+    `decision`). `ties`: pairs of tags that run the very same computation (`ties_of`): their ratio is reported, but
+    no round is run to settle it."""
     names = tags(paths)
     models = {tag: load_any(p, device).eval() for tag, p in zip(names, paths, strict=True)}
     engine = {tag: engine_of(p) for tag, p in zip(names, paths, strict=True)}
@@ -95,16 +96,51 @@ def timed_side_by_side(paths: list[Path], cfg: BenchConfig, tokenizer, block: in
         plan[train_measure(b)] = ({t: timers[b] for t, timers in steppers.items()}, cfg.measure.train_steps)
     stop = stopping.Stopping.of(cfg.measure)
     peers = [t for t, p in zip(names, paths, strict=True) if artifacts.read_meta(p)["stage"] == "peer"]
-    decision = workloads.get(contest[0]) if contest else None
     plan = {name: (fns, repeats) for name, (fns, repeats) in plan.items() if fns}  # nothing trainable: no train_b*
-    timed = {name: stopping.measure(fns, stop, repeats, warmup=2, pairs=compared(list(fns), peers, ties),
-                                    contest=(contest[1], decision.higher_is_better)
-                                    if decision is not None and decision.measure == name else None)
-             for name, (fns, repeats) in plan.items()}
+    tables = stopping.Tables(table_cells(names, peers, ties, {name: list(fns) for name, (fns, _) in plan.items()}))
+    timed = {}
+    for name, (fns, repeats) in plan.items():  # each ratio judged at its Holm level within its table
+        timed[name] = stopping.measure(fns, stop, repeats, warmup=2, pairs=compared(list(fns), peers, ties),
+                                       tables=(tables, name))
+        tables.done(name, timed[name])
     skipped = {} if cfg.measure.train_steps else {TRAIN_SKIPPED: "not run: --train-steps 0 (no training measure)"}
+    decision = {} if contest is None else {"decision": deliverable_rounds(
+        plan[workloads.get(contest[0]).measure][0], contest, stop, cfg.what.peer_share)}
     return {**timed, **skipped, "compile_status": status, "generation_compile_status": gen_status,
-            "new_tokens": new_tokens,
+            "new_tokens": new_tokens, **decision,
             "stopping": {name: m.record for name, m in timed.items()}}
+
+
+def deliverable_rounds(fns: dict[str, Any], contest: tuple[str, list[str]], stop: stopping.Stopping, share: float,
+                       **clocks: Any) -> dict[str, Any]:
+    """The deliverable's own evidence: its contenders (`contest_of`) in their own paired, interleaved rounds at the
+    judged workload, by the decision rule (`choice.choose`: screen, then head to head), as every other decision of
+    effkit's; `stop.contest_budget_s` seconds for each contender still open against the leader, times the bench's
+    `share` of its time budget. Every sample kept (`Choice.to_dict`). `clocks`: `choose`'s clock and sleep."""
+    w = workloads.get(contest[0])
+    rule = choice.Rule(rounds=stop.rounds, precision=stop.precision, budget_s=stop.contest_budget_s * share,
+                       seed=stop.seed)
+    c = choice.choose({t: fns[t] for t in contest[1] if t in fns}, w.higher_is_better, rule, **clocks)
+    return {"workload": w.name, "measure": w.measure, **c.to_dict()}
+
+
+def table_cells(names: list[str], peers: list[str], ties: frozenset[frozenset[str]],
+                measures: dict[str, list[str]]) -> list[tuple[str, str, str, str]]:
+    """Every ratio the bench's tables will hold (`effkit.bench.rows.TABLES`) as (table, measure, reference, other),
+    before it is measured: the main table every artifact against the first at every measure both ran, the peer
+    table every artifact against every peer at the peer workloads (not a pair of the same computation, `ties`), the
+    compiled table each compiled twin against its eager self and against the first."""
+    ref = names[0]
+    cells = [("main", m, ref, t) for m, fns in measures.items() for t in names[1:] if ref in fns and t in fns]
+    peer_measures = [w.measure for w in workloads.all_() if w.name != workloads.PREFILL_B1.name]  # rows.peer_workloads
+    cells += [("peer", m, p, t) for t in names if t not in peers for p in peers
+              for m in peer_measures if frozenset((p, t)) not in ties]
+    for t in names:
+        prefill = [w.measure for w in workloads.of_kind("prefill") if t + COMPILED in measures.get(w.measure, ())]
+        cells += [("compiled", m, a, t + COMPILED) for m in prefill for a in (t, ref)]
+        gen = workloads.get(workloads.GENERATION).measure
+        cells += [("compiled", gen, t, t + COMPILED)] if t + COMPILED in measures.get(gen, ()) else []
+    return cells
 
 
 def within_budget(reference_losses: list[float], losses: list[float], docs: list[int] | None, budget: float) -> bool:

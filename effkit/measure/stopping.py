@@ -16,10 +16,12 @@ Looking more than once inflates the chance that noise alone crosses the line som
 Bonferroni over the looks planned: every look's interval is taken at 1 - 0.05 / looks, so that all of them cover
 at once with at least 95%, and so does the one at whichever look stops: each reported ratio, alone, is wrongly
 decided in at most 5% of measurements, as a fixed-rounds 95% interval is. A table of many ratios is corrected as a
-whole (`Family`: Holm's step-down over its ratios within each look's 0.05 / looks), and so is a decision read off
-the rounds (`contest`, `Contest`): its leader's ratios are decided under Holm's
-step-down over every pair of its contenders, within each look's 0.05 / looks, so that any false decided ratio
-in it has a chance of at most 5%. `fixed` runs `rounds` rounds once, at 95%.
+whole (`Family`: Holm's step-down over its ratios within each look's 0.05 / looks), and its measures stop on
+that same level: at each look each ratio is judged settled or not at its Holm level within its table (`Tables`),
+so that no ratio is left as decided at a laxer level than it is reported at. So is a decision (`Contest`,
+`effkit.measure.choice`): its leader's ratios are decided under Holm's step-down over every pair of its
+contenders, within each look's 0.05 / looks, so that any false decided ratio in it has a chance of at most 5%.
+`fixed` runs `rounds` rounds once, at 95%.
 
 Also here, shared with `effkit.measure.choice`: how many calls one sample holds (`calls_per_sample`: at least
 `MIN_SAMPLE_S` long), the paired point estimate's best (`leader_of`), a decision's contest (`Contest`: its leader,
@@ -57,10 +59,8 @@ METHOD = ("sequential: samples of at least {min_sample_s:g} s (a contender's cal
           "contenders ran); each look's interval at "
           "{level:.2%} (Bonferroni: 95% over the {looks} looks planned, so the look that stops covers with at "
           "least 95%; each ratio alone, except a bench table's: decided together under Holm's step-down within it, "
-          "each interval at its Holm level){contest}")
-CONTEST = ("; a decision read off these rounds: its leader's ratios under Holm's step-down over every pair of its "
-           "contenders within each look's {alpha:.2%}, family-wise error 5% per decision, and {contest_budget_s:g} s "
-           "more budget for each contender still open against its leader, as every decision's head to head")
+          "each interval at its Holm level, and each ratio's stopping judged at that level within its table at "
+          "that look)")
 
 
 @dataclass(frozen=True)
@@ -75,8 +75,9 @@ class Stopping:
     seed: int = 0  # the rounds' orders are shuffled from it (written in the record)
     min_sample_s: float = MIN_SAMPLE_S  # sequential only: fixed rounds run exactly `repeats` calls a round
     h2h_sample_s: float = MIN_SAMPLE_S  # sequential only: the samples of the looks after the first (longer: slower)
-    # a decision read off the rounds (`measure`'s contest): seconds more per contender still open against its leader,
-    # so that its evidence scales with what is at stake, as `effkit.measure.choice.Rule.budget_s` does
+    # a decision made beside these rounds in its own (the bench's deliverable, `effkit.bench.timing.
+    # deliverable_rounds`): seconds per contender still open against its leader, as `effkit.measure.choice.Rule.
+    # budget_s`, so that its evidence scales with what is at stake
     contest_budget_s: float = 20.0
 
     @property
@@ -99,8 +100,7 @@ class Stopping:
                  if self.h2h_sample_s > self.min_sample_s else "")
         return METHOD.format(min_sample_s=self.min_sample_s, later=later, first=self.rounds,
                              looks=self.looks, max_rounds=self.schedule()[-1], band=1 + self.precision,
-                             budget_s=self.budget_s, level=self.level,
-                             contest=CONTEST.format(alpha=ALPHA / self.looks, contest_budget_s=self.contest_budget_s))
+                             budget_s=self.budget_s, level=self.level)
 
     @classmethod
     def of(cls, measure: Any, rounds_key: str = "rounds") -> Stopping:
@@ -161,17 +161,52 @@ class Family:
         """Every ratio handed out, replaced in place by the same ratio at its Holm level."""
         if not self.cells:
             return
-        ps = []
-        for _, m, a, b, _ in self.cells:
-            n = min(len(m[a]), len(m[b]))
-            ok = all(math.isfinite(x) and x > 0 for s in (m[a][:n], m[b][:n]) for rnd in s for x in rnd)
-            ps.append(stats.p_of_logs([math.log(median(y) / median(x)) for x, y in zip(m[a][:n], m[b][:n],
-                                                                                    strict=True)] if ok else None))
+        ps = [paired_p(m, a, b) for _, m, a, b, _ in self.cells]
         alpha = 1.0 - self.cells[0][1].record["level"]
         for (r, m, a, b, higher), level in zip(self.cells, stats.holm_levels(ps, alpha), strict=True):
             new = m.ratio(a, b, higher, level)
             r.clear()
             r.update(new, family=len(self.cells), table=self.name)
+
+
+def paired_p(samples: dict[str, list[list[float]]], a: str, b: str) -> float:
+    """The p-value of the paired ratio of `b` to `a` over the rounds both ran (NaN: an invalid measurement)."""
+    n = min(len(samples[a]), len(samples[b]))
+    x, y = samples[a][:n], samples[b][:n]
+    ok = all(math.isfinite(v) and v > 0 for s in (x, y) for rnd in s for v in rnd)
+    return stats.p_of_logs([math.log(median(q) / median(p)) for p, q in zip(x, y, strict=True)] if ok else None)
+
+
+class Tables:
+    """The tables of a measurement made of several measures (the bench's), while it measures: every ratio each
+    table will hold (`cells`: (table, measure, reference, other), as `Family` will be handed them), so that the
+    stopping rule judges each ratio at the level it is reported at: its Holm level within its table at that look
+    (`levels`). A measure still to come counts with the p-value of a ratio that decides nothing (its ratios are
+    unknown; Holm is monotone, so a ratio settled under that is settled under the table's final p-values, and a
+    later measure can only decide more); a measure done counts with its final samples (`done`)."""
+
+    def __init__(self, cells: Iterable[tuple[str, str, str, str]]):
+        self.cells = list(cells)
+        self.p: dict[int, float] = {}  # the cells of the measures done: their final p-values
+
+    def levels(self, measure: str, samples: dict[str, list[list[float]]],
+               level: float) -> dict[tuple[str, str], float]:
+        """The (reference, other) ratios of `measure` over `samples`, each at the strictest Holm level of its
+        cells within its table at the look's error (1 - `level`)."""
+        ps = {i: paired_p(samples, a, b) if m == measure else self.p.get(i, math.inf)
+              for i, (_, m, a, b) in enumerate(self.cells)}
+        out: dict[tuple[str, str], float] = {}
+        for table in dict.fromkeys(t for t, *_ in self.cells):
+            idx = [i for i, c in enumerate(self.cells) if c[0] == table]
+            for i, lv in zip(idx, stats.holm_levels([ps[i] for i in idx], 1.0 - level), strict=True):
+                if self.cells[i][1] == measure:
+                    pair = self.cells[i][2:]
+                    out[pair] = max(out.get(pair, 0.0), lv)
+        return out
+
+    def done(self, measure: str, samples: dict[str, list[list[float]]]) -> None:
+        """`measure` measured: its ratios count with their final p-values in the measures after it."""
+        self.p |= {i: paired_p(samples, a, b) for i, (_, m, a, b) in enumerate(self.cells) if m == measure}
 
 
 def _paired(samples: dict[str, list[list[float]]], a: str, b: str, level: float,
@@ -322,12 +357,12 @@ def contest_pairs(samples: dict[str, list[list[float]]], members: list[str], hig
 def measure(contenders: dict[str, Callable[[], float]], stopping: Stopping, repeats: int, warmup: int = 1,
             pairs: Iterable[tuple[str, str]] | None = None,
             clock: Callable[[], float] = time.perf_counter,
-            contest: tuple[list[str], bool] | None = None) -> Measured:
+            tables: tuple[Tables, str] | None = None) -> Measured:
     """Interleaved rounds of `contenders` (see `timing.interleaved`) under `stopping`; `pairs`: the
     (reference, other) comparisons that must settle (default: every contender against the first). After the
-    first look only the contenders of unsettled pairs are measured. `contest`: (members, higher_is_better) of a
-    decision to be read off these rounds: its leader against every member must settle too (`contest_pairs`), and
-    each member still open against it adds `stopping.contest_budget_s` to the budget."""
+    first look only the contenders of unsettled pairs are measured. `tables`: (the tables its
+    ratios are reported in, this measure's name): each pair is judged at its Holm level within its table at that
+    look (`Tables.levels`), the level it is reported at, never at the laxer look's level."""
     names = list(contenders)
     sized = not stopping.fixed and stopping.min_sample_s > 0
     pairs = [(a, b) for a, b in (pairs if pairs is not None else [(names[0], n) for n in names[1:]])
@@ -349,25 +384,25 @@ def measure(contenders: dict[str, Callable[[], float]], stopping: Stopping, repe
         calls = lengthened(calls, {n: spent[n][0] / spent[n][1] for n in names if spent[n][1]},
                            stopping.h2h_sample_s)
     while not stopping.fixed:
-        open_pairs = [(a, b) for a, b in pairs
-                      if not settled(PairedRatio.of(_paired(samples, a, b, stopping.level)), stopping.precision)]
-        budget = stopping.budget_s
-        if contest is not None:
-            members = [n for n in contest[0] if n in samples]
-            at_stake = contest_pairs(samples, members, contest[1], stopping.level, stopping.precision)
-            open_pairs += at_stake
-            budget += stopping.contest_budget_s * len(at_stake)
+        at = tables[0].levels(tables[1], samples, stopping.level) if tables else {}
+        open_pairs = [(a, b) for a, b in pairs if not settled(
+            PairedRatio.of(_paired(samples, a, b, at.get((a, b), stopping.level))), stopping.precision)]
         if not open_pairs:
             stopped = "decided"
             break
         if looks == len(schedule):
             stopped = "max-rounds"
             break
-        active = [n for n in names if any(n in pair for pair in open_pairs)]
         done, total = schedule[looks - 1], schedule[looks]
+        # a contender that left is not measured again (its rounds stay a prefix of the others'), nor is a ratio of it
+        active = [n for n in names if any(n in pair and len(samples[pair[0]]) == len(samples[pair[1]]) == done
+                                          for pair in open_pairs)]
+        if not active:  # every open ratio's contender left before its Holm level rose past it
+            stopped = "contenders left"
+            break
         per_round = sum(spent[n][0] / max(spent[n][1], 1) * calls[n] + timing.settle_time(contenders[n])
                         for n in active)  # each active contender's calls and its settling pause
-        if clock() - start - first + per_round * (total - done) > budget:
+        if clock() - start - first + per_round * (total - done) > stopping.budget_s:
             stopped = "budget"
             break
         more = timing.interleaved({n: timed[n] for n in active}, total - done, {n: calls[n] for n in active},
@@ -384,5 +419,5 @@ def measure(contenders: dict[str, Callable[[], float]], stopping: Stopping, repe
                               **({"calls_per_sample_after_screen": calls} if looks > 1 and calls != screen_calls
                                  else {}),
                               **({} if stopping.fixed else {"precision": stopping.precision,
-                                                            "budget_s": round(budget, 3)}),
+                                                            "budget_s": stopping.budget_s}),
                               "seconds": round(clock() - start, 3)})
