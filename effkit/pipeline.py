@@ -194,6 +194,9 @@ OUTSIDE_S = float(costs().get("outside_s", 30.0))
 BUDGET_MARGIN = 0.07
 # the step time predicted before training and training's own disagree when one is more than this much above the other
 PROBE_TOLERANCE = 0.25
+# the machine cache of the step time a run's training measured in its own first steps after a given prediction made
+# before training: a prediction read from its cache is off the same way the next time, so the next run here uses it
+PROBE_VS_TRAINING = "step_time_vs_prediction"
 # the fewest steps of training's own a re-fit is made from (when the warm-up ends before the estimate's 20)
 REFIT_FEWEST = 5
 HOW_SHARED = (f"one share for every stage: training the largest multiple of the grain (`step_grain`) up to the "
@@ -251,19 +254,27 @@ def apply_decision(plan: Plan, timer: Stage, decision: dict[str, Any]) -> None:
     plan.configs = shared(plan, timer, decision["steps"])[0].configs
 
 
-def _decide_before_training(plan: Plan, timer: Stage, console: Console, budget: float, full: int) -> dict[str, Any]:
-    """The decision from the step time predicted before training (`Stage.probe_step_time`); refused in one line
-    where even the floors are predicted over the budget."""
+def _decide_before_training(plan: Plan, timer: Stage, console: Console, budget: float, full: int,
+                            key: str) -> dict[str, Any]:
+    """The decision from the step time predicted before training (`Stage.probe_step_time`; where this run's training,
+    `key`, trained here before after the same prediction, the step time its own steps measured then:
+    `PROBE_VS_TRAINING`); refused in one line where even the floors are predicted over the budget."""
     mark = len(machine_cache.CONSULTED)
     step_s, how = timer.probe_step_time(plan)
     filled = sum(u.get("fill_s", 0.0) for u in machine_cache.CONSULTED[mark:])  # spent now, so known exactly
+    seen, _ = machine_cache.machine_cached(PROBE_VS_TRAINING, f"{plan.run.pipeline.run_name}|{key}", None)
+    probe = step_s
+    if step_s and seen and seen.get("probe_s") == step_s:  # the prediction was cached: so was its error here
+        step_s = seen["training_s"]
+        how += (f"; {step_s:.3f} s in training's own steps the last time this run trained here after this same "
+                f"prediction ({probe:.3f} s): that is used")
     if step_s is None or step_s <= 0:
         console.print(f"time budget {budget:g} min: not decided before training ({how}); training's own first steps "
                       f"decide it, all {full:,} steps until then", highlight=False)
         return {"how_chosen": f"not decided before training: {how}; re-fitted from training's own first steps",
                 "share": 1.0}
     d = {**decide(plan, timer, step_s, budget, OUTSIDE_S + filled), "step_time_s": step_s, "step_time_how": how,
-         "how_chosen": HOW_SHARED}
+         "probe_step_time_s": probe, "how_chosen": HOW_SHARED}
     if not d["fits"]:
         over = (f"time budget {budget:g} min is too short for this run on this machine: even its floors "
                 f"({d['steps']:,} of the recipe's {full:,} training steps, every measuring stage on {d['share']:.0%} "
@@ -338,7 +349,7 @@ def fit_time_budget(plan: Plan, record: StageRecord, console: Console) -> dict[s
         console.print(f"time budget {budget:g} min: the training is already complete with all {full:,} steps of the "
                       "recipe: kept", highlight=False)
     else:
-        decision.update(_decide_before_training(plan, timer, console, budget, full))
+        decision.update(_decide_before_training(plan, timer, console, budget, full, key))
         apply_decision(plan, timer, decision)
     record.keep_schedule(decision)
     plan.schedule = decision
@@ -362,6 +373,9 @@ def refit_time_budget(plan: Plan, record: StageRecord, console: Console, step: i
         return None
     new = decide(plan, timer, step_s, d["budget_min"], d.get("outside_s", OUTSIDE_S))
     d.update(training_step_time_s=step_s, training_step_time_how=how, probe_tolerance=PROBE_TOLERANCE)
+    if d.get("probe_step_time_s"):  # what the next run here predicts before training (`_decide_before_training`)
+        machine_cache.keep(PROBE_VS_TRAINING, f"{plan.run.pipeline.run_name}|{d['key']}",
+                           {"probe_s": d["probe_step_time_s"], "training_s": step_s})
     if d.get("step_time_s"):
         d["probe_over_training"] = d["step_time_s"] / step_s
         d["probe_disagrees"] = max(d["probe_over_training"], 1 / d["probe_over_training"]) > 1 + PROBE_TOLERANCE
