@@ -14,7 +14,8 @@ its step time), the time budget's part taken off first (`pipeline.BUDGET_USED` o
 so are the caches a stage filled (their `fill_s`): the weights are a stage's work with its caches warm, and the
 caches are priced apart. Several runs (any mix of cold and warm caches) are combined so: each weight is the mean of
 the runs' own fits, each cache's `cache_fill` the mean of its fills (in each run's steps) over the runs that filled
-it, and `step_caches` the caches a step filled in any run (what a first run here is priced with, all cold).
+it, and `step_caches` the caches a step filled in any run, by run name (the report folder's) and step (what a first
+run of that run name here is priced with, all cold).
 A run whose eta.json predates the cache record (no `caches_used`) has its fills read off its quantize reports: a
 backend that consults a cache (`LEGACY_CACHES`) filled it where its row took longer than the same row of another run
 given, by the difference to the fastest (the rows are the same work once the cache is warm); give its wall time with
@@ -174,7 +175,7 @@ def fit_run(folder: Path, parts: dict[str, float], used: dict[str, list[dict]], 
     wall_s = eta.get("wall_s", wall_s)
     return {**fit, "quantize_fixed": unit * rest, "quantize": {b: unit * p for b, p in parts.items()},
             "bench": {"artifact_round": b["artifact_round"] * k, "artifact": b["artifact"] * k},
-            "fills": [f for fs in fills.values() for f in fs], "step_caches": {k: [c for c, _ in fs]
+            "fills": [f for fs in fills.values() for f in fs], "step_caches": {f"{folder.name}|{k}": [c for c, _ in fs]
                                                                                for k, fs in fills.items() if fs},
             "outside_s": wall_s - sum(actual.values()) - filled_before if wall_s else None}
 

@@ -113,15 +113,16 @@ def cache_fills(plan: Plan, keys: Any) -> dict[str, list[dict[str, Any]]]:
     to its work (`fill_steps`, training steps). Which caches and keys: those the step consulted the last time this
     run ran on this machine (`remember_caches`), each looked up as the stage looks it up (`machine_cached`, by the
     recorded key, so that age and `--remeasure` count); a cold one costs what filling it cost then. A step not run
-    here before: the caches effkit/stage_costs.json's `step_caches` lists for it, cold, at its `cache_fill`."""
+    here before: the caches effkit/stage_costs.json's `step_caches` lists for it (by run name and step: what it
+    filled in the runs fitted), cold, at its `cache_fill`."""
     fill = costs().get("cache_fill", {})
     out: dict[str, list[dict[str, Any]]] = {}
     for k in keys:
-        rec, _ = machine_cache.machine_cached(STEP_CACHES, f"{plan.run.pipeline.run_name}|{k}", None)
+        rec, _ = machine_cache.machine_cached(STEP_CACHES, (which := f"{plan.run.pipeline.run_name}|{k}"), None)
         if rec is None:
             uses = [{"cache": c, "warm": False, "fill_steps": fill.get(c, 0.0),
                      "how": "not run here before: assumed cold, at effkit/stage_costs.json's `cache_fill`"}
-                    for c in costs().get("step_caches", {}).get(k, [])]
+                    for c in costs().get("step_caches", {}).get(which, [])]
         else:
             uses = [{**u, "warm": (warm := machine_cache.machine_cached(u["cache"], u["key"], None)[1]),
                      "fill_steps": 0.0 if warm else u.get("fill_steps") or fill.get(u["cache"], 0.0),
@@ -146,9 +147,8 @@ def remember_caches(plan: Plan, key: str, consulted: list[dict[str, Any]], step_
         uses.setdefault((u["cache"], u["key"]), {
             "cache": u["cache"], "key": u["key"], "warm": u["warm"], "fill_s": fill_s,
             "fill_steps": fill_s / step_s if fill_s is not None and step_s else None})
-    if uses:
-        machine_cache.keep(STEP_CACHES, f"{plan.run.pipeline.run_name}|{key}",
-                           [{k: v for k, v in u.items() if k != "warm"} for u in uses.values()])
+    machine_cache.keep(STEP_CACHES, f"{plan.run.pipeline.run_name}|{key}",  # none is a record too
+                       [{k: v for k, v in u.items() if k != "warm"} for u in uses.values()])
     return list(uses.values())
 
 

@@ -159,6 +159,6 @@ def test_a_warm_cache_lowers_the_estimate_by_what_filling_it_cost(tmp_path, corp
         "cache": "test_fill", "key": f"{tmp_path}", "warm": False, "fill_s": 6.0, "fill_steps": 12.0,
         "added_s": 6.0, "how": ""}
 
-    monkeypatch.setitem(costs(), "step_caches", {other: ["never_filled"]})  # never run here: priced cold
+    monkeypatch.setitem(costs(), "step_caches", {f"tiny|{other}": ["never_filled"]})  # never run here: cold
     monkeypatch.setitem(costs(), "cache_fill", {"never_filled": 3.0})
     assert with_fills(work, cache_fills(plan, work))[other] == work[other] + 3.0
