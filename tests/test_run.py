@@ -148,6 +148,9 @@ def test_tiny_recipe_end_to_end_then_skips(tmp_path, corpus_dir):
     assert set(eta["actual_s"]) == set(eta["predicted_s"]) == {"train", "prune row", "quantize train",
                                                                "quantize best-pruned", "bench"}
     assert json.loads((tmp_path / "reports" / "tiny" / "eta.json").read_text())["actual_s"] == eta["actual_s"]
+    # what each step consulted as it ran, once per cache key, warm or filled now (with what filling it cost)
+    assert set(eta["caches_used"]) <= set(eta["actual_s"]) and eta["wall_s"] >= sum(eta["actual_s"].values())
+    assert all(("fill_s" in u) and (u["warm"] or u["fill_s"] >= 0) for us in eta["caches_used"].values() for u in us)
     assert "## Time on this machine: expected against actual" in summary
     strict = make_plan(str(recipe))
     strict.run = strict.run.replace(max_loss_increase=-1.0)  # no round can be 100% better than its control
