@@ -8,10 +8,21 @@ budget leaves them a share: effkit/stage_costs.json.
     python benchmarks/stage_costs.py --predict 0.479   # the quickstart's decision and per-stage minutes with it
 
 Each report folder is a finished `effkit run`'s: eta.json (each stage's seconds, the step time of training's own
-steps, the time budget's shares, the weights it ran with) and the stage reports. Every weight is in training steps
-of that run (seconds / its step time), the time budget's part taken off first (`pipeline.BUDGET_USED` of each
-measuring stage's budget); several runs are averaged:
-- train_setup: the train stage less its steps and evaluations;
+steps, the time budget's shares, the weights it ran with, the caches each stage consulted and what filling the cold
+ones cost, the process's wall time) and the stage reports. Every weight is in training steps of that run (seconds /
+its step time), the time budget's part taken off first (`pipeline.BUDGET_USED` of each measuring stage's budget), and
+so are the caches a stage filled (their `fill_s`): the weights are a stage's work with its caches warm, and the
+caches are priced apart. Several runs (any mix of cold and warm caches) are combined so: each weight is the mean of
+the runs' own fits, each cache's `cache_fill` the mean of its fills (in each run's steps) over the runs that filled
+it, and `step_caches` the caches a step filled in any run, by run name (the report folder's) and step (what a first
+run of that run name here is priced with, all cold).
+A run whose eta.json predates the cache record (no `caches_used`) has its fills read off its quantize reports: a
+backend that consults a cache (`LEGACY_CACHES`) filled it where its row took longer than the same row of another run
+given, by the difference to the fastest (the rows are the same work once the cache is warm); give its wall time with
+`--wall-s` (one figure per folder, in order; 0: unknown).
+- outside_s: seconds of the run outside its stages (imports, the report, the last lines), the caches filled before
+  training (the step-time prediction's) taken off;
+- train_setup: the train stage less its training loop (train.json's `train_wall_s`);
 - prune_round: a prune stage less its fine-tuning, per round;
 - quantize: a quantize stage is `fixed` + each backend it wrote, in the shares of the seconds of an `auto` that
   wrote every backend (`--measure-auto`, on one machine at one time: the shares, not the seconds, are kept; a
@@ -22,7 +33,7 @@ measuring stage's budget); several runs are averaged:
   one equation, so the two keep the ratio of the weights before and are scaled together.
 Speeds at the workload the runs optimize for (decode at batch 1), relative to the fastest: the backends from the
 quantize reports' `auto` tables (the medians of those timed, the far screen's cost ratios of the others), the peers
-from bench.json.
+from bench.json; those the runs did not time keep the file's figures (runs on a share time the fastest only).
 """
 
 from __future__ import annotations
@@ -41,11 +52,16 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from effkit.pipeline import BUDGET_USED  # noqa: E402
-from effkit.stage import COSTS, FORWARD  # noqa: E402
+from effkit.stage import COSTS  # noqa: E402
 
+# the file as it is: the speeds of backends and peers the runs given did not time are kept from it
+COSTS_NOW = json.loads(COSTS.read_text()) if COSTS.is_file() else {}
 # the weights before this file (the code's constants): for runs whose eta.json does not record its weights
 BEFORE = {"train_setup": 80.0, "prune_round": 38.0, "bench": {"artifact_round": 13.0, "artifact": 18.0}}
 FAR = re.compile(r"([\d.]+)x (\S+)'s cost per call")
+# the machine caches quantize `auto`'s backends consult (for runs whose eta.json records no caches)
+LEGACY_CACHES = {"ctranslate2": "ct2_threads", "openvino": "openvino_attention_choice",
+                 "openvino-int4": "openvino_attention_choice"}
 
 
 def measure_auto(artifact: Path, out: Path) -> None:
@@ -104,45 +120,82 @@ def speeds(reports: list[Path]) -> dict[str, dict[str, float]]:
             "peers": {n: round(statistics.mean(v), 4) for n, v in peers.items()}}
 
 
-def fit_run(folder: Path, parts: dict[str, float]) -> dict[str, float]:
-    """One run's weights (see the module's text)."""
+def quantize_reports(folder: Path) -> dict[str, dict]:
+    """The run's quantize reports by step (`quantize train`, `quantize best-pruned`: the one whose parent is pruned)."""
+    return {("quantize best-pruned" if "+" in p.name else "quantize train"): json.loads(p.read_text())
+            for p in folder.glob("*quantize-*.json")}
+
+
+def legacy_caches(folders: list[Path]) -> dict[Path, dict[str, list[dict]]]:
+    """For runs whose eta.json records no caches: each quantize step's cache fills read off its backends' rows
+    (`LEGACY_CACHES`; the module's text says how), as `caches_used` records them."""
+    rows: dict[tuple[str, str], dict[Path, float]] = {}
+    for f in folders:
+        for step, rep in quantize_reports(f).items():
+            for b, row in rep["metrics"].get("auto", {}).get("table", {}).items():
+                if b in LEGACY_CACHES and "seconds" in row:
+                    rows.setdefault((step, b), {})[f] = row["seconds"]
+    out: dict[Path, dict[str, list[dict]]] = {f: {} for f in folders}
+    for (step, b), by_run in rows.items():
+        fastest = min(by_run.values())
+        for f, sec in by_run.items():
+            out[f].setdefault(step, []).append({"cache": LEGACY_CACHES[b], "key": f"{b} in {step}",
+                                                "warm": sec == fastest, "fill_s": sec - fastest})
+    return out
+
+
+def fit_run(folder: Path, parts: dict[str, float], used: dict[str, list[dict]], wall_s: float) -> dict:
+    """One run's weights, its caches' fills and its time outside the stages (see the module's text)."""
     eta = json.loads((folder / "eta.json").read_text())
     step, actual, budgets = eta["step_time_s"], eta["actual_s"], eta["sequential_budgets_s"]
     before = eta.get("weights", BEFORE)
-    steps = {k: (actual[k] - BUDGET_USED * budgets.get(k, 0.0)) / step for k in actual}
-    train = json.loads((folder / "train.json").read_text())["config"]
-    n, every = train["optim"]["max_steps"], train["run"]["eval_interval"]
-    evals = (n // every if every else 0) + 1
-    fit = {"train_setup": steps["train"] - n - evals * -(-train["data"]["eval_blocks"] // train["optim"]["batch_size"])
-           * FORWARD}
+    used = eta.get("caches_used", used)
+    fills = {k: [(u["cache"], u["fill_s"] / step) for u in us if not u.get("warm") and u.get("fill_s")]
+             for k, us in used.items()}
+    steps = {k: (actual[k] - BUDGET_USED * budgets.get(k, 0.0)) / step - sum(f for _, f in fills.get(k, []))
+             for k in actual}
+    # the stage less its training loop (whose steps the estimate counts at the step time of the first ones)
+    fit = {"train_setup": steps["train"] - json.loads((folder / "train.json").read_text())["metrics"]["train_wall_s"]
+           / step}
     rounds = {f"prune {r['mode']}": r["config"]["rounds"] for p in folder.glob("prune-*.json")
               if "rounds" in (r := json.loads(p.read_text())).get("config", {}) and "curve" in r}
     fit["prune_round"] = statistics.mean(  # the work recorded less its rounds' weight then: the fine-tuning
         (steps[k] - (eta["work_in_steps"][k] - n_r * before["prune_round"])) / n_r for k, n_r in rounds.items())
     rest = 1 - sum(parts.values())  # the share of a stage beside its backends
-    units = []  # each quantize stage, in steps, per unit of the full `auto` it would have been
-    for path in folder.glob("*quantize-*.json"):
-        a = json.loads(path.read_text())["metrics"].get("auto", {})
-        key = next(k for k in steps if k.startswith("quantize") and (("+" in path.name) == k.endswith("best-pruned")))
-        units.append(steps[key] / (rest + sum(parts[b] for b, row in a.get("table", {}).items() if "eval_loss" in row)))
+    units = [steps[k] / (rest + sum(parts[b] for b, row in rep["metrics"].get("auto", {}).get("table", {}).items()
+                                    if "eval_loss" in row))  # each quantize stage per unit of a full `auto`
+             for k, rep in quantize_reports(folder).items()]
     unit = statistics.mean(units)
     bench = json.loads((folder / "bench.json").read_text())
-    ms = bench["config"]
-    b = before["bench"]
-    unit = len(bench["artifacts"]) * (ms["rounds"] * b["artifact_round"] * ms["gen_tokens"] / 128
-                                      * ms["repeats"] / 3 + b["artifact"])
-    k = steps["bench"] / unit
+    ms, b = bench["config"], before["bench"]
+    k = steps["bench"] / (len(bench["artifacts"]) * (ms["rounds"] * b["artifact_round"] * ms["gen_tokens"] / 128
+                                                     * ms["repeats"] / 3 + b["artifact"]))
+    base = before.get("outside_s", 30.0)  # the caches filled before training: in the decision's outside_s
+    filled_before = eta.get("time_budget", {}).get("outside_s", base) - base
+    wall_s = eta.get("wall_s", wall_s)
     return {**fit, "quantize_fixed": unit * rest, "quantize": {b: unit * p for b, p in parts.items()},
-            "bench": {"artifact_round": b["artifact_round"] * k, "artifact": b["artifact"] * k}}
+            "bench": {"artifact_round": b["artifact_round"] * k, "artifact": b["artifact"] * k},
+            "fills": [f for fs in fills.values() for f in fs], "step_caches": {f"{folder.name}|{k}": [c for c, _ in fs]
+                                                                               for k, fs in fills.items() if fs},
+            "outside_s": wall_s - sum(actual.values()) - filled_before if wall_s else None}
 
 
-def fit(reports: list[Path], auto: dict) -> dict:
+def fit(reports: list[Path], auto: dict, walls: list[float] | None = None) -> dict:
     parts = backend_parts(auto)
-    runs = [fit_run(f, parts) for f in reports]
+    legacy = legacy_caches(reports)
+    runs = [fit_run(f, parts, legacy[f], w) for f, w in zip(reports, walls or [0.0] * len(reports), strict=True)]
     mean = lambda key: round(statistics.mean(r[key] for r in runs), 1)  # noqa: E731
+    fills: dict[str, list[float]] = {}
+    for r in runs:
+        for c, f in r["fills"]:
+            fills.setdefault(c, []).append(f)
+    outside = [r["outside_s"] for r in runs if r["outside_s"] is not None]
     return {
-        "how": "weights in training steps of each run (its seconds / its training step time), fitted by "
-               "benchmarks/stage_costs.py (its text says how); speeds: decode-b1 rates relative to the fastest",
+        "how": "weights in training steps of each run (its seconds / its training step time) with the caches a "
+               "stage consults warm; cache_fill: what filling a cold one adds, in training steps; step_caches: "
+               "those a first run here fills, by step; outside_s: seconds outside the stages with the caches warm; "
+               "fitted by benchmarks/stage_costs.py (its text says how); speeds: decode-b1 rates relative to the "
+               "fastest",
         "fitted_from": [str(f) for f in reports] + [
             f"an auto at share 1 of {auto.get('measured_from', auto['parent'])} at {auto['git_commit']} "
             f"({auto['stage_s']:.0f} s; its shares kept)"],
@@ -150,18 +203,22 @@ def fit(reports: list[Path], auto: dict) -> dict:
         "quantize": {"fixed": mean("quantize_fixed"),
                      "backends": {b: round(statistics.mean(r["quantize"][b] for r in runs), 1) for b in parts}},
         "bench": {k: round(statistics.mean(r["bench"][k] for r in runs), 2) for k in ("artifact_round", "artifact")},
-        "speed": speeds(reports),
+        "cache_fill": {c: round(statistics.mean(v), 1) for c, v in fills.items()},
+        "step_caches": {k: sorted({c for r in runs for c in r["step_caches"].get(k, [])})
+                        for k in sorted({k for r in runs for k in r["step_caches"]})},
+        **({"outside_s": round(statistics.mean(outside), 1)} if outside else {}),
+        "speed": {k: {**COSTS_NOW.get("speed", {}).get(k, {}), **v} for k, v in speeds(reports).items()},
     }
 
 
 def predict(step_s: float, recipe: str = "recipes/quickstart.toml") -> None:
     """What `effkit run` decides and predicts before training for `recipe` with a training step of `step_s`."""
-    from effkit.pipeline import OUTSIDE_S, decide, make_plan, step_timer
+    from effkit.pipeline import decide, make_plan, step_timer
 
     plan = make_plan(recipe)
     d = decide(plan, step_timer(plan), step_s, plan.run.pipeline.time_budget_min or float("inf"))
     print(f"{recipe}, one training step {step_s:.3f} s: {d['steps']} steps (share {d['share']:.0%}), "
-          f"{d['predicted_s'] / 60:.1f} min in all ({OUTSIDE_S:.0f} s outside the steps), fits: {d['fits']}")
+          f"{d['predicted_s'] / 60:.1f} min in all ({d['outside_s']:.0f} s outside the steps), fits: {d['fits']}")
     for k, v in d["stage_s"].items():
         print(f"  {k}: {v / 60:.2f} min")
     for stage, got in d["shares"].items():
@@ -172,6 +229,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("reports", nargs="*", type=Path, help="report folders of finished `effkit run`s")
     ap.add_argument("--auto", type=Path, help="the file --measure-auto wrote")
+    ap.add_argument("--wall-s", type=float, nargs="*", help="each run's wall time in seconds, in the order of the "
+                    "folders, for runs whose eta.json predates `wall_s` (0: unknown)")
     ap.add_argument("--measure-auto", nargs=2, type=Path, metavar=("ARTIFACT", "OUT"))
     ap.add_argument("--write", action="store_true", help=f"write {COSTS.relative_to(ROOT)}")
     ap.add_argument("--predict", type=float, metavar="STEP_S", help="print the quickstart's decision and per-stage "
@@ -183,7 +242,9 @@ def main() -> None:
     if args.predict:
         predict(args.predict)
         return
-    got = fit(args.reports, json.loads(args.auto.read_text()))
+    got = fit(args.reports, json.loads(args.auto.read_text()), args.wall_s)
+    # entries this script does not fit (e.g. bench_speculative, estimated by its own module) are kept as they are
+    got = {**{k: v for k, v in json.loads(COSTS.read_text()).items() if k not in got}, **got}
     text = json.dumps(got, indent=2) + "\n"
     print(text)
     if args.write:

@@ -35,6 +35,7 @@ from rich.console import Console
 from effkit import artifacts
 from effkit.config import RunConfig, build_config, load_recipe
 from effkit.errors import EffkitError
+from effkit.measure import machine_cache
 from effkit.registry import STAGES
 from effkit.stage import Plan, RunContext, Stage, Step, costs, fingerprint
 
@@ -101,6 +102,56 @@ def expected_seconds(work: dict[str, float], budgets: dict[str, float], step_s: 
     return {k: w * step_s + BUDGET_USED * budgets.get(k, 0.0) for k, w in work.items() if k not in leave_out}
 
 
+# ------------------------------------------------------------------------------------------ the caches steps fill
+# the machine cache (`effkit.measure.machine_cache`) of the caches each step of a run consulted the last time it ran
+# here, by run name and step: the keys the stages' own key functions gave, and what filling each cost then
+STEP_CACHES = "run_caches"
+
+
+def cache_fills(plan: Plan, keys: Any) -> dict[str, list[dict[str, Any]]]:
+    """For each step of `keys`, the caches it will consult and whether each is warm now, with what a cold one adds
+    to its work (`fill_steps`, training steps). Which caches and keys: those the step consulted the last time this
+    run ran on this machine (`remember_caches`), each looked up as the stage looks it up (`machine_cached`, by the
+    recorded key, so that age and `--remeasure` count); a cold one costs what filling it cost then. A step not run
+    here before: the caches effkit/stage_costs.json's `step_caches` lists for it (by run name and step: what it
+    filled in the runs fitted), cold, at its `cache_fill`."""
+    fill = costs().get("cache_fill", {})
+    out: dict[str, list[dict[str, Any]]] = {}
+    for k in keys:
+        rec, _ = machine_cache.machine_cached(STEP_CACHES, (which := f"{plan.run.pipeline.run_name}|{k}"), None)
+        if rec is None:
+            uses = [{"cache": c, "warm": False, "fill_steps": fill.get(c, 0.0),
+                     "how": "not run here before: assumed cold, at effkit/stage_costs.json's `cache_fill`"}
+                    for c in costs().get("step_caches", {}).get(which, [])]
+        else:
+            uses = [{**u, "warm": (warm := machine_cache.machine_cached(u["cache"], u["key"], None)[1]),
+                     "fill_steps": 0.0 if warm else u.get("fill_steps") or fill.get(u["cache"], 0.0),
+                     "how": "consulted the last time this step ran here; " + ("cached" if warm else "not cached")}
+                    for u in rec]
+        if uses:
+            out[k] = uses
+    return out
+
+
+def with_fills(work: dict[str, float], fills: dict[str, list[dict[str, Any]]]) -> dict[str, float]:
+    """Each step's work plus the cold caches it fills (`cache_fills`), in training steps."""
+    return {k: w + sum(u["fill_steps"] for u in fills.get(k, []) if not u["warm"]) for k, w in work.items()}
+
+
+def remember_caches(plan: Plan, key: str, consulted: list[dict[str, Any]], step_s: float | None) -> list[dict]:
+    """Record the caches step `key` consulted (`machine_cache.CONSULTED` while it ran), once each, with what filling
+    each cost in training steps (now, or when its entry was filled), for the next run's `cache_fills`."""
+    uses: dict[tuple[str, str], dict[str, Any]] = {}
+    for u in consulted:
+        fill_s = u.get("fill_s", machine_cache.entry_of(u["cache"], u["key"]).get("fill_s"))
+        uses.setdefault((u["cache"], u["key"]), {
+            "cache": u["cache"], "key": u["key"], "warm": u["warm"], "fill_s": fill_s,
+            "fill_steps": fill_s / step_s if fill_s is not None and step_s else None})
+    machine_cache.keep(STEP_CACHES, f"{plan.run.pipeline.run_name}|{key}",  # none is a record too
+                       [{k: v for k, v in u.items() if k != "warm"} for u in uses.values()])
+    return list(uses.values())
+
+
 # ------------------------------------------------------------------------------------------ the time budget
 def step_grain(steps: int) -> int:
     """The step counts a time budget chooses among: multiples of 50 for a schedule of 1,000-9,999 steps (5 for
@@ -125,21 +176,27 @@ def shared(plan: Plan, timer: Stage, steps: int) -> tuple[Plan, dict[str, Any]]:
     return trial, shares
 
 
-def predicted_total(plan: Plan, timer: Stage, train_steps: int, step_s: float) -> float:
+def predicted_total(plan: Plan, timer: Stage, train_steps: int, step_s: float,
+                    fills: dict[str, list[dict[str, Any]]] | None = None) -> float:
     """Seconds the whole run is expected to take on this machine with `train_steps` training steps and every
-    measuring stage on the same share (`shared`), by the model `Eta` prints (on a copy of the plan)."""
+    measuring stage on the same share (`shared`), by the model `Eta` prints (on a copy of the plan), the cold caches
+    `fills` included."""
     trial, _ = shared(plan, timer, train_steps)
-    return sum(expected_seconds(stage_work(trial), stage_budgets(trial), step_s).values())
+    return sum(expected_seconds(with_fills(stage_work(trial), fills or {}), stage_budgets(trial), step_s).values())
 
 
-# seconds a run spends outside its steps' estimates (starting, the step-time prediction, the data it prepares before
-# the first step, the last lines), read off a quickstart (docs/benchmarks.md); the time budget counts them
-OUTSIDE_S = 30.0
+# seconds a run spends outside its steps' estimates with its caches warm (starting, the imports, the report, the last
+# lines), fitted by benchmarks/stage_costs.py from runs' wall times (`outside_s`); the time budget counts them, and
+# what filling the caches consulted before training cost (the step-time prediction's), measured then
+OUTSIDE_S = float(costs().get("outside_s", 30.0))
 # the share of the budget the chosen steps leave unused: the stages after training measure until their ratios
 # settle, which varies between runs (docs/benchmarks.md: two quickstarts' benches and the second one's overrun)
 BUDGET_MARGIN = 0.07
 # the step time predicted before training and training's own disagree when one is more than this much above the other
 PROBE_TOLERANCE = 0.25
+# the machine cache of the step time a run's training measured in its own first steps after a given prediction made
+# before training: a prediction read from its cache is off the same way the next time, so the next run here uses it
+PROBE_VS_TRAINING = "step_time_vs_prediction"
 # the fewest steps of training's own a re-fit is made from (when the warm-up ends before the estimate's 20)
 REFIT_FEWEST = 5
 HOW_SHARED = (f"one share for every stage: training the largest multiple of the grain (`step_grain`) up to the "
@@ -148,8 +205,9 @@ HOW_SHARED = (f"one share for every stage: training the largest multiple of the 
               f"of the peers (those measured fastest before first: effkit/stage_costs.json; the others listed as "
               f"not run: budget share) (each down to its floor), whose whole run, predicted as each step's work in "
               f"training steps (its weights from effkit/stage_costs.json, for what it runs at that share) x the "
-              f"step time + {BUDGET_USED:.0%} of each measuring step's time budget + "
-              f"{OUTSIDE_S:.0f} s outside the steps, fits the budget less {BUDGET_MARGIN:.0%} (the spread of the "
+              f"step time (+ the caches it consults that are cold here, at what filling them cost) + {BUDGET_USED:.0%} "
+              f"of each measuring step's time budget + {OUTSIDE_S:.0f} s outside the steps (+ what filling the "
+              "caches consulted before training cost), fits the budget less {BUDGET_MARGIN:.0%} (the spread of the "
               f"measuring stages between runs); the share is never under {FEWEST_SHARE:.0%} (nor training past its "
               "warm-up): where even that is predicted over the budget, a budget typed on the command line is "
               "refused before training, and the recipe's own is said to be over before training and the run goes on "
@@ -166,18 +224,29 @@ def choose_steps(full: int, fewest: int, total: Any, budget_s: float) -> int:
     return next((n for n in range(full // g * g, floor - 1, -g) if n < full and total(n) <= budget_s), floor)
 
 
-def decide(plan: Plan, timer: Stage, step_s: float, budget_min: float) -> dict[str, Any]:
+def decide(plan: Plan, timer: Stage, step_s: float, budget_min: float,
+           outside_s: float | None = None) -> dict[str, Any]:
     """The time budget's choice for a training step of `step_s` seconds (`HOW_SHARED`): the training steps, the
-    share every stage gets and what that is (`shares`), each step's predicted seconds (`stage_s`), the whole run's
-    with the recipe's steps and with those (`predicted_full_s`, `predicted_s`); `fits`: within the budget itself."""
+    share every stage gets and what that is (`shares`), each step's predicted seconds (`stage_s`, its cold caches'
+    fills included: `caches`, by step), the whole run's with the recipe's steps and with those (`predicted_full_s`,
+    `predicted_s`, `outside_s` seconds outside the steps included); `fits`: within the budget itself."""
+    outside_s = OUTSIDE_S if outside_s is None else outside_s
     full = timer.training_steps(Plan(plan.recipe, plan.run, dict(plan.unshared or plan.configs)))
-    total = lambda n: predicted_total(plan, timer, n, step_s) + OUTSIDE_S  # noqa: E731
+    fills = cache_fills(plan, stage_work(plan))
+    total = lambda n: predicted_total(plan, timer, n, step_s, fills) + outside_s  # noqa: E731
     fewest = max(math.ceil(FEWEST_SHARE * full), timer.fewest_training_steps(plan))
     steps = choose_steps(full, fewest, total, budget_min * 60 * (1 - BUDGET_MARGIN))
     trial, shares = shared(plan, timer, steps)
     return {"steps": steps, "share": shares[timer.name]["share"], "shares": shares,
-            "stage_s": expected_seconds(stage_work(trial), stage_budgets(trial), step_s),
+            "stage_s": expected_seconds(with_fills(stage_work(trial), fills), stage_budgets(trial), step_s),
+            "caches": priced(fills, step_s), "outside_s": outside_s,
             "predicted_full_s": total(full), "predicted_s": total(steps), "fits": total(steps) <= budget_min * 60}
+
+
+def priced(fills: dict[str, list[dict[str, Any]]], step_s: float | None) -> dict[str, list[dict[str, Any]]]:
+    """`cache_fills` as the reports keep it: each cache warm or cold and the seconds it adds (`added_s`)."""
+    return {k: [{**u, "added_s": 0.0 if u["warm"] else u["fill_steps"] * (step_s or 0.0)} for u in uses]
+            for k, uses in fills.items()}
 
 
 def apply_decision(plan: Plan, timer: Stage, decision: dict[str, Any]) -> None:
@@ -185,16 +254,27 @@ def apply_decision(plan: Plan, timer: Stage, decision: dict[str, Any]) -> None:
     plan.configs = shared(plan, timer, decision["steps"])[0].configs
 
 
-def _decide_before_training(plan: Plan, timer: Stage, console: Console, budget: float, full: int) -> dict[str, Any]:
-    """The decision from the step time predicted before training (`Stage.probe_step_time`); refused in one line
-    where even the floors are predicted over the budget."""
+def _decide_before_training(plan: Plan, timer: Stage, console: Console, budget: float, full: int,
+                            key: str) -> dict[str, Any]:
+    """The decision from the step time predicted before training (`Stage.probe_step_time`; where this run's training,
+    `key`, trained here before after the same prediction, the step time its own steps measured then:
+    `PROBE_VS_TRAINING`); refused in one line where even the floors are predicted over the budget."""
+    mark = len(machine_cache.CONSULTED)
     step_s, how = timer.probe_step_time(plan)
+    filled = sum(u.get("fill_s", 0.0) for u in machine_cache.CONSULTED[mark:])  # spent now, so known exactly
+    seen, _ = machine_cache.machine_cached(PROBE_VS_TRAINING, f"{plan.run.pipeline.run_name}|{key}", None)
+    probe = step_s
+    if step_s and seen and seen.get("probe_s") == step_s:  # the prediction was cached: so was its error here
+        step_s = seen["training_s"]
+        how += (f"; {step_s:.3f} s in training's own steps the last time this run trained here after this same "
+                f"prediction ({probe:.3f} s): that is used")
     if step_s is None or step_s <= 0:
         console.print(f"time budget {budget:g} min: not decided before training ({how}); training's own first steps "
                       f"decide it, all {full:,} steps until then", highlight=False)
         return {"how_chosen": f"not decided before training: {how}; re-fitted from training's own first steps",
                 "share": 1.0}
-    d = {**decide(plan, timer, step_s, budget), "step_time_s": step_s, "step_time_how": how, "how_chosen": HOW_SHARED}
+    d = {**decide(plan, timer, step_s, budget, OUTSIDE_S + filled), "step_time_s": step_s, "step_time_how": how,
+         "probe_step_time_s": probe, "how_chosen": HOW_SHARED}
     if not d["fits"]:
         over = (f"time budget {budget:g} min is too short for this run on this machine: even its floors "
                 f"({d['steps']:,} of the recipe's {full:,} training steps, every measuring stage on {d['share']:.0%} "
@@ -269,7 +349,7 @@ def fit_time_budget(plan: Plan, record: StageRecord, console: Console) -> dict[s
         console.print(f"time budget {budget:g} min: the training is already complete with all {full:,} steps of the "
                       "recipe: kept", highlight=False)
     else:
-        decision.update(_decide_before_training(plan, timer, console, budget, full))
+        decision.update(_decide_before_training(plan, timer, console, budget, full, key))
         apply_decision(plan, timer, decision)
     record.keep_schedule(decision)
     plan.schedule = decision
@@ -291,15 +371,19 @@ def refit_time_budget(plan: Plan, record: StageRecord, console: Console, step: i
         d["refit"] = f"not re-fitted: {how}"
         record.keep_schedule(d)
         return None
-    new = decide(plan, timer, step_s, d["budget_min"])
+    new = decide(plan, timer, step_s, d["budget_min"], d.get("outside_s", OUTSIDE_S))
     d.update(training_step_time_s=step_s, training_step_time_how=how, probe_tolerance=PROBE_TOLERANCE)
+    if d.get("probe_step_time_s"):  # what the next run here predicts before training (`_decide_before_training`)
+        machine_cache.keep(PROBE_VS_TRAINING, f"{plan.run.pipeline.run_name}|{d['key']}",
+                           {"probe_s": d["probe_step_time_s"], "training_s": step_s})
     if d.get("step_time_s"):
         d["probe_over_training"] = d["step_time_s"] / step_s
         d["probe_disagrees"] = max(d["probe_over_training"], 1 / d["probe_over_training"]) > 1 + PROBE_TOLERANCE
     before = d["steps"]
     d["refit"] = {"at_step": step, "steps_before": before, "share_before": d.get("share", 1.0),
                   **{k: new[k] for k in ("steps", "predicted_full_s", "predicted_s", "fits")}}
-    d.update(steps=new["steps"], share=new["share"], shares=new["shares"], stage_s=new["stage_s"])
+    d.update(steps=new["steps"], share=new["share"], shares=new["shares"], stage_s=new["stage_s"],
+             caches=new["caches"])
     apply_decision(plan, timer, d)
     record.keep_schedule(d)
     for s in timer.steps(plan):  # the training under way now runs with the re-fitted steps: its fingerprint too
@@ -380,7 +464,9 @@ class Eta:
 
     def __init__(self, plan: Plan, console: Console):
         self.plan, self.console = plan, console
-        self.work = stage_work(plan)
+        self.fills = cache_fills(plan, stage_work(plan))  # the cold caches each step fills: priced before it runs
+        self.used: dict[str, list[dict[str, Any]]] = {}  # the caches each step consulted as it ran
+        self.work = with_fills(stage_work(plan), self.fills)
         self.budgets = stage_budgets(plan)
         self.exact = {s.key for s in steps(plan) if not s.measures}  # work counted exactly: never rescaled
         self.timer = step_timer(plan)
@@ -415,7 +501,7 @@ class Eta:
                 self.refit, _ = None, self.refit(step, None, f"the warm-up ({free} steps) ended before {REFIT_FEWEST} "
                                                             f"steady training steps were timed (at step {step})")
             if refitted:  # the steps and the measuring stages' shares changed: so did their work
-                self.work, self.budgets = stage_work(self.plan), stage_budgets(self.plan)
+                self.work, self.budgets = with_fills(stage_work(self.plan), self.fills), stage_budgets(self.plan)
         if self.step_s is None and timed >= 20:
             self.set_step_time(median(), how)
         return refitted
@@ -456,6 +542,11 @@ class Eta:
                                + ", ".join(f"{k} {_mins(v)}" for k, v in rest.items()) + f"; done around {end}")
         self.write()
 
+    def consulted(self, name: str, uses: list[dict[str, Any]]) -> None:
+        """The caches step `name` consulted while it ran (`machine_cache.CONSULTED`): recorded for the next run's
+        estimate (`remember_caches`) and in eta.json."""
+        self.used[name] = remember_caches(self.plan, name, uses, self.step_s)
+
     def remaining(self, left: list[str]) -> dict[str, float]:
         """What is left, rescaled by how the finished measuring stages (all but those whose work is counted
         exactly: training) compared to their estimate."""
@@ -466,8 +557,8 @@ class Eta:
     def record(self) -> dict[str, Any]:
         return {"step_time_s": self.step_s, "step_time_how": self.how,
                 "work_in_steps": self.work, "sequential_budgets_s": self.budgets, "predicted_s": self.first,
-                "actual_s": self.actual,
-                "skipped": self.skipped,
+                "actual_s": self.actual, "wall_s": _process_s(),
+                "skipped": self.skipped, "caches": priced(self.fills, self.step_s), "caches_used": self.used,
                 **({"time_budget": {k: v for k, v in self.plan.schedule.items() if k != "key"}}
                    if self.plan.schedule else {}),
                 "weights": costs(),
@@ -476,7 +567,10 @@ class Eta:
                        "the weights in `weights`, fitted from measured runs by benchmarks/stage_costs.py), times the "
                        "step time measured here, plus "
                        f"{BUDGET_USED:.0%} of each measuring stage's time budget for the rounds after the first "
-                       "look; predicted = the first estimate, printed after the first training steps"}
+                       "look, plus what filling the caches it consults that are cold here cost (`caches`: by "
+                       "step, each warm or cold and the seconds it adds; `caches_used`: what each consulted as it "
+                       "ran, `fill_s` where it filled one); predicted = the first estimate, printed after the first "
+                       "training steps; wall_s: since the process started"}
 
     def write(self) -> None:
         """eta.json, once a stage has run (a rerun that skips every stage keeps the file of the run that did);
@@ -493,6 +587,13 @@ class Eta:
             if k in old.get("actual_s", {}) and k in old.get("predicted_s", {}):
                 rec["predicted_s"][k], rec["actual_s"][k] = old["predicted_s"][k], old["actual_s"][k]
         artifacts.atomic_write_text(path, json.dumps(rec, indent=2))
+
+
+def _process_s() -> float:
+    """Seconds since this process started (its imports included)."""
+    import psutil
+
+    return time.time() - psutil.Process().create_time()
 
 
 def _mins(seconds: float) -> str:
@@ -554,7 +655,10 @@ def _run_steps(plan: Plan, rows: list[dict[str, Any]], console: Console) -> dict
             record.stale(step.key, also=tuple(step.outputs(ctx)))  # what another recipe left is removed
             if step.record_before_run:
                 record.done(step.key, step.outputs(ctx))
+        mark = len(machine_cache.CONSULTED)
         step.run(ctx)
+        if step.key in eta.work:
+            eta.consulted(step.key, machine_cache.CONSULTED[mark:])
         if step.records:
             record.done(step.key, step.recorded_outputs(ctx))
         done.append(step.label(ctx))

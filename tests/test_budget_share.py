@@ -3,6 +3,7 @@ the bench makes that share of the peers (the fastest measured before first: effk
 out listed as not run; the estimate and `effkit run --plan` price the stages by the same rule."""
 
 import json
+import time
 
 import pytest
 import torch
@@ -121,3 +122,47 @@ def test_the_weights_are_data_a_benchmarks_script_wrote():
     assert "benchmarks/stage_costs.py" in data["how"] and data["fitted_from"]
     assert {"train_setup", "prune_round", "quantize", "bench", "speed"} <= set(data)
     assert quantize.AUTO_DEFAULT in data["quantize"]["backends"] and data["speed"]["peers"]
+
+
+def test_a_warm_cache_lowers_the_estimate_by_what_filling_it_cost(tmp_path, corpus_dir, monkeypatch):
+    """The estimate prices the caches a step consults: those it consulted the last time this run ran here (recorded
+    with what filling each cost, timed by the look-up itself), each looked up by its key now: warm, it adds nothing;
+    cold, the recorded fill; a step never run here, the caches effkit/stage_costs.json lists for it, cold. eta.json
+    says which was which and what each added."""
+    from rich.console import Console
+
+    from effkit.data.tokenizer import cache_dir
+    from effkit.measure import machine_cache
+    from effkit.pipeline import Eta, cache_fills, predicted_total, remember_caches, with_fills
+
+    monkeypatch.setenv("EFFKIT_CACHE", str(tmp_path / "cache"))  # its records stay out of other tests' estimates
+    plan = make_plan(str(write_recipe(tmp_path, corpus_dir)))
+    work = stage_work(plan)
+    mine, other = [k for k in work if k != "train"][:2]
+    clock, real = iter([10.0, 16.0]), time.perf_counter  # filling takes 6 s by this clock
+    monkeypatch.setattr("time.perf_counter", lambda: next(clock))
+    mark = len(machine_cache.CONSULTED)
+    assert machine_cache.machine_cached("test_fill", f"{tmp_path}", lambda: 42) == (42, False)
+    monkeypatch.setattr("time.perf_counter", real)
+    used = remember_caches(plan, mine, machine_cache.CONSULTED[mark:], 0.5)
+    assert used == [{"cache": "test_fill", "key": f"{tmp_path}", "warm": False, "fill_s": 6.0, "fill_steps": 12.0}]
+
+    warm = cache_fills(plan, work)
+    assert [u["warm"] for u in warm[mine]] == [True] and with_fills(work, warm) == work
+    (cache_dir() / "test_fill.json").unlink()  # the cache emptied (or aged out): the step fills it again
+    cold = cache_fills(plan, work)
+    assert [u["warm"] for u in cold[mine]] == [False]
+    assert with_fills(work, cold) == {**work, mine: work[mine] + 12.0}
+    timer = step_timer(plan)
+    assert predicted_total(plan, timer, 4, 0.5, cold) - predicted_total(plan, timer, 4, 0.5, warm) == \
+        pytest.approx(6.0)
+    eta = Eta(plan, Console(file=__import__("io").StringIO()))
+    eta.set_step_time(0.5, "a test")
+    assert eta.first[mine] == pytest.approx(expected_seconds(work, stage_budgets(plan), 0.5)[mine] + 6.0)
+    assert eta.record()["caches"][mine][0] | {"how": ""} == {
+        "cache": "test_fill", "key": f"{tmp_path}", "warm": False, "fill_s": 6.0, "fill_steps": 12.0,
+        "added_s": 6.0, "how": ""}
+
+    monkeypatch.setitem(costs(), "step_caches", {f"tiny|{other}": ["never_filled"]})  # never run here: cold
+    monkeypatch.setitem(costs(), "cache_fill", {"never_filled": 3.0})
+    assert with_fills(work, cache_fills(plan, work))[other] == work[other] + 3.0

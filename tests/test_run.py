@@ -152,6 +152,9 @@ def test_tiny_recipe_end_to_end_then_skips(tmp_path, corpus_dir):
     assert set(eta["actual_s"]) == set(eta["predicted_s"]) == {"train", "prune row", "quantize train",
                                                                "quantize best-pruned", "bench"}
     assert json.loads((tmp_path / "reports" / "tiny" / "eta.json").read_text())["actual_s"] == eta["actual_s"]
+    # what each step consulted as it ran, once per cache key, warm or filled now (with what filling it cost)
+    assert set(eta["caches_used"]) <= set(eta["actual_s"]) and eta["wall_s"] >= sum(eta["actual_s"].values())
+    assert all(("fill_s" in u) and (u["warm"] or u["fill_s"] >= 0) for us in eta["caches_used"].values() for u in us)
     assert "## Time on this machine: expected against actual" in summary
     strict = make_plan(str(recipe))
     strict.run = strict.run.replace(max_loss_increase=-1.0)  # no round can be 100% better than its control
@@ -599,7 +602,9 @@ def test_a_probe_made_slow_by_a_busy_moment_is_corrected_by_the_refit_from_train
                                                                                                   monkeypatch):
     """The step time predicted before training is three times training's own (a busy moment): the floor is chosen;
     training's first steps (a fake clock: 0.5 s each) re-fit the decision once, during the warm-up, to the recipe's
-    full schedule; both figures and the disagreement are recorded, and the fingerprints follow."""
+    full schedule; both figures and the disagreement are recorded, and the fingerprints follow. The next run of the
+    recipe here (a fresh clone) whose prediction is the same figure (cached) predicts with training's own instead;
+    another figure (measured again) is used as it is."""
     import io
     from functools import partial
 
@@ -630,6 +635,14 @@ def test_a_probe_made_slow_by_a_busy_moment_is_corrected_by_the_refit_from_train
     assert json.loads((plan.run_dir / RECORD).read_text())["time_budget"]["refit"]["steps"] == 100
     assert record.now == fingerprints(plan) and eta.work["train"] > 100  # the estimate counts the steps trained now
     assert eta.step_s == pytest.approx(0.5) and "re-fitted from training's own steps" in quiet.file.getvalue()
+
+    for probe, used in ((1.5, 0.5), (1.2, 1.2)):
+        (plan.run_dir / RECORD).unlink()  # a fresh clone: nothing decided yet
+        fake_probe(monkeypatch, probe)
+        again = make_plan(str(recipe))
+        decided = fit_time_budget(again, StageRecord(again, quiet), quiet)
+        assert (decided["step_time_s"], decided["probe_step_time_s"]) == pytest.approx((used, probe))
+        assert (decided["steps"] == 100) == (used == 0.5)
 
 
 def test_the_trainer_retargets_its_schedule_only_during_the_warm_up(tiny_cfg):

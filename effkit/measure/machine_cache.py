@@ -1,7 +1,9 @@
 """Figures measured once per machine and kept: `machine_cached(name, key, measure)` stores `measure()`'s result in
 `<cache>/<name>.json`, keyed by `machine_id` (host and CPU flags) and the caller's key, with when and where it was
 measured; an entry older than MAX_AGE_DAYS, or any entry under $EFFKIT_REMEASURE (REMEASURE_ENV, `effkit
---remeasure`), is measured again; `cache_note` says where and when a cached value was measured."""
+--remeasure`), is measured again; `cache_note` says where and when a cached value was measured. Each look-up with
+a `measure` is logged in `CONSULTED` (warm or filled now, and the seconds filling took, also kept in the entry as
+`fill_s`): the run's estimate prices a cold cache by what filling it cost (`effkit.pipeline.cache_fills`)."""
 
 from __future__ import annotations
 
@@ -61,20 +63,48 @@ def machine_cached(name: str, key: str, measure: Callable[[], Any] | None) -> tu
 
     entry = read().get(full)
     if isinstance(entry, dict) and "value" in entry and not _stale(entry, (name, full)):
+        if measure is not None:
+            CONSULTED.append({"cache": name, "key": key, "warm": True})
         return entry["value"], True
     if measure is None:
         return None, False
+    start = time.perf_counter()
     value = measure()
-    stamp = {"value": value, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine_id(),
-             "host": platform.node()}
-    cache = {**read(), full: stamp}  # what others measured meanwhile stays
+    fill_s = time.perf_counter() - start
+    keep(name, key, value, fill_s=fill_s)
+    _REMEASURED.add((name, full))
+    CONSULTED.append({"cache": name, "key": key, "warm": False, "fill_s": fill_s})
+    return value, False
+
+
+def keep(name: str, key: str, value: Any, **more: Any) -> None:
+    """Store `value` (with when and where, and `more`) under this machine and `key` in `<cache>/<name>.json`,
+    replacing what was there (atomically; what others wrote meanwhile stays)."""
+    entry = {"value": value, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine_id(),
+             "host": platform.node(), **more}
+    path = cache_dir() / f"{name}.json"
+    try:
+        cache = json.loads(path.read_text()) if path.is_file() else {}
+    except (json.JSONDecodeError, OSError, UnicodeDecodeError):
+        cache = {}
     path.parent.mkdir(parents=True, exist_ok=True)
     # two processes (or threads) measuring at once never share a temporary
     tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_text(json.dumps(cache, indent=1))
+    tmp.write_text(json.dumps({**cache, _cache_key(key): entry}, indent=1))
     tmp.replace(path)
-    _REMEASURED.add((name, full))
-    return value, False
+
+
+def entry_of(name: str, key: str) -> dict[str, Any]:
+    """The stored entry of `key` on this machine ({} when none)."""
+    try:
+        entry = json.loads((cache_dir() / f"{name}.json").read_text()).get(_cache_key(key), {})
+    except (json.JSONDecodeError, OSError, UnicodeDecodeError, AttributeError):
+        entry = {}
+    return entry if isinstance(entry, dict) else {}
+
+
+# every look-up with a measure this process made, in order: {"cache", "key", "warm", "fill_s" (when filled now)}
+CONSULTED: list[dict[str, Any]] = []
 
 
 _REMEASURED: set[tuple[str, str]] = set()  # what this process measured again under $EFFKIT_REMEASURE
@@ -93,12 +123,8 @@ def _stale(entry: dict[str, Any], which: tuple[str, str]) -> bool:
 def cache_note(name: str, key: str) -> str:
     """`measured 2026-11-25T13:40:02+0000 on host h (machine 3f2a...; cached, kept 30 days)`: where and when the
     cached value of `key` was measured, for the report beside it."""
-    path = cache_dir() / f"{name}.json"
-    try:
-        entry = json.loads(path.read_text()).get(_cache_key(key), {})
-    except (json.JSONDecodeError, OSError, UnicodeDecodeError, AttributeError):
-        entry = {}
-    if not isinstance(entry, dict) or "measured_at" not in entry:
+    entry = entry_of(name, key)
+    if "measured_at" not in entry:
         return "not cached"
     return (f"measured {entry['measured_at']} on host {entry.get('host', '?')} (machine {entry.get('machine', '?')}; "
             f"cached, kept {MAX_AGE_DAYS} days; `effkit --remeasure` measures again)")
