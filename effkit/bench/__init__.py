@@ -11,7 +11,8 @@ One job per module: `discover` (which artifacts, in which order, and the peers),
 in a fresh process), `timing` (the interleaved rounds and which ratios they must settle), `rows` (the typed row
 of each artifact), `render` (bench.md, bench.csv, leaderboard.json, the table), `deliverable` (what `effkit run`
 ships), `speculative` (the speculative artifact: the dense model with the n-gram draft, its k measured, its
-exactness checked, then benched beside the others), `stage` (`run_bench` and the `bench` stage of `effkit run`). The names below are the entry points.
+exactness checked, then benched beside the others), `stage` (`run_bench` and the `bench` stage of `effkit run`).
+The names below are the entry points.
 """
 
 from __future__ import annotations
