@@ -68,6 +68,7 @@ checkpoint_interval = 0
 [bench]
 quick = true
 peer_engines = "toy"  # the built-in peers are covered by test_run; here only the plug-in's
+speculative = false  # the speculative artifact is covered by test_bench_speculative and test_run
 
 [toy]
 greeting = "hi"
