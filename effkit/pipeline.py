@@ -207,7 +207,7 @@ HOW_SHARED = (f"one share for every stage: training the largest multiple of the 
               f"training steps (its weights from effkit/stage_costs.json, for what it runs at that share) x the "
               f"step time (+ the caches it consults that are cold here, at what filling them cost) + {BUDGET_USED:.0%} "
               f"of each measuring step's time budget + {OUTSIDE_S:.0f} s outside the steps (+ what filling the "
-              "caches consulted before training cost), fits the budget less {BUDGET_MARGIN:.0%} (the spread of the "
+              f"caches consulted before training cost), fits the budget less {BUDGET_MARGIN:.0%} (the spread of the "
               f"measuring stages between runs); the share is never under {FEWEST_SHARE:.0%} (nor training past its "
               "warm-up): where even that is predicted over the budget, a budget typed on the command line is "
               "refused before training, and the recipe's own is said to be over before training and the run goes on "
