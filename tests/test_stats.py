@@ -412,3 +412,9 @@ def test_the_bench_stops_a_ratio_only_where_its_holm_level_in_its_table_settles_
         old, at_look = _holm_bench(seed, tables=False)
         early += old.record["stopped"] == "decided" and any(r.get("undecided") for r in at_look)
     assert early >= 3, early
+
+
+def test_two_rounds_at_a_strict_holm_level_give_an_unbounded_interval_not_an_overflow():
+    """t with one degree of freedom at level 0.99896 puts the upper log bound past a float's exponent."""
+    r = stats.ratio_of_logs([-3.959, -1.295], 2, True, 0.9989583333333333)
+    assert r["ci"][1] == math.inf and r["ci"][0] < r["ratio"] < 1 and r["verdict"] == "same"

@@ -164,6 +164,10 @@ def _log_ratios(reference: Sequence[float], other: Sequence[float]) -> list[floa
     return [math.log(o / r) for r, o in zip(reference, other, strict=True)]
 
 
+def _exp(x: float) -> float:
+    return math.exp(x) if x < 709 else math.inf
+
+
 def ratio_of_logs(logs: Sequence[float] | None, rounds: int, higher_is_better: bool = False,
                   level: float = CONFIDENCE) -> dict[str, Any]:
     """`paired_ratio` from the per-round log ratios of medians (None: a non-finite or non-positive measurement,
@@ -171,7 +175,8 @@ def ratio_of_logs(logs: Sequence[float] | None, rounds: int, higher_is_better: b
     if logs is None:
         return PairedRatio(math.nan, (math.nan, math.nan), INVALID, rounds=rounds, ci_level=level).to_dict()
     m, lo, hi = mean_ci(logs, confidence=level)
-    ratio, ci = math.exp(m), [math.exp(lo), math.exp(hi)] if math.isfinite(lo) else [0.0, math.inf]
+    # a strict level with two rounds gives t bounds beyond a float's exponent: the interval is then unbounded
+    ratio, ci = _exp(m), [_exp(lo), _exp(hi)] if math.isfinite(lo) else [0.0, math.inf]
     if ci[1] < 1:
         verdict = "slower" if higher_is_better else "faster"
     elif ci[0] > 1:
