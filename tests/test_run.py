@@ -42,7 +42,7 @@ def key_paths(obj, prefix=""):
             yield from key_paths(v, f"{prefix}[]")
 
 
-def write_recipe(tmp_path, corpus_dir, extra_run="", prune_rounds=1, finetune=1):
+def write_recipe(tmp_path, corpus_dir, extra_run="", prune_rounds=1, finetune=1, latency_rounds=5, extra_bench=""):
     recipe = tmp_path / "tiny.toml"
     modes = "" if "prune_modes" in extra_run else 'prune_modes = ["row"]'
     recipe.write_text(f"""
@@ -70,25 +70,30 @@ target = 0.5
 rounds = {prune_rounds}
 finetune_steps = {finetune}
 batch_size = 4
+latency_rounds = {latency_rounds}
 latency_repeats = 2
 fixed_rounds = true
 
 [quantize]
 backend = "dynamic"
 latency_repeats = 2
+latency_rounds = {latency_rounds}
 gen_tokens = 4
 fixed_rounds = true
 
 [bench]
 quick = true
+{extra_bench}
 """)
     return recipe
 
 
 @pytest.mark.slow
 def test_tiny_recipe_end_to_end_then_skips(tmp_path, corpus_dir):
+    # the fewest rounds, repeats and tokens the options allow: every step of the run, each measure a short one
     recipe = write_recipe(tmp_path, corpus_dir, extra_run='quantize_from = ["train", "best-pruned"]\n'
-                                                          "max_loss_increase = 0.5")
+                                                          "max_loss_increase = 0.5", latency_rounds=2,
+                          extra_bench="rounds = 3\nrepeats = 1\ngen_tokens = 8")
     first = run_pipeline(str(recipe))
     assert first["done"] == ["train", "prune row", "quantize train", "quantize best-pruned (prune-row-distill-r1)",
                              "bench",
@@ -176,8 +181,10 @@ def test_tiny_recipe_end_to_end_then_skips(tmp_path, corpus_dir):
     now = fingerprints(make_plan(str(recipe)))
     assert [k for k in ("train", "prune row", "quantize train", "quantize best-pruned", "bench")
             if now[k] != recorded[k]["fingerprint"]] == ["quantize train", "quantize best-pruned", "bench"]
-    # the bench that runs again leaves the peers out (the first run benched them): the run is shorter, the same steps
-    recipe.write_text(recipe.read_text().replace("quick = true", "quick = true\npeers = false"))
+    # the bench that runs again leaves the peers and the speculative artifact out (the first run benched them) and
+    # has a quarter of its time (its deliverable's rounds): the run is shorter, the same steps
+    recipe.write_text(recipe.read_text().replace("quick = true", "quick = true\npeers = false\nspeculative = false\n"
+                                                                 "peer_share = 0.25"))
     changed = run_pipeline(str(recipe))
     assert changed["done"] == ["train (skipped)", "prune row (skipped)", "quantize train",
                                "quantize best-pruned (prune-row-distill-r1)", "bench", "report"]
