@@ -38,6 +38,7 @@ PUBLISHED = {"source": "Narayanan et al. 2021 (arXiv:2104.04473), Table 1, row 1
              "batch": 512, "seq": 2048, "vocab": 51200, "tflops_per_gpu": 137, "peak_share": 0.44}
 # the measured grid: models, per-process batches, tokens per block, steps per layout per paired round
 GRID = {"models": ("gpt2-mini", "gpt2-small", "gpt2-medium"), "batches": (1, 2), "block": 32, "steps": 3}
+PRESET = {"gpt2-small": "gpt2"}  # the grid's names of effkit's presets where they differ
 
 
 def megatron_flops(p: dict) -> float:
@@ -74,10 +75,11 @@ def grid_case(model: str, batch: int, block: int, steps: int, scratch: Path) -> 
     from effkit.train import time_steps
 
     cache = fresh_cache(scratch / f"{model}-b{batch}")
-    cold = plan_command(model, batch, block, cache)
-    warm = plan_command(model, batch, block, cache)
+    preset = PRESET.get(model, model)
+    cold = plan_command(preset, batch, block, cache)
+    warm = plan_command(preset, batch, block, cache)
     os.environ["EFFKIT_CACHE"] = str(cache)
-    cfg = TrainConfig().with_flat(model=model, parallel="auto", nproc=2, batch_size=batch, block_size=block,
+    cfg = TrainConfig().with_flat(model=preset, parallel="auto", nproc=2, batch_size=batch, block_size=block,
                                   amp=False, auto_steps=steps)
     ranking = auto.rank(cfg)
     rows = [r for r in ranking["layouts"] if r["fits"]]

@@ -25,8 +25,10 @@ def test_the_bubble_is_the_pipelines_idle_share():
     mc = GPT2Config(n_embd=64, n_layer=4, n_head=2, vocab_size=512, n_positions=64)
     hw = auto.simulated_hardware("a100-nvlink")
     for m in (2, 4, 8):
+        busy, bubble = auto.pipeline_seconds([1.0, 1.0], m)  # equal stages
+        assert bubble / (busy + bubble) == pytest.approx(auto.bubble_fraction(2, m))
         t = auto.predict_step(auto.Layout("pp", 1, 1, 2, "1f1b", m), mc, 32, 16, 1, hw, False)
-        assert t["bubble_s"] / t["step_s"] == pytest.approx(auto.bubble_fraction(2, m))
+        assert 0 < t["bubble_s"] / t["step_s"] < auto.bubble_fraction(2, m)  # the first stage holds no head
     assert auto.predict_step(auto.Layout("ddp", 2), mc, 32, 16, 1, hw, False)["bubble_s"] == 0
 
 
@@ -92,7 +94,9 @@ def test_the_rankings_inputs_are_measured_once_per_machine_and_recorded(tiny_cfg
         probes.append(probe)
         link = auto.Link(1e-4, 1e9)
         return {"probe": {"bytes": 50 * 2**20, "step_s": 0.1, "step2_s": 0.15},
-                "collectives": {k: [[b, link.seconds(k, b, world)] for b in (1e4, 1e6, 1e7)] for k in machine.KINDS}}
+                "probe2": {"bytes": 50 * 2**20, "step_s": 0.15, "step2_s": 0.2},
+                "collectives": {k: [[b, link.seconds(k, b, world)] for b in (1e4, 1e6, 1e7)] for k in machine.KINDS},
+                "optimizer": {"param_s": 1e-9, "dtensor_s": 1e-3}}
 
     monkeypatch.setattr(auto, "launch_measuring", measuring)
     cfg = nano(tiny_cfg, nproc=2)
@@ -169,6 +173,7 @@ def test_this_machines_collectives_and_probe_are_timed_in_launched_processes(tin
     assert started == [1] and set(timed) == set(machine.KINDS)
     assert all(len(v) == len(machine.SIZES) and all(s > 0 for _, s in v) for v in timed.values())
     assert measured["probe"]["bytes"] > 0 and 0 < measured["probe"]["step_s"] < measured["probe"]["step2_s"] * 2
+    assert measured["probe2"]["step_s"] > 0 and measured["optimizer"]["param_s"] > 0
 
 
 def test_the_trial_times_only_fitting_layouts_in_paired_rounds_and_keeps_prediction_beside_measurement(
@@ -216,3 +221,62 @@ def test_auto_times_the_best_layouts_and_trains_with_the_winner(tmp_path, corpus
     assert choice["chosen"]["layout"].startswith(report["config"]["parallel"]["mode"] + ":")
     timed = [r for r in choice["layouts"] if "measured_step_s" in r]
     assert len(timed) == 2 and all(r["fits"] and r["predicted_over_measured"] > 0 for r in timed)
+
+
+def _hardware(**kw):
+    link = auto.Link(1e-5, 1e9)
+    return auto.Hardware("test", 8, 2**40, kw.pop("peak", 1e12), 1.0, {"all": link}, {"all": link}, **kw)
+
+
+def _gpt(**kw):
+    from transformers import GPT2Config
+
+    return GPT2Config(**{"n_embd": 64, "n_layer": 4, "n_head": 2, "vocab_size": 512, "n_positions": 64, **kw})
+
+
+def test_a_pipeline_works_at_its_busiest_stage_and_waits_on_the_lighter_one_once_per_micro_batch():
+    from effkit.memplan import step_flops
+
+    mc, hw = _gpt(), _hardware()
+    head = step_flops(mc, 0, 16 * 32, 32)
+    two_blocks = step_flops(mc, 2, 16 * 32, 32) - head
+    for m in (2, 4, 8):
+        t = auto.predict_step(auto.Layout("pp", 1, 1, 2, "gpipe", m), mc, 32, 16, 1, hw, False)
+        assert t["compute_s"] == pytest.approx((two_blocks + head) / 1e12)  # the last stage holds the head
+        assert t["bubble_s"] == pytest.approx(two_blocks / 1e12 / m)  # the first stage's, once per micro-batch
+    # the tied head's gradient is summed with the embedding's once per step
+    untied = auto.predict_step(auto.Layout("pp", 1, 1, 2, "gpipe", 2), _gpt(tie_word_embeddings=False), 32, 16, 1,
+                               hw, False)
+    tied = auto.predict_step(auto.Layout("pp", 1, 1, 2, "gpipe", 2), mc, 32, 16, 1, hw, False)
+    assert tied["comm_s"] - untied["comm_s"] == pytest.approx(hw.link("all_reduce", False).seconds(
+        "all_reduce", 4 * mc.vocab_size * mc.n_embd, 2))
+
+
+def test_ddp_hides_the_buckets_the_blocks_fill_behind_their_backward_but_not_the_last():
+    mc = _gpt(n_embd=256, n_layer=12, vocab_size=8192)
+    buckets = auto.ddp_buckets(mc)
+    assert sum(buckets) == 4 * (auto._vocab_params(mc) + mc.n_layer * auto._block_params(mc))
+    assert buckets[0] >= auto.DDP_BUCKET_BYTES[0] and len(buckets) > 2
+    assert buckets[-1] >= 4 * mc.vocab_size * mc.n_embd  # the token embedding, tied to the head, is in the last
+    link = auto.Link(1e-5, 1e9)
+    cost = [link.seconds("all_reduce", b, 2) for b in buckets]
+    slow = auto.predict_step(auto.Layout("ddp", 2), mc, 32, 16, 1, _hardware(peak=1e9), False)  # a long backward
+    assert slow["comm_s"] == pytest.approx(cost[-1])
+    fast = auto.predict_step(auto.Layout("ddp", 2), mc, 32, 16, 1, _hardware(peak=1e18), False)  # none to hide in
+    assert fast["comm_s"] == pytest.approx(sum(cost), rel=1e-3)
+
+
+def test_the_fixed_seconds_are_paid_per_micro_batch_the_optimizers_per_step_and_dtensors_per_parameter():
+    mc = _gpt()
+    hw = _hardware(peak=1e30, fixed_s=0.1, optimizer_s=0.05, dtensor_s=0.001)  # no work that grows with the batch
+    whole = auto._vocab_params(mc) + mc.n_layer * auto._block_params(mc)
+    half = (auto._vocab_params(mc) + 2 * auto._block_params(mc)) / whole  # a stage's parameters: two blocks
+    for m in (2, 4):
+        t = auto.predict_step(auto.Layout("pp", 1, 1, 2, "1f1b", m), mc, 32, 16, 1, hw, False)
+        assert t["compute_s"] == pytest.approx(m * 0.1 * half + 0.05 * half)
+        assert t["bubble_s"] == pytest.approx(0.1 * half)
+    fsdp = auto.predict_step(auto.Layout("fsdp", 2), mc, 32, 16, 1, hw, False)
+    assert fsdp["compute_s"] == pytest.approx(0.1 + 0.05 / 2 + 0.001 * (12 * 4 + 4))
+    tp = auto.predict_step(auto.Layout("tp", 1, 2), mc, 32, 16, 1, hw, False)
+    assert tp["compute_s"] == pytest.approx(0.15 * half + 0.001 * 8 * 4)  # half the blocks' parameters: two blocks'
+    assert auto.predict_step(auto.Layout("ddp", 2), mc, 32, 16, 1, hw, False)["compute_s"] == pytest.approx(0.15)

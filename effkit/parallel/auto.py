@@ -12,25 +12,39 @@ timed. A fitting layout's step is predicted as
 
     compute + communication + pipeline bubble
 
-- compute: the rank's FLOPs (`memplan.step_flops`'s accounting, split by the tensor degree, the heaviest pipeline
-  stage, a forward more with checkpointing) at the rate the runtime probe's steps of a one- and a two-block model
-  at PROBE_BATCH extend to the whole model, timed in every launched rank at once with the threads a rank gets
-  (`memplan.runtime` in `machine.launch_measuring`, cached per machine and shape), or at the described machine's
-  peak times its efficiency;
+- compute: a rank's work in four parts. What grows with its batch: the FLOPs of its blocks (split by the tensor
+  degree; the heaviest pipeline stage's; a forward more with checkpointing) and of the vocabulary head (on the
+  last stage; whole on every tensor-parallel rank, which replicates it), at the rate the runtime probe's extra
+  sequence costs. What a forward and backward cost whatever the batch (reading the weights, writing their
+  gradients, dispatching the kernels), paid once per micro-batch: the whole model's, less the optimizer's, in
+  proportion to the parameters the rank computes with (the vocabulary matrix, which every pipeline stage holds,
+  and its blocks split by the tensor degree; FSDP's whole: it gathers them). The optimizer step and clipping, once
+  per step, in proportion to the parameters the rank updates (FSDP's split by the data degree). And what each
+  DTensor parameter adds to them (fsdp's and tp's parameters are DTensors: PyTorch's foreach AdamW, a norm
+  all-reduced per tensor). The runtime probe times a one- and a two-block model at PROBE_BATCH and twice it
+  (`memplan.runtime`, in every launched rank at once with the threads a rank gets, cached per machine and shape);
+  each batch's steps extend to the whole model (`memplan.predicted_step_seconds`), and the two whole-model steps
+  give the per-sequence and the fixed seconds (a line through two points); the optimizer's seconds per parameter
+  and per DTensor parameter are timed in the same launch (`machine.time_optimizer`). On a described machine: the
+  FLOPs at the peak times its efficiency, nothing fixed.
 - communication: each collective the layout runs in a step (DDP's gradient all-reduce; FSDP's all-gathers, forward
   and backward, and reduce-scatter per block; tensor parallelism's activation all-reduces, two per block each way;
-  the pipeline's sends of activations and their gradients) priced by a latency + bytes / bandwidth line per
-  collective: on this machine fitted to a timing of all_reduce, all_gather and reduce_scatter at a few sizes on
-  the backend, in the probe's launch, once per machine and cached (`machine_cached`); in a simulation the ring
-  algorithm's cost on the described links, inter-node where the group spans nodes;
-- bubble: the pipeline's idle fraction (p - 1) / (m + p - 1) of the step for p stages and m micro-batches (GPipe
-  and 1F1B alike; 1F1B keeps fewer micro-batches in flight, which the memory plan counts).
-Nothing overlaps in the prediction (DDP's and FSDP's overlap of communication with compute is not counted)."""
+  the pipeline's sends of activations and their gradients, and the tied head's gradient all-reduced between the
+  first and the last stage) priced by a latency + bytes / bandwidth line per collective: on this machine fitted to
+  a timing of all_reduce, all_gather and reduce_scatter at a few sizes on the backend, in the probe's launch, once
+  per machine and cached (`machine_cached`); in a simulation the ring algorithm's cost on the described links,
+  inter-node where the group spans nodes. DDP all-reduces its gradients in buckets while the backward runs: the
+  buckets the blocks fill are hidden behind the blocks' backward (two thirds of their compute) as far as it lasts,
+  and the last bucket, which holds the token embedding tied to the head (complete only once the backward ends),
+  is not hidden. FSDP's and tensor parallelism's collectives are counted whole (nothing overlapped).
+- bubble: a pipeline's busiest stage works throughout its m micro-batches; the fill and the drain wait on every
+  other stage, one micro-batch's forward and backward each (the first stage, holding no head, is lighter than
+  the last): sum of the other stages' work / m. With equal stages this is GPipe's idle share (p - 1) / (m + p - 1)
+  of the step (1F1B alike; it keeps fewer micro-batches in flight, which the memory plan counts)."""
 
 from __future__ import annotations
 
 import json
-import math
 import statistics
 import time
 from collections.abc import Callable
@@ -62,6 +76,11 @@ class Hardware:
     inter: dict[str, Link]
     simulated: bool = True
     how: dict[str, str] = field(default_factory=dict)
+    # measured machines: the whole model's forward and backward seconds that do not grow with the batch, its
+    # optimizer step's seconds, and what a DTensor parameter adds to the optimizer step
+    fixed_s: float = 0.0
+    optimizer_s: float = 0.0
+    dtensor_s: float = 0.0
 
     def link(self, kind: str, spans_nodes: bool) -> Link:
         links = self.inter if spans_nodes else self.intra
@@ -190,13 +209,44 @@ def enumerate_layouts(world: int, n_head: int, n_layer: int, global_batch: int) 
 
 
 def bubble_fraction(stages: int, microbatches: int) -> float:
-    """The pipeline's idle share of a step: (p - 1) / (m + p - 1) for p stages and m micro-batches (GPipe, 1F1B)."""
+    """The pipeline's idle share of a step with equal stages: (p - 1) / (m + p - 1) for p stages and m
+    micro-batches (GPipe, 1F1B)."""
     return (stages - 1) / (microbatches + stages - 1)
+
+
+def pipeline_seconds(stage_s: list[float], microbatches: int) -> tuple[float, float]:
+    """A pipeline's (busy, bubble) seconds for stages whose forward and backward of all `microbatches` take
+    `stage_s`: the busiest stage works throughout, and the fill and the drain wait on every other stage once per
+    micro-batch (m x t_busiest + the others' t per micro-batch: GPipe's bubble when the stages are equal)."""
+    busiest = max(stage_s)
+    return busiest, (sum(stage_s) - busiest) / microbatches
 
 
 def _block_params(mc) -> int:
     d, inner = mc.n_embd, mc.n_inner or 4 * mc.n_embd
     return 4 * d * d + 2 * d * inner + 9 * d + inner  # attention and MLP matrices, their biases, two LayerNorms
+
+
+def _vocab_params(mc) -> int:
+    return (mc.vocab_size + mc.n_positions + 2) * mc.n_embd  # both embeddings (the head tied to one) and ln_f
+
+
+DDP_BUCKET_BYTES = (1 << 20, 25 << 20)  # DistributedDataParallel's first gradient bucket and the others (its caps)
+
+
+def ddp_buckets(mc, nbytes: int = 4) -> list[int]:
+    """Bytes of DDP's gradient buckets, in the order they are all-reduced: the parameter tensors in the order
+    their gradients are complete (ln_f, the blocks from the last, each tensor in backward order, then the position
+    embedding, and the token embedding last: the tied head's gradient is complete only once the embedding's
+    backward adds to it), a bucket closed once it reaches its cap."""
+    d, inner = mc.n_embd, mc.n_inner or 4 * mc.n_embd
+    block = [inner * d + d, d * inner + inner, 2 * d, d * d + d, 3 * d * d + 3 * d, 2 * d]
+    buckets, cap = [0], DDP_BUCKET_BYTES[0]
+    for n in [2 * d, *block * mc.n_layer, mc.n_positions * d, mc.vocab_size * d]:
+        buckets[-1] += n * nbytes
+        if buckets[-1] >= cap:
+            buckets, cap = [*buckets, 0], DDP_BUCKET_BYTES[1]
+    return [b for b in buckets if b]
 
 
 def predict_step(layout: Layout, mc, block: int, global_batch: int, grad_accum: int, hw: Hardware,
@@ -206,36 +256,48 @@ def predict_step(layout: Layout, mc, block: int, global_batch: int, grad_accum: 
     from effkit.memplan import step_flops
 
     tokens = global_batch // layout.dp * block  # per rank per micro-step
-    blocks = math.ceil(mc.n_layer / layout.pp)  # the heaviest stage (the head counted on it too)
-    head = step_flops(mc, 0, tokens, block)
-    per_blocks = (step_flops(mc, blocks, tokens, block) - head) / layout.tp
-    recompute = "checkpointing" in layout.tricks
-    compute = (head + per_blocks * (4 / 3 if recompute else 1)) * grad_accum / (hw.peak_flops * hw.efficiency)
-    act = tokens * mc.n_embd * (2 if amp else 4)
-    gpn, world = hw.devices_per_node, layout.dp * layout.tp * layout.pp
-    dp_spans, tp_spans = layout.dp * layout.tp > gpn, layout.tp > gpn
-    stage = blocks * _block_params(mc) / layout.tp + (mc.vocab_size + mc.n_positions + 2) * mc.n_embd
+    L, p, rate = mc.n_layer, layout.pp, hw.peak_flops * hw.efficiency
+    stages = [L * (i + 1) // p - L * i // p for i in range(p)]  # `pipeline.stage_layers`'s blocks per stage
+    recompute = 4 / 3 if "checkpointing" in layout.tricks else 1
+    head = step_flops(mc, 0, tokens, block) / rate
+    per_block = (step_flops(mc, 1, tokens, block) - step_flops(mc, 0, tokens, block)) * recompute / layout.tp / rate
+    m = layout.microbatches if p > 1 else 1
+    whole = _vocab_params(mc) + L * _block_params(mc)
 
-    def cost(kind: str, nbytes: float, n: int, spans: bool, times: float) -> float:
+    def held(blocks: int) -> float:  # a rank's share of the parameters: every stage holds a vocabulary matrix
+        return (_vocab_params(mc) + blocks * _block_params(mc) / layout.tp) / whole
+
+    busy, bubble = pipeline_seconds([m * hw.fixed_s * held(n) + n * per_block + head * (i == p - 1)
+                                     for i, n in enumerate(stages)], m)
+    blocks = max(stages)  # the heaviest stage's (all on one stage: the whole model)
+    dtensors = 12 * blocks + 4 if layout.sharded else 8 * blocks if layout.tp > 1 else 0
+    compute = busy * grad_accum + hw.optimizer_s * held(blocks) / (layout.dp if layout.sharded else 1) \
+        + hw.dtensor_s * dtensors
+    act = tokens * mc.n_embd * (2 if amp else 4)
+    gpn, world = hw.devices_per_node, layout.dp * layout.tp * p
+    dp_spans, tp_spans = layout.dp * layout.tp > gpn, layout.tp > gpn
+    pp_spans = layout.dp * layout.tp >= gpn and world > gpn
+    stage = blocks * _block_params(mc) / layout.tp + _vocab_params(mc)
+
+    def cost(kind: str, nbytes: float, n: int, spans: bool, times: float = 1) -> float:
         return times * hw.link(kind, spans).seconds(kind, nbytes, n)
 
     comm = 0.0
-    if layout.mode == "ddp":
-        comm += cost("all_reduce", 4 * stage, layout.dp, dp_spans, 1)
+    if layout.mode == "ddp":  # the last bucket after the backward; the others while the blocks' backward runs
+        *others, last = [cost("all_reduce", b, layout.dp, dp_spans) for b in ddp_buckets(mc)]
+        comm += last + max(0.0, sum(others) - 2 / 3 * L * per_block)
     if layout.sharded:  # per block and the root: gathered forward and backward each micro-step, reduced once
-        units, gathers = blocks + 1, 2 * grad_accum * (layout.microbatches if layout.pp > 1 else 1)
+        units, gathers = blocks + 1, 2 * grad_accum * (layout.microbatches if p > 1 else 1)
         pbytes = 2 if amp else 4
         comm += cost("all_gather", pbytes * stage / units, layout.dp, dp_spans, gathers * units)
         comm += cost("reduce_scatter", pbytes * stage / units, layout.dp, dp_spans, units)
     if layout.tp > 1:  # two all-reduces per block forward and two backward (one more forward when recomputed)
-        comm += cost("all_reduce", act, layout.tp, tp_spans, blocks * (6 if recompute else 4) * grad_accum)
-    if layout.pp > 1:  # each stage receives every micro-batch's activations and sends back their gradients
-        m = layout.microbatches
-        comm += cost("send", act / m, 2, layout.dp * layout.tp >= gpn and world > gpn, 2 * m * grad_accum)
-    bubble = 0.0
-    if layout.pp > 1:
-        f = bubble_fraction(layout.pp, layout.microbatches)
-        bubble = (compute + comm) * f / (1 - f)
+        comm += cost("all_reduce", act, layout.tp, tp_spans, blocks * (6 if recompute > 1 else 4) * grad_accum)
+    if p > 1:  # each stage receives every micro-batch's activations and sends back their gradients; the tied
+        m = layout.microbatches  # head's gradient summed with the embedding's on the first stage
+        comm += cost("send", act / m, 2, pp_spans, 2 * m * grad_accum)
+        comm += cost("all_reduce", 4 * mc.vocab_size * mc.n_embd, 2, pp_spans) if mc.tie_word_embeddings else 0
+    bubble *= grad_accum
     return {"step_s": compute + comm + bubble, "compute_s": compute, "comm_s": comm, "bubble_s": bubble}
 
 
@@ -243,9 +305,10 @@ def predict_step(layout: Layout, mc, block: int, global_batch: int, grad_accum: 
 
 
 def this_machine(cfg, mc, world: int) -> tuple[Hardware, int | None]:
-    """This machine as the ranking prices it: the FLOP rate of the runtime probe's steps (PROBE_BATCH blocks, in
-    every launched rank at once with the threads a rank gets) extended to the whole model, its memory shared by the
-    processes on it, and its collectives measured (`measured_collectives`); both measured in one launch
+    """This machine as the ranking prices it: the runtime probe's steps (PROBE_BATCH blocks and twice it, in every
+    launched rank at once with the threads a rank gets) extended to the whole model, as the FLOP rate of what a
+    sequence adds and the seconds that do not grow with the batch, its memory shared by the processes on it, and
+    its collectives and DTensor step measured (`measured_collectives`); all measured in one launch
     (`launch_measuring`) and cached per machine. Also the process runtime's bytes."""
     import torch
 
@@ -257,7 +320,8 @@ def this_machine(cfg, mc, world: int) -> tuple[Hardware, int | None]:
     kw = dict(checkpointing=cfg.model.activation_checkpointing, optim=o.optim, amp_dtype=amp)
 
     def simulations() -> None:  # what the probe's runtime bytes and the layouts' plans read, made as ranks start
-        memplan.simulate(memplan._one_block(mc), PROBE_BATCH, d.block_size, **kw)
+        for batch in (PROBE_BATCH, 2 * PROBE_BATCH):
+            memplan.simulate(memplan._one_block(mc), batch, d.block_size, **kw)
         memplan.simulate_layers(mc, o.batch_size, d.block_size, mc.n_layer, o.batch_size, **kw)
 
     measured: dict[str, Any] = {}
@@ -268,16 +332,25 @@ def this_machine(cfg, mc, world: int) -> tuple[Hardware, int | None]:
 
     runtime_bytes, how, probe_s = memplan.runtime(mc, PROBE_BATCH, d.block_size, **kw, probe=True, threads=threads,
                                                   rounds=PROBE_ROUNDS, run_probe=lambda a: measure(a)["probe"])
-    links, comm_how = measured_collectives(world, threads, lambda: measure(None))
-    step_s = memplan.predicted_step_seconds(mc, mc.n_layer, d.block_size, probe_s)
-    rate = memplan.step_flops(mc, mc.n_layer, PROBE_BATCH * d.block_size, d.block_size) / step_s
+    _, _, probe2_s = memplan.runtime(mc, 2 * PROBE_BATCH, d.block_size, **kw, probe=True, threads=threads,
+                                     rounds=PROBE_ROUNDS,
+                                     run_probe=lambda a: measure({**a, "batch": PROBE_BATCH})["probe2"])
+    links, optimizer, comm_how = measured_collectives(world, threads, lambda: measure(None))
+    one, two = (memplan.predicted_step_seconds(mc, mc.n_layer, d.block_size, s) for s in (probe_s, probe2_s))
+    per_batch = min(max(two - one, one / 20), one)  # a difference of two short timings is noisy: kept in range
+    rate = memplan.step_flops(mc, mc.n_layer, PROBE_BATCH * d.block_size, d.block_size) / per_batch
+    fixed = one - per_batch
+    optimizer_s = min(optimizer["param_s"] * (_vocab_params(mc) + mc.n_layer * _block_params(mc)), fixed)
     _, avail = memplan.device_memory(torch.device("cpu"))
     hw = Hardware("this machine (CPU)", nproc, (avail or 0) // nproc, rate, 1.0, links, links, simulated=False,
-                    how={"compute": f"{rate / 1e9:.2f} GFLOP/s per rank: the runtime probe's {PROBE_ROUNDS} steps "
-                                    f"of a one- and a two-block model at batch {PROBE_BATCH}, {threads} thread(s), "
-                                    f"in each of the {nproc} ranks at once (the slowest's), extended to "
-                                    f"{mc.n_layer} blocks ({how})",
-                         "collectives": comm_how, "memory": f"available RAM / {nproc} processes"})
+                  fixed_s=fixed - optimizer_s, optimizer_s=optimizer_s, dtensor_s=optimizer["dtensor_s"],
+                  how={"compute": f"{rate / 1e9:.2f} GFLOP/s per rank for the work that grows with the batch; "
+                                  f"{fixed * 1e3:.0f} ms per step that does not ({optimizer_s * 1e3:.0f} ms of it "
+                                  f"the optimizer's): the runtime probe's {PROBE_ROUNDS} steps of a one- and a "
+                                  f"two-block model at batches {PROBE_BATCH} and {2 * PROBE_BATCH}, {threads} "
+                                  f"thread(s), in each of the {nproc} ranks at once (the slowest's), extended to "
+                                  f"{mc.n_layer} blocks ({how})",
+                       "collectives": comm_how, "memory": f"available RAM / {nproc} processes"})
     return hw, runtime_bytes
 
 

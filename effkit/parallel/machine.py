@@ -1,7 +1,9 @@
 """This machine's figures for `--parallel auto`'s ranking, measured in launched ranks: its collectives on the
 backend (all-reduce, all-gather, reduce-scatter at a few sizes, fitted per collective by a ring `Link`: latency +
-bytes / bandwidth) and the runtime probe's steps (`memplan.probe_runtime`), both in one launch whose ranks start
-while the parent makes its simulations and time only once it is done (they would slow each other)."""
+bytes / bandwidth), an optimizer step's seconds per parameter and what a parameter held as a DTensor adds
+(`time_optimizer`), and the
+runtime probe's steps (`memplan.probe_runtime`) at two batches, all in one launch whose ranks start while the
+parent makes its simulations and time only once it is done (they would slow each other)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ from typing import Any
 KINDS = ("all_reduce", "all_gather", "reduce_scatter")
 SIZES = (1 << 12, 1 << 16, 1 << 20, 1 << 22)  # bytes per rank's tensor timed for each collective
 REPEATS = 5
+DTENSOR_PARAMS = 32  # small parameter tensors of the optimizer step timed plain and as DTensors
+OPTIMIZER_PARAMS = 1 << 22  # parameters of the optimizer step timed for its cost per parameter
 GO_WAIT_S = 600  # the longest a measuring rank waits for its parent's go before timing anyway
 COLLECTIVES = "parallel_collectives"  # the machine cache's file of measured collectives
 
@@ -63,6 +67,46 @@ def time_collectives(sizes: list[int], repeats: int) -> dict[str, list[list[floa
     return out
 
 
+def time_optimizer(repeats: int) -> dict[str, float]:
+    """In each rank of a joined process group, the slowest rank's medians of `repeats` of a training step's
+    gradient clipping and AdamW step (as `ParallelRun.clip_grad_norm` and `optim.build_optimizer` run them):
+    "param_s", the seconds per parameter of plain tensors (the fused AdamW, a local norm) large enough that only
+    their size counts; "dtensor_s", what a parameter tensor adds when it is a DTensor sharded over every rank (as
+    fsdp and tp hold them: PyTorch's foreach AdamW, a norm all-reduced per tensor), on tensors small enough that
+    only the per-tensor cost counts."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh, n = init_device_mesh("cpu", (dist.get_world_size(),)), dist.get_world_size()
+
+    def seconds(sharded: bool, count: int, numel: int) -> float:
+        params = [torch.nn.Parameter(distribute_tensor(torch.ones(numel), mesh, [Shard(0)]) if sharded
+                                     else torch.ones(numel)) for _ in range(count)]
+        opt = torch.optim.AdamW(params, lr=1e-4, fused=not sharded)
+        times = []
+        for _ in range(repeats + 1):
+            for p in params:
+                p.grad = torch.ones_like(p)
+            dist.barrier()
+            t = time.perf_counter()
+            for p in params:
+                norm = (p.grad.to_local() if sharded else p.grad).float().pow(2).sum()
+                if sharded:
+                    dist.all_reduce(norm)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            times.append(time.perf_counter() - t)
+        return statistics.median(times[1:])
+
+    small = 64 * n
+    dtensor = seconds(True, DTENSOR_PARAMS, small) - seconds(False, DTENSOR_PARAMS, small)
+    timed = torch.tensor([seconds(False, 4, OPTIMIZER_PARAMS // 4) / OPTIMIZER_PARAMS, dtensor / DTENSOR_PARAMS])
+    dist.all_reduce(timed, op=dist.ReduceOp.MAX)
+    return {"param_s": timed[0].item(), "dtensor_s": max(timed[1].item(), 0.0)}
+
+
 def _fit(points: list[list[float]], kind: str, n: int) -> Link:
     """The ring `Link` whose cost line (least squares, seconds on bytes) passes nearest the timed points."""
     xs, ys = [p[0] for p in points], [p[1] for p in points]
@@ -76,8 +120,9 @@ def _fit(points: list[list[float]], kind: str, n: int) -> Link:
 def measure_rank(go: str, probe: dict[str, Any] | None, sizes: list[int], repeats: int) -> dict[str, Any]:
     """One launched rank's share of this machine's measurements: its libraries imported, it waits for `go` (the
     parent's simulations done, which would slow these timings), joins the process group, runs the runtime probe
-    (`memplan.probe_runtime`, every rank at once, as they train; the slowest rank's step times) and times the
-    collectives (`time_collectives`)."""
+    (`memplan.probe_runtime`, every rank at once, as they train; the slowest rank's step times) at the probe's
+    batch ("probe") and at twice it ("probe2": what a sequence more adds), and times the collectives
+    (`time_collectives`) and the optimizer step (`time_optimizer`)."""
     import torch
     import torch.distributed as dist
     from transformers import GPT2LMHeadModel  # noqa: F401  (imported before `go`: the probe's model)
@@ -90,12 +135,12 @@ def measure_rank(go: str, probe: dict[str, Any] | None, sizes: list[int], repeat
     dist.init_process_group("gloo")
     try:
         out: dict[str, Any] = {}
-        if probe:
-            probed = probe_runtime(**probe)
+        for name, batch in (("probe", 1), ("probe2", 2)) if probe else ():
+            probed = probe_runtime(**{**probe, "batch": probe["batch"] * batch})
             slowest = torch.tensor([probed["step_s"], probed["step2_s"]], dtype=torch.float64)
             dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-            out["probe"] = {**probed, "step_s": slowest[0].item(), "step2_s": slowest[1].item()}
-        out["collectives"] = time_collectives(sizes, repeats)
+            out[name] = {**probed, "step_s": slowest[0].item(), "step2_s": slowest[1].item()}
+        out["collectives"], out["optimizer"] = time_collectives(sizes, repeats), time_optimizer(repeats)
     finally:
         dist.destroy_process_group()
     return out
@@ -105,7 +150,8 @@ def launch_measuring(world: int, threads: int, probe: dict[str, Any] | None,
                      meanwhile: Callable[[], Any] = lambda: None) -> dict[str, Any]:
     """`measure_rank` in `world` processes of `threads` threads started here (the environment a launcher gives
     them, without one: its start-up is not needed to measure), `meanwhile()` run here while they import.
-    {"probe": `probe_runtime`'s result (with `probe`), "collectives": `time_collectives`'s}."""
+    {"probe", "probe2": `probe_runtime`'s results (with `probe`), "collectives": `time_collectives`'s,
+    "optimizer": `time_optimizer`'s}."""
     import os
     import subprocess
     import sys
@@ -142,16 +188,21 @@ def launch_measuring(world: int, threads: int, probe: dict[str, Any] | None,
 
 
 def measured_collectives(world: int, threads: int, measure: Callable[[], dict[str, Any]]
-                         ) -> tuple[dict[str, Link], str]:
-    """This machine's collectives among `world` processes on the CPU backend (gloo), fitted per collective;
-    timed once (`measure()`: `launch_measuring`'s result) and cached per machine; (links, how they were obtained)."""
+                         ) -> tuple[dict[str, Link], dict[str, float], str]:
+    """This machine's collectives among `world` processes on the CPU backend (gloo), fitted per collective, and
+    its optimizer step (`time_optimizer`); timed once (`measure()`: `launch_measuring`'s result) and cached per
+    machine; (links, the optimizer's seconds, how they were obtained)."""
     import torch
 
     from effkit.measure.machine_cache import cache_note, machine_cached
 
-    key = f"gloo|world {world}|threads {threads}|torch {torch.__version__}|sizes {list(SIZES)}"
-    timed, cached = machine_cached(COLLECTIVES, key, lambda: measure()["collectives"])
+    key = f"gloo|world {world}|threads {threads}|torch {torch.__version__}|sizes {list(SIZES)}|optimizer"
+    timed, cached = machine_cached(COLLECTIVES, key, lambda: {**measure()["collectives"], **measure()["optimizer"]})
     links = {kind: _fit(timed[kind], kind, world) for kind in KINDS}
+    optimizer = {k: timed[k] for k in ("param_s", "dtensor_s")}
     fitted = "; ".join(f"{k} {links[k].latency_s * 1e6:.0f} us + {links[k].bandwidth / 1e9:.2f} GB/s" for k in KINDS)
-    return links, (f"gloo among {world} processes, timed at {len(SIZES)} sizes and fitted per ring step: {fitted} "
-                   f"({cache_note(COLLECTIVES, key) if cached else 'measured now, cached per machine'})")
+    note = cache_note(COLLECTIVES, key) if cached else "measured now, cached per machine"
+    return links, optimizer, (
+        f"gloo among {world} processes, timed at {len(SIZES)} sizes and fitted per ring step: {fitted}; the "
+        f"optimizer step {optimizer['param_s'] * 1e9:.2f} ns per parameter, {optimizer['dtensor_s'] * 1e3:.2f} ms "
+        f"more per DTensor parameter ({note})")
