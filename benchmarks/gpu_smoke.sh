@@ -23,6 +23,16 @@ DIRS=(--runs-dir "$OUT/runs" --reports-dir "$OUT/reports")
 TINY=(--model gpt2-nano --vocab-size 2048 --block-size 64 --batch-size 8 --max-steps 20 --warmup-steps 2
       --eval-interval 10 --checkpoint-interval 10 --eval-blocks 16)
 step() { printf '\n=== %s\n' "$*"; }
+interrupted() {  # NAME FLAGS...: train until the first checkpoint is written, then Ctrl-C (exit 130), as a user would
+  local name=$1 pid; shift
+  set -m  # job control: a background job keeps SIGINT's default, which Python turns into KeyboardInterrupt
+  effkit train "${TINY[@]}" --max-steps 2000 --run-name "$name" "$@" "${DIRS[@]}" & pid=$!
+  until [ -f "$OUT/runs/$name/checkpoints/last/state.json" ] || ! kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+  kill -INT "$pid" 2>/dev/null || true
+  local rc=0; wait "$pid" || rc=$?
+  set +m
+  [ "$rc" -eq 130 ] || { echo "expected the interrupted run $name to exit 130, got $rc"; return 1; }
+}
 
 python - <<'EOF'
 import torch, sys
@@ -39,12 +49,12 @@ effkit train "${TINY[@]}" --run-name "$RUN" --no-amp "${DIRS[@]}"
 step "train fp32 with --no-tf32"
 effkit train "${TINY[@]}" --run-name "$RUN-notf32" --no-amp --no-tf32 "${DIRS[@]}"
 step "train with 8-bit AdamW (bitsandbytes), then resume it"
-effkit train "${TINY[@]}" --run-name "$RUN-8bit" --optim adamw8bit --amp "${DIRS[@]}"
+interrupted "$RUN-8bit" --optim adamw8bit --amp
 effkit train "${TINY[@]}" --run-name "$RUN-8bit" --resume "${DIRS[@]}"
 step "train bf16 with activation checkpointing"
 effkit train "${TINY[@]}" --run-name "$RUN-bf16" --amp --amp-dtype bf16 --activation-checkpointing "${DIRS[@]}"
-step "train fp16 with GradScaler"
-effkit train "${TINY[@]}" --run-name "$RUN-fp16" --amp --amp-dtype fp16 "${DIRS[@]}"
+step "train fp16 with GradScaler, interrupted"
+interrupted "$RUN-fp16" --amp --amp-dtype fp16
 step "resume from the last checkpoint"
 effkit train "${TINY[@]}" --run-name "$RUN-fp16" --resume "${DIRS[@]}"
 
@@ -55,16 +65,14 @@ if [ "$NGPU" -ge 2 ]; then
   done
   for mode in fsdp tp; do
     step "train --parallel $mode on 2 GPUs in fp16 (ShardedGradScaler), then resume it"
-    effkit train "${TINY[@]}" --run-name "$RUN-$mode-fp16" --parallel "$mode" --nproc 2 --amp --amp-dtype fp16 \
-      "${DIRS[@]}"
+    interrupted "$RUN-$mode-fp16" --parallel "$mode" --nproc 2 --amp --amp-dtype fp16
     effkit train "${TINY[@]}" --run-name "$RUN-$mode-fp16" --resume "${DIRS[@]}"
   done
   step "train --parallel fsdp --cpu-offload on 2 GPUs (clipping over CPU-resident gradient shards)"
   effkit train "${TINY[@]}" --run-name "$RUN-offload" --parallel fsdp --nproc 2 --cpu-offload --amp "${DIRS[@]}"
   for mode in fsdp tp; do
     step "train --parallel $mode with 8-bit AdamW (torchao, on the shards) on 2 GPUs, then resume it"
-    effkit train "${TINY[@]}" --run-name "$RUN-$mode-8bit" --parallel "$mode" --nproc 2 --optim adamw8bit --amp \
-      "${DIRS[@]}"
+    interrupted "$RUN-$mode-8bit" --parallel "$mode" --nproc 2 --optim adamw8bit --amp
     effkit train "${TINY[@]}" --run-name "$RUN-$mode-8bit" --resume "${DIRS[@]}"
   done
   step "train --parallel pp with GPipe and --amp auto on 2 GPUs"

@@ -556,6 +556,10 @@ def train(cfg: TrainConfig, rt: Runtime | None = None, *, on_step: Callable[[int
         layout = RunLayout.for_run(cfg.run)
         resumed = Checkpointer(layout.checkpoint_dir).load()
         saved = TrainConfig.from_dict(resumed.config)
+        if 0 < saved.optim.max_steps <= resumed.step:
+            raise EffkitError(f"nothing to resume: run {saved.run.run_name!r} finished its {saved.optim.max_steps} "
+                              f"steps (its last checkpoint is step {resumed.step}); train a new --run-name to train "
+                              "more")
         cfg = saved.replace(run=saved.run.replace(resume=True),
                             optim=saved.optim.replace(time_budget=cfg.optim.time_budget))
         if dims is not None and _saved_degrees(cfg, dims.world_size) != dims.degrees():

@@ -101,6 +101,8 @@ def test_truncated_checkpoint_on_resume(tmp_path, corpus_dir, capsys, monkeypatc
     code, err = run_cli(tiny(tmp_path, corpus_dir, "--resume", "--run-name", "ck"), capsys, monkeypatch)
     assert code == 2 and len(err.splitlines()) == 1 and "state.json has no step, optimizer" in err, err
     (last / "state.json").write_text(state)
+    code, err = run_cli(tiny(tmp_path, corpus_dir, "--resume", "--run-name", "ck"), capsys, monkeypatch)
+    assert code == 2 and len(err.splitlines()) == 1 and "nothing to resume: run 'ck' finished its 2 steps" in err, err
     weights = last / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])
     code, err = run_cli(tiny(tmp_path, corpus_dir, "--resume", "--run-name", "ck"), capsys, monkeypatch)
