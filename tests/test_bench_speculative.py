@@ -152,3 +152,89 @@ def test_the_bench_times_the_speculative_artifact_beside_the_others(reference, p
     for w in workloads.of_kind("decode"):
         assert row[w.figure] > 0 and len(report["samples"][w.measure][bs.SPEC_TAG]) >= 2
     assert "speculative" not in rows[Path(reference).name] and report["not_run"] == {}
+
+
+@pytest.fixture(scope="module")
+def weight_only_targets(reference, tmp_path_factory):
+    """The reference as a weight-only ONNX Runtime artifact (MatMulNBits, 4 bits, blocks of 32, int8 compute where
+    this CPU has it) and as a dynamic int8 one, both effkit artifacts of its run."""
+    import copy
+
+    from transformers import AutoTokenizer
+
+    from effkit.engines.onnxruntime import export as ox
+    from effkit.engines.onnxruntime.int4 import int8_compute_unavailable, quantize_int4
+    from effkit.model import load_model
+
+    tmp, tok = tmp_path_factory.mktemp("targets"), AutoTokenizer.from_pretrained(reference)
+    level = 1 if int8_compute_unavailable() else 4
+    made = []
+    for name, kw in (("quantize-onnxruntime-int4", {"int4": True, "int4_quantize": lambda s, d: quantize_int4(
+            s, d, block_size=32, accuracy_level=level)}), ("quantize-onnxruntime", {"int8": True})):
+        (folder := tmp / name).mkdir()
+        ox.write_artifact(folder, copy.deepcopy(load_model(reference).eval()), tok, fused=False,
+                          **{"int8": False, **kw})
+        artifacts.write_meta(folder, "quantize", {"backend": name}, {}, data=artifacts.data_section(Path(reference)),
+                             parent=reference)
+        made.append(folder)
+    return made
+
+
+def test_a_weight_only_target_gets_its_own_speculative_artifact_on_the_same_prompts(reference, weight_only_targets,
+                                                                                   monkeypatch, tmp_path):
+    int4, int8 = weight_only_targets
+    seen = []
+
+    def recording(model, ids, *a, **k):
+        seen.append([p.tolist() for p in ids])
+        return spec.KChoice("ngram", 4, {"picked": "k4", "label": "decided"}, {})
+
+    monkeypatch.setattr(spec, "choose_k", recording)
+    ref = Path(reference)
+    assert bs.weight_only([ref, int8, int4]) == [int4]  # dynamic int8 is no target
+    paths, why = bs.add(BenchConfig.from_flat(speculative=True, quick=True), tmp_path, [ref, int8, int4], NEW)
+    tag = bs.tag_of(int4)
+    assert why == {} and paths == [ref, int8, int4, tmp_path / bs.SPEC_TAG, tmp_path / tag]
+    n = workloads.DECODE_B1_HELDOUT.prompts
+    assert len(seen) == 2 and seen[0] == seen[1] and len(seen[0]) == n  # every target, the same held-out prompts
+    what = artifacts.read_meta(tmp_path / tag)[bs.ROW_KEY]
+    assert what["target"].startswith("quantize-onnxruntime-int4: ONNX Runtime int4 (weight-only")
+    assert what["exact"] == f"{n} prompts x {NEW} tokens equal to the target's" and what["k"] == 4
+    assert "plain batched decoding" in what["batch_12"]
+    assert artifacts.read_meta(tmp_path / tag)["speculative_of"] == str(int4)
+    assert (tmp_path / tag / "quantization.json").exists() == (int4 / "quantization.json").exists()
+    assert bs.weight_only(paths) == [int4]  # a speculative artifact is never a target again
+    rows = [{"tag": tag, "stage": "quantize", "artifact": str(tmp_path / tag), "flags": [],
+             workloads.DECODE_B12.figure: 321.0}]
+    bs.annotate(rows)
+    assert rows[0][bs.ROW_KEY]["batch_12_tokens_per_s"] == 321.0
+    assert rows[0]["flags"][0].endswith("decode b12 times that (321.0 tokens/s)")
+    # the next bench replaces both
+    again, _ = bs.add(BenchConfig.from_flat(speculative=True, quick=True), tmp_path, paths, NEW)
+    assert again == paths
+
+
+def test_a_weight_only_target_that_diverges_is_refused_and_says_where(reference, weight_only_targets, picks_k4,
+                                                                     monkeypatch, tmp_path):
+    int4, _ = weight_only_targets
+    real_loop, real_write, current = spec.speculative_loop, bs.write_target, {}
+
+    def recording(folder, reference, tokenizer, target):
+        current["target"] = target
+        return real_write(folder, reference, tokenizer, target)
+
+    def off_by_one_on_int4(new_verifier, ids, max_new_tokens, *a, **k):
+        out, stats = real_loop(new_verifier, ids, max_new_tokens, *a, **k)
+        if current["target"] is not None:
+            out = out.copy()
+            out[:, ids.shape[1] + 5] += 1
+        return out, stats
+
+    monkeypatch.setattr(bs, "write_target", recording)
+    monkeypatch.setattr(spec, "speculative_loop", off_by_one_on_int4)
+    ref = Path(reference)
+    paths, why = bs.add(BenchConfig.from_flat(speculative=True, quick=True), tmp_path, [ref, int4], NEW)
+    tag = bs.tag_of(int4)
+    assert paths == [ref, int4, tmp_path / bs.SPEC_TAG] and not (tmp_path / tag).exists()
+    assert set(why) == {tag} and why[tag].startswith(f"failed: {tag} (n-gram draft, k=4) on held-out prompt 0")
+    assert "diverged from the target's greedy tokens at new token 5" in why[tag]

@@ -188,3 +188,35 @@ def test_heldout_prompts_are_the_same_cut_of_the_held_out_documents(corpus_dir, 
     assert prompts == [joined[room * i // (n - 1):][:HELDOUT_PROMPT_TOKENS] for i in range(n)]  # evenly spaced
     with pytest.raises(EffkitError, match="too few"):
         heldout_prompts(["a b"], tok, 2, 10_000)
+
+
+@pytest.mark.parametrize("bits,level", [(4, 1), (4, 4), (8, 1), (8, 4)])
+def test_a_weight_only_target_is_exact_under_speculation(models, tmp_path, bits, level):
+    """MatMulNBits (weight-only, 4 or 8 bits; level 4 quantizes activations per row and block): the logits of k
+    tokens checked in one run equal those of k single-token runs to rounding, so the draft leaves the text exact
+    (the artifact's own plain greedy tokens); dynamic int8 (one activation scale over the run) does not promise it."""
+    import shutil
+
+    from effkit.engines.onnxruntime import ENGINE
+    from effkit.engines.onnxruntime.int4 import int8_compute_unavailable, quantize_int4
+    from effkit.engines.onnxruntime.runtime import OnnxCausalLM, empty_past, step
+
+    if level == 4 and (why := int8_compute_unavailable()):
+        pytest.skip(why)
+    _, _, fp32 = models
+    shutil.copytree(fp32, folder := tmp_path / "target")
+    quantize_int4(fp32 / "model.onnx", folder / "model.onnx", block_size=32, accuracy_level=level, bits=bits)
+    assert ENGINE.weight_only(folder) and not ENGINE.weight_only(fp32)
+    target = OnnxCausalLM(folder)
+    seq = np.asarray(NON_REPETITIVE + REPETITIVE, np.int64)
+    _, past = step(target.session, seq[None, :30], empty_past(target.config, 1), 0)
+    together, _ = step(target.session, seq[None, 30:36], past, 30)
+    alone = []
+    for j in range(30, 36):
+        logits, past = step(target.session, seq[None, j:j + 1], past, j)
+        alone.append(logits[0, -1])
+    np.testing.assert_allclose(together[0], np.stack(alone), atol=1e-4)
+    for prompt in (REPETITIVE, NON_REPETITIVE):
+        plain = greedy(target, prompt)
+        for k in (2, 4, 6):
+            spec.check_exact(plain[0], greedy(target, prompt, prompt_lookup_num_tokens=k)[0], f"k{k}")

@@ -1,14 +1,19 @@
-"""The speculative artifact of a bench: the dense reference exported to ONNX Runtime fp32 (with past: a target whose
-logits for a token do not depend on the other tokens of a run, which ONNX Runtime's dynamic int8 is not) paired with
-the n-gram draft (prompt lookup). Before any timing: its k chosen on this CPU by `speculative.choose_k` over the
-prompts drawn from the held-out documents (`workloads.DECODE_B1_HELDOUT`: how many, and the same for every
-contender), its greedy tokens checked against the plain target's on those prompts (a mismatch is a failure, listed
-with where it diverged, and no artifact), and its settings written beside it (`speculative.SETTINGS`, which the ONNX
-Runtime loader reads: plain ONNX Runtime with effkit's loop and the measured k at batch 1). Where plain decoding
-measured faster, no artifact either. The artifact lives in the run's folder (what `effkit run` ships must outlive
-the bench) and is then benched as every other artifact, in the same rounds, and judged as a lossless candidate of
-the deliverable; its row carries the draft's statistics over the held-out prompts (`annotate`). The bench's share of
-a time budget decides whether it is made at all (`left_out`: its cost, effkit/stage_costs.json's `COST_KEY`)."""
+"""The speculative artifacts of a bench: each target paired with the n-gram draft (prompt lookup). The targets: the
+dense reference exported to ONNX Runtime fp32 (with past), and every weight-only ONNX Runtime artifact of the run
+(MatMulNBits, 4 or 8 bits, any accuracy level: `weight_only`), whose logits for a token should not depend on the
+other tokens of a run (their activations, where quantized, are quantized per row), which ONNX Runtime's dynamic int8
+(one activation scale over every token of a run) does not promise and is not made a target. Before any timing, for
+each target: its k chosen on this CPU by `speculative.choose_k` over the prompts drawn from the held-out documents
+(`workloads.DECODE_B1_HELDOUT`: how many, and the same for every contender), its greedy tokens checked against the
+plain target's on those prompts (a mismatch is a failure, listed with where it diverged, and no artifact: exactness
+is checked per target, never assumed), and its settings written beside it (`speculative.SETTINGS`, which the ONNX
+Runtime loader reads: plain ONNX Runtime with effkit's loop and the measured k at batch 1; at batch 12 the artifact
+runs its target's plain batched decoding, which the bench's decode b12 times and the row says). Where plain decoding
+measured faster, no artifact either. The artifact lives in the run's folder (what `effkit run` ships must outlive the
+bench) and is then benched as every other artifact, in the same rounds, and judged as a candidate of the deliverable
+(lossless where its target is); its row carries the draft's statistics over the held-out prompts (`annotate`). The
+bench's share of a time budget decides whether it is made at all (`left_out`: its cost, effkit/stage_costs.json's
+`COST_KEY`)."""
 
 from __future__ import annotations
 
@@ -27,9 +32,11 @@ from effkit.engines import speculative
 from effkit.errors import EffkitError
 from effkit.stage import costs
 
-SPEC_TAG = "speculative-ngram"  # its folder in the run
+SPEC_TAG = "speculative-ngram"  # its folder in the run (the reference's target; a weight-only target's: suffixed)
 COST_KEY = "bench_speculative"  # its entry in effkit/stage_costs.json: weights in training steps, and its share
 ROW_KEY = "speculative"  # the row's (and the artifact's record's) key
+BATCH_12 = ("at batch 12 it runs its target's plain batched decoding (the draft and k apply at batch 1, where they "
+            "were measured): decode b12 times that")
 
 
 def cost() -> dict[str, float]:
@@ -55,19 +62,36 @@ def runs(cfg: BenchConfig) -> bool:
     return bool(cfg.what.speculative) and left_out(cfg) is None
 
 
-def prompts(reference: Path, data: dict[str, Any], tokenizer) -> list[np.ndarray]:
-    """`workloads.DECODE_B1_HELDOUT`'s prompts: cut from the held-out documents of the reference's data split."""
+def prompts(reference: Path, data: dict[str, Any], tokenizer, count: int = workloads.DECODE_B1_HELDOUT.prompts
+            ) -> list[np.ndarray]:
+    """`workloads.DECODE_B1_HELDOUT`'s prompts (or `count` of them): cut from the held-out documents of the
+    reference's data split."""
     from effkit.config import DataConfig
     from effkit.data.corpus import load_corpus
     from effkit.measure.generation import heldout_prompts
 
     d = DataConfig.from_dict(data)
     texts = [t for _, t in load_corpus(d.source, d.heldout_fraction).heldout]
-    return [np.asarray(p, np.int64) for p in heldout_prompts(texts, tokenizer, workloads.DECODE_B1_HELDOUT.prompts,
+    return [np.asarray(p, np.int64) for p in heldout_prompts(texts, tokenizer, count,
                                                              workloads.HELDOUT_PROMPT_TOKENS)]
 
 
-def exactness(model, ids: list[np.ndarray], new_tokens: int, k: int) -> dict[str, Any]:
+def weight_only(paths: list[Path]) -> list[Path]:
+    """The run's weight-only artifacts among `paths` (past the reference) that effkit's speculative loop runs: those
+    whose engine says so (ONNX Runtime's: MatMulNBits, no dynamic int8 operator), not themselves speculative."""
+    from effkit.artifacts.loader import engine_of
+
+    return [p for p in paths[1:] if not p.name.startswith(SPEC_TAG) and not (p / speculative.SETTINGS).is_file()
+            and getattr(engine_of(p), "weight_only", lambda _: False)(p)]
+
+
+def tag_of(target: Path | None) -> str:
+    """The speculative artifact's folder (and row tag) in the run: `SPEC_TAG` for the reference's fp32 target,
+    suffixed with the target's own tag for a weight-only one."""
+    return SPEC_TAG if target is None else f"{SPEC_TAG}-{target.name}"
+
+
+def exactness(model, ids: list[np.ndarray], new_tokens: int, k: int, tag: str = SPEC_TAG) -> dict[str, Any]:
     """`model`'s greedy tokens with the n-gram draft at `k` against its plain ones on every prompt, token for token
     (`speculative.check_exact`: a mismatch raises, saying where), and the draft's statistics over the prompts."""
     import torch
@@ -78,7 +102,7 @@ def exactness(model, ids: list[np.ndarray], new_tokens: int, k: int) -> dict[str
         kw = {"max_new_tokens": new_tokens, "min_new_tokens": new_tokens, "do_sample": False}
         plain = model.generate(x, prompt_lookup_num_tokens=0, **kw)[0, x.shape[1]:].tolist()
         spec = model.generate(x, **speculative.generate_kwargs("ngram", k), **kw)[0, x.shape[1]:].tolist()
-        speculative.check_exact(plain, spec, f"{SPEC_TAG} (n-gram draft, k={k}) on held-out prompt {i}")
+        speculative.check_exact(plain, spec, f"{tag} (n-gram draft, k={k}) on held-out prompt {i}")
         total.add(model.speculative_stats)
     return total.to_dict()
 
@@ -92,13 +116,28 @@ def rule_of(cfg: BenchConfig):
     return Rule(rounds=ms.rounds, looks=1) if ms.fixed_rounds else Rule(rounds=ms.rounds, budget_s=ms.budget_s / 3)
 
 
-def make(cfg: BenchConfig, reference: Path, folder: Path, new_tokens: int) -> str | None:
-    """The speculative artifact of `reference` (a PyTorch artifact) written to `folder`; None, or why there is none
-    (a failure: "failed: ..."; plain decoding faster: "not run: ..."), the folder then removed."""
+def write_target(folder: Path, reference: Path, tokenizer, target: Path | None) -> str:
+    """The target's graph in `folder` (the reference exported to ONNX Runtime fp32, or a copy of the weight-only
+    artifact `target`); what it is, in words."""
+    from effkit.model import load_model
+    from effkit.registry import ENGINES
+
+    if target is None:
+        ENGINES.get("onnxruntime").convert(folder, reference, copy.deepcopy(load_model(str(reference)).eval()),
+                                           tokenizer)
+        return "the dense reference, ONNX Runtime fp32 with past"
+    shutil.copytree(target, folder, dirs_exist_ok=True)
+    precision = json.loads((folder / "onnx.json").read_text()).get("precision", "weight-only")
+    return f"{target.name}: ONNX Runtime {precision}, with past"
+
+
+def make(cfg: BenchConfig, reference: Path, folder: Path, new_tokens: int, target: Path | None = None) -> str | None:
+    """The speculative artifact of `target` (None: the reference, a PyTorch artifact, exported to fp32; else a
+    weight-only ONNX Runtime artifact of the run) written to `folder`; None, or why there is none (a failure:
+    "failed: ..."; plain decoding faster: "not run: ..."), the folder then removed."""
     import torch
     from transformers import AutoTokenizer
 
-    from effkit.model import load_model
     from effkit.registry import ENGINES
 
     shutil.rmtree(folder, ignore_errors=True)
@@ -108,29 +147,32 @@ def make(cfg: BenchConfig, reference: Path, folder: Path, new_tokens: int) -> st
     ids = prompts(reference, data, tokenizer)
     folder.mkdir(parents=True)
     try:
-        ort = ENGINES.get("onnxruntime")
-        ort.convert(folder, reference, copy.deepcopy(load_model(str(reference)).eval()), tokenizer)
-        model = ort.load(folder, torch.device("cpu"))
+        described = write_target(folder, reference, tokenizer, target)
+        model = ENGINES.get("onnxruntime").load(folder, torch.device("cpu"))
         chosen = speculative.choose_k(model, ids, new_tokens, rule=rule_of(cfg))
         if chosen.k == 0:
             invalid = chosen.choice.get("invalid") or {}
-            raise _NoArtifact("not run: plain decoding of the fp32 target measured no slower than the n-gram draft "
+            raise _NoArtifact(f"not run: plain decoding of {described} measured no slower than the n-gram draft "
                               f"at every k on this CPU ({chosen.choice.get('label', 'the decision rule')})"
                               + (f"; {'; '.join(f'{n}: {w}' for n, w in invalid.items())}" if invalid else ""))
         record = speculative.write_settings(folder, chosen, f"{len(ids)} prompts x {new_tokens} new tokens at batch 1, "
                                             "from the held-out documents (workloads.DECODE_B1_HELDOUT)")
-        draft = exactness(model, ids, new_tokens, chosen.k)
+        draft = exactness(model, ids, new_tokens, chosen.k, folder.name)
         del model
     except EffkitError as e:
         shutil.rmtree(folder, ignore_errors=True)
         return e.args[0] if isinstance(e, _NoArtifact) else f"failed: {e}"
-    what = {"draft": "ngram", "k": chosen.k, "target": "the dense reference, ONNX Runtime fp32 with past",
+    what = {"draft": "ngram", "k": chosen.k, "target": described,
             "prompts": {"count": len(ids), "tokens": workloads.HELDOUT_PROMPT_TOKENS,
                         "from": "held-out documents (workloads.DECODE_B1_HELDOUT), the same for every k"},
             "tokens_per_prompt": new_tokens, "exact": f"{len(ids)} prompts x {new_tokens} tokens equal to the target's",
-            **draft, "choice": record["choice"]}
-    artifacts.write_meta(folder, "export", {"speculative": {"draft": "ngram", "k": chosen.k}}, {}, data=data,
-                         parent=str(reference), extra={ROW_KEY: what})
+            **draft, "batch_12": BATCH_12, "choice": record["choice"]}
+    if target is None:
+        artifacts.write_meta(folder, "export", {"speculative": {"draft": "ngram", "k": chosen.k}}, {}, data=data,
+                             parent=str(reference), extra={ROW_KEY: what})
+    else:  # the target's own record (its stage, parent and settings), the draft's beside it
+        (folder / artifacts.META).write_text(json.dumps({**artifacts.read_meta(target), ROW_KEY: what,
+                                                         "speculative_of": str(target)}, indent=2, default=str))
     return None
 
 
@@ -139,30 +181,41 @@ class _NoArtifact(EffkitError):
 
 
 def add(cfg: BenchConfig, run_dir: Path, paths: list[Path], new_tokens: int) -> tuple[list[Path], dict[str, str]]:
-    """The bench's paths with the speculative artifact of their first (the reference) made and put after the run's
-    own artifacts (the one of an earlier bench replaced), and why there is none (by tag). A bench not asked for one
-    benches the one it finds as any other artifact."""
-    folder = run_dir / SPEC_TAG
+    """The bench's paths with the speculative artifacts of their reference (the first) and of every weight-only
+    target among them (`weight_only`) made and put after the run's own artifacts (those of an earlier bench
+    replaced), and why any is not there (by tag: a target that diverged says where). A bench not asked for them
+    benches the ones it finds as any other artifact."""
     if not cfg.what.speculative:
         return paths, {}
-    paths = [p for p in paths if p.resolve() != folder.resolve()]
+    earlier = {p.resolve() for p in run_dir.glob(f"{SPEC_TAG}*")}
+    paths = [p for p in paths if p.resolve() not in earlier]
     if why := left_out(cfg):
-        shutil.rmtree(folder, ignore_errors=True)  # the one of an earlier bench is of a reference maybe since retrained
+        for p in earlier:  # those of an earlier bench are of a reference maybe since retrained
+            shutil.rmtree(p, ignore_errors=True)
         return paths, {SPEC_TAG: why}
     if not trainable(paths[0]):
         return paths, {SPEC_TAG: f"not run: the reference {paths[0].name} is not a PyTorch artifact"}
-    why = make(cfg, paths[0], folder, new_tokens)
-    return (paths, {SPEC_TAG: why}) if why else (paths + [folder], {})
+    made, why_not = [], {}
+    for target in [None, *weight_only(paths)]:
+        folder = run_dir / tag_of(target)
+        if why := make(cfg, paths[0], folder, new_tokens, target):
+            why_not[folder.name] = why
+        else:
+            made.append(folder)
+    return paths + made, why_not
 
 
 def annotate(rows: list[dict[str, Any]]) -> None:
-    """The speculative row's draft statistics (acceptance rate, tokens per target forward, the draft's share of the
-    time), k and its choice, from its artifact's record; in words among its flags (bench.md's notes)."""
+    """The speculative rows' draft statistics (acceptance rate, tokens per target forward, the draft's share of the
+    time), target, k and its choice, from each artifact's record, and what it does at batch 12 with its decode b12
+    figure; in words among its flags (bench.md's notes)."""
     for r in rows:
         if r["stage"] != "peer" and (what := artifacts.read_meta(Path(r["artifact"])).get(ROW_KEY)):
-            r[ROW_KEY] = what
+            b12 = r.get(workloads.DECODE_B12.figure)
+            r[ROW_KEY] = what = {**what, **({"batch_12_tokens_per_s": b12} if isinstance(b12, int | float) else {})}
             r["flags"].append(f"speculative: {what['draft']} draft, k={what['k']} (chosen on this CPU), exact on "
                               f"{what['prompts']['count']} held-out prompts x {what['tokens_per_prompt']} tokens; "
                               f"acceptance {what['acceptance_rate']:.2f}, {what['tokens_per_target_forward']:.2f} "
                               f"tokens per target forward, the draft {what['draft_share_of_time']:.0%} of the time; "
-                              "decode b1 runs it, larger batches decode plainly")
+                              f"decode b1 runs it; {what.get('batch_12', BATCH_12)}"
+                              + (f" ({b12:.1f} tokens/s)" if isinstance(b12, int | float) else ""))

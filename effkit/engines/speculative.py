@@ -12,8 +12,9 @@ positions one forward settles).
 - `SpecStats`: acceptance rate, tokens per target forward and the draft's share of the time.
 - `first_divergence` / `check_exact`: exactness checked, not assumed: a mismatch with the target alone is an error
   that says where it diverged. Exactness needs a target whose logits for a token do not depend on the other tokens
-  of the same run: fp32 graphs hold to it up to rounding; ONNX Runtime's dynamic int8 does not (one activation scale
-  over every token of a run), and the check says so.
+  of the same run: fp32 graphs hold to it up to rounding, and so do ONNX Runtime's weight-only MatMulNBits (4 or 8
+  bits; at accuracy level 4 its activations are quantized per row and block); its dynamic int8 does not (one
+  activation scale over every token of a run), and the check says so.
 - `choose_k`: k (and whether to draft at all) chosen by measurement under `effkit.measure.choice.choose`, its
   samples kept, exactness checked on every contender's first call; `write_settings` records the pick in the
   artifact's folder (`SETTINGS`), where the ONNX Runtime engine's loader reads it (`read_settings`).
