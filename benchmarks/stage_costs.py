@@ -224,7 +224,8 @@ def fit(reports: list[Path], auto: dict, walls: list[float] | None = None) -> di
 def run_record(folder: Path, recipe: str, wall_s: float, legacy: dict[str, list[dict]]) -> dict:
     """One finished run as the measuring steps' fit and its check read it: the plan it ran (the recipe at the steps
     it trained, with the weights in the file now), each step's work, time budget, cold caches' fills (seconds) and
-    seconds; its wall time, seconds outside the steps, and the step time predicted before training and training's."""
+    seconds; its wall time, seconds outside the steps, the step time predicted before training and training's, and
+    its machine factor (`pipeline.machine_factor` as its decision recorded it; 1 for a run that predates it)."""
     from effkit.pipeline import make_plan, shared, stage_budgets, stage_work, step_timer, steps
 
     eta = json.loads((folder / "eta.json").read_text())
@@ -241,25 +242,28 @@ def run_record(folder: Path, recipe: str, wall_s: float, legacy: dict[str, list[
                       for k, us in used.items()},
             "outside": wall - sum(eta["actual_s"].values()) - max(0.0, decided.get("outside_s", base) - base)
             if wall else None,
-            "step_before": decided["step_time_s"], "step_training": decided.get("training_step_time_s")}
+            "step_before": decided["step_time_s"], "step_training": decided.get("training_step_time_s"),
+            "factor": decided.get("machine", {}).get("factor", 1.0)}
 
 
 def measuring_units(runs: list[dict]) -> dict[str, float]:
     """Seconds per unit of work of each measuring step (by run name and step), the mean of the runs' own: its
-    seconds less `BUDGET_USED` of its time budget and the cold caches it filled, over its work."""
+    seconds less `BUDGET_USED` of its time budget and the cold caches it filled, over its work and its run's machine
+    factor."""
     per: dict[str, list[float]] = {}
     for r in runs:
         for k in r["measures"]:
             per.setdefault(f"{r['name']}|{k}", []).append(
-                (r["actual"][k] - BUDGET_USED * r["budgets"].get(k, 0.0) - r["fills"].get(k, 0.0)) / r["work"][k])
+                (r["actual"][k] - BUDGET_USED * r["budgets"].get(k, 0.0) - r["fills"].get(k, 0.0))
+                / r["work"][k] / r["factor"])
     return {k: round(statistics.mean(v), 4) for k, v in per.items()}
 
 
 def predicted_wall(run: dict, units: dict[str, float], outside_s: float, step_s: float) -> dict[str, float]:
     """The run's steps as `pipeline.expected_seconds` prices them (training at `step_s`; the measuring steps at
-    `units`, this machine's factor 1: the runs are the fitting machine's) with the cold caches it filled at what they
-    cost, and the whole with `outside_s`."""
-    got = {k: w * (units[f"{run['name']}|{k}"] if k in run["measures"] else step_s)
+    `units` x the run's machine factor) with the cold caches it filled at what they cost, and the whole with
+    `outside_s`."""
+    got = {k: w * (units[f"{run['name']}|{k}"] * run["factor"] if k in run["measures"] else step_s)
            + BUDGET_USED * run["budgets"].get(k, 0.0) + run["fills"].get(k, 0.0) for k, w in run["work"].items()}
     return {**got, "wall": sum(got.values()) + outside_s}
 
