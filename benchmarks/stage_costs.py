@@ -6,6 +6,8 @@ budget leaves them a share: effkit/stage_costs.json.
     python benchmarks/stage_costs.py reports/quickstart [...] --auto auto.json        # print the fit
     python benchmarks/stage_costs.py reports/quickstart [...] --auto auto.json --write # and keep it
     python benchmarks/stage_costs.py --predict 0.479   # the quickstart's decision and per-stage minutes with it
+    python benchmarks/stage_costs.py reports/quickstart [...] --check                        # leave-one-out
+    python benchmarks/stage_costs.py reports/quickstart [...] --units --reference 50 --write # measuring_s, kept
 
 Each report folder is a finished `effkit run`'s: eta.json (each stage's seconds, the step time of training's own
 steps, the time budget's shares, the weights it ran with, the caches each stage consulted and what filling the cold
@@ -31,6 +33,14 @@ given, by the difference to the fastest (the rows are the same work once the cac
   the run) are what they predict on average;
 - bench: per artifact per round of the first look (`artifact_round`) and per artifact (`artifact`); one run gives
   one equation, so the two keep the ratio of the weights before and are scaled together.
+The measuring steps are priced in seconds, not in training steps (their speed does not follow training's code):
+`measuring_s` holds each measuring step's seconds per unit of its work (the weights above) on the machine the runs
+ran on, by run name and step, fitted with `--units` after the weights (the mean of the runs' own: its seconds less
+`BUDGET_USED` of its time budget and the cold caches it filled, over the work the plan it ran has with the weights
+in the file), and that machine's `pipeline.reference_s` (`--reference N`: the least of N, measured here, idle), which a
+run divides its own by (`pipeline.machine_factor`). `--check` predicts each run from the others alone, with the step
+time predicted before training and with training's own, against its wall time (`--wall-s` where eta.json has none);
+its `margin_needed` is what `pipeline.BUDGET_MARGIN` covers.
 Speeds at the workload the runs optimize for (decode at batch 1), relative to the fastest: the backends from the
 quantize reports' `auto` tables (the medians of those timed, the far screen's cost ratios of the others), the peers
 from bench.json; those the runs did not time keep the file's figures (runs on a share time the fastest only).
@@ -211,6 +221,87 @@ def fit(reports: list[Path], auto: dict, walls: list[float] | None = None) -> di
     }
 
 
+def run_record(folder: Path, recipe: str, wall_s: float, legacy: dict[str, list[dict]]) -> dict:
+    """One finished run as the measuring steps' fit and its check read it: the plan it ran (the recipe at the steps
+    it trained, with the weights in the file now), each step's work, time budget, cold caches' fills (seconds) and
+    seconds; its wall time, seconds outside the steps, the step time predicted before training and training's, and
+    its machine factor (`pipeline.machine_factor` as its decision recorded it; 1 for a run that predates it)."""
+    from effkit.pipeline import make_plan, shared, stage_budgets, stage_work, step_timer, steps
+
+    eta = json.loads((folder / "eta.json").read_text())
+    decided = eta["time_budget"]
+    plan = make_plan(recipe)
+    trial, _ = shared(plan, step_timer(plan), decided["steps"])
+    used = eta.get("caches_used") or legacy
+    wall = eta.get("wall_s") or wall_s
+    base = eta["weights"].get("outside_s", 30.0)  # the caches filled before training: in the decision's outside_s
+    actual = eta["actual_s"]
+    return {"name": folder.name, "folder": str(folder), "work": stage_work(trial), "budgets": stage_budgets(trial),
+            "measures": [s.key for s in steps(trial) if s.measures and s.key in actual], "actual": actual, "wall": wall,
+            "fills": {k: sum(u["fill_s"] for u in us if not u.get("warm") and u.get("fill_s"))
+                      for k, us in used.items()},
+            "outside": wall - sum(eta["actual_s"].values()) - max(0.0, decided.get("outside_s", base) - base)
+            if wall else None,
+            "step_before": decided["step_time_s"], "step_training": decided.get("training_step_time_s"),
+            "factor": decided.get("machine", {}).get("factor", 1.0)}
+
+
+def measuring_units(runs: list[dict]) -> dict[str, float]:
+    """Seconds per unit of work of each measuring step (by run name and step), the mean of the runs' own: its
+    seconds less `BUDGET_USED` of its time budget and the cold caches it filled, over its work and its run's machine
+    factor."""
+    per: dict[str, list[float]] = {}
+    for r in runs:
+        for k in r["measures"]:
+            per.setdefault(f"{r['name']}|{k}", []).append(
+                (r["actual"][k] - BUDGET_USED * r["budgets"].get(k, 0.0) - r["fills"].get(k, 0.0))
+                / r["work"][k] / r["factor"])
+    return {k: round(statistics.mean(v), 4) for k, v in per.items()}
+
+
+def predicted_wall(run: dict, units: dict[str, float], outside_s: float, step_s: float) -> dict[str, float]:
+    """The run's steps as `pipeline.expected_seconds` prices them (training at `step_s`; the measuring steps at
+    `units` x the run's machine factor) with the cold caches it filled at what they cost, and the whole with
+    `outside_s`."""
+    got = {k: w * (units[f"{run['name']}|{k}"] * run["factor"] if k in run["measures"] else step_s)
+           + BUDGET_USED * run["budgets"].get(k, 0.0) + run["fills"].get(k, 0.0) for k, w in run["work"].items()}
+    return {**got, "wall": sum(got.values()) + outside_s}
+
+
+def check(runs: list[dict]) -> dict:
+    """Each run predicted from the others alone (their `measuring_units` and time outside the steps), with the step
+    time predicted before training and with training's own (the re-fit's), against its wall time; `margin_needed`:
+    the share of a budget that the largest under-prediction needs left unused (1 - predicted / wall)."""
+    rows = []
+    for r in runs:
+        others = [o for o in runs if o is not r]
+        units = measuring_units(others)
+        outside = statistics.mean(o["outside"] for o in others if o["outside"] is not None)
+        row = {"run": r["folder"], "wall_s": round(r["wall"], 1)}
+        for label, step_s in (("before_training", r["step_before"]), ("training", r["step_training"])):
+            got = predicted_wall(r, units, outside, step_s)
+            row[label] = {"step_s": round(step_s, 4), "predicted_s": round(got["wall"], 1),
+                          "error": round(got["wall"] / r["wall"] - 1, 4),
+                          "stages_s": {k: [round(got[k], 1), round(r["actual"][k], 1)] for k in r["work"]}}
+        rows.append(row)
+    worst = max(1 - row[k]["predicted_s"] / row["wall_s"] for row in rows for k in ("before_training", "training"))
+    return {"runs": rows, "margin_needed": round(max(0.0, worst), 4),
+            "how": "each run predicted from the others (leave-one-out): stages [predicted, actual] in seconds"}
+
+
+def measuring_entry(runs: list[dict], reference: float | None) -> dict:
+    """effkit/stage_costs.json's `measuring_s`: the seconds per unit fitted from `runs` and the machine's reference."""
+    units = measuring_units(runs)
+    return {"how": "seconds per unit of a measuring step's work (the weights in this file) on the machine the runs "
+                   "fitted ran on, by run name and step (the mean of the runs' own: its seconds less its time budget's "
+                   "part and the cold caches it filled, over its work); default: their mean, for any other step; "
+                   "reference_s: that machine's `pipeline.reference_s` (thread CPU seconds), which a run divides its "
+                   "own by; fitted by benchmarks/stage_costs.py --units",
+            "fitted_from": [r["folder"] for r in runs], "steps": units,
+            "default": round(statistics.mean(units.values()), 4),
+            "reference_s": reference if reference is not None else COSTS_NOW.get("measuring_s", {}).get("reference_s")}
+
+
 def predict(step_s: float, recipe: str = "recipes/quickstart.toml") -> None:
     """What `effkit run` decides and predicts before training for `recipe` with a training step of `step_s`."""
     from effkit.pipeline import decide, make_plan, step_timer
@@ -235,6 +326,12 @@ def main() -> None:
     ap.add_argument("--write", action="store_true", help=f"write {COSTS.relative_to(ROOT)}")
     ap.add_argument("--predict", type=float, metavar="STEP_S", help="print the quickstart's decision and per-stage "
                     "prediction for a training step of this many seconds, with the weights in the file")
+    ap.add_argument("--units", action="store_true", help="fit the measuring steps' seconds per unit (`measuring_s`) "
+                    "from the runs, with the weights in the file (after any --auto fit of them)")
+    ap.add_argument("--check", action="store_true", help="predict each run from the others (`check`) and print it")
+    ap.add_argument("--reference", type=int, metavar="REPEATS", help="measure this machine's `pipeline.reference_s`"
+                    " (the least of this many) and keep it with --units --write: run it on the fitting machine, idle")
+    ap.add_argument("--recipe", default="recipes/quickstart.toml", help="the recipe the runs ran (--units, --check)")
     args = ap.parse_args()
     if args.measure_auto:
         measure_auto(*args.measure_auto)
@@ -242,7 +339,19 @@ def main() -> None:
     if args.predict:
         predict(args.predict)
         return
-    got = fit(args.reports, json.loads(args.auto.read_text()), args.wall_s)
+    if args.units or args.check:
+        walls = args.wall_s or [0.0] * len(args.reports)
+        legacy = legacy_caches(args.reports)
+        runs = [run_record(f, args.recipe, w, legacy[f]) for f, w in zip(args.reports, walls, strict=True)]
+        if args.check:
+            print(json.dumps(check(runs), indent=2))
+        if not args.units:
+            return
+        from effkit.pipeline import reference_s
+
+        got = {"measuring_s": measuring_entry(runs, round(reference_s(args.reference), 5) if args.reference else None)}
+    else:
+        got = fit(args.reports, json.loads(args.auto.read_text()), args.wall_s)
     # entries this script does not fit (e.g. bench_speculative, estimated by its own module) are kept as they are
     got = {**{k: v for k, v in json.loads(COSTS.read_text()).items() if k not in got}, **got}
     text = json.dumps(got, indent=2) + "\n"

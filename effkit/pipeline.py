@@ -14,9 +14,10 @@ in one line and the recipe's own said to be over),
 re-fitted once from training's own first steps while the learning rate warms up (`refit_time_budget`), kept in
 `pipeline.json` and reused on resume, so that fingerprints and the estimate see what is run. While it
 runs, `Eta` prints the expected time of every step (its work in training steps, times the step time that the stage
-declaring `measures_step_time` lets it measure, plus a share of its time budget), updates it as steps finish and
-writes it to `eta.json`. The run ends with one line: the fastest artifact within the loss budget, how it compares,
-and how to load it.
+declaring `measures_step_time` lets it measure for training, and for a measuring step the seconds fitted for it
+times this machine's measured speed against the fitting one's (`machine_factor`), plus a share of its time
+budget), updates it as steps finish and writes it to `eta.json`. The run ends with one line: the fastest artifact
+within the loss budget, how it compares, and how to load it.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import math
 import shutil
 import time
 from collections.abc import Callable
-from functools import partial
+from functools import cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -95,11 +96,74 @@ def stage_budgets(plan: Plan) -> dict[str, float]:
     return {s.key: s.budget(plan) for s in steps(plan) if s.work(plan) is not None and s.measures}
 
 
-def expected_seconds(work: dict[str, float], budgets: dict[str, float], step_s: float,
+def expected_seconds(work: dict[str, float], budgets: dict[str, float], unit: float | dict[str, float],
                      leave_out: list[str] | tuple[str, ...] = ()) -> dict[str, float]:
-    """The estimate of each step: its work in training steps times the step time, plus `BUDGET_USED` of its time
-    budget for sequential rounds (what `Eta` prints and the time budget fits the training steps into)."""
-    return {k: w * step_s + BUDGET_USED * budgets.get(k, 0.0) for k, w in work.items() if k not in leave_out}
+    """The estimate of each step: its work times its seconds per unit of work (`unit`: one figure for every step, or
+    each step's: `unit_seconds`), plus `BUDGET_USED` of its time budget for sequential rounds (what `Eta` prints and
+    the time budget fits the training steps into)."""
+    per = unit if isinstance(unit, dict) else dict.fromkeys(work, unit)
+    return {k: w * per[k] + BUDGET_USED * budgets.get(k, 0.0) for k, w in work.items() if k not in leave_out}
+
+
+# ------------------------------------------------------------------------------------------ this machine's speed
+# The measuring steps (evaluations, exports, timed rounds of other engines) do not run training's code, so training's
+# step time is no measure of their speed: it moves with training's code and its first steps while theirs stays (the
+# runs in effkit/stage_costs.json's `measuring_s`). They are priced in seconds per unit of their work fitted on one
+# machine, times this machine's speed against that one: a short fixed piece of interpreter and single-threaded
+# tensor work, timed in the thread's CPU seconds, which a busy moment at start-up does not inflate as it does wall
+# time, the least of `REFERENCE_REPEATS`.
+REFERENCE_REPEATS = 10
+
+
+def reference_work() -> None:
+    """The fixed work `reference_s` times: a Python loop and small matrix products on one thread."""
+    import torch
+
+    total = 0
+    for i in range(100_000):
+        total += i * i % 7
+    a, b = torch.ones(192, 192) * 0.01, torch.eye(192)
+    for _ in range(100):
+        a = torch.tanh(a @ b)
+
+
+def reference_s(repeats: int = REFERENCE_REPEATS) -> float:
+    """Thread CPU seconds of `reference_work`, the least of `repeats` (torch on one thread while it runs)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        reference_work()  # its first call loads what it uses
+        times = []
+        for _ in range(repeats):
+            start = time.thread_time()
+            reference_work()
+            times.append(time.thread_time() - start)
+    finally:
+        torch.set_num_threads(threads)
+    return min(times)
+
+
+@cache
+def machine_factor() -> dict[str, Any]:
+    """This machine's speed for the measuring steps against the machine their seconds were fitted on
+    (`reference_s` here over effkit/stage_costs.json's `measuring_s.reference_s`; 1 where the file has none),
+    measured once per process."""
+    fitted = costs().get("measuring_s", {}).get("reference_s")
+    here = reference_s()
+    return {"factor": here / fitted if fitted else 1.0, "reference_s": here, "fitted_reference_s": fitted}
+
+
+def unit_seconds(plan: Plan, step_s: float, factor: float) -> dict[str, float]:
+    """Seconds per unit of each step's work: a training step's time for training (counted exactly); for a
+    measuring step, the seconds per unit of its work fitted for it (effkit/stage_costs.json's `measuring_s`, by run
+    name and step, each step's runs apart: prune row and depth, quantize of the dense and the pruned parent; any
+    other step their `default`) times this machine's `factor` (`machine_factor`); the training step where the file
+    has none."""
+    m, run = costs().get("measuring_s"), plan.run.pipeline.run_name
+    return {s.key: m["steps"].get(f"{run}|{s.key}", m["default"]) * factor if s.measures and m else step_s
+            for s in steps(plan)}
 
 
 # ------------------------------------------------------------------------------------------ the caches steps fill
@@ -110,8 +174,8 @@ STEP_CACHES = "run_caches"
 
 def cache_fills(plan: Plan, keys: Any) -> dict[str, list[dict[str, Any]]]:
     """For each step of `keys`, the caches it will consult and whether each is warm now, with what a cold one adds
-    to its work (`fill_steps`, training steps). Which caches and keys: those the step consulted the last time this
-    run ran on this machine (`remember_caches`), each looked up as the stage looks it up (`machine_cached`, by the
+    to its work (`fill_steps`, in units of its work). Which caches and keys: those the step consulted the last time
+    this run ran on this machine (`remember_caches`), each looked up as the stage looks it up (`machine_cached`, by the
     recorded key, so that age and `--remeasure` count); a cold one costs what filling it cost then. A step not run
     here before: the caches effkit/stage_costs.json's `step_caches` lists for it (by run name and step: what it
     filled in the runs fitted), cold, at its `cache_fill`."""
@@ -138,15 +202,16 @@ def with_fills(work: dict[str, float], fills: dict[str, list[dict[str, Any]]]) -
     return {k: w + sum(u["fill_steps"] for u in fills.get(k, []) if not u["warm"]) for k, w in work.items()}
 
 
-def remember_caches(plan: Plan, key: str, consulted: list[dict[str, Any]], step_s: float | None) -> list[dict]:
+def remember_caches(plan: Plan, key: str, consulted: list[dict[str, Any]], unit_s: float | None) -> list[dict]:
     """Record the caches step `key` consulted (`machine_cache.CONSULTED` while it ran), once each, with what filling
-    each cost in training steps (now, or when its entry was filled), for the next run's `cache_fills`."""
+    each cost in units of its work (now, or when its entry was filled; `unit_s`: the step's seconds per unit,
+    `unit_seconds`), for the next run's `cache_fills`."""
     uses: dict[tuple[str, str], dict[str, Any]] = {}
     for u in consulted:
         fill_s = u.get("fill_s", machine_cache.entry_of(u["cache"], u["key"]).get("fill_s"))
         uses.setdefault((u["cache"], u["key"]), {
             "cache": u["cache"], "key": u["key"], "warm": u["warm"], "fill_s": fill_s,
-            "fill_steps": fill_s / step_s if fill_s is not None and step_s else None})
+            "fill_steps": fill_s / unit_s if fill_s is not None and unit_s else None})
     machine_cache.keep(STEP_CACHES, f"{plan.run.pipeline.run_name}|{key}",  # none is a record too
                        [{k: v for k, v in u.items() if k != "warm"} for u in uses.values()])
     return list(uses.values())
@@ -177,20 +242,22 @@ def shared(plan: Plan, timer: Stage, steps: int) -> tuple[Plan, dict[str, Any]]:
 
 
 def predicted_total(plan: Plan, timer: Stage, train_steps: int, step_s: float,
-                    fills: dict[str, list[dict[str, Any]]] | None = None) -> float:
+                    fills: dict[str, list[dict[str, Any]]] | None = None, factor: float | None = None) -> float:
     """Seconds the whole run is expected to take on this machine with `train_steps` training steps and every
     measuring stage on the same share (`shared`), by the model `Eta` prints (on a copy of the plan), the cold caches
-    `fills` included."""
+    `fills` included; the measuring steps at this machine's `factor` (default: `machine_factor`)."""
     trial, _ = shared(plan, timer, train_steps)
-    return sum(expected_seconds(with_fills(stage_work(trial), fills or {}), stage_budgets(trial), step_s).values())
+    units = unit_seconds(plan, step_s, machine_factor()["factor"] if factor is None else factor)
+    return sum(expected_seconds(with_fills(stage_work(trial), fills or {}), stage_budgets(trial), units).values())
 
 
 # seconds a run spends outside its steps' estimates with its caches warm (starting, the imports, the report, the last
 # lines), fitted by benchmarks/stage_costs.py from runs' wall times (`outside_s`); the time budget counts them, and
 # what filling the caches consulted before training cost (the step-time prediction's), measured then
 OUTSIDE_S = float(costs().get("outside_s", 30.0))
-# the share of the budget the chosen steps leave unused: the stages after training measure until their ratios
-# settle, which varies between runs (docs/benchmarks.md: two quickstarts' benches and the second one's overrun)
+# the share of the budget the chosen steps leave unused, so that a run the estimate under-predicts still ends within
+# it: the largest under-prediction of the runs effkit/stage_costs.json is fitted from, each predicted from the others
+# (`python benchmarks/stage_costs.py --check`, its `margin_needed`), rounded up
 BUDGET_MARGIN = 0.07
 # the step time predicted before training and training's own disagree when one is more than this much above the other
 PROBE_TOLERANCE = 0.25
@@ -205,13 +272,15 @@ HOW_SHARED = (f"one share for every stage: training the largest multiple of the 
               f"of the peers (those measured fastest before first: effkit/stage_costs.json; the others listed as "
               f"not run: budget share) (each down to its floor), whose whole run, predicted as each step's work in "
               f"training steps (its weights from effkit/stage_costs.json, for what it runs at that share) x the "
-              f"step time (+ the caches it consults that are cold here, at what filling them cost) + {BUDGET_USED:.0%} "
+              f"step time for training, x the seconds fitted for each measuring step there x this machine's speed "
+              f"against that one's (`machine_factor`) for the others (+ the caches it consults that are cold here, "
+              f"at what filling them cost) + {BUDGET_USED:.0%} "
               f"of each measuring step's time budget + {OUTSIDE_S:.0f} s outside the steps (+ what filling the "
-              f"caches consulted before training cost), fits the budget less {BUDGET_MARGIN:.0%} (the spread of the "
-              f"measuring stages between runs); the share is never under {FEWEST_SHARE:.0%} (nor training past its "
-              "warm-up): where even that is predicted over the budget, a budget typed on the command line is "
-              "refused before training, and the recipe's own is said to be over before training and the run goes on "
-              "at the floors")
+              f"caches consulted before training cost), fits the budget less {BUDGET_MARGIN:.0%} (the largest "
+              f"under-prediction of the runs fitted, each predicted from the others); the share is never under "
+              f"{FEWEST_SHARE:.0%} (nor training past its warm-up): where even that is predicted over the budget, "
+              "a budget typed on the command line is refused before training, and the recipe's own is said to be "
+              "over before training and the run goes on at the floors")
 
 
 def choose_steps(full: int, fewest: int, total: Any, budget_s: float) -> int:
@@ -225,27 +294,31 @@ def choose_steps(full: int, fewest: int, total: Any, budget_s: float) -> int:
 
 
 def decide(plan: Plan, timer: Stage, step_s: float, budget_min: float,
-           outside_s: float | None = None) -> dict[str, Any]:
+           outside_s: float | None = None, factor: float | None = None) -> dict[str, Any]:
     """The time budget's choice for a training step of `step_s` seconds (`HOW_SHARED`): the training steps, the
     share every stage gets and what that is (`shares`), each step's predicted seconds (`stage_s`, its cold caches'
     fills included: `caches`, by step), the whole run's with the recipe's steps and with those (`predicted_full_s`,
-    `predicted_s`, `outside_s` seconds outside the steps included); `fits`: within the budget itself."""
+    `predicted_s`, `outside_s` seconds outside the steps included); `fits`: within the budget itself. The measuring
+    steps are priced at this machine's `factor` (default: `machine_factor`, measured now; both recorded)."""
     outside_s = OUTSIDE_S if outside_s is None else outside_s
+    speed = machine_factor() if factor is None else {"factor": factor}
+    units = unit_seconds(plan, step_s, speed["factor"])
     full = timer.training_steps(Plan(plan.recipe, plan.run, dict(plan.unshared or plan.configs)))
     fills = cache_fills(plan, stage_work(plan))
-    total = lambda n: predicted_total(plan, timer, n, step_s, fills) + outside_s  # noqa: E731
+    total = lambda n: predicted_total(plan, timer, n, step_s, fills, speed["factor"]) + outside_s  # noqa: E731
     fewest = max(math.ceil(FEWEST_SHARE * full), timer.fewest_training_steps(plan))
     steps = choose_steps(full, fewest, total, budget_min * 60 * (1 - BUDGET_MARGIN))
     trial, shares = shared(plan, timer, steps)
     return {"steps": steps, "share": shares[timer.name]["share"], "shares": shares,
-            "stage_s": expected_seconds(with_fills(stage_work(trial), fills), stage_budgets(trial), step_s),
-            "caches": priced(fills, step_s), "outside_s": outside_s,
+            "stage_s": expected_seconds(with_fills(stage_work(trial), fills), stage_budgets(trial), units),
+            "caches": priced(fills, units), "outside_s": outside_s, "machine": speed, "seconds_per_unit": units,
             "predicted_full_s": total(full), "predicted_s": total(steps), "fits": total(steps) <= budget_min * 60}
 
 
-def priced(fills: dict[str, list[dict[str, Any]]], step_s: float | None) -> dict[str, list[dict[str, Any]]]:
-    """`cache_fills` as the reports keep it: each cache warm or cold and the seconds it adds (`added_s`)."""
-    return {k: [{**u, "added_s": 0.0 if u["warm"] else u["fill_steps"] * (step_s or 0.0)} for u in uses]
+def priced(fills: dict[str, list[dict[str, Any]]], units: dict[str, float]) -> dict[str, list[dict[str, Any]]]:
+    """`cache_fills` as the reports keep it: each cache warm or cold and the seconds it adds (`added_s`, at its
+    step's seconds per unit: `unit_seconds`; 0 where none is known yet)."""
+    return {k: [{**u, "added_s": 0.0 if u["warm"] else u["fill_steps"] * units.get(k, 0.0)} for u in uses]
             for k, uses in fills.items()}
 
 
@@ -371,7 +444,8 @@ def refit_time_budget(plan: Plan, record: StageRecord, console: Console, step: i
         d["refit"] = f"not re-fitted: {how}"
         record.keep_schedule(d)
         return None
-    new = decide(plan, timer, step_s, d["budget_min"], d.get("outside_s", OUTSIDE_S))
+    new = decide(plan, timer, step_s, d["budget_min"], d.get("outside_s", OUTSIDE_S),
+                 d.get("machine", {}).get("factor"))
     d.update(training_step_time_s=step_s, training_step_time_how=how, probe_tolerance=PROBE_TOLERANCE)
     if d.get("probe_step_time_s"):  # what the next run here predicts before training (`_decide_before_training`)
         machine_cache.keep(PROBE_VS_TRAINING, f"{plan.run.pipeline.run_name}|{d['key']}",
@@ -383,7 +457,7 @@ def refit_time_budget(plan: Plan, record: StageRecord, console: Console, step: i
     d["refit"] = {"at_step": step, "steps_before": before, "share_before": d.get("share", 1.0),
                   **{k: new[k] for k in ("steps", "predicted_full_s", "predicted_s", "fits")}}
     d.update(steps=new["steps"], share=new["share"], shares=new["shares"], stage_s=new["stage_s"],
-             caches=new["caches"])
+             caches=new["caches"], seconds_per_unit=new["seconds_per_unit"])
     apply_decision(plan, timer, d)
     record.keep_schedule(d)
     for s in timer.steps(plan):  # the training under way now runs with the re-fitted steps: its fingerprint too
@@ -470,6 +544,9 @@ class Eta:
         self.budgets = stage_budgets(plan)
         self.exact = {s.key for s in steps(plan) if not s.measures}  # work counted exactly: never rescaled
         self.timer = step_timer(plan)
+        # this machine's speed for the measuring steps: the time budget's (decided with it), else measured now
+        self.factor: float = (plan.schedule or {}).get("machine", {}).get("factor") or machine_factor()["factor"]
+        self.units: dict[str, float] = {}  # seconds per unit of each step's work, once the step time is known
         self.step_s: float | None = None
         self.how: str | None = None  # how the step time was measured
         self.first: dict[str, float] = {}  # the first prediction, seconds per stage
@@ -514,7 +591,8 @@ class Eta:
         if self.step_s is not None or seconds <= 0:
             return
         self.step_s, self.how = seconds, how
-        self.first = expected_seconds(self.work, self.budgets, seconds, self.skipped)
+        self.units = unit_seconds(self.plan, seconds, self.factor)
+        self.first = expected_seconds(self.work, self.budgets, self.units, self.skipped)
         total = sum(self.first.values())
         parts = ", ".join(f"{k} {_mins(v)}" for k, v in self.first.items())
         self.console.print(f"[bold]expected on this machine[/bold] (one training step {seconds:.3f} s, {how}): "
@@ -545,7 +623,7 @@ class Eta:
     def consulted(self, name: str, uses: list[dict[str, Any]]) -> None:
         """The caches step `name` consulted while it ran (`machine_cache.CONSULTED`): recorded for the next run's
         estimate (`remember_caches`) and in eta.json."""
-        self.used[name] = remember_caches(self.plan, name, uses, self.step_s)
+        self.used[name] = remember_caches(self.plan, name, uses, self.units.get(name, self.step_s))
 
     def remaining(self, left: list[str]) -> dict[str, float]:
         """What is left, rescaled by how the finished measuring stages (all but those whose work is counted
@@ -558,14 +636,17 @@ class Eta:
         return {"step_time_s": self.step_s, "step_time_how": self.how,
                 "work_in_steps": self.work, "sequential_budgets_s": self.budgets, "predicted_s": self.first,
                 "actual_s": self.actual, "wall_s": _process_s(),
-                "skipped": self.skipped, "caches": priced(self.fills, self.step_s), "caches_used": self.used,
+                "skipped": self.skipped, "caches": priced(self.fills, self.units), "caches_used": self.used,
+                "machine_factor": self.factor, "seconds_per_unit": self.units,
                 **({"time_budget": {k: v for k, v in self.plan.schedule.items() if k != "key"}}
                    if self.plan.schedule else {}),
                 "weights": costs(),
                 "how": "each stage's work counted in training steps of the recipe (training and fine-tuning steps "
                        "exactly; evaluations, timed rounds, exports, each backend quantize auto writes and set-up by "
-                       "the weights in `weights`, fitted from measured runs by benchmarks/stage_costs.py), times the "
-                       "step time measured here, plus "
+                       "the weights in `weights`, fitted from measured runs by benchmarks/stage_costs.py), times its "
+                       "seconds per unit (`seconds_per_unit`: training's, the step time measured here; a measuring "
+                       "stage's, the seconds fitted for it in `weights`' `measuring_s` x `machine_factor`, this "
+                       "machine's speed against the one they were fitted on), plus "
                        f"{BUDGET_USED:.0%} of each measuring stage's time budget for the rounds after the first "
                        "look, plus what filling the caches it consults that are cold here cost (`caches`: by "
                        "step, each warm or cold and the seconds it adds; `caches_used`: what each consulted as it "

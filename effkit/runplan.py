@@ -60,7 +60,9 @@ def time_rows(plan: Plan) -> dict[str, Any]:
             "share": d["share"], "shares": d["shares"], "fits": d["fits"],
             "seconds": d["stage_s"], "total_s": d["predicted_s"], "under_way": under_way,
             "model": f"each step's work in training steps (effkit/stage_costs.json's weights, for what it runs at "
-                     f"its share) x {step_s:.3f} s + {pipeline.BUDGET_USED:.0%} of each "
+                     f"its share) x {step_s:.3f} s for training, x the seconds fitted for each measuring step x this "
+                     f"machine's speed against the fitting one's ({d['machine']['factor']:.2f}) for the others + "
+                     f"{pipeline.BUDGET_USED:.0%} of each "
                      f"measuring step's time budget + {pipeline.OUTSIDE_S:.0f} s outside the steps (the estimate "
                      "`effkit run` prints)" + (f"; {pipeline.HOW_SHARED}" if budget > 0 else "")}
 

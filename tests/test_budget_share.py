@@ -14,7 +14,7 @@ from effkit.bench import speculative
 from effkit.bench.stage import FEWEST_PEERS, BenchStep, peers_at_share
 from effkit.config import BenchConfig, QuantizeConfig
 from effkit.errors import EffkitError
-from effkit.pipeline import expected_seconds, make_plan, shared, stage_budgets, stage_work, step_timer
+from effkit.pipeline import expected_seconds, make_plan, shared, stage_budgets, stage_work, step_timer, unit_seconds
 from effkit.quantize import backends
 from effkit.quantize import stage as quantize
 from effkit.stage import Plan, by_share, costs
@@ -109,10 +109,27 @@ def test_the_estimate_prices_the_measuring_stages_by_the_same_rule(speeds, tmp_p
     made = per_artifact + speculative.cost()["choose_k"] * ms.gen_tokens / 128
     assert speculative.runs(every_peer.bench) and not speculative.runs(small[0].bench)
     assert bench_all - stage_work(small[0])["bench"] == pytest.approx(dropped * per_artifact + made)
-    # the seconds `decide` and the estimate print are these works x the step time (+ the budgets' share)
-    seconds = expected_seconds(stage_work(small[0]), stage_budgets(small[0]), 0.5)
-    assert seconds["quantize"] == pytest.approx(0.5 * stage_work(small[0])["quantize"]
+    # the seconds `decide` and the estimate print are these works x their seconds per unit (+ the budgets' share):
+    # training's the step time; a measuring step's those fitted for it x this machine's factor, not the step time
+    units, m = unit_seconds(small[0], 0.5, 2.0), costs()["measuring_s"]
+    assert units["train"] == 0.5 and units["quantize"] == pytest.approx(2.0 * m["default"]) == \
+        unit_seconds(small[0], 0.25, 2.0)["quantize"]
+    seconds = expected_seconds(stage_work(small[0]), stage_budgets(small[0]), units)
+    assert seconds["quantize"] == pytest.approx(units["quantize"] * stage_work(small[0])["quantize"]
                                                 + 0.35 * stage_budgets(small[0])["quantize"])
+    assert seconds["train"] == pytest.approx(0.5 * stage_work(small[0])["train"])
+
+
+def test_each_measuring_step_of_the_quickstart_is_priced_by_its_own_fitted_seconds():
+    """The quickstart's measuring steps each at the seconds fitted from its own runs (prune row apart from depth,
+    quantize of the dense model apart from the pruned one), scaled by the machine factor alone."""
+    plan = make_plan("recipes/quickstart.toml")
+    m = costs()["measuring_s"]
+    units = unit_seconds(plan, 0.4, 1.0)
+    measuring = [k for k in stage_work(plan) if k != "train"]
+    assert measuring and all(units[k] == m["steps"][f"quickstart|{k}"] for k in measuring)
+    assert units["prune row"] != units["prune depth"] and units["quantize train"] != units["quantize best-pruned"]
+    assert unit_seconds(plan, 0.8, 1.5) == {**{k: 1.5 * v for k, v in units.items()}, "train": 0.8}
 
 
 def test_the_weights_are_data_a_benchmarks_script_wrote():
@@ -139,6 +156,9 @@ def test_a_warm_cache_lowers_the_estimate_by_what_filling_it_cost(tmp_path, corp
     plan = make_plan(str(write_recipe(tmp_path, corpus_dir)))
     work = stage_work(plan)
     mine, other = [k for k in work if k != "train"][:2]
+    # a machine on which `mine` costs 0.5 s per unit of its work (as training's step here)
+    factor = 0.5 / unit_seconds(plan, 0.5, 1.0)[mine]
+    monkeypatch.setattr("effkit.pipeline.machine_factor", lambda: {"factor": factor})
     clock, real = iter([10.0, 16.0]), time.perf_counter  # filling takes 6 s by this clock
     monkeypatch.setattr("time.perf_counter", lambda: next(clock))
     mark = len(machine_cache.CONSULTED)

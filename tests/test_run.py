@@ -216,7 +216,10 @@ def test_the_expected_time_is_the_measured_step_time_times_each_stages_work_resc
     eta.on_train_step(26, 1.0)
     assert eta.step_s == pytest.approx(0.5)
     work = stage_work(plan)
-    assert eta.first == pytest.approx({k: 0.5 * w + BUDGET_USED * budgets.get(k, 0) for k, w in work.items()})
+    # training at its step time; each measuring step at the seconds fitted for it x this machine's factor
+    units = __import__("effkit.pipeline").pipeline.unit_seconds(plan, 0.5, eta.factor)
+    assert units["train"] == 0.5 and eta.record()["seconds_per_unit"] == units
+    assert eta.first == pytest.approx({k: units[k] * w + BUDGET_USED * budgets.get(k, 0) for k, w in work.items()})
     assert "one training step 0.500 s" in printed.file.getvalue()
     eta.finished("train", 100.0)
     eta.finished("prune row", 2 * eta.first["prune row"])  # twice as long as expected: what is left doubles
