@@ -142,23 +142,6 @@ def test_a_registered_backend_writes_and_the_loader_loads_it(trained, fake_backe
 
 
 @pytest.mark.slow
-def test_int4_holds_4bit_layers_and_no_fp32_copy_of_the_tied_head(trained):
-    import onnx
-
-    tmp, artifact, _ = trained
-    report = run_quantize(qcfg(tmp, artifact, backend="onnxruntime-int4"))
-    graph = onnx.load(str(Path(report["artifact"]) / "model.onnx")).graph
-    ops = [n.op_type for n in graph.node]
-    assert ops.count("MatMulNBits") == 2 * 4 + 1 and ops.count("GatherBlockQuantized") == 1  # blocks, head, lookup
-    config = json.loads((Path(report["artifact"]) / "config.json").read_text())
-    fp32_tables = [i.name for i in graph.initializer if i.data_type == onnx.TensorProto.FLOAT
-                   and list(i.dims) == [config["vocab_size"], config["n_embd"]]]
-    assert fp32_tables == []  # the token embedding is read from the 4-bit head, not kept in fp32 beside it
-    params = json.loads((Path(report["artifact"]) / "onnx.json").read_text())["params"]
-    assert (Path(report["artifact"]) / "model.onnx").stat().st_size < 4 * params / 2  # well under fp32's bytes
-
-
-@pytest.mark.slow
 def test_a_row_pruned_artifact_quantizes(trained, capsys, monkeypatch):
     tmp, artifact, eval_blocks = trained
     pruned = run_prune(PruneConfig.from_flat(fixed_rounds=True,
@@ -290,6 +273,13 @@ def test_int4_measured_settings_travel_in_the_graph_and_reload_in_plain_onnxrunt
     attrs = [{a.name: onnx.helper.get_attribute_value(a) for a in n.attribute} for n in graph.node
              if n.op_type == "MatMulNBits"]
     assert len(attrs) == 2 * 4 + 1  # every block's matmuls and the head
+    assert [n.op_type for n in graph.node].count("GatherBlockQuantized") == 1  # the token lookup
+    config = json.loads((folder / "config.json").read_text())
+    fp32_tables = [i.name for i in graph.initializer if i.data_type == onnx.TensorProto.FLOAT
+                   and list(i.dims) == [config["vocab_size"], config["n_embd"]]]
+    assert fp32_tables == []  # the token embedding is read from the 4-bit head, not kept in fp32 beside it
+    params = json.loads((folder / "onnx.json").read_text())["params"]
+    assert (folder / "model.onnx").stat().st_size < 4 * params / 2  # well under fp32's bytes
     assert {(a["block_size"], a.get("accuracy_level", 0), a["bits"]) for a in attrs} == {
         (picked["block_size"], picked["accuracy_level"], 4)}
     assert int4["settings"] == {"bits": 4, "block_size": picked["block_size"], "zero_points": "none",
@@ -297,7 +287,6 @@ def test_int4_measured_settings_travel_in_the_graph_and_reload_in_plain_onnxrunt
     assert int4["algorithm"] == "rtn" and int4["calibration"] is None
 
     # a plain ONNX Runtime session loads it, and its loss is the one effkit reported
-    config = json.loads((folder / "config.json").read_text())
     loss = plain_onnxruntime_loss(folder / "model.onnx", config, eval_blocks)
     assert loss == pytest.approx(report["metrics"]["eval_loss"], rel=1e-4)
 
