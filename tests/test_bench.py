@@ -8,30 +8,28 @@ from conftest import assert_delta_from_blocks, assert_ratio_from_samples
 
 from effkit import cli
 from effkit.bench import LEADERBOARD_UNITS, run_bench
-from effkit.config import BenchConfig, PruneConfig, QuantizeConfig, TrainConfig
+from effkit.config import BenchConfig, PruneConfig, QuantizeConfig
 from effkit.measure.results import PairedRatio
 from effkit.prune.stage import run_prune
 from effkit.quantize.stage import run_quantize
 from effkit.report import render_run_report
-from effkit.train import train
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture(scope="module")
-def run_with_artifacts(tmp_path_factory, corpus_dir):
+def run_with_artifacts(tmp_path_factory, train_tiny):
     tmp = tmp_path_factory.mktemp("bench")
     dirs = {"runs_dir": str(tmp / "runs"), "reports_dir": str(tmp / "reports")}
-    dense = train(TrainConfig.from_flat(model="gpt2-nano", data=str(corpus_dir), vocab_size=512, block_size=32,
-                                        eval_blocks=4, batch_size=4, max_steps=4, warmup_steps=1, eval_interval=0,
-                                        checkpoint_interval=0, run_name="b", **dirs), progress=False)["artifact"]
-    pruned = run_prune(PruneConfig.from_flat(fixed_rounds=True,
-                                             source=dense, mode="row", target=0.5, rounds=1, finetune_steps=1,
-                                             distill=False, latency_repeats=2, **dirs), progress=False)["artifact"]
-    quant = run_quantize(QuantizeConfig.from_flat(fixed_rounds=True,
-                                                  source=dense, backend="dynamic", latency_repeats=2, gen_tokens=4,
+    dense = train_tiny(tmp, "b")
+    # the fewest rounds (2, one pass each) in the stages that make the bench's artifacts: only the bench is checked
+    fewest = {"fixed_rounds": True, "latency_rounds": 2, "latency_repeats": 1}
+    pruned = run_prune(PruneConfig.from_flat(source=dense, mode="row", target=0.5, rounds=1, finetune_steps=1,
+                                             distill=False, **fewest, **dirs), progress=False)["artifact"]
+    quant = run_quantize(QuantizeConfig.from_flat(source=dense, backend="dynamic", gen_tokens=4, **fewest,
                                                   **dirs))["artifact"]
-    report = run_bench(BenchConfig.from_flat(fixed_rounds=True, quick=True, **dirs), progress=False)
+    report = run_bench(BenchConfig.from_flat(fixed_rounds=True, quick=True, rounds=2, repeats=1, **dirs),
+                       progress=False)
     return tmp, dirs, report, (dense, pruned, quant)
 
 
@@ -94,7 +92,7 @@ def test_the_loss_against_the_dense_control_is_measured_on_the_blocks_the_bench_
     meta = artifacts.read_meta(Path(pruned))
     stored = meta["metrics"]["eval_loss_delta_vs_control"]
     data = artifacts.data_section(Path(dense), str(other))
-    cfg = BenchConfig.from_flat(fixed_rounds=True, quick=True, **dirs).validate()
+    cfg = BenchConfig.from_flat(fixed_rounds=True, quick=True, rounds=2, repeats=1, **dirs).validate()
     row = bench_in_this_process(pruned, cfg.to_dict(), data, dense, "cpu")
     blocks = prepare(DataConfig.from_dict(data), tokenizer_from=dense).blocks
     control = meta["metrics"]["control_artifact"]
@@ -329,13 +327,9 @@ def test_the_artifacts_alone_run_two_processes_at_once_on_a_cpu_and_keep_their_o
 
 
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory, corpus_dir):
+def tiny_run(tmp_path_factory, train_tiny):
     tmp = tmp_path_factory.mktemp("bench-plan")
-    dirs = {"runs_dir": str(tmp / "runs"), "reports_dir": str(tmp / "reports")}
-    dense = train(TrainConfig.from_flat(model="gpt2-nano", data=str(corpus_dir), vocab_size=512, block_size=32,
-                                        eval_blocks=4, batch_size=4, max_steps=2, warmup_steps=1, eval_interval=0,
-                                        checkpoint_interval=0, run_name="p", **dirs), progress=False)["artifact"]
-    return tmp, dense
+    return tmp, train_tiny(tmp, "p")
 
 
 def test_a_bench_whose_training_measure_does_not_fit_is_told_to_leave_it_out(tiny_run, monkeypatch):

@@ -32,7 +32,7 @@ def drafted(tmp_path_factory, train_tiny):
         return call(self, logits, batch)
 
     cfg = PruneConfig.from_flat(source=target, mode="draft", target=0.5, rounds=1, finetune_steps=3, batch_size=4,
-                                latency_repeats=2, latency_rounds=2, calib_batches=1, control=False,
+                                latency_repeats=1, latency_rounds=2, calib_batches=1, control=False,
                                 draft_narrow=0.5, draft_prompts=3, draft_new_tokens=12, fixed_rounds=True,
                                 runs_dir=str(tmp / "runs"), reports_dir=str(tmp / "reports"))
     with pytest.MonkeyPatch.context() as mp:

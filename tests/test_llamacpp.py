@@ -216,7 +216,8 @@ def test_the_peer_row_is_written_benched_and_its_ratios_recompute_from_the_sampl
 
     tmp, artifact, _ = exported
     report = run_bench(BenchConfig.from_flat(paths=(artifact,), peers=True, peer_engines="llamacpp",
-                                             fixed_rounds=True, quick=True, gen_tokens=8, batch_size=4,
+                                             fixed_rounds=True, quick=True, rounds=2, repeats=1, gen_tokens=8,
+                                             batch_size=4,
                                              runs_dir=str(tmp / "runs"), reports_dir=str(tmp / "reports")),
                        progress=False)
     rows = {r["tag"]: r for r in report["artifacts"]}

@@ -21,8 +21,8 @@ def trained(tmp_path_factory, train_tiny):
 
 
 def prune_cfg(tmp, artifact, **kw):
-    base = dict(source=artifact, rounds=2, finetune_steps=3, batch_size=4, latency_repeats=2, calib_batches=1,
-                distill=False, runs_dir=str(tmp / "runs"), reports_dir=str(tmp / "reports"))
+    base = dict(source=artifact, rounds=2, finetune_steps=3, batch_size=4, latency_repeats=1, latency_rounds=2,
+                calib_batches=1, distill=False, runs_dir=str(tmp / "runs"), reports_dir=str(tmp / "reports"))
     return PruneConfig.from_flat(fixed_rounds=True, **{**base, **kw})
 
 

@@ -29,11 +29,11 @@ def trained(tmp_path_factory, corpus_dir):
 
 
 def qcfg(tmp, source, **kw):
-    # fixed rounds for the comparisons with the parent; a choice (auto, a backend's settings) always runs the rule,
-    # here with 2 s of head-to-head per open contender (its second look always runs)
+    # the fewest fixed rounds (2, one pass each) for the comparisons with the parent; a choice (auto, a backend's
+    # settings) always runs the rule, here with 2 s of head-to-head per open contender (its second look always runs)
     return QuantizeConfig.from_flat(fixed_rounds=True,
-                                    **{"source": source, "latency_repeats": 2, "gen_tokens": 4, "batch_size": 4,
-                                       "budget_s": 2.0,
+                                    **{"source": source, "latency_rounds": 2, "latency_repeats": 1, "gen_tokens": 4,
+                                       "batch_size": 4, "budget_s": 2.0,
                              "runs_dir": str(tmp / "runs"), "reports_dir": str(tmp / "reports"), **kw})
 
 
@@ -134,7 +134,7 @@ def test_auto_measures_and_names_its_choice(trained, fake_backend, monkeypatch):
 
 def test_a_registered_backend_writes_and_the_loader_loads_it(trained, fake_backend):
     tmp, artifact, eval_blocks = trained
-    report = run_quantize(qcfg(tmp, artifact, backend="fake8", latency_rounds=2, latency_repeats=1))
+    report = run_quantize(qcfg(tmp, artifact, backend="fake8"))
     assert report["tag"] == "quantize-fake8" and report["metrics"]["int8_layers_reloaded"] > 0
     assert json.loads((Path(report["artifact"]) / "quantization.json").read_text())["backend"] == "fake8"
     model = load_any(report["artifact"])  # the one loader, through the registry
@@ -142,28 +142,11 @@ def test_a_registered_backend_writes_and_the_loader_loads_it(trained, fake_backe
 
 
 @pytest.mark.slow
-def test_int4_holds_4bit_layers_and_no_fp32_copy_of_the_tied_head(trained):
-    import onnx
-
-    tmp, artifact, _ = trained
-    report = run_quantize(qcfg(tmp, artifact, backend="onnxruntime-int4", latency_rounds=2, latency_repeats=1))
-    graph = onnx.load(str(Path(report["artifact"]) / "model.onnx")).graph
-    ops = [n.op_type for n in graph.node]
-    assert ops.count("MatMulNBits") == 2 * 4 + 1 and ops.count("GatherBlockQuantized") == 1  # blocks, head, lookup
-    config = json.loads((Path(report["artifact"]) / "config.json").read_text())
-    fp32_tables = [i.name for i in graph.initializer if i.data_type == onnx.TensorProto.FLOAT
-                   and list(i.dims) == [config["vocab_size"], config["n_embd"]]]
-    assert fp32_tables == []  # the token embedding is read from the 4-bit head, not kept in fp32 beside it
-    params = json.loads((Path(report["artifact"]) / "onnx.json").read_text())["params"]
-    assert (Path(report["artifact"]) / "model.onnx").stat().st_size < 4 * params / 2  # well under fp32's bytes
-
-
-@pytest.mark.slow
 def test_a_row_pruned_artifact_quantizes(trained, capsys, monkeypatch):
     tmp, artifact, eval_blocks = trained
     pruned = run_prune(PruneConfig.from_flat(fixed_rounds=True,
                                              source=artifact, mode="row", target=0.5, rounds=1, finetune_steps=0,
-                                             latency_repeats=2, runs_dir=str(tmp / "runs"),
+                                             latency_rounds=2, latency_repeats=1, runs_dir=str(tmp / "runs"),
                                              reports_dir=str(tmp / "reports")),
                        progress=False)
     monkeypatch.setattr(sys, "argv", ["effkit", "quantize", "--from", pruned["artifact"], "--backend", "dynamic",
@@ -267,7 +250,7 @@ def test_int4_measured_settings_travel_in_the_graph_and_reload_in_plain_onnxrunt
     # a wider budget makes both compute levels candidates, so the choice between them runs (the rule's bookkeeping
     # is checked against whatever budget is in force)
     monkeypatch.setattr(choose, "INT4_LOSS_BUDGET", 0.02)
-    report = run_quantize(qcfg(tmp, artifact, backend="onnxruntime-int4", latency_rounds=2, latency_repeats=1))
+    report = run_quantize(qcfg(tmp, artifact, backend="onnxruntime-int4"))
     folder = Path(report["artifact"])
     int4 = json.loads((folder / "quantization.json").read_text())["onnx"]["int4"]
     assert json.loads((folder / "onnx.json").read_text())["int4"] == int4  # the ONNX description carries it too
@@ -290,6 +273,13 @@ def test_int4_measured_settings_travel_in_the_graph_and_reload_in_plain_onnxrunt
     attrs = [{a.name: onnx.helper.get_attribute_value(a) for a in n.attribute} for n in graph.node
              if n.op_type == "MatMulNBits"]
     assert len(attrs) == 2 * 4 + 1  # every block's matmuls and the head
+    assert [n.op_type for n in graph.node].count("GatherBlockQuantized") == 1  # the token lookup
+    config = json.loads((folder / "config.json").read_text())
+    fp32_tables = [i.name for i in graph.initializer if i.data_type == onnx.TensorProto.FLOAT
+                   and list(i.dims) == [config["vocab_size"], config["n_embd"]]]
+    assert fp32_tables == []  # the token embedding is read from the 4-bit head, not kept in fp32 beside it
+    params = json.loads((folder / "onnx.json").read_text())["params"]
+    assert (folder / "model.onnx").stat().st_size < 4 * params / 2  # well under fp32's bytes
     assert {(a["block_size"], a.get("accuracy_level", 0), a["bits"]) for a in attrs} == {
         (picked["block_size"], picked["accuracy_level"], 4)}
     assert int4["settings"] == {"bits": 4, "block_size": picked["block_size"], "zero_points": "none",
@@ -297,7 +287,6 @@ def test_int4_measured_settings_travel_in_the_graph_and_reload_in_plain_onnxrunt
     assert int4["algorithm"] == "rtn" and int4["calibration"] is None
 
     # a plain ONNX Runtime session loads it, and its loss is the one effkit reported
-    config = json.loads((folder / "config.json").read_text())
     loss = plain_onnxruntime_loss(folder / "model.onnx", config, eval_blocks)
     assert loss == pytest.approx(report["metrics"]["eval_loss"], rel=1e-4)
 
@@ -319,7 +308,7 @@ def test_int4_takes_the_lowest_loss_untimed_when_no_setting_is_within_the_budget
 
     tmp, artifact, _ = trained
     monkeypatch.setattr(choose, "INT4_LOSS_BUDGET", -1.0)  # no interval ends 100% below the parent
-    report = run_quantize(qcfg(tmp, artifact, backend="onnxruntime-int4", latency_rounds=2, latency_repeats=1))
+    report = run_quantize(qcfg(tmp, artifact, backend="onnxruntime-int4"))
     int4 = json.loads((Path(report["artifact"]) / "quantization.json").read_text())["onnx"]["int4"]
     measured = {n: t for n, t in int4["table"].items() if "loss_delta" in t}
     # both levels in 4 bits, then the mixed graphs at the lower-loss one's level (auto's shares, in turn)
@@ -355,8 +344,7 @@ def test_int4_mixed_graph_keeps_the_most_sensitive_layers_in_8_bits_measured_on_
 
     monkeypatch.setattr(choose, "within_loss", within)
     monkeypatch.setattr(choose, "sensitivity", sensitivity)
-    report = run_quantize(qcfg(tmp, artifact, backend="onnxruntime-int4", int4_block_size="32", latency_rounds=2,
-                               latency_repeats=1))
+    report = run_quantize(qcfg(tmp, artifact, backend="onnxruntime-int4", int4_block_size="32"))
     folder = Path(report["artifact"])
     int4 = json.loads((folder / "onnx.json").read_text())["int4"]
     table = int4["table"]
@@ -393,8 +381,7 @@ def test_int4_settings_asked_by_hand_are_written_as_asked(trained):
     import onnx
 
     tmp, artifact, _ = trained
-    report = run_quantize(qcfg(tmp, artifact, backend="onnxruntime-int4", int4_block_size="16", accuracy_level="4",
-                               latency_rounds=2, latency_repeats=1))
+    report = run_quantize(qcfg(tmp, artifact, backend="onnxruntime-int4", int4_block_size="16", accuracy_level="4"))
     assert report["tag"] == "quantize-onnxruntime-int4-b16-level4"  # beside the measured artifact, not over it
     folder = Path(report["artifact"])
     int4 = json.loads((folder / "onnx.json").read_text())["int4"]
@@ -508,7 +495,7 @@ def assert_nbits_artifact(report, algorithm: str, bits: int, zero_points: str, e
 def test_int4_hqq_and_8bit_artifacts_reload_with_the_reported_loss(algorithm, bits, zero_points, trained):
     tmp, artifact, eval_blocks = trained
     report = run_quantize(qcfg(tmp, artifact, backend="onnxruntime-int4", int4_algorithm=algorithm, int4_bits=bits,
-                               int4_block_size="32", accuracy_level="1", latency_rounds=2, latency_repeats=1))
+                               int4_block_size="32", accuracy_level="1"))
     assert report["tag"] == "quantize-onnxruntime-int4" + ("-hqq" if algorithm == "hqq" else "-8bit") + "-b32-level1"
     int4, graph = assert_nbits_artifact(report, algorithm, int(bits), zero_points, eval_blocks)
     assert int4["calibration"] is None
@@ -540,7 +527,7 @@ def test_int4_gptq_calibrates_on_training_blocks_only(trained, monkeypatch):
 
     monkeypatch.setattr(weight_only, "prepare_inputs", capture)
     report = run_quantize(qcfg(tmp, artifact, backend="onnxruntime-int4", int4_algorithm="gptq",
-                               int4_block_size="32", accuracy_level="1", latency_rounds=2, latency_repeats=1))
+                               int4_block_size="32", accuracy_level="1"))
     int4, graph = assert_nbits_artifact(report, "gptq", 4, "uint8", eval_blocks)
     assert [a.i for n in graph.node if n.op_type == "GatherBlockQuantized" for a in n.attribute
             if a.name == "bits"] == [4]  # the embedding reads the head with its uint8 zero points
@@ -590,7 +577,7 @@ def test_onnxruntime_int8_takes_the_faster_form_within_its_loss_budget_and_recor
     import onnx
 
     tmp, artifact, _ = trained
-    report = run_quantize(qcfg(tmp, artifact, backend="onnxruntime", latency_rounds=2, latency_repeats=1))
+    report = run_quantize(qcfg(tmp, artifact, backend="onnxruntime"))
     onnx_desc = json.loads((Path(report["artifact"]) / "onnx.json").read_text())
     record = onnx_desc["int8_form"]
     assert set(record["table"]) == {"effkit", "standard"} and record["table"][record["picked"]]["status"] == "picked"
@@ -608,8 +595,7 @@ def test_onnxruntime_int8_takes_the_faster_form_within_its_loss_budget_and_recor
 
     assert embedding_from_int8_head(Path(report["artifact"])) == (record["picked"] == "effkit")
     assert not list(Path(report["artifact"]).glob(".int8-forms"))
-    by_hand = run_quantize(qcfg(tmp, artifact, backend="onnxruntime", int8_form="standard", latency_rounds=2,
-                                latency_repeats=1))
+    by_hand = run_quantize(qcfg(tmp, artifact, backend="onnxruntime", int8_form="standard"))
     assert by_hand["tag"] == "quantize-onnxruntime-standard"
     assert not embedding_from_int8_head(Path(by_hand["artifact"]))  # fp32 embeddings, as quantize_dynamic leaves them
 
