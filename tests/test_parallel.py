@@ -169,16 +169,27 @@ def test_8bit_adamw_on_sharded_parameters_trains_and_resumes(name, parallel_runs
     assert eight != adamw and eight[-1] == pytest.approx(adamw[-1], rel=0.02)
 
 
-def _cli(args, tmp_path, env=None, timeout=180):
-    import subprocess
+def _cli_args(args, tmp_path):
     import sys
 
-    cmd = [sys.executable, "-m", "effkit", "train", "--model", "gpt2-nano", "--vocab-size", "512", "--block-size",
-           "32", "--eval-blocks", "4", "--no-amp", "--warmup-steps", "1", "--eval-interval", "0",
-           "--checkpoint-interval", "0",
-           "--runs-dir", str(tmp_path / "runs"), "--reports-dir", str(tmp_path / "reports"), *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+    return [sys.executable, "-m", "effkit", "train", "--model", "gpt2-nano", "--vocab-size", "512", "--block-size",
+            "32", "--eval-blocks", "4", "--no-amp", "--warmup-steps", "1", "--eval-interval", "0",
+            "--checkpoint-interval", "0",
+            "--runs-dir", str(tmp_path / "runs"), "--reports-dir", str(tmp_path / "reports"), *args]
+
+
+def _cli(args, tmp_path, env=None, timeout=180):
+    import subprocess
+
+    return subprocess.run(_cli_args(args, tmp_path), capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+
+
+def _same_run_as(base: dict) -> list[str]:
+    """The command-line options that give a launch the recipe of the module's runs (`parallel_runs`'s `base`), so
+    its losses compare with theirs without a reference run of its own."""
+    return ["--data", base["data"], "--max-steps", str(base["max_steps"]), "--warmup-steps", str(base["warmup_steps"]),
+            "--lr", str(base["lr"])]
 
 
 @pytest.mark.slow
@@ -255,29 +266,24 @@ def test_a_rank_killed_by_a_signal_is_named_and_nothing_is_left(tmp_path, corpus
 
 
 @pytest.mark.slow
-def test_two_nodes_on_localhost_finish_and_match_single_process(tmp_path, corpus_dir):
+def test_two_nodes_on_localhost_finish_and_match_single_process(tmp_path, parallel_runs):
     import subprocess
     import sys
 
+    base, _, _ = parallel_runs
     port = str(_free_port())
-    base = [sys.executable, "-m", "effkit", "train", "--model", "gpt2-nano", "--vocab-size", "512", "--block-size",
-            "32", "--eval-blocks", "4", "--no-amp", "--warmup-steps", "1", "--eval-interval", "0",
-           "--checkpoint-interval", "0",
-            "--max-steps", "3", "--threads", "1", "--data", str(corpus_dir), "--runs-dir", str(tmp_path / "runs"),
-            "--reports-dir", str(tmp_path / "reports")]
-    nodes = [subprocess.Popen([*base, "--parallel", "ddp", "--nnodes", "2", "--nproc", "1", "--node-rank", str(r),
-                               "--master-addr", "127.0.0.1", "--master-port", port, "--batch-size", "2",
-                               "--run-name", "nodes"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    nodes = [subprocess.Popen(_cli_args([*_same_run_as(base), "--parallel", "ddp", "--nnodes", "2", "--nproc", "1",
+                                         "--node-rank", str(r), "--master-addr", "127.0.0.1", "--master-port", port,
+                                         "--batch-size", str(GLOBAL_BATCH // 2), "--threads", "1",
+                                         "--run-name", "nodes"], tmp_path),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env={**os.environ, "OMP_NUM_THREADS": "1"}) for r in (0, 1)]
     outs = [n.communicate(timeout=240) for n in nodes]
     assert [n.returncode for n in nodes] == [0, 0], [o[1][-1500:] for o in outs]
     assert "node 1: training finished" in outs[1][0]
     report = json.loads((tmp_path / "reports" / "nodes" / "train.json").read_text())
     assert report["what_ran"]["world_size"] == 2 and report["what_ran"]["parallel"] == "ddp"
-    single = subprocess.run([*base, "--batch-size", "4", "--run-name", "single"], capture_output=True, text=True,
-                            timeout=240)
-    assert single.returncode == 0, single.stderr[-1500:]
-    ref = _losses(str(tmp_path / "reports"), "single")
+    ref = _losses(base["reports_dir"], "single")  # the module's single-process run of the same recipe
     assert _losses(str(tmp_path / "reports"), "nodes") == pytest.approx(ref, rel=2e-5, abs=2e-5)
 
 
@@ -309,18 +315,18 @@ def test_a_bad_value_found_inside_the_ranks_exits_2_in_one_line(tmp_path, corpus
 
 
 @pytest.mark.slow
-def test_a_killed_pipeline_run_resumes_to_the_same_losses(tmp_path, corpus_dir):
-    args = ["--data", str(corpus_dir), "--parallel", "pp", "--nproc", "2", "--max-steps", "6", "--batch-size", "4",
-            "--threads", "1"]
-    full = _cli([*args, "--run-name", "full"], tmp_path)
-    assert full.returncode == 0, full.stderr[-2000:]
-    cut = _cli([*args, "--run-name", "cut", "--checkpoint-interval", "2"], tmp_path,
-               env={"EFFKIT_FAULT_INJECT": "1:4:kill"})
+def test_a_killed_pipeline_run_resumes_to_the_same_losses(tmp_path, parallel_runs):
+    base, _, _ = parallel_runs
+    _, _, batch, other = MODES["pp-1f1b"]
+    args = [*_same_run_as(base), "--parallel", "pp", "--nproc", "2", "--batch-size", str(batch), "--threads", "1",
+            "--pp-schedule", other["pp_schedule"], "--microbatches", str(other["microbatches"]), "--run-name", "cut"]
+    cut = _cli([*args, "--checkpoint-interval", "2"], tmp_path, env={"EFFKIT_FAULT_INJECT": "1:4:kill"})
     assert cut.returncode == 1 and "rank 1 was killed by SIGKILL" in cut.stderr
-    resumed = _cli([*args, "--run-name", "cut", "--resume"], tmp_path)
+    resumed = _cli([*args, "--resume"], tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    reports = str(tmp_path / "reports")
-    assert _losses(reports, "cut") == pytest.approx(_losses(reports, "full"), rel=1e-6, abs=1e-6)
+    # the uninterrupted run: the module's pp-1f1b run of the same recipe
+    assert _losses(str(tmp_path / "reports"), "cut") == pytest.approx(_losses(base["reports_dir"], "pp-1f1b"),
+                                                                      rel=1e-6, abs=1e-6)
 
 
 def test_the_rank_killed_from_outside_is_named_not_the_one_the_launcher_stopped(tmp_path):

@@ -159,23 +159,6 @@ def test_the_cli_prints_a_simulated_ranking_one_line_per_layout(tmp_path, monkey
     assert " 1. " in out and "step " in out and "fits" in out
 
 
-@pytest.mark.slow
-def test_this_machines_collectives_and_probe_are_timed_in_launched_processes(tiny_cfg):
-    from effkit import memplan
-
-    cfg = tiny_cfg()
-    mc = memplan._one_block(memplan._model_config(cfg))
-    probe = {"model_config": mc.to_dict(), "batch": 1, "block": cfg.data.block_size, "checkpointing": False,
-             "optim": "adamw", "amp": None, "threads": 1, "rounds": 2}
-    started = []
-    measured = machine.launch_measuring(2, 1, probe, lambda: started.append(1))
-    timed = measured["collectives"]
-    assert started == [1] and set(timed) == set(machine.KINDS)
-    assert all(len(v) == len(machine.SIZES) and all(s > 0 for _, s in v) for v in timed.values())
-    assert measured["probe"]["bytes"] > 0 and 0 < measured["probe"]["step_s"] < measured["probe"]["step2_s"] * 2
-    assert measured["probe2"]["step_s"] > 0 and measured["optimizer"]["param_s"] > 0
-
-
 def test_the_trial_times_only_fitting_layouts_in_paired_rounds_and_keeps_prediction_beside_measurement(
         tiny_cfg, monkeypatch, capsys):
     cfg = nano(tiny_cfg, nproc=4, simulate="")
@@ -207,14 +190,42 @@ def test_the_trial_times_only_fitting_layouts_in_paired_rounds_and_keeps_predict
 
 
 @pytest.mark.slow
-def test_auto_times_the_best_layouts_and_trains_with_the_winner(tmp_path, corpus_dir):
+def test_auto_measures_this_machine_in_launched_processes_then_trains_with_the_winner(tmp_path, corpus_dir,
+                                                                                      monkeypatch):
+    """This machine's collectives and runtime probe timed in launched processes (while the simulations run here),
+    then `effkit train --parallel auto` ranking on them (cached per machine), timing the best two layouts and
+    training with the winner."""
     import subprocess
 
-    args = ["train", "--model", "gpt2-nano", "--data", str(corpus_dir), "--vocab-size", "512", "--block-size", "32",
-            "--eval-blocks", "4", "--batch-size", "4", "--max-steps", "2", "--runs-dir", str(tmp_path / "runs"),
-            "--reports-dir", str(tmp_path / "reports"), "--run-name", "auto", "--parallel", "auto", "--nproc", "2",
-            "--auto-top", "2", "--auto-steps", "2", "--eval-interval", "0", "--checkpoint-interval", "0"]
-    proc = subprocess.run([sys.executable, "-m", "effkit", *args], capture_output=True, text=True, timeout=1500)
+    from effkit.config import TrainConfig
+
+    monkeypatch.setenv("EFFKIT_REMEASURE", "1")  # measured here even where the session's cache has them
+    flags = dict(model="gpt2-nano", data=str(corpus_dir), vocab_size=512, block_size=32, eval_blocks=4, batch_size=4,
+                 max_steps=2, parallel="auto", nproc=2, auto_top=2, auto_steps=2, eval_interval=0,
+                 checkpoint_interval=0)
+    started, measured = [], []
+    launch = auto.launch_measuring
+
+    def spy(world, threads, probe, meanwhile):
+        measured.append(launch(world, threads, probe, lambda: started.append(meanwhile())))
+        return measured[-1]
+
+    monkeypatch.setattr(auto, "launch_measuring", spy)
+    auto.rank(TrainConfig.from_flat(**flags, run_name="auto", runs_dir=str(tmp_path / "runs"),
+                                    reports_dir=str(tmp_path / "reports")))
+    assert len(started) == 1 and len(measured) == 1
+    timed = measured[0]["collectives"]
+    assert set(timed) == set(machine.KINDS)
+    assert all(len(v) == len(machine.SIZES) and all(s > 0 for _, s in v) for v in timed.values())
+    probe = measured[0]["probe"]
+    assert probe["bytes"] > 0 and 0 < probe["step_s"] < probe["step2_s"] * 2
+    assert measured[0]["probe2"]["step_s"] > 0 and measured[0]["optimizer"]["param_s"] > 0
+
+    monkeypatch.delenv("EFFKIT_REMEASURE")  # the launch below ranks on what was just measured and cached
+    args = [f"--{k.replace('_', '-')}={v}" for k, v in flags.items()]
+    args += ["--runs-dir", str(tmp_path / "runs"), "--reports-dir", str(tmp_path / "reports"), "--run-name", "auto"]
+    proc = subprocess.run([sys.executable, "-m", "effkit", "train", *args], capture_output=True, text=True,
+                          timeout=1500)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "reports" / "auto" / "train.json").read_text())
     choice = report["parallel_auto"]
