@@ -89,8 +89,8 @@ DENSE="$OUT/runs/$RUN/train"
 step "prune row (GPU)"
 effkit prune --from "$DENSE" --mode row --target 0.5 --rounds 2 --finetune-steps 5 --device cuda "${DIRS[@]}"
 step "prune width, taylor importance (GPU)"
-effkit prune --from "$DENSE" --mode width --importance taylor --target 0.25 --rounds 1 --finetune-steps 5 \
-  --device cuda "${DIRS[@]}"
+effkit prune --from "$DENSE" --mode width --importance taylor --target 0.25 --width-multiple 16 --rounds 1 \
+  --finetune-steps 5 --device cuda "${DIRS[@]}"
 step "prune depth with distillation (GPU)"
 effkit prune --from "$DENSE" --mode depth --target 0.5 --rounds 1 --finetune-steps 5 --distill --device cuda \
   "${DIRS[@]}"
