@@ -147,12 +147,18 @@ def reference_s(repeats: int = REFERENCE_REPEATS) -> float:
 
 @cache
 def machine_factor() -> dict[str, Any]:
-    """This machine's speed for the measuring steps against the machine their seconds were fitted on
-    (`reference_s` here over effkit/stage_costs.json's `measuring_s.reference_s`; 1 where the file has none),
-    measured once per process."""
-    fitted = costs().get("measuring_s", {}).get("reference_s")
+    """This machine's speed for the measuring steps against the machine their seconds were fitted on: 1 on the CPU
+    they were fitted on (effkit/stage_costs.json's `measuring_s.cpu`, `cpu_identity`), else `reference_s` here over
+    `measuring_s.reference_s` (1 where the file has none), measured once per process."""
+    from effkit.measure.hardware import cpu_identity
+
+    m = costs().get("measuring_s", {})
+    fitted, cpu = m.get("reference_s"), cpu_identity()
+    if cpu == m.get("cpu"):  # the reference's spread between idle runs on one machine is wider than a CPU's speed
+        return {"factor": 1.0, "cpu": cpu, "how": "the seconds were fitted on this CPU: taken as they are"}
     here = reference_s()
-    return {"factor": here / fitted if fitted else 1.0, "reference_s": here, "fitted_reference_s": fitted}
+    return {"factor": here / fitted if fitted else 1.0, "reference_s": here, "fitted_reference_s": fitted, "cpu": cpu,
+            "how": "another CPU than the one the seconds were fitted on: scaled by the reference timing's ratio"}
 
 
 def unit_seconds(plan: Plan, step_s: float, factor: float) -> dict[str, float]:

@@ -186,3 +186,18 @@ def test_a_warm_cache_lowers_the_estimate_by_what_filling_it_cost(tmp_path, corp
     monkeypatch.setitem(costs(), "step_caches", {f"tiny|{other}": ["never_filled"]})  # never run here: cold
     monkeypatch.setitem(costs(), "cache_fill", {"never_filled": 3.0})
     assert with_fills(work, cache_fills(plan, work))[other] == work[other] + 3.0
+
+
+def test_the_fitted_seconds_hold_on_their_own_cpu_and_the_reference_scales_them_to_another(monkeypatch):
+    """On the CPU the measuring seconds were fitted on, the factor is 1 whatever the reference timing reads (its
+    spread between idle runs on one machine is wider than a CPU's difference); on another CPU, the timing's ratio."""
+    from effkit import pipeline
+
+    fitted = {"measuring_s": {"reference_s": 0.04, "cpu": "Some CPU|family 1 model 2|avx2"}}
+    monkeypatch.setattr(pipeline, "costs", lambda: fitted)
+    monkeypatch.setattr(pipeline, "reference_s", lambda: 0.05)
+    for cpu, factor in (("Some CPU|family 1 model 2|avx2", 1.0), ("Some CPU|family 1 model 17|avx512f,avx2", 1.25)):
+        monkeypatch.setattr("effkit.measure.hardware.cpu_identity", lambda cpu=cpu: cpu)
+        pipeline.machine_factor.cache_clear()
+        assert pipeline.machine_factor()["factor"] == pytest.approx(factor)
+    pipeline.machine_factor.cache_clear()

@@ -28,6 +28,23 @@ def describe_device(device: torch.device) -> str:
 CPU_FLAGS = ("avx512_bf16", "amx_bf16", "avx512_vnni", "avx512f", "avx2")
 
 
+def cpu_identity() -> str:
+    """The CPU's model name, family and model numbers and `cpu_flags`: one string that tells apart CPUs a virtual
+    machine names alike ("AMD EPYC" for a Zen 3 and a Zen 4)."""
+    fields = {}
+    try:
+        for line in open("/proc/cpuinfo"):
+            key, _, value = line.partition(":")
+            if key.strip() in ("model name", "cpu family", "model") and key.strip() not in fields:
+                fields[key.strip()] = value.strip()
+            if not line.strip():
+                break
+    except OSError:
+        pass
+    name = fields.get("model name", platform.processor() or platform.machine())
+    return f"{name}|family {fields.get('cpu family', '?')} model {fields.get('model', '?')}|{','.join(cpu_flags())}"
+
+
 def cpu_flags() -> list[str]:
     """The CPU features that decide bf16 and int8 speed, read from /proc/cpuinfo."""
     try:
