@@ -109,9 +109,9 @@ def expected_seconds(work: dict[str, float], budgets: dict[str, float], unit: fl
 # The measuring steps (evaluations, exports, timed rounds of other engines) do not run training's code, so training's
 # step time is no measure of their speed: it moves with training's code and its first steps while theirs stays (the
 # runs in effkit/stage_costs.json's `measuring_s`). They are priced in seconds per unit of their work fitted on one
-# machine, times this machine's speed against that one: a short fixed piece of interpreter and single-threaded
-# tensor work, timed in the thread's CPU seconds, which a busy moment at start-up does not inflate as it does wall
-# time, the least of `REFERENCE_REPEATS`.
+# machine, on another CPU times this machine's speed against that one: a short fixed piece of interpreter and
+# single-threaded tensor work, timed in the thread's CPU seconds, which a busy moment at start-up does not inflate
+# as it does wall time, the least of `REFERENCE_REPEATS`.
 REFERENCE_REPEATS = 10
 
 
