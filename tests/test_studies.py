@@ -17,11 +17,15 @@ def tiny_study(tmp_path, corpus_dir):
                        batch_sizes=(2,), block_sizes=(32,), max_workers=1, microbatches=(1, 2))
 
 
+STOOD_IN = ("pipeline", "pp-memory", "sync", "scaling", "batch-size")
+
+
 def launches_stood_in(monkeypatch, module: str) -> list:
-    """The pipeline-parallel runs of a study replaced by stand-ins (step times, peaks and parameter bytes shaped
-    like a 2-stage pipeline's): those launches are test_parallel's (`parallel_runs`: GPipe and 1F1B against one
-    process, a stage's parameter bytes), so here only the study's own reading, arithmetic, tables and plot are
-    tested, without two minutes of process start-ups. Returns the configurations the study asked for."""
+    """The runs of a study replaced by stand-ins (step times, tokens/s, peaks and parameter bytes shaped like a
+    2-stage pipeline's where it is one): those launches are test_parallel's (`parallel_runs`: GPipe, 1F1B, the
+    three gradient syncs, fsdp and tp against one process, a stage's parameter bytes; the launcher in its CLI
+    tests), so here only the study's own reading, arithmetic, tables and plot are tested, without minutes of
+    process start-ups. Returns the configurations the study asked for."""
     import importlib
 
     study = importlib.import_module(f"effkit.studies.{module}")
@@ -33,8 +37,10 @@ def launches_stood_in(monkeypatch, module: str) -> list:
         pp = cfg.parallel.mode == "pp"
         seq = 0.04 * cfg.optim.grad_accum
         step = seq / p * (1 + (p - 1) / m) if pp and cfg.parallel.launched else seq
+        tokens = cfg.optim.batch_size * cfg.data.block_size * (1 if pp or cfg.parallel.mode == "tp" else max(p, 1))
         return {"step_times": [step * 3, step * 0.98, step * 1.02, step], "losses": [4.0, 3.9, 3.8, 3.7],
-                "metrics": {"peak_memory_bytes_per_rank": [(30 if pp else 50) * 2**20] * p},
+                "metrics": {"peak_memory_bytes_per_rank": [(30 if pp else 50) * 2**20] * p,
+                            "train_tokens_per_s": tokens / step},
                 "what_ran": {"parallel_detail": {"param_bytes_this_rank": (8 if pp else 16) * 2**20}}}
 
     monkeypatch.setattr(study, "_train", stand_in)
@@ -44,7 +50,7 @@ def launches_stood_in(monkeypatch, module: str) -> list:
 @pytest.mark.parametrize("name", names())
 @pytest.mark.slow
 def test_study_writes_consistent_json_markdown_and_png(name, tiny_study, tmp_path, monkeypatch):
-    asked = launches_stood_in(monkeypatch, name.replace("-", "_")) if name in ("pipeline", "pp-memory") else None
+    asked = launches_stood_in(monkeypatch, name.replace("-", "_")) if name in STOOD_IN else None
     if name == "memory":  # #39 (6): gpt2-mini, whose own tensors are most of its peak (on gpt2-nano the plan was
         # mostly its one-block runtime probe, compared with itself), with glibc's default allocator, as users run
         # (the 16-configuration grid over both allocators, benchmarks/memory_plan_grid.py, costs 2.5 minutes)
@@ -91,6 +97,16 @@ def test_study_writes_consistent_json_markdown_and_png(name, tiny_study, tmp_pat
         assert [r["mode"] for r in data["rows"]] == ["ddp", "pp"]
         assert [(c.parallel.mode, c.parallel.nproc) for c in asked] == [("ddp", 2), ("pp", 2)]
         assert data["rows"][1]["param_mib_rank0"] == 8 and data["rows"][1]["peak_memory_mib_per_rank"] == [30, 30]
+    if name == "sync":  # each gradient sync launched on 2 processes of ddp
+        assert [(c.parallel.mode, c.parallel.sync, c.parallel.nproc) for c in asked] == [
+            ("ddp", "gather-scatter", 2), ("ddp", "all-reduce", 2), ("ddp", "ddp", 2)]
+    if name == "scaling":  # one process of one thread, then ddp launched on 2
+        assert [(c.parallel.launched, c.parallel.nproc, c.parallel.threads) for c in asked] == [(False, 0, 1),
+                                                                                              (True, 2, 1)]
+        assert data["rows"][0]["scaling_efficiency"] == pytest.approx(1)
+    if name == "batch-size":
+        assert [(c.parallel.mode, c.parallel.nproc, c.optim.batch_size) for c in asked] == [("fsdp", 2, 2),
+                                                                                          ("tp", 2, 2)]
     if name == "checkpointing":
         on = [r for r in data["rows"] if r["activation_checkpointing"]]
         assert len(on) == 1
