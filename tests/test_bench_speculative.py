@@ -6,6 +6,7 @@ the deliverable, shipped only where it measured faster; left out with a reason o
 from pathlib import Path
 
 import pytest
+from test_quantize import one_onnx_export  # noqa: F401 - the reference's ONNX export made once for the module
 from test_run import _fake_bench, write_recipe
 
 from effkit import artifacts, workloads
