@@ -437,6 +437,7 @@ def test_bad_export_input(trained, capsys, monkeypatch):
     assert "CPU only" in cannot_run_on(onnx8, torch.device("cuda"))  # bench leaves it out on a GPU, saying why
     assert cannot_run_on(onnx8, torch.device("cpu")) is None
     before = sorted(p.name for p in (tmp / "runs" / "x").iterdir())
+    dirs += ["--gen-tokens", "4"]  # the parent's generation sample, before each refusal below
 
     def unrepresentable(*args, **kwargs):
         raise RuntimeError("Unsupported: aten::weird_op\nlong exporter trace ...")
