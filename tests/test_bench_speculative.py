@@ -143,8 +143,8 @@ def test_the_bench_times_the_speculative_artifact_beside_the_others(reference, p
 
     runs = Path(reference).parent.parent
     report = run_bench(BenchConfig.from_flat(paths=(reference,), speculative=True, quick=True, rounds=2, repeats=1,
-                                             train_steps=0, runs_dir=str(runs), reports_dir=str(runs.parent / "reports")),
-                       progress=False)
+                                             train_steps=0, runs_dir=str(runs),
+                                             reports_dir=str(runs.parent / "reports")), progress=False)
     rows = {r["tag"]: r for r in report["artifacts"]}
     assert list(rows) == [Path(reference).name, bs.SPEC_TAG]
     row = rows[bs.SPEC_TAG]
