@@ -6,6 +6,7 @@ the deliverable, shipped only where it measured faster; left out with a reason o
 from pathlib import Path
 
 import pytest
+from test_quantize import one_onnx_export  # noqa: F401 - the reference's ONNX export made once for the module
 from test_run import _fake_bench, write_recipe
 
 from effkit import artifacts, workloads
@@ -142,8 +143,8 @@ def test_the_bench_times_the_speculative_artifact_beside_the_others(reference, p
 
     runs = Path(reference).parent.parent
     report = run_bench(BenchConfig.from_flat(paths=(reference,), speculative=True, quick=True, rounds=2, repeats=1,
-                                             train_steps=0, runs_dir=str(runs), reports_dir=str(runs.parent / "reports")),
-                       progress=False)
+                                             train_steps=0, runs_dir=str(runs),
+                                             reports_dir=str(runs.parent / "reports")), progress=False)
     rows = {r["tag"]: r for r in report["artifacts"]}
     assert list(rows) == [Path(reference).name, bs.SPEC_TAG]
     row = rows[bs.SPEC_TAG]

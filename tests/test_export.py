@@ -289,6 +289,7 @@ def test_effkits_standard_int8_is_the_very_computation_of_onnx_runtimes_peer(tra
     head) and the fp32 graph are other computations."""
     from transformers import AutoTokenizer
 
+    from effkit import engines
     from effkit.engines.onnxruntime import ENGINE
     from effkit.engines.onnxruntime.export import write_artifact
     from effkit.engines.onnxruntime.graph import graph_digest
@@ -298,13 +299,15 @@ def test_effkits_standard_int8_is_the_very_computation_of_onnx_runtimes_peer(tra
     folders = {k: tmp_path / k for k in ("peer", "standard", "effkit", "fp32")}
     for f in folders.values():
         f.mkdir()
-    ENGINE.write_peer(folders["peer"], Path(artifact), copy.deepcopy(model), tok)
-    write_artifact(folders["standard"], copy.deepcopy(model), tok, int8=True, fused=False, standard_int8=True)
-    write_artifact(folders["effkit"], copy.deepcopy(model), tok, int8=True, fused=False)
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    model.train()
-    use_cache = model.config.use_cache
-    write_artifact(folders["fp32"], model, tok, int8=False, fused=False)  # read in place (a CPU fp32 model): not copied
+    (tmp_path / "kept").mkdir()
+    with engines.exports_kept(tmp_path / "kept"):  # one export of the model, quantized in each form
+        ENGINE.write_peer(folders["peer"], Path(artifact), copy.deepcopy(model), tok)
+        write_artifact(folders["standard"], copy.deepcopy(model), tok, int8=True, fused=False, standard_int8=True)
+        write_artifact(folders["effkit"], copy.deepcopy(model), tok, int8=True, fused=False)
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        model.train()
+        use_cache = model.config.use_cache
+        write_artifact(folders["fp32"], model, tok, int8=False, fused=False)  # read in place (CPU fp32): not copied
     assert model.training and model.config.use_cache == use_cache  # its mode and config given back
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # its weights untouched
     model.eval()
@@ -434,6 +437,7 @@ def test_bad_export_input(trained, capsys, monkeypatch):
     assert "CPU only" in cannot_run_on(onnx8, torch.device("cuda"))  # bench leaves it out on a GPU, saying why
     assert cannot_run_on(onnx8, torch.device("cpu")) is None
     before = sorted(p.name for p in (tmp / "runs" / "x").iterdir())
+    dirs += ["--gen-tokens", "4"]  # the parent's generation sample, before each refusal below
 
     def unrepresentable(*args, **kwargs):
         raise RuntimeError("Unsupported: aten::weird_op\nlong exporter trace ...")

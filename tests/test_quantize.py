@@ -28,6 +28,16 @@ def trained(tmp_path_factory, corpus_dir):
     return tmp, report["artifact"], prepare(cfg.data).blocks.eval
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_onnx_export(tmp_path_factory):
+    """Every ONNX backend here quantizes the same parent: its export is made once and parity-checked then, later
+    ones are copies (the kept-export scope quantize's auto opens for its candidates; its own scope nests in this)."""
+    from effkit import engines
+
+    with engines.exports_kept(tmp_path_factory.mktemp("onnx-export")):
+        yield
+
+
 def qcfg(tmp, source, **kw):
     # the fewest fixed rounds (2, one pass each) for the comparisons with the parent; a choice (auto, a backend's
     # settings) always runs the rule, here with 2 s of head-to-head per open contender (its second look always runs)
@@ -408,8 +418,8 @@ def test_int4_settings_asked_by_hand_are_written_as_asked(trained):
 ])
 def test_int4_bad_option_is_one_line(extra, needle, trained, capsys, monkeypatch):
     tmp, artifact, _ = trained
-    code, err = run_cli(["--from", artifact, "--backend", "onnxruntime-int4", *extra, "--runs-dir",
-                         str(tmp / "runs"), "--reports-dir", str(tmp / "reports")], capsys, monkeypatch)
+    code, err = run_cli(["--from", artifact, "--backend", "onnxruntime-int4", *extra, "--gen-tokens", "4",
+                         "--runs-dir", str(tmp / "runs"), "--reports-dir", str(tmp / "reports")], capsys, monkeypatch)
     assert code == 2 and needle in err and len(err.splitlines()) == 1 and "Traceback" not in err
     assert not list((tmp / "runs" / "q").glob(".tmp-*onnxruntime-int4*"))  # nothing half-written left behind
 

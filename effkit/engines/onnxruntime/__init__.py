@@ -78,6 +78,8 @@ class OnnxRuntimeEngine(Engine):
     def write_int4(self, folder: Path, model: Any, source: Path, tokenizer, options: Any, cfg: Any) -> dict[str, Any]:
         """The MatMulNBits artifact of `model` in `folder`, its settings those of the backend's `options`, chosen by
         measurement where they say auto (`choose.choose_settings`)."""
+        choose.settings_of(model, options)  # a setting this model cannot take is refused before the export
+
         def measured(src: Path, dst: Path) -> dict[str, Any]:
             return choose.choose_settings(src, dst, model, source, tokenizer, options, cfg)
 

@@ -241,6 +241,13 @@ class _Variants:
         return name
 
 
+def settings_of(parent: nn.Module, o: Any) -> tuple[list[tuple[str, int, int, int]], dict[str, str]]:
+    """`int4.candidates` for `parent`'s shape: the settings to write and those ruled out, or the one-line refusal of
+    a setting asked by hand that this model cannot take."""
+    widths = tuple(sorted({m.in_features for m in parent.modules() if isinstance(m, nn.Linear)}))
+    return candidates(o, parent.config.n_embd, widths)
+
+
 def choose_settings(src: Path, dst: Path, parent: nn.Module, source: Path, tokenizer, o: Any,
                     cfg) -> dict[str, Any]:
     """Write every candidate setting of the fp32 graph `src` for the backend's options `o` (`int4.candidates`),
@@ -249,8 +256,7 @@ def choose_settings(src: Path, dst: Path, parent: nn.Module, source: Path, token
     read back from `dst`. One setting asked by hand is written as asked, its loss left to the stage, which
     measures every artifact's."""
 
-    widths = tuple(sorted({m.in_features for m in parent.modules() if isinstance(m, nn.Linear)}))
-    todo, skipped = candidates(o, parent.config.n_embd, widths)
+    todo, skipped = settings_of(parent, o)
     v = _Variants(src, dst, parent, source, cfg, {n: {"status": why} for n, why in skipped.items()})
     w = workloads.get(cfg.method.optimize_for)
     if any(a == "gptq" for a, *_ in todo):
