@@ -360,8 +360,8 @@ def test_the_deliverable_is_chosen_pairwise_within_the_budget_by_the_decision_ru
 
 @pytest.mark.slow
 def test_a_run_killed_during_prune_resumes_and_completes(tmp_path, corpus_dir):
-    recipe = write_recipe(tmp_path, corpus_dir, prune_rounds=2, finetune=20,
-                          extra_run='stages = ["train", "prune"]')
+    recipe = write_recipe(tmp_path, corpus_dir, prune_rounds=2, finetune=20, latency_rounds=2, latency_repeats=1,
+                          extra_run='stages = ["train", "prune"]')  # the fewest latency rounds: not what is tested
     proc = subprocess.Popen([sys.executable, "-m", "effkit", "run", str(recipe)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1"})
     marker = tmp_path / "runs" / "tiny" / "prune-row-distill-r1" / "effkit.json"
