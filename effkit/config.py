@@ -753,6 +753,11 @@ class BenchMeasure(Sequential):
                               "neither)", ge=0)
     compile: bool = opt(False, "also time each PyTorch artifact under torch.compile (Inductor, freezing)")
     batch_size: int = opt(8, "evaluation batch size", ge=1)
+    # the deliverable's own rounds (`effkit run`, `effkit.bench.timing.deliverable_rounds`): seconds of head-to-head
+    # looks for each contender still open against its leader (times the bench's peer share): the evidence grows with
+    # what is at stake, as in every decision of effkit's
+    contest_budget_s: float = opt(20.0, "effkit run: seconds of the deliverable's head-to-head rounds per contender "
+                                  "still open against the leader", ge=0)
 
 
 @dataclass(frozen=True)

@@ -184,25 +184,27 @@ def test_output_folder_that_is_a_file_fails_before_training(tmp_path, corpus_dir
 
 
 @pytest.mark.slow
-def test_one_process_per_run_and_a_stale_lock_is_taken_over(tmp_path, corpus_dir):
-    import os
-
-    args = [sys.executable, "-m", "effkit", *tiny(tmp_path, corpus_dir)]
+def test_one_process_per_run_and_a_stale_lock_is_taken_over(tmp_path, corpus_dir, capsys, monkeypatch):
+    args = tiny(tmp_path, corpus_dir)
     args[args.index("--run-name") + 1] = "busy"
-    first = subprocess.Popen([*args, "--max-steps", "100000"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # the lock's owner is another process; the later invocations run here (the lock, not a launch, is what is tested)
+    first = subprocess.Popen([sys.executable, "-m", "effkit", *args, "--max-steps", "100000"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     lock = tmp_path / "runs" / "busy" / ".lock"
     deadline = time.monotonic() + 120
     while not lock.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
-    second = subprocess.run(args, capture_output=True, text=True, timeout=120)
-    first.kill()
-    first.wait()
-    lines = second.stderr.strip().splitlines()
-    assert second.returncode == 2 and len(lines) == 1 and f"in use by process {first.pid}" in lines[0], lines
+    try:
+        code, err = run_cli(args, capsys, monkeypatch)
+    finally:
+        first.kill()
+        first.wait()
+    lines = err.splitlines()
+    assert code == 2 and len(lines) == 1 and f"in use by process {first.pid}" in lines[0], lines
     assert lock.exists()  # left behind by the killed process: stale
     (tmp_path / "runs" / "busy" / ".tmp-train-killedwrite").mkdir()
-    third = subprocess.run(args, capture_output=True, text=True, timeout=120, env={**os.environ})
-    assert third.returncode == 0, third.stderr[-1500:]
+    code, err = run_cli(args, capsys, monkeypatch)
+    assert code == 0, err[-1500:]
     assert not lock.exists() and not list((tmp_path / "runs" / "busy").glob(".tmp-*"))
 
 

@@ -42,7 +42,8 @@ def key_paths(obj, prefix=""):
             yield from key_paths(v, f"{prefix}[]")
 
 
-def write_recipe(tmp_path, corpus_dir, extra_run="", prune_rounds=1, finetune=1, latency_rounds=5, extra_bench=""):
+def write_recipe(tmp_path, corpus_dir, extra_run="", prune_rounds=1, finetune=1, latency_rounds=5, extra_bench="",
+                 latency_repeats=2):
     recipe = tmp_path / "tiny.toml"
     modes = "" if "prune_modes" in extra_run else 'prune_modes = ["row"]'
     recipe.write_text(f"""
@@ -71,12 +72,12 @@ rounds = {prune_rounds}
 finetune_steps = {finetune}
 batch_size = 4
 latency_rounds = {latency_rounds}
-latency_repeats = 2
+latency_repeats = {latency_repeats}
 fixed_rounds = true
 
 [quantize]
 backend = "dynamic"
-latency_repeats = 2
+latency_repeats = {latency_repeats}
 latency_rounds = {latency_rounds}
 gen_tokens = 4
 fixed_rounds = true
@@ -93,7 +94,8 @@ def test_tiny_recipe_end_to_end_then_skips(tmp_path, corpus_dir):
     # the fewest rounds, repeats and tokens the options allow: every step of the run, each measure a short one
     recipe = write_recipe(tmp_path, corpus_dir, extra_run='quantize_from = ["train", "best-pruned"]\n'
                                                           "max_loss_increase = 0.5", latency_rounds=2,
-                          extra_bench="rounds = 3\nrepeats = 1\ngen_tokens = 8")
+                          latency_repeats=1, extra_bench="rounds = 3\nrepeats = 1\ngen_tokens = 8\n"
+                                                         "contest_budget_s = 1")
     first = run_pipeline(str(recipe))
     assert first["done"] == ["train", "prune row", "quantize train", "quantize best-pruned (prune-row-distill-r1)",
                              "bench",
@@ -174,8 +176,8 @@ def test_tiny_recipe_end_to_end_then_skips(tmp_path, corpus_dir):
     assert second["done"] == ["train (skipped)", "prune row (skipped)", "quantize train (skipped)",
                               "quantize best-pruned (prune-row-distill-r1) (skipped)", "bench (skipped)", "report"]
     stale_before = (tmp_path / "runs" / "tiny" / "quantize-dynamic" / "effkit.json").stat().st_mtime_ns
-    recipe.write_text(recipe.read_text().replace('backend = "dynamic"\nlatency_repeats = 2',
-                                                 'backend = "dynamic"\nlatency_repeats = 3'))
+    recipe.write_text(recipe.read_text().replace('backend = "dynamic"\nlatency_repeats = 1',
+                                                 'backend = "dynamic"\nlatency_repeats = 2'))
     # the quantize section alone changed: the fingerprints the run compares say it and what follows run again
     recorded = json.loads((tmp_path / "runs" / "tiny" / "pipeline.json").read_text())
     now = fingerprints(make_plan(str(recipe)))
@@ -190,7 +192,7 @@ def test_tiny_recipe_end_to_end_then_skips(tmp_path, corpus_dir):
                                "quantize best-pruned (prune-row-distill-r1)", "bench", "report"]
     assert (tmp_path / "runs" / "tiny" / "quantize-dynamic" / "effkit.json").stat().st_mtime_ns != stale_before
     assert json.loads((tmp_path / "runs" / "tiny" / "quantize-dynamic" / "effkit.json").read_text())[
-        "config"]["latency_repeats"] == 3
+        "config"]["latency_repeats"] == 2
     only_train = recipe.read_text().replace('run_name = "tiny"', 'run_name = "tiny"\nstages = ["train"]')
     recipe.write_text(only_train)
     forced = run_pipeline(str(recipe), force=True)
@@ -276,6 +278,7 @@ def test_the_deliverable_is_measured_in_its_own_rounds_with_a_budget_for_each_op
     from types import SimpleNamespace
 
     from effkit.bench.timing import deliverable_rounds
+    from effkit.config import BenchMeasure
     from effkit.measure import stopping
 
     now, rng = [0.0], random.Random(5)
@@ -289,7 +292,7 @@ def test_the_deliverable_is_measured_in_its_own_rounds_with_a_budget_for_each_op
     stop = stopping.Stopping(rounds=6, budget_s=1.0, looks=3)
     rounds = deliverable_rounds({n: contender() for n in ("train", "a", "b", "peer-x")},
                                 ("decode-b1", ["train", "a", "b"]),
-                                stop, 1.0, clock=lambda: now[0], sleep=lambda s: None)
+                                stop, BenchMeasure().contest_budget_s, clock=lambda: now[0], sleep=lambda s: None)
     assert set(rounds["samples"]) == {"train", "a", "b"} and rounds["workload"] == "decode-b1"
     assert rounds["record"]["looks"] > 1, rounds["record"]  # the head to head ran on its budget per open contender
     assert max(len(s) for s in rounds["samples"].values()) > 6
@@ -357,8 +360,8 @@ def test_the_deliverable_is_chosen_pairwise_within_the_budget_by_the_decision_ru
 
 @pytest.mark.slow
 def test_a_run_killed_during_prune_resumes_and_completes(tmp_path, corpus_dir):
-    recipe = write_recipe(tmp_path, corpus_dir, prune_rounds=2, finetune=20,
-                          extra_run='stages = ["train", "prune"]')
+    recipe = write_recipe(tmp_path, corpus_dir, prune_rounds=2, finetune=20, latency_rounds=2, latency_repeats=1,
+                          extra_run='stages = ["train", "prune"]')  # the fewest latency rounds: not what is tested
     proc = subprocess.Popen([sys.executable, "-m", "effkit", "run", str(recipe)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1"})
     marker = tmp_path / "runs" / "tiny" / "prune-row-distill-r1" / "effkit.json"

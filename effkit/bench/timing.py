@@ -105,21 +105,22 @@ def timed_side_by_side(paths: list[Path], cfg: BenchConfig, tokenizer, block: in
         tables.done(name, timed[name])
     skipped = {} if cfg.measure.train_steps else {TRAIN_SKIPPED: "not run: --train-steps 0 (no training measure)"}
     decision = {} if contest is None else {"decision": deliverable_rounds(
-        plan[workloads.get(contest[0]).measure][0], contest, stop, cfg.what.peer_share)}
+        plan[workloads.get(contest[0]).measure][0], contest, stop,
+        cfg.measure.contest_budget_s * cfg.what.peer_share)}
     return {**timed, **skipped, "compile_status": status, "generation_compile_status": gen_status,
             "new_tokens": new_tokens, **decision,
             "stopping": {name: m.record for name, m in timed.items()}}
 
 
-def deliverable_rounds(fns: dict[str, Any], contest: tuple[str, list[str]], stop: stopping.Stopping, share: float,
-                       **clocks: Any) -> dict[str, Any]:
+def deliverable_rounds(fns: dict[str, Any], contest: tuple[str, list[str]], stop: stopping.Stopping,
+                       budget_s: float, **clocks: Any) -> dict[str, Any]:
     """The deliverable's own evidence: its contenders (`contest_of`) in their own paired, interleaved rounds at the
     judged workload, by the decision rule (`choice.choose`: screen, then head to head), as every other decision of
-    effkit's; `stop.contest_budget_s` seconds for each contender still open against the leader, times the bench's
-    `share` of its time budget. Every sample kept (`Choice.to_dict`). `clocks`: `choose`'s clock and sleep."""
+    effkit's; `budget_s` seconds for each contender still open against the leader (the bench's `contest_budget_s`
+    times its share of its time budget), so that its evidence scales with what is at stake. Every sample kept
+    (`Choice.to_dict`). `clocks`: `choose`'s clock and sleep."""
     w = workloads.get(contest[0])
-    rule = choice.Rule(rounds=stop.rounds, precision=stop.precision, budget_s=stop.contest_budget_s * share,
-                       seed=stop.seed)
+    rule = choice.Rule(rounds=stop.rounds, precision=stop.precision, budget_s=budget_s, seed=stop.seed)
     c = choice.choose({t: fns[t] for t in contest[1] if t in fns}, w.higher_is_better, rule, **clocks)
     return {"workload": w.name, "measure": w.measure, **c.to_dict()}
 

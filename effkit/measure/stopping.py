@@ -75,10 +75,6 @@ class Stopping:
     seed: int = 0  # the rounds' orders are shuffled from it (written in the record)
     min_sample_s: float = MIN_SAMPLE_S  # sequential only: fixed rounds run exactly `repeats` calls a round
     h2h_sample_s: float = MIN_SAMPLE_S  # sequential only: the samples of the looks after the first (longer: slower)
-    # a decision made beside these rounds in its own (the bench's deliverable, `effkit.bench.timing.
-    # deliverable_rounds`): seconds per contender still open against its leader, as `effkit.measure.choice.Rule.
-    # budget_s`, so that its evidence scales with what is at stake
-    contest_budget_s: float = 20.0
 
     @property
     def planned(self) -> int:
