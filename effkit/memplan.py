@@ -108,6 +108,8 @@ def simulate(model_config, batch: int, block: int, *, checkpointing: bool, optim
     from effkit.measure.machine_cache import machine_cached
 
     config = model_config.to_dict()  # all of it: dropout, for one, changes what a step saves
+    for name in ("_name_or_path", "architectures"):  # where the model came from, not what a step holds: the
+        config.pop(name, None)  # trained model and its pruned copies share the simulations of their shapes
     if optim == "adamw8bit":  # the simulation steps torch's AdamW either way: only the moments' bytes differ
         from transformers import GPT2LMHeadModel
         with torch.device("meta"):  # the parameters' shapes

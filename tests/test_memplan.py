@@ -45,6 +45,8 @@ def test_a_simulation_runs_once_per_shape(monkeypatch):
     first = memplan.simulate(MC, 2, 16, checkpointing=False, layers=2)
     monkeypatch.setattr(memplan, "_simulate", lambda *a, **k: pytest.fail("simulated again"))
     assert memplan.simulate(MC, 2, 16, checkpointing=False, layers=2) == first
+    named = MC.__class__.from_dict({**MC.to_dict(), "_name_or_path": "runs/t/train", "architectures": ["GPT2"]})
+    assert memplan.simulate(named, 2, 16, checkpointing=False, layers=2) == first  # a saved copy of the shape
     with pytest.raises(pytest.fail.Exception):  # another shape is simulated
         memplan.simulate(MC, 2, 16, checkpointing=True, layers=2)
 
