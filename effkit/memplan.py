@@ -107,9 +107,8 @@ def simulate(model_config, batch: int, block: int, *, checkpointing: bool, optim
 
     from effkit.measure.machine_cache import machine_cached
 
-    config = model_config.to_dict()  # all of it: dropout, for one, changes what a step saves
-    for name in ("_name_or_path", "architectures"):  # where the model came from, not what a step holds: the
-        config.pop(name, None)  # trained model and its pruned copies share the simulations of their shapes
+    # all of it (dropout, for one, changes what a step saves) but where the model came from: copies share shapes
+    config = {k: v for k, v in model_config.to_dict().items() if k not in ("_name_or_path", "architectures")}
     if optim == "adamw8bit":  # the simulation steps torch's AdamW either way: only the moments' bytes differ
         from transformers import GPT2LMHeadModel
         with torch.device("meta"):  # the parameters' shapes
@@ -119,9 +118,8 @@ def simulate(model_config, batch: int, block: int, *, checkpointing: bool, optim
         return {**out, "optimizer": _opt_state_8bit([p for p in model.parameters() if p.requires_grad])}
     key = json.dumps({"config": config, "layers": layers, "batch": batch, "block": block, "ckpt": checkpointing,
                       "optim": optim, "amp": str(amp_dtype), "torch": torch.__version__}, sort_keys=True)
-    value, _ = machine_cached(SIMULATIONS, key, lambda: _simulate(model_config, batch, block,
-                                                                  checkpointing=checkpointing, optim=optim,
-                                                                  amp_dtype=amp_dtype, layers=layers))
+    run = dict(checkpointing=checkpointing, optim=optim, amp_dtype=amp_dtype, layers=layers)
+    value, _ = machine_cached(SIMULATIONS, key, lambda: _simulate(model_config, batch, block, **run))
     return dict(value)
 
 
