@@ -600,10 +600,11 @@ def finetune(cfg: TrainConfig, model: torch.nn.Module, rt: Runtime, *, stage: st
 
 
 def train_in_processes(cfg: TrainConfig, planned: Planned | None = None,
-                       trial: list[TrainConfig] | None = None) -> dict[str, Any]:
+                       trial: list[TrainConfig] | None = None) -> Any:
     """Validate the process layout here (one line, exit 2), build the data caches once, then start the
     processes through Accelerate (rank 0 reports `planned` beside what it measured); returns rank 0's report.
-    `trial` (`time_steps`): those runs, each like `cfg`'s, trained in turn in one launch (`time_rank`)."""
+    `trial` (`time_steps`): those runs, each like `cfg`'s, trained in turn in one launch (`time_rank`); returns
+    their step times."""
     p = cfg.parallel
     if p.mode == "none":
         raise EffkitError("--nproc/--nnodes > 1 need a parallel mode: add --parallel ddp (or fsdp, tp, fsdp+tp, "
@@ -632,8 +633,7 @@ def train_in_processes(cfg: TrainConfig, planned: Planned | None = None,
         runs = [{"config": c.replace(parallel=c.parallel.replace(nproc=nproc, threads=threads)).to_dict(),
                  "dims": ParallelDims.build(c.parallel.replace(nproc=nproc), nproc * p.nnodes, shape.get("n_head"),
                                             shape.get("n_layer")).to_dict()} for c in trial]
-        launch({"runs": runs}, cfg.parallel, cfg.run.run_name, target="effkit.train:time_rank")
-        return {}
+        return launch({"runs": runs}, cfg.parallel, cfg.run.run_name, target="effkit.train:time_rank")
     launch({"config": cfg.to_dict(), "dims": dims.to_dict(), "planned": asdict(planned or Planned())}, cfg.parallel,
            cfg.run.run_name)
     if p.node_rank != 0:  # only global rank 0 (on node 0) saves the artifact and writes the report
@@ -662,7 +662,6 @@ def time_steps(cfgs: list[TrainConfig]) -> list[list[float]]:
     """The step times of short runs of `cfgs` (no evaluation between steps, no checkpoint) in a scratch folder:
     `--parallel auto`'s trial of layouts. Launched runs go in one launch (`time_rank`: the processes and their
     imports started once, each run's model and layout built anew)."""
-    import csv
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="effkit-auto-") as tmp:
@@ -670,26 +669,27 @@ def time_steps(cfgs: list[TrainConfig]) -> list[list[float]]:
                                             resume=False, eval_interval=0, checkpoint_interval=0))
                 for i, c in enumerate(cfgs)]
         if runs and runs[0].parallel.launched:
-            train_in_processes(runs[0], trial=runs)
-        else:
-            for c in runs:
-                train_any(c)
-        out = []
-        for c in runs:
-            with (Path(tmp) / "reports" / c.run.run_name / "train_steps.csv").open() as f:
-                out.append([float(row["step_time_s"]) for row in csv.DictReader(f)])
-        return out
+            return train_in_processes(runs[0], trial=runs)
+        return [timed_steps(c) for c in runs]
 
 
-def time_rank(runs: list[dict[str, Any]]) -> None:
-    """One launched rank of `time_steps`: its runs trained in turn in one process group, left after the last (as
-    `effkit.worker.train_rank` leaves it)."""
+def timed_steps(cfg: TrainConfig, dims: ParallelDims | None = None) -> list[float]:
+    """The seconds of each step of a run of `cfg`, trained and nothing more: a trial's timings are all it keeps,
+    so its model is neither evaluated, saved nor reported."""
+    trainer = Trainer(cfg.validate(), init_runtime(), progress=False, dims=dims)
+    trainer.fit()
+    return trainer.step_times
+
+
+def time_rank(runs: list[dict[str, Any]]) -> list[list[float]]:
+    """One launched rank of `time_steps`: its runs timed in turn in one process group, left after the last (as
+    `effkit.worker.train_rank` leaves it); their step times."""
     import torch.distributed as dist
 
-    for run in runs:
-        train(TrainConfig.from_dict(run["config"]), progress=False, dims=ParallelDims.from_dict(run["dims"]))
+    times = [timed_steps(TrainConfig.from_dict(run["config"]), ParallelDims.from_dict(run["dims"])) for run in runs]
     if dist.is_initialized():
         dist.destroy_process_group()
+    return times
 
 
 # ------------------------------------------------------------------------------------- the stage in `effkit run`

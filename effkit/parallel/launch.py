@@ -88,12 +88,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(kwargs: dict[str, Any], p: ParallelConfig, run_name: str, target: str = WORKER_TARGET) -> None:
-    """Run `train_rank(**kwargs)` (or `target`'s function) in `p.nproc` processes per node; wait; raise a one-line
-    error naming the rank that failed first. One machine: the rendezvous takes a free port (as `torchrun
-    --standalone`), so two runs on one machine do not collide on --master-port. The job folder (the call, per-rank
-    error records, the launcher's log) is temporary: removed after a success and named in the error after a
-    failure, so a failed launch leaves nothing in the run's folder."""
+def launch(kwargs: dict[str, Any], p: ParallelConfig, run_name: str, target: str = WORKER_TARGET) -> Any:
+    """Run `train_rank(**kwargs)` (or `target`'s function) in `p.nproc` processes per node; wait; return what rank 0
+    returned (None where it runs on another node); raise a one-line error naming the rank that failed first. One
+    machine: the rendezvous takes a free port (as `torchrun --standalone`), so two runs on one machine do not collide
+    on --master-port. The job folder (the call, per-rank error records, the launcher's log) is temporary: removed
+    after a success and named in the error after a failure, so a failed launch leaves nothing in the run's folder."""
     if p.nnodes == 1:
         p = p.replace(master_port=free_port())
     wait_for_master(p)
@@ -104,7 +104,9 @@ def launch(kwargs: dict[str, Any], p: ParallelConfig, run_name: str, target: str
         proc = subprocess.run(cmd, env=env, stderr=err)
     if proc.returncode != 0:
         raise_worker_failure(job, proc.returncode, log)
+    result = job.result() if job.result_path.is_file() else None  # rank 0's, where it runs on this node
     job.remove()
+    return result
 
 
 # torchrun's failure summary: "rank      : 1 (local_rank: 1)" then "exitcode  : -9 (pid: 123)  (SIGKILL)"
