@@ -365,10 +365,13 @@ def test_bnb_artifact_loads_with_plain_from_pretrained(trained):
 
 
 @pytest.mark.slow
-def test_bench_measures_onnx_artifacts_beside_pytorch_ones(trained):
+def test_bench_measures_onnx_artifacts_beside_pytorch_ones(trained, monkeypatch):
+    from test_bench import alone_in_this_process
+
     from effkit.bench import run_bench
 
     tmp, artifact, _ = trained
+    alone_in_this_process(monkeypatch)  # no alone process's own peak is read here
     onnx8 = tmp / "runs" / "x" / "onnx-int8"
     if not onnx8.is_dir():
         run_export_cfg(ecfg(tmp, artifact, int8=True))

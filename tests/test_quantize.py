@@ -47,14 +47,22 @@ def qcfg(tmp, source, **kw):
                              "runs_dir": str(tmp / "runs"), "reports_dir": str(tmp / "reports"), **kw})
 
 
+@pytest.fixture(scope="module")
+def onnxruntime_int8(trained):
+    """ONNX Runtime's int8 with its defaults (both forms written and timed), read by every test that checks it; in
+    its own runs folder, which no other test's artifact (auto's pick among them) writes over."""
+    tmp, artifact, _ = trained
+    return run_quantize(qcfg(tmp, artifact, backend="onnxruntime", runs_dir=str(tmp / "ort-runs")))
+
+
 @pytest.mark.parametrize("backend", ["dynamic", "torchao", "bnb", "onnxruntime", "ctranslate2"])  # int4: its own test
 @pytest.mark.slow
-def test_backend_quantizes_reloads_and_stays_close(backend, trained):
+def test_backend_quantizes_reloads_and_stays_close(backend, trained, request):
     # every backend here is installed by the dev extra: one that does not import fails, it is not skipped
     assert backend_available(backend) is None, backend_available(backend)
     tmp, artifact, eval_blocks = trained
-    report = run_quantize(qcfg(tmp, artifact, backend=backend, include_head=backend == "dynamic",
-                               compile=backend == "dynamic"))
+    report = request.getfixturevalue("onnxruntime_int8") if backend == "onnxruntime" else run_quantize(
+        qcfg(tmp, artifact, backend=backend, include_head=backend == "dynamic", compile=backend == "dynamic"))
     m = report["metrics"]
     if backend == "dynamic":  # --compile: the compiled twins were timed in the same rounds, or say why not
         assert set(m["compiled"]["status"]) == {"fp32", "int8"}
@@ -73,10 +81,12 @@ def test_backend_quantizes_reloads_and_stays_close(backend, trained):
     assert quantized_layers(report["artifact"], reloaded) == m["int8_layers_reloaded"] >= 2 * 4
     again = evaluation.evaluate(reloaded, eval_blocks, 4)
     assert again["eval_loss"] == pytest.approx(m["eval_loss"], rel=1e-4)
-    saved = json.loads((tmp / "runs" / "q" / report["tag"] / "effkit.json").read_text())
+    folder = Path(report["artifact"])
+    assert folder.parent.name == "q" and folder.name == report["tag"]
+    saved = json.loads((folder / "effkit.json").read_text())
     assert saved["stage"] == "quantize" and saved["parent"] == artifact
     if backend == "onnxruntime":  # the description says the granularity the quantizer was given (it said "per
-        desc = json.loads((tmp / "runs" / "q" / report["tag"] / "quantization.json").read_text())  # channel")
+        desc = json.loads((folder / "quantization.json").read_text())  # channel")
         per_channel = "per_channel=True" in desc["onnx"]["quantizer"]
         assert ("per output channel" in desc["storage"]) == per_channel
         assert ("per tensor" in desc["storage"]) == (not per_channel) and "per channel" not in desc["storage"]
@@ -579,7 +589,7 @@ def test_int4_algorithm_candidates(monkeypatch):
 
 
 @pytest.mark.slow
-def test_onnxruntime_int8_takes_the_faster_form_within_its_loss_budget_and_records_why(trained):
+def test_onnxruntime_int8_takes_the_faster_form_within_its_loss_budget_and_records_why(trained, onnxruntime_int8):
     """#42: the quantized dense model effkit shipped was effkit's int8 form (the LM head in int8), which decoded 0.87x
     (0.78-0.98) as fast as ONNX Runtime's own int8 (the peer's form, head fp32) at batch 1 on the quickstart. Both
     forms are now candidates: written, their loss paired with the parent's, timed by the decision rule (a tie to
@@ -587,7 +597,7 @@ def test_onnxruntime_int8_takes_the_faster_form_within_its_loss_budget_and_recor
     import onnx
 
     tmp, artifact, _ = trained
-    report = run_quantize(qcfg(tmp, artifact, backend="onnxruntime"))
+    report = onnxruntime_int8
     onnx_desc = json.loads((Path(report["artifact"]) / "onnx.json").read_text())
     record = onnx_desc["int8_form"]
     assert set(record["table"]) == {"effkit", "standard"} and record["table"][record["picked"]]["status"] == "picked"
