@@ -137,7 +137,8 @@ def show_train(report: dict) -> None:
     rows = [("held-out loss", f"{m['eval_loss']:.4f} nats/token"),
             ("bits per byte", f"{m['bits_per_byte']:.4f}" if m.get("bits_per_byte") else "n/a"),
             ("perplexity", f"{m['perplexity']:.1f}"),
-            ("steps", str(m["steps"])), ("train tokens/s", f"{m['train_tokens_per_s']:,.0f}" if m["train_tokens_per_s"] else "n/a"),
+            ("steps", str(m["steps"])),
+            ("train tokens/s", f"{m['train_tokens_per_s']:,.0f}" if m["train_tokens_per_s"] else "n/a"),
             ("MFU", f"{m['mfu']:.1%}" if m["mfu"] else f"invalid: {m['mfu_invalid']}" if m.get("mfu_invalid")
              else "n/a"),
             ("peak memory / rank", ", ".join(f"{b / 2**20:,.0f} MiB" for b in m["peak_memory_bytes_per_rank"])),

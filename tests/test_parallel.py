@@ -276,7 +276,6 @@ def test_a_rank_killed_by_a_signal_is_named_and_nothing_is_left(tmp_path, corpus
 @pytest.mark.slow
 def test_two_nodes_on_localhost_finish_and_match_single_process(tmp_path, parallel_runs):
     import subprocess
-    import sys
 
     base, _, _ = parallel_runs
     port = str(_free_port())
