@@ -341,23 +341,9 @@ def test_the_rank_killed_from_outside_is_named_not_the_one_the_launcher_stopped(
     from effkit.errors import WorkerFailed
     from effkit.parallel.launch import raise_worker_failure
 
-    log = tmp_path / "launch.log"  # torchrun's failure summary when rank 1 was killed and the launcher stopped rank 0
-    log.write_text("""Root Cause (first observed failure):
-[0]:
-  host      : localhost
-  rank      : 0 (local_rank: 0)
-  exitcode  : -15 (pid: 1146)  (SIGTERM)
-  error_file: <N/A>
-  traceback : Signal 15 (SIGTERM) received by PID 1146
-[1]:
-  host      : localhost
-  rank      : 1 (local_rank: 1)
-  exitcode  : -9 (pid: 1147)  (SIGKILL)
-  error_file: <N/A>
-  traceback : Signal 9 (SIGKILL) received by PID 1147
-""")
+    # the agent's exit codes when rank 1 was killed and the agent then stopped rank 0
     with pytest.raises(WorkerFailed, match=r"^rank 1 was killed by SIGKILL; .*\(then rank 0\)"):
-        raise_worker_failure(Job(tmp_path), 1, log)
+        raise_worker_failure(Job(tmp_path), {0: -15, 1: -9}, tmp_path / "launch.log")
 
 
 def test_a_rank_that_aborts_is_named_with_what_it_printed(tmp_path):
@@ -368,15 +354,7 @@ def test_a_rank_that_aborts_is_named_with_what_it_printed(tmp_path):
     log = tmp_path / "launch.log"  # a CI run's log (shortened): rank 1 aborted as it exited, rank 0 was then stopped
     log.write_text("""terminate called without an active exception
 W1125 15:55:39.203000 3453 api.py:1028] Sending process 3456 closing signal SIGTERM
-Failures:
-[1]:
-  rank      : 0 (local_rank: 0)
-  exitcode  : -15 (pid: 3456)  (SIGTERM)
-Root Cause (first observed failure):
-[0]:
-  rank      : 1 (local_rank: 1)
-  exitcode  : -6 (pid: 3457)  (SIGABRT)
 """)
     with pytest.raises(WorkerFailed, match=r"^rank 1 was killed by SIGABRT \(terminate called without an active "
                                            r"exception\); .*\(then rank 0\)"):
-        raise_worker_failure(Job(tmp_path), 1, log)
+        raise_worker_failure(Job(tmp_path), {0: -15, 1: -6}, log)

@@ -1,17 +1,17 @@
-"""Starting the processes of a multi-process run through Accelerate's launcher, and mapping their failures
-to one clear line.
+"""Starting the processes of a multi-process run, and mapping their failures to one clear line.
 
-CPU: gloo, `ACCELERATE_USE_CPU=1` (without it `accelerate launch` on a CPU-only machine starts N processes that
-each think they are alone); GPU: nccl, one GPU per process. Each process runs one job of the child-process protocol
-(`python -m effkit.child JOB`, see `effkit.child`), which calls `effkit.worker.train_rank`: it joins the process
-group (`runtime.init_distributed`) and trains.
+Each node's ranks are forked from `effkit.child`'s server (not started as fresh interpreters that each import torch
+and transformers again) with the environment `accelerate launch` (torchrun under it) gives a rank, and watched here
+as torchrun's agent watches them (`run_ranks`). CPU: gloo, `ACCELERATE_USE_CPU=1` (without it Accelerate in a rank
+on a CPU-only machine thinks it is alone); GPU: nccl, one GPU per process. Each process runs one job of the
+child-process protocol (`effkit.child`), which calls `effkit.worker.train_rank`: it joins the process group
+(`runtime.init_distributed`) and trains. `launch_command` is the same launch by hand, through `accelerate launch`.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -40,18 +40,25 @@ def nproc_per_node(p: ParallelConfig) -> int:
     return nproc
 
 
+def launch_env(p: ParallelConfig) -> dict[str, str]:
+    """The ranks' environment: this process', and what Accelerate's launcher would add."""
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", ACCELERATE_MIXED_PRECISION="no",
+               ACCELERATE_DYNAMO_BACKEND="NO")
+    if not torch.cuda.is_available():
+        env["ACCELERATE_USE_CPU"] = "1"
+        env.setdefault("OMP_NUM_THREADS", str(p.threads or 1))
+    return env
+
+
 def launch_command(p: ParallelConfig, job: Job) -> tuple[list[str], dict[str, str]]:
-    """The `accelerate launch` command line and environment (also shown by `effkit run --dry-run`)."""
+    """The same launch by hand: the `accelerate launch` command line and its environment (shown by `effkit run
+    --dry-run`)."""
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(p.nproc * p.nnodes),
            "--num_machines", str(p.nnodes), "--machine_rank", str(p.node_rank),
            "--main_process_ip", p.master_addr, "--main_process_port", str(p.master_port),
            "--mixed_precision", "no", "--dynamo_backend", "no", "--max_restarts", "0", "--monitor_interval", "1",
            "--multi_gpu", *job.module_args()]  # multi_gpu = torchrun, CPU too
-    env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
-    if not torch.cuda.is_available():
-        env["ACCELERATE_USE_CPU"] = "1"
-        env.setdefault("OMP_NUM_THREADS", str(p.threads or 1))
-    return cmd, env
+    return cmd, launch_env(p)
 
 
 def wait_for_master(p: ParallelConfig) -> None:
@@ -99,24 +106,64 @@ def launch(kwargs: dict[str, Any], p: ParallelConfig, run_name: str, target: str
     wait_for_master(p)
     job = Job.create(target, kwargs, prefix=f"effkit-launch-{run_name}-")
     log = job.folder / "launch.log"
-    cmd, env = launch_command(p, job)
-    with log.open("w") as err:  # the launcher's and workers' stderr: warnings, and tracebacks on a crash
-        proc = subprocess.run(cmd, env=env, stderr=err)
-    if proc.returncode != 0:
-        raise_worker_failure(job, proc.returncode, log)
+    exits = run_ranks(p, job, log)
+    if exits:
+        raise_worker_failure(job, exits, log)
     result = job.result() if job.result_path.is_file() else None  # rank 0's, where it runs on this node
     job.remove()
     return result
 
 
-# torchrun's failure summary: "rank      : 1 (local_rank: 1)" then "exitcode  : -9 (pid: 123)  (SIGKILL)"
-_FAILURE = re.compile(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)[^\n]*?(?:\((SIG[A-Z]+)\))?\s*\n")
+STOP_GRACE_S = 10.0  # how long a rank stopped after another failed may take to exit before it is killed
 
 
-def killed_ranks(log: Path) -> dict[int, str]:
-    """Ranks the launcher saw die by a signal (they could not record an error themselves): {rank: signal}."""
-    text = log.read_text(errors="replace") if log.is_file() else ""
-    return {int(rank): sig or f"signal {-int(code)}" for rank, code, sig in _FAILURE.findall(text) if int(code) < 0}
+def rank_env(p: ParallelConfig, local_rank: int) -> dict[str, str]:
+    """A rank's environment: `launch_env`'s and the variables torchrun gives each rank; its process group meets at
+    the master address, where rank 0 holds the store (`init_process_group`'s env://, as a static rendezvous)."""
+    return {**launch_env(p), "RANK": str(p.node_rank * p.nproc + local_rank), "LOCAL_RANK": str(local_rank),
+            "WORLD_SIZE": str(p.nproc * p.nnodes), "LOCAL_WORLD_SIZE": str(p.nproc), "GROUP_RANK": str(p.node_rank),
+            "MASTER_ADDR": p.master_addr, "MASTER_PORT": str(p.master_port)}
+
+
+def run_ranks(p: ParallelConfig, job: Job, log: Path) -> dict[int, int]:
+    """This node's ranks of `job`, forked from `effkit.child`'s server, watched as torchrun's agent watches them:
+    when one fails the others are stopped (SIGTERM, then SIGKILL after STOP_GRACE_S); Ctrl-C here stops them too.
+    Their stderr goes to `log`, their stdout to this process'. {rank: exit code} of the ranks that failed (negative:
+    killed by that signal), empty on success."""
+    from multiprocessing.connection import wait
+
+    from effkit import child
+
+    with log.open("w") as err:
+        procs = {p.node_rank * p.nproc + i: child.start(job, rank_env(p, i), 1, err.fileno())
+                 for i in range(p.nproc)}
+        try:
+            running = set(procs)
+            while running:
+                wait([procs[r].sentinel for r in running])
+                running = {r for r in running if procs[r].exitcode is None}
+                if any(procs[r].exitcode for r in procs if r not in running):
+                    break
+        finally:
+            stopped = stop(procs)
+    return {r: proc.exitcode for r, proc in procs.items() if proc.exitcode and r not in stopped}
+
+
+def stop(procs: dict[int, Any]) -> set[int]:
+    """Stop the processes still running (SIGTERM, then SIGKILL for those still there after STOP_GRACE_S); the keys
+    of those it stopped."""
+    import time
+
+    alive = [q for q in procs.values() if q.exitcode is None]
+    for q in alive:
+        q.terminate()
+    deadline = time.monotonic() + STOP_GRACE_S
+    for q in alive:
+        q.join(max(0.0, deadline - time.monotonic()))
+        if q.exitcode is None:
+            q.kill()
+            q.join()
+    return {r for r, q in procs.items() if q in alive}
 
 
 # what a process prints as it aborts: a C++ exception nobody caught, or the interpreter's own fatal error
@@ -130,22 +177,32 @@ def fatal_reason(log: Path) -> str:
     return f" ({' '.join(found[-2:])})" if found else ""
 
 
-def raise_worker_failure(job: Job, code: int, log: Path) -> None:
-    """Name the rank that failed first: one killed by a signal (the others then lose their peer), else the
-    earliest error a rank recorded itself."""
+def signal_name(code: int) -> str:
+    """SIGKILL for exit code -9."""
+    import signal
+
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+def raise_worker_failure(job: Job, exits: dict[int, int], log: Path) -> None:
+    """Name the rank that failed first (`exits`: {rank: exit code} of the failed ones): one killed by a signal (the
+    others then lose their peer, and could not record anything), else the earliest error a rank recorded itself."""
     failures = job.failures()
     recorded = {r["rank"] for r in failures}
-    killed = {r: sig for r, sig in killed_ranks(log).items() if r not in recorded}
+    killed = {r: signal_name(c) for r, c in exits.items() if c < 0 and r not in recorded}
     if killed:
         # the launcher stops the surviving ranks with SIGTERM: a rank killed by another signal is the cause
-        first = min({r for r, sig in killed.items() if sig not in ("SIGTERM", "signal 15")} or killed)
+        first = min({r for r, sig in killed.items() if sig != "SIGTERM"} or killed)
         others = sorted({*killed, *recorded} - {first})
         tail = f" (then rank {', '.join(map(str, others))})" if others else ""
         raise WorkerFailed(f"rank {first} was killed by {killed[first]}{fatal_reason(log)}; the other processes "
                            f"were stopped{tail}; launcher log in {log}")
     if not failures:
-        raise WorkerFailed(f"the distributed launch failed (exit code {code}) before any rank reported an error; "
-                           f"see {log}")
+        raise WorkerFailed(f"the distributed launch failed (exit codes {exits}) before any rank reported an "
+                           f"error; see {log}")
     first = failures[0]  # the root cause; the others typically lost their peer
     others = [str(r["rank"]) for r in failures[1:]]
     tail = f" (then rank {', '.join(others)})" if others else ""

@@ -149,15 +149,13 @@ def measure_rank(go: str, probe: dict[str, Any] | None, sizes: list[int], repeat
 def launch_measuring(world: int, threads: int, probe: dict[str, Any] | None,
                      meanwhile: Callable[[], Any] = lambda: None) -> dict[str, Any]:
     """`measure_rank` in `world` processes of `threads` threads started here (the environment a launcher gives
-    them, without one: its start-up is not needed to measure), `meanwhile()` run here while they import.
+    them, without one: its start-up is not needed to measure), `meanwhile()` run here while they start.
     {"probe", "probe2": `probe_runtime`'s results (with `probe`), "collectives": `time_collectives`'s,
     "optimizer": `time_optimizer`'s}."""
     import os
-    import subprocess
-    import sys
     import tempfile
 
-    from effkit.child import Job
+    from effkit.child import Job, start
     from effkit.errors import WorkerFailed
     from effkit.parallel.launch import free_port
 
@@ -169,13 +167,12 @@ def launch_measuring(world: int, threads: int, probe: dict[str, Any] | None,
                OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
     log = job.folder / "ranks.log"
     with log.open("w") as err:
-        procs = [subprocess.Popen([sys.executable, *job.module_args()], env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
-                                  stderr=err) for r in range(world)]
+        procs = [start(job, dict(env, RANK=str(r), LOCAL_RANK=str(r)), stderr=err.fileno()) for r in range(world)]
         try:
             meanwhile()
         finally:
             go.touch()
-            codes = [p.wait() for p in procs]
+            codes = [p.join() or p.exitcode for p in procs]
     go.unlink()
     go.parent.rmdir()
     if any(codes):
