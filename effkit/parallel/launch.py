@@ -99,7 +99,7 @@ def launch(kwargs: dict[str, Any], p: ParallelConfig, run_name: str, target: str
     """Run `train_rank(**kwargs)` (or `target`'s function) in `p.nproc` processes per node; wait; return what rank 0
     returned (None where it runs on another node); raise a one-line error naming the rank that failed first. One
     machine: the rendezvous takes a free port (as `torchrun --standalone`), so two runs on one machine do not collide
-    on --master-port. The job folder (the call, per-rank error records, the launcher's log) is temporary: removed
+    on --master-port. The job folder (the call, per-rank error records, the ranks' log) is temporary: removed
     after a success and named in the error after a failure, so a failed launch leaves nothing in the run's folder."""
     if p.nnodes == 1:
         p = p.replace(master_port=free_port())
@@ -194,12 +194,12 @@ def raise_worker_failure(job: Job, exits: dict[int, int], log: Path) -> None:
     recorded = {r["rank"] for r in failures}
     killed = {r: signal_name(c) for r, c in exits.items() if c < 0 and r not in recorded}
     if killed:
-        # the launcher stops the surviving ranks with SIGTERM: a rank killed by another signal is the cause
+        # the surviving ranks are stopped with SIGTERM: a rank killed by another signal is the cause
         first = min({r for r, sig in killed.items() if sig != "SIGTERM"} or killed)
         others = sorted({*killed, *recorded} - {first})
         tail = f" (then rank {', '.join(map(str, others))})" if others else ""
         raise WorkerFailed(f"rank {first} was killed by {killed[first]}{fatal_reason(log)}; the other processes "
-                           f"were stopped{tail}; launcher log in {log}")
+                           f"were stopped{tail}; the ranks' log in {log}")
     if not failures:
         raise WorkerFailed(f"the distributed launch failed (exit codes {exits}) before any rank reported an "
                            f"error; see {log}")
