@@ -102,7 +102,23 @@ def context():
         return multiprocessing.get_context("spawn")
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)  # read when the server starts: the first process of this one
+    _socket_folder()
     return ctx
+
+
+def _socket_folder() -> None:
+    """The server listens on a socket in multiprocessing's temporary folder, made under $TMPDIR on first use; a
+    socket's path is capped (107 bytes on Linux), so under a deep $TMPDIR that folder goes in /tmp instead."""
+    from multiprocessing import process, util
+
+    if "tempdir" in process.current_process()._config or len(tempfile.gettempdir()) <= 60 \
+            or not os.access("/tmp", os.W_OK):
+        return
+    was, tempfile.tempdir = tempfile.tempdir, "/tmp"
+    try:
+        util.get_temp_dir()  # made now, removed by multiprocessing at exit
+    finally:
+        tempfile.tempdir = was
 
 
 class InheritedFd:
