@@ -15,7 +15,7 @@ decodes it (effkit's loop over its with-past graph). Where MODEL_FOLDER is an ef
 CTranslate2, llama.cpp) and decodes plainly as the bench decodes it (OpenVINO by LLMPipeline, llama.cpp by its
 server, the others by `generate`).
 
-Prompts: the bench's (`bench.speculative.prompts`): `workloads.DECODE_B1_HELDOUT`'s count (`--prompts` another),
+Prompts: the bench's (`bench.speculative.prompts`): `workloads.DECODE_B1.prompts` of them (`--prompts` another),
 cut from the held-out documents of the model's own data split (`--data` another corpus), the same for every
 contender and peer; their count is in the report.
 
@@ -57,7 +57,7 @@ from effkit.engines.onnxruntime.runtime import OnnxCausalLM
 from effkit.errors import EffkitError
 from effkit.measure import hardware, stats, timing
 from effkit.model import load_model
-from effkit.workloads import DECODE_B1_HELDOUT, DECODE_B12, HELDOUT_PROMPT_TOKENS
+from effkit.workloads import DECODE_B1, DECODE_B12, HELDOUT_PROMPT_TOKENS
 
 FORMS = ("pytorch", "onnxruntime-fp32", "onnxruntime-int8")  # the model's own forms decoded here (`--engines`)
 
@@ -95,7 +95,7 @@ def peer_timer(engine, model, batches: list[list[list[int]]], tokens: int):
     if engine.name == "openvino":
         from effkit.engines.openvino import tune
 
-        each = [tune.pipeline_timer(model, np.asarray(rows), tokens, model.decoding()[0]) for rows in batches]
+        each = [tune.pipeline_timer(model, [np.asarray(rows)], tokens, model.decoding()[0]) for rows in batches]
     elif engine.name == "llamacpp":
         def one(rows):
             def once() -> float:
@@ -214,7 +214,7 @@ def heldout(a, tok) -> tuple[list[list[int]], list[list[int]], dict]:
     b1, b12 = ([p.tolist() for p in bench_spec.prompts(Path(a.model), data, tok, n)]
                for n in (a.prompts, a.batch12_prompts))
     return b1, b12, {"count": len(b1), "batch_12_count": len(b12), "tokens": HELDOUT_PROMPT_TOKENS,
-                     "data": data["source"], "from": "held-out documents (workloads.DECODE_B1_HELDOUT's cut), the "
+                     "data": data["source"], "from": "held-out documents (the bench's decode workloads' cut), the "
                      "same for every contender and peer"}
 
 
@@ -267,7 +267,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--k", default="2,4,6")
     ap.add_argument("--rounds", type=int, default=6)
-    ap.add_argument("--prompts", type=int, default=DECODE_B1_HELDOUT.prompts, help="held-out prompts at batch 1")
+    ap.add_argument("--prompts", type=int, default=DECODE_B1.prompts, help="held-out prompts at batch 1")
     ap.add_argument("--batch12-prompts", type=int, default=DECODE_B12.batch, help="held-out prompts of the batch")
     ap.add_argument("--engines", default=",".join(FORMS), help="the model's forms decoded here, comma-separated")
     ap.add_argument("--check-only", action="store_true", help="exactness and draft statistics, no timing")

@@ -28,8 +28,7 @@ class Workload:
     tokens: int | None = None  # prefill: tokens per row (None: the model's block); decode: new tokens (None: the
     # bench's --gen-tokens, DECODE_TOKENS by default)
     prompts: int = 0  # decode: 0, the one fixed prompt; n, n prompts drawn from the held-out documents, the same for
-    # every artifact and peer (`measure.generation.heldout_prompts`): what judges speculative decoding, whose speed
-    # follows how much its text repeats, which one prompt rewards or punishes by chance
+    # every artifact and peer of a bench (`measure.generation.heldout_prompts`), round r timing prompt r mod n
 
     def __post_init__(self):
         if self.kind not in KINDS or self.batch < 1 or (self.tokens is not None and self.tokens < 1) \
@@ -128,16 +127,16 @@ def get(name: str, what: str = "--optimize-for") -> Workload:
     return _TABLE[name]
 
 
+# the built-in decode workloads time HELDOUT_PROMPTS prompts of HELDOUT_PROMPT_TOKENS tokens each, cut from the
+# reference's held-out documents (`Workload.prompts`): speculative decoding's speed follows how much the text repeats,
+# which one prompt rewards or punishes by chance, and the same prompts judge every artifact, speculative or not
+HELDOUT_PROMPTS = 8
+HELDOUT_PROMPT_TOKENS = 32
 PREFILL_B1, PREFILL_B12, DECODE_B1, DECODE_B12 = (register(_w) for _w in (
     Workload("prefill-b1", "prefill", 1), Workload("prefill-b12", "prefill", 12),
-    Workload("decode-b1", "decode", 1), Workload("decode-b12", "decode", 12)))
+    Workload("decode-b1", "decode", 1, prompts=HELDOUT_PROMPTS),
+    Workload("decode-b12", "decode", 12, prompts=HELDOUT_PROMPTS)))
 BUILTIN = tuple(w.name for w in (PREFILL_B1, PREFILL_B12, DECODE_B1, DECODE_B12))
 # the decode workload whose figures are also the generation's (a bench row's `generation.tokens_per_s` and
 # `generation_ratio`, a parent comparison's generation) and what a deliverable is chosen for unless told
 GENERATION = DECODE_B1.name
-
-HELDOUT_PROMPTS = 8  # prompts of a workload that judges speculative decoding, each HELDOUT_PROMPT_TOKENS long
-HELDOUT_PROMPT_TOKENS = 32
-# greedy decoding at batch 1 from the held-out prompts: speculative artifacts and their peers are timed on it (not
-# registered: the bench times registered workloads for every artifact, speculative or not)
-DECODE_B1_HELDOUT = Workload("decode-b1-heldout", "decode", 1, prompts=HELDOUT_PROMPTS)

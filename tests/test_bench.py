@@ -89,6 +89,9 @@ def test_bench_measures_every_artifact_with_a_complete_schema(run_with_artifacts
     assert quant_row["train_tokens_per_s_b4"].startswith("not run:")
     assert isinstance(report["artifacts"][0]["train_tokens_per_s_b12"], float)
     assert {"eval_loss", "latency", "generation", "training_throughput", "peak_memory"} <= set(report["protocol"])
+    # the decode rounds timed the held-out prompts, and say so
+    assert report["prompts"]["count"] == 8 and report["prompts"]["tokens"] == 32
+    assert "8 prompts of 32 tokens cut from the held-out documents of " in report["protocol"]["generation"]
 
 
 def test_the_loss_against_the_dense_control_is_measured_on_the_blocks_the_bench_evaluates(run_with_artifacts,
@@ -554,3 +557,96 @@ def test_the_peers_list_how_effkit_runs_them_other_than_their_users_do():
         "onnxruntime").peer_how
     assert "deviations" in ENGINES.get("ctranslate2").peer_how and "intra_threads chosen per workload by effkit" in \
         ENGINES.get("ctranslate2").peer_how
+
+
+def test_every_contender_of_a_bench_decodes_the_same_held_out_prompts_in_the_same_rounds(tiny_run, monkeypatch):
+    """The bench's decode timers (`decode_fns`: each engine's `decode` on `prompt_batches`) of two contenders, timed
+    as the bench times them (`stopping.measure`, each contender's samples of its own length) and as the deliverable's
+    decision does (`choice.choose`): round r decodes held-out prompt r mod 8 in both, so their paired ratio is the
+    same in every round while each prompt's own speed shows between rounds, and every prompt is timed; the prompts
+    are cut from the reference's held-out documents, not its training ones, and bench.md's protocol says how many
+    and how they rotate."""
+    from types import SimpleNamespace
+
+    import torch
+    from transformers import AutoTokenizer
+
+    from effkit import artifacts, workloads
+    from effkit.bench import timing
+    from effkit.bench.stage import prompts_protocol
+    from effkit.config import DataConfig
+    from effkit.data.corpus import load_corpus
+    from effkit.engines import Engine
+    from effkit.measure import choice, generation, stopping
+
+    reference = Path(tiny_run[1])
+    tok = AutoTokenizer.from_pretrained(reference)
+    cut, record = timing.decode_prompts(reference, BenchConfig.from_flat(quick=True), tok)
+    n, length = workloads.DECODE_B1.prompts, workloads.HELDOUT_PROMPT_TOKENS
+    assert workloads.DECODE_B12.prompts == n and set(cut) == {n} and len(cut[n]) == n
+    assert record["count"] == n and record["tokens"] == length and "fallback" not in record
+    d = DataConfig.from_dict(artifacts.data_section(reference))
+    corpus = load_corpus(d.source, d.heldout_fraction)
+    held, train = ([t for _, t in docs] for docs in (corpus.heldout, corpus.train))
+    assert cut[n] == generation.heldout_prompts(held, tok, n, length) != generation.heldout_prompts(train, tok, n,
+                                                                                                   length)
+    index = {tuple(p): i for i, p in enumerate(cut[n])}
+    now = [0.0]
+
+    def greedy(model, tokenizer, new_tokens, prompt, generate_kwargs=None, batch=1):
+        seconds = model.factor * 1e-3 * (1 + index[tuple(prompt[0].tolist())])  # each prompt its own speed
+        now[0] += seconds
+        return torch.zeros(new_tokens), seconds
+
+    monkeypatch.setattr(generation, "greedy_generate", greedy)
+    models = {t: SimpleNamespace(factor=f, settle_s=0.0) for t, f in (("a", 1.0), ("b", 3.0))}
+    fns = timing.decode_fns(models, dict.fromkeys(models, Engine()), tok, workloads.DECODE_B1, 4,
+                            generation.prompt_batches(tok, 1, cut[n]), {})
+    rounds, clock = 2 * n, (lambda: now[0])
+    bench = stopping.measure(fns, stopping.Stopping(rounds=rounds, looks=1, min_sample_s=0.01), 1, warmup=2,
+                             clock=clock)
+    deliverable = choice.choose(fns, True, choice.Rule(rounds=rounds, looks=1, min_sample_s=0.01), clock=clock,
+                                sleep=lambda s: None).samples  # the deliverable's own rounds, on the same timers
+    for m in (bench, deliverable):
+        assert len(m["a"][0]) != len(m["b"][0])  # samples of other lengths: the round, not the call count, picks
+        for r in range(rounds):
+            assert len(set(m["a"][r])) == len(set(m["b"][r])) == 1
+            assert m["a"][r][0] == pytest.approx(4 / (1e-3 * (1 + r % n))) and m["a"][r][0] / m["b"][r][0] == \
+                pytest.approx(3.0)
+    b12 = generation.prompt_batches(tok, 12, cut[n])
+    assert len(b12) == n and all(b.tolist() == [cut[n][(r + i) % n] for i in range(12)] for r, b in enumerate(b12))
+    said = prompts_protocol(record)
+    assert f"{n} prompts of {length} tokens cut from the held-out documents of {reference.name}" in said
+    assert f"round r times prompt r mod {n}" in said and "copies" not in said
+
+
+def test_without_held_out_documents_every_contender_decodes_the_fixed_prompt_and_the_bench_says_so(tiny_run,
+                                                                                                    tmp_path):
+    """A plain Hugging Face folder as the reference, or a reference whose data is gone: no held-out prompts, every
+    decode workload's batch the copies of the one fixed prompt for every contender, and the record (bench.json's
+    `prompts`) and the protocol say why."""
+    import json
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from effkit import artifacts
+    from effkit.bench.stage import prompts_protocol
+    from effkit.bench.timing import decode_prompts
+    from effkit.measure import generation
+
+    reference = Path(tiny_run[1])
+    tok, cfg = AutoTokenizer.from_pretrained(reference), BenchConfig.from_flat(quick=True)
+    shutil.copytree(reference, hf := tmp_path / "hf")
+    (hf / artifacts.META).unlink()  # what save_pretrained writes, no effkit record
+    (moved := tmp_path / "moved").mkdir()
+    meta = artifacts.read_meta(reference)
+    (moved / artifacts.META).write_text(json.dumps({**meta, "data": {**meta["data"], "source": str(tmp_path / "x")}}))
+    fixed = tok(generation.GENERATION_PROMPT).input_ids
+    for folder, why in ((hf, "plain Hugging Face folder"), (moved, "does not exist")):
+        cut, record = decode_prompts(folder, cfg, tok)
+        assert cut == {} and record["count"] == 0 and why in record["fallback"]
+        assert record["prompt"] == generation.GENERATION_PROMPT and record["tokens"] == len(fixed)
+        said = prompts_protocol(record)
+        assert f"copies of the prompt {generation.GENERATION_PROMPT!r}" in said and record["fallback"] in said
+    assert [b.tolist() for b in generation.prompt_batches(tok, 12, cut.get(8))] == [[fixed] * 12]

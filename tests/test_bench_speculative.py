@@ -43,9 +43,9 @@ def test_the_speculative_artifact_is_checked_exact_and_carries_its_draft_statist
     assert why == {} and paths == [artifacts_path, tmp_path / bs.SPEC_TAG]
     folder = paths[-1]
     what = artifacts.read_meta(folder)[bs.ROW_KEY]
-    assert what["k"] == 4 and what["prompts"]["count"] == workloads.DECODE_B1_HELDOUT.prompts
-    assert what["exact"].startswith(f"{workloads.DECODE_B1_HELDOUT.prompts} prompts x {NEW} tokens")
-    assert what["tokens_per_prompt"] == NEW and what["new_tokens"] == NEW * workloads.DECODE_B1_HELDOUT.prompts
+    assert what["k"] == 4 and what["prompts"]["count"] == workloads.DECODE_B1.prompts
+    assert what["exact"].startswith(f"{workloads.DECODE_B1.prompts} prompts x {NEW} tokens")
+    assert what["tokens_per_prompt"] == NEW and what["new_tokens"] == NEW * workloads.DECODE_B1.prompts
     assert 0 <= what["acceptance_rate"] <= 1 and 1 <= what["tokens_per_target_forward"] <= 5
     assert 0 <= what["draft_share_of_time"] < 1 and what["choice"] == picks_k4.choice
     model = load_any(folder)  # plain ONNX Runtime with effkit's loop and the measured k: the settings travel
@@ -55,7 +55,7 @@ def test_the_speculative_artifact_is_checked_exact_and_carries_its_draft_statist
     bs.annotate(rows)
     assert bs.ROW_KEY not in rows[0] and rows[1][bs.ROW_KEY] == what and rows[0]["flags"] == []
     assert rows[1]["flags"][0].startswith(f"speculative: ngram draft, k=4 (chosen on this CPU), exact on "
-                                          f"{workloads.DECODE_B1_HELDOUT.prompts} held-out prompts x {NEW} tokens")
+                                          f"{workloads.DECODE_B1.prompts} held-out prompts x {NEW} tokens")
     # the next bench makes it again (the earlier one is never benched beside the new one); a bench not asked for
     # one benches it as it finds it; one on too small a share removes it (its reference may have been retrained)
     assert bs.add(cfg, tmp_path, [artifacts_path, folder], NEW)[0] == [artifacts_path, folder]
@@ -153,6 +153,7 @@ def test_the_bench_times_the_speculative_artifact_beside_the_others(reference, p
     for w in workloads.of_kind("decode"):
         assert row[w.figure] > 0 and len(report["samples"][w.measure][bs.SPEC_TAG]) >= 2
     assert "speculative" not in rows[Path(reference).name] and report["not_run"] == {}
+    assert report["prompts"]["count"] == workloads.DECODE_B1.prompts  # every contender on the held-out prompts
 
 
 @pytest.fixture(scope="module")
@@ -196,7 +197,7 @@ def test_a_weight_only_target_gets_its_own_speculative_artifact_on_the_same_prom
     paths, why = bs.add(BenchConfig.from_flat(speculative=True, quick=True), tmp_path, [ref, int8, int4], NEW)
     tag = bs.tag_of(int4)
     assert why == {} and paths == [ref, int8, int4, tmp_path / bs.SPEC_TAG, tmp_path / tag]
-    n = workloads.DECODE_B1_HELDOUT.prompts
+    n = workloads.DECODE_B1.prompts
     assert len(seen) == 2 and seen[0] == seen[1] and len(seen[0]) == n  # every target, the same held-out prompts
     what = artifacts.read_meta(tmp_path / tag)[bs.ROW_KEY]
     assert what["target"].startswith("quantize-onnxruntime-int4: ONNX Runtime int4 (weight-only")

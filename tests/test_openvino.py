@@ -128,7 +128,7 @@ def _stand_in_timer(rates: dict):
     backend)]` with 2% seeded noise and no time spent, so that the choices do not hang on this machine's timings."""
 
     def make(model, ids, new_tokens, attention):
-        rng = random.Random(zlib.crc32(f"{model.inference_precision}|{attention}|{ids.shape[0]}".encode()))
+        rng = random.Random(zlib.crc32(f"{model.inference_precision}|{attention}|{ids[0].shape[0]}".encode()))
         base = rates[(model.inference_precision, attention or "PA")]
 
         def once() -> float:

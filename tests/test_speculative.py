@@ -174,14 +174,14 @@ def test_heldout_prompts_are_the_same_cut_of_the_held_out_documents(corpus_dir, 
 
     from effkit.data.corpus import load_corpus
     from effkit.measure.generation import heldout_prompts
-    from effkit.workloads import DECODE_B1_HELDOUT, HELDOUT_PROMPT_TOKENS
+    from effkit.workloads import DECODE_B1, HELDOUT_PROMPT_TOKENS
 
     tok = AutoTokenizer.from_pretrained(models[2])
     corpus = load_corpus(str(corpus_dir))
     texts = [t for _, t in corpus.heldout]
-    prompts = heldout_prompts(texts, tok, DECODE_B1_HELDOUT.prompts, HELDOUT_PROMPT_TOKENS)
-    assert len(prompts) == DECODE_B1_HELDOUT.prompts and {len(p) for p in prompts} == {HELDOUT_PROMPT_TOKENS}
-    assert prompts == heldout_prompts(texts, tok, DECODE_B1_HELDOUT.prompts, HELDOUT_PROMPT_TOKENS)
+    prompts = heldout_prompts(texts, tok, DECODE_B1.prompts, HELDOUT_PROMPT_TOKENS)
+    assert len(prompts) == DECODE_B1.prompts and {len(p) for p in prompts} == {HELDOUT_PROMPT_TOKENS}
+    assert prompts == heldout_prompts(texts, tok, DECODE_B1.prompts, HELDOUT_PROMPT_TOKENS)
     joined = [t for text in texts for t in tok(text).input_ids]
     assert prompts[0] == joined[:HELDOUT_PROMPT_TOKENS] and prompts[-1] == joined[-HELDOUT_PROMPT_TOKENS:]
     room, n = len(joined) - HELDOUT_PROMPT_TOKENS, len(prompts)

@@ -3,8 +3,9 @@ dense reference exported to ONNX Runtime fp32 (with past), and every weight-only
 (MatMulNBits, 4 or 8 bits, any accuracy level: `weight_only`), whose logits for a token should not depend on the
 other tokens of a run (their activations, where quantized, are quantized per row), which ONNX Runtime's dynamic int8
 (one activation scale over every token of a run) does not promise and is not made a target. Before any timing, for
-each target: its k chosen on this CPU by `speculative.choose_k` over the prompts drawn from the held-out documents
-(`workloads.DECODE_B1_HELDOUT`: how many, and the same for every contender), its greedy tokens checked against the
+each target: its k chosen on this CPU by `speculative.choose_k` over the prompts the bench's decode workloads time
+(`prompts`: cut from the held-out documents, the same for every contender, every one in each sample: k is never
+chosen on one prompt), its greedy tokens checked against the
 plain target's on those prompts (a mismatch is a failure, listed with where it diverged, and no artifact: exactness
 is checked per target, never assumed), and its settings written beside it (`speculative.SETTINGS`, which the ONNX
 Runtime loader reads: plain ONNX Runtime with effkit's loop and the measured k at batch 1; at batch 12 the artifact
@@ -62,10 +63,10 @@ def runs(cfg: BenchConfig) -> bool:
     return bool(cfg.what.speculative) and left_out(cfg) is None
 
 
-def prompts(reference: Path, data: dict[str, Any], tokenizer, count: int = workloads.DECODE_B1_HELDOUT.prompts
+def prompts(reference: Path, data: dict[str, Any], tokenizer, count: int = workloads.DECODE_B1.prompts
             ) -> list[np.ndarray]:
-    """`workloads.DECODE_B1_HELDOUT`'s prompts (or `count` of them): cut from the held-out documents of the
-    reference's data split."""
+    """The built-in decode workloads' held-out prompts (`workloads.DECODE_B1.prompts`, or `count` of them): cut from
+    the held-out documents of the reference's data split, as the bench's decode rounds time them."""
     from effkit.config import DataConfig
     from effkit.data.corpus import load_corpus
     from effkit.measure.generation import heldout_prompts
@@ -156,7 +157,7 @@ def make(cfg: BenchConfig, reference: Path, folder: Path, new_tokens: int, targe
                               f"at every k on this CPU ({chosen.choice.get('label', 'the decision rule')})"
                               + (f"; {'; '.join(f'{n}: {w}' for n, w in invalid.items())}" if invalid else ""))
         record = speculative.write_settings(folder, chosen, f"{len(ids)} prompts x {new_tokens} new tokens at batch 1, "
-                                            "from the held-out documents (workloads.DECODE_B1_HELDOUT)")
+                                            "from the held-out documents (the decode workloads' prompts)")
         draft = exactness(model, ids, new_tokens, chosen.k, folder.name)
         del model
     except EffkitError as e:
@@ -164,7 +165,7 @@ def make(cfg: BenchConfig, reference: Path, folder: Path, new_tokens: int, targe
         return e.args[0] if isinstance(e, _NoArtifact) else f"failed: {e}"
     what = {"draft": "ngram", "k": chosen.k, "target": described,
             "prompts": {"count": len(ids), "tokens": workloads.HELDOUT_PROMPT_TOKENS,
-                        "from": "held-out documents (workloads.DECODE_B1_HELDOUT), the same for every k"},
+                        "from": "held-out documents (the decode workloads' prompts), the same for every k"},
             "tokens_per_prompt": new_tokens, "exact": f"{len(ids)} prompts x {new_tokens} tokens equal to the target's",
             **draft, "batch_12": BATCH_12, "choice": record["choice"]}
     if target is None:

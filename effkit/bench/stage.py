@@ -29,7 +29,7 @@ from effkit.bench.static import bench_all_isolated
 from effkit.bench.timing import TRAIN_BATCHES, contest_of, ties_of, timed_side_by_side
 from effkit.config import BenchConfig, DataConfig, build_config
 from effkit.data import prepare
-from effkit.measure import evaluation, hardware, memory, stats, stopping
+from effkit.measure import evaluation, generation, hardware, memory, stats, stopping
 from effkit.measure.timing import INTERLEAVED_PROTOCOL
 from effkit.parallel import resolve_device
 from effkit.report import atomic_write_text
@@ -156,7 +156,10 @@ def _bench(cfg: BenchConfig, device: torch.device, run_name: str, paths: list[Pa
         # each artifact's held-out loss per block, and each block's document: every loss delta can be recomputed
         "block_losses": {r["tag"]: r["block_losses"] for r in static},
         "block_docs": static[0]["block_docs"],
-        "protocol": protocol(cfg, device, paths[0], prepared, block, rows[0]["tag"], timed["new_tokens"]),
+        "protocol": protocol(cfg, device, paths[0], prepared, block, rows[0]["tag"], timed["new_tokens"],
+                             timed["prompts"]),
+        # the decode workloads' prompts: how many, how long, where from (or why the fixed prompt instead)
+        "prompts": timed["prompts"],
         # the plan made before the stage, beside the peaks it measured (the top process's, each alone process's)
         "memory": memory_of(static) if memory_of else None,
     }
@@ -164,13 +167,30 @@ def _bench(cfg: BenchConfig, device: torch.device, run_name: str, paths: list[Pa
     return report
 
 
+def prompts_protocol(prompts: dict[str, Any]) -> str:
+    """Which prompts the decode workloads time, in words (`timing.decode_prompts`' record, bench.json's `prompts`)."""
+    decode = workloads.of_kind("decode")
+    fixed = [w for w in decode if w.name not in prompts.get("workloads", ())]
+    batches = [str(b) for b in sorted({w.batch for w in fixed})]
+    copies = " and ".join([", ".join(batches[:-1]), batches[-1]] if len(batches) > 1 else batches)
+    n, said = prompts["count"], []
+    if n:
+        said.append(f"from {n} prompts of {prompts['tokens']} tokens cut from {prompts['from']}, the same for every "
+                    f"artifact and peer: round r times prompt r mod {n} (at batch b, prompts r..r+b-1 mod {n}), so "
+                    f"that every contender decodes the same prompts in each round, the paired ratio cancels each "
+                    f"prompt's own speed, and the rounds cover the set")
+    if fixed:
+        said.append(f"{'; ' + ', '.join(w.name for w in fixed) + ': ' if n else ''}from {copies} copies of the "
+                    f"prompt {generation.GENERATION_PROMPT!r}"
+                    + (f" (no held-out prompts: {prompts['fallback']})" if "fallback" in prompts else ""))
+    return "".join(said)
+
+
 def protocol(cfg: BenchConfig, device: torch.device, first: Path, prepared, block: int, reference: str,
-             new_tokens: int) -> dict[str, str]:
+             new_tokens: int, prompts: dict[str, Any]) -> dict[str, str]:
     """How each figure of the report was measured, in words (bench.md's `How measured`)."""
     interleave = INTERLEAVED_PROTOCOL.format(warmup=2, rounds=stopping.Stopping.of(cfg.measure).describe(),
                                              repeats="{repeats}")
-    batches = [str(b) for b in sorted({w.batch for w in workloads.of_kind("decode")})]
-    copies = " and ".join([", ".join(batches[:-1]), batches[-1]] if len(batches) > 1 else batches)
     return {
         "eval_loss": evaluation.EVAL_PROTOCOL + f"; the blocks of {first.name}'s data "
                      f"({len(prepared.blocks.eval)} blocks, {prepared.blocks.eval[:, 1:].numel()} predicted "
@@ -183,8 +203,8 @@ def protocol(cfg: BenchConfig, device: torch.device, first: Path, prepared, bloc
                       "timed in the same rounds, and its compiled decoding (static KV cache) "
                       "in the generation rounds" if cfg.measure.compile else ""),
         "generation": "decode: greedy decoding with the KV cache (PyTorch's generate; ONNX Runtime's with-past "
-                      "graph; older ONNX artifacts without past recompute the prefix, see the notes) from "
-                      f"{copies} copies of the prompt, {new_tokens} new tokens per row (capped by the "
+                      "graph; older ONNX artifacts without past recompute the prefix, see the notes) "
+                      f"{prompts_protocol(prompts)}, {new_tokens} new tokens per row (capped by the "
                       "smallest context when needed), new tokens of all rows / wall time (prefill included); "
                       + interleave.format(repeats=1) + "; the b1 decode is also reported as `generation`",
         "training_throughput": (f"one forward+backward+AdamW step on a private copy, batch x {block} tokens, "

@@ -11,10 +11,12 @@ from typing import Any
 
 import torch
 
+import effkit.bench.speculative as speculative
 from effkit import artifacts, workloads
 from effkit.artifacts.loader import engine_of, load_any, trainable
 from effkit.bench.discover import tags
 from effkit.config import BenchConfig
+from effkit.errors import EffkitError
 from effkit.measure import choice, generation, results, stats, stopping
 from effkit.measure.timing import compile_for_inference, train_step_timers
 
@@ -31,12 +33,12 @@ def train_measure(batch: int) -> str:
     return f"train_b{batch}"
 
 
-def compiled_twins(models: dict[str, Any], engine: dict[str, Any], tokenizer, block: int,
-                   new_tokens: int) -> tuple[dict[str, Any], dict[str, str], dict[str, tuple[dict[str, Any], Any]],
-                                             dict[str, str]]:
+def compiled_twins(models: dict[str, Any], engine: dict[str, Any], tokenizer, block: int, new_tokens: int,
+                   prompts: list[Any]) -> tuple[dict[str, Any], dict[str, str], dict[str, tuple[dict[str, Any], Any]],
+                                                dict[str, str]]:
     """With `--compile`: (forwards of the compiled twins by `<tag> (compiled)`, whether each compiled, each tag's
-    compiled decoding (static KV cache) as (its kwargs, its timer at the generation's batch, already compiled),
-    whether each did)."""
+    compiled decoding (static KV cache) as (its kwargs, its timer at the generation's batch of `prompts`, already
+    compiled), whether each did)."""
     forward, status, decoding, gen_status = {}, {}, {}, {}
     prefill_batches = tuple(w.batch for w in workloads.of_kind("prefill"))
     for tag, m in models.items():
@@ -45,7 +47,8 @@ def compiled_twins(models: dict[str, Any], engine: dict[str, Any], tokenizer, bl
             forward[tag + COMPILED] = compiled
         kwargs, gen_status[tag] = generation.compiled_generation(m)
         if kwargs is not None:
-            timer = engine[tag].decode(m, tokenizer, workloads.get(workloads.GENERATION).batch, new_tokens, kwargs)
+            timer = engine[tag].decode(m, tokenizer, workloads.get(workloads.GENERATION).batch, new_tokens, kwargs,
+                                       prompts=prompts)
             try:
                 timer()  # compiles
             except Exception as e:  # noqa: BLE001 - reported, not fatal
@@ -56,14 +59,56 @@ def compiled_twins(models: dict[str, Any], engine: dict[str, Any], tokenizer, bl
     return forward, status, decoding, gen_status
 
 
+def decode_prompts(reference: Path, cfg: BenchConfig, tokenizer) -> tuple[dict[int, list[list[int]]], dict[str, Any]]:
+    """The prompts of the bench's decode workloads by their count (`Workload.prompts`), cut once from the held-out
+    documents of the reference's data (`speculative.prompts`) with the bench's tokenizer, the same for every
+    artifact and peer; and what they are (bench.json's `prompts`). Where the reference has none to draw from (a
+    plain Hugging Face folder, its data not found), none: every contender times the fixed prompt, and the record
+    says why (`fallback`)."""
+    counts = sorted({w.prompts for w in workloads.of_kind("decode") if w.prompts})
+    data = artifacts.data_section(reference, cfg.what.data)
+    why = None if counts else "no decode workload asks for held-out prompts"
+    if why is None and artifacts.read_meta(reference)["stage"] == "import" and not cfg.what.data:
+        why = f"the reference {reference.name} is a plain Hugging Face folder: it has no held-out documents of its own"
+    try:
+        cut = {} if why else {n: [p.tolist() for p in speculative.prompts(reference, data, tokenizer, n)]
+                              for n in counts}
+    except (EffkitError, OSError) as e:
+        cut, why = {}, f"no held-out prompts from {data.get('source')} ({e})"
+    if why:
+        return {}, {"count": 0, "tokens": len(tokenizer(generation.GENERATION_PROMPT).input_ids),
+                    "prompt": generation.GENERATION_PROMPT, "fallback": why}
+    return cut, {"count": len(cut[counts[-1]]), "tokens": workloads.HELDOUT_PROMPT_TOKENS,
+                 "from": f"the held-out documents of {reference.name} ({data.get('source')})",
+                 "workloads": [w.name for w in workloads.of_kind("decode") if w.prompts],
+                 "order": "round r times prompt r mod count (batch b: prompts r..r+b-1 mod count), for every "
+                          "contender alike"}
+
+
+def decode_fns(models: dict[str, Any], engine: dict[str, Any], tokenizer, w: workloads.Workload, new_tokens: int,
+               prompts: list[Any], compiled: dict[str, tuple[dict[str, Any], Any]]) -> dict[str, Any]:
+    """The timers of decode workload `w`, every one on the same `prompts` (`generation.prompt_batches`), and the
+    compiled decoding (static KV cache) of each artifact that has one at the generation's batch."""
+    n = new_tokens if w.tokens is None else min(
+        generation.generation_budget(m, tokenizer, w.tokens, prompts[0].shape[1])[0] for m in models.values())
+    fns = {t: engine[t].decode(m, tokenizer, w.batch, n, prompts=prompts) for t, m in models.items()}
+    gen = workloads.get(workloads.GENERATION)
+    if w.batch == gen.batch:  # compiled decoding (static KV cache) joins the rounds at its batch
+        fns |= {t + COMPILED: timer if n == new_tokens and w.prompts == gen.prompts else
+                engine[t].decode(models[t], tokenizer, w.batch, n, kw, prompts=prompts)
+                for t, (kw, timer) in compiled.items()}
+    return fns
+
+
 def timed_side_by_side(paths: list[Path], cfg: BenchConfig, tokenizer, block: int, device: torch.device,
                        contest: tuple[str, list[str]] | None = None,
                        ties: frozenset[frozenset[str]] = frozenset()) -> dict[str, dict[str, Any]]:
     """Every artifact loaded at once and timed in interleaved rounds: {measure: {tag: per-round samples}}. Measures:
-    each workload's (`w.measure`: prefill seconds, or new tokens/s of greedy decoding with the KV cache), and the
-    training steps' (`train_b4`, `train_b12`: tokens/s, dense and pruned artifacts only). With `compile`, each
-    PyTorch artifact's compiled twin (`<tag> (compiled)`) joins the prefill rounds, and its compiled decoding
-    (static KV cache) the decode rounds at the generation's batch (`workloads.GENERATION`); `compile_status` and
+    each workload's (`w.measure`: prefill seconds, or new tokens/s of greedy decoding with the KV cache, from the
+    held-out prompts of `decode_prompts`, the same for every contender in every round), and the training steps'
+    (`train_b4`, `train_b12`: tokens/s, dense and pruned artifacts only). With `compile`, each PyTorch artifact's
+    compiled twin (`<tag> (compiled)`) joins the prefill rounds, and its compiled decoding (static KV cache) the
+    decode rounds at the generation's batch (`workloads.GENERATION`); `compile_status` and
     `generation_compile_status` say, per artifact, whether they compiled. `contest`: (workload, tags) of the
     deliverable's decision: measured after them in its own rounds at that workload (`deliverable_rounds`, under
     `decision`). `ties`: pairs of tags that run the very same computation (`ties_of`): their ratio is reported, but
@@ -71,25 +116,25 @@ def timed_side_by_side(paths: list[Path], cfg: BenchConfig, tokenizer, block: in
     names = tags(paths)
     models = {tag: load_any(p, device).eval() for tag, p in zip(names, paths, strict=True)}
     engine = {tag: engine_of(p) for tag, p in zip(names, paths, strict=True)}
-    new_tokens = min(generation.generation_budget(m, tokenizer, cfg.measure.gen_tokens)[0] for m in models.values())
+    cut, prompts = decode_prompts(paths[0], cfg, tokenizer)
+    batches = {w.name: generation.prompt_batches(tokenizer, w.batch, cut.get(w.prompts))
+               for w in workloads.of_kind("decode")}
+    longest = max(b[0].shape[1] for b in batches.values())  # prompt and new tokens fit the smallest context
+    new_tokens = min(generation.generation_budget(m, tokenizer, cfg.measure.gen_tokens, longest)[0]
+                     for m in models.values())
     forward, status, compiled_decoding, gen_status = dict(models), {}, {}, {}
     if cfg.measure.compile:
-        twins, status, compiled_decoding, gen_status = compiled_twins(models, engine, tokenizer, block, new_tokens)
+        twins, status, compiled_decoding, gen_status = compiled_twins(models, engine, tokenizer, block, new_tokens,
+                                                                      batches[workloads.GENERATION])
         forward |= twins
     plan: dict[str, tuple[dict[str, Any], int]] = {}
-    gen_batch = workloads.get(workloads.GENERATION).batch
     for w in workloads.all_():
         if w.kind == "prefill":
             plan[w.measure] = ({t: engine[t.removesuffix(COMPILED)].prefill(m, w.batch, w.tokens or block)
                                 for t, m in forward.items()}, cfg.measure.repeats)
-            continue
-        n = new_tokens if w.tokens is None else min(generation.generation_budget(m, tokenizer, w.tokens)[0]
-                                                    for m in models.values())
-        fns = {t: engine[t].decode(m, tokenizer, w.batch, n) for t, m in models.items()}
-        if w.batch == gen_batch:  # compiled decoding (static KV cache) joins the rounds at its batch
-            fns |= {t + COMPILED: timer if n == new_tokens else engine[t].decode(models[t], tokenizer, w.batch, n, kw)
-                    for t, (kw, timer) in compiled_decoding.items()}
-        plan[w.measure] = (fns, 1)
+        else:
+            plan[w.measure] = (decode_fns(models, engine, tokenizer, w, new_tokens, batches[w.name],
+                                          compiled_decoding), 1)
     steppers = {tag: train_step_timers(models[tag], TRAIN_BATCHES, block)
                 for tag, p in zip(names, paths, strict=True) if trainable(p) and cfg.measure.train_steps}
     for b in TRAIN_BATCHES:
@@ -108,7 +153,7 @@ def timed_side_by_side(paths: list[Path], cfg: BenchConfig, tokenizer, block: in
         plan[workloads.get(contest[0]).measure][0], contest, stop,
         cfg.measure.contest_budget_s * cfg.what.peer_share)}
     return {**timed, **skipped, "compile_status": status, "generation_compile_status": gen_status,
-            "new_tokens": new_tokens, **decision,
+            "new_tokens": new_tokens, "prompts": prompts, **decision,
             "stopping": {name: m.record for name, m in timed.items()}}
 
 

@@ -164,11 +164,15 @@ class Engine:
         return timing.forward_timer(model, batch, tokens, **self.prefill_kwargs)
 
     def decode(self, model: Any, tokenizer: Any, batch: int, new_tokens: int,
-               generate_kwargs: dict[str, Any] | None = None):
-        """A no-argument timer of greedy decoding of `new_tokens` from `batch` prompts (returns tokens/s)."""
+               generate_kwargs: dict[str, Any] | None = None, prompts: list[Any] | None = None):
+        """A no-argument timer of greedy decoding of `new_tokens` from `batch` prompts (returns tokens/s), those of
+        its round (`generation.by_round`): `prompts`, one (batch, n) int64 array of token ids per round
+        (`generation.prompt_batches`), handed to the engine as those very ids; None: `batch` copies of the fixed
+        prompt."""
         from effkit.measure import generation
 
-        return generation.generation_timer(model, tokenizer, new_tokens, generate_kwargs, batch=batch)
+        return generation.generation_timer(model, tokenizer, new_tokens, generate_kwargs, batch=batch,
+                                           prompts=prompts)
 
     def quantized_layers(self, model: Any, path: Path | None = None) -> int:
         """The quantized layers a loaded model (of the artifact at `path`) really holds."""

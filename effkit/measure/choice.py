@@ -236,6 +236,7 @@ class _Samples:
         """Rounds `first` .. `first + count - 1` of the `active` contenders, each round in its shuffled order."""
         for r in range(first, first + count):
             for n in timing.round_order(active, r, self.rule.seed):
+                timing.start_round(self.contenders[n], r)
                 t = self.clock()
                 self.samples[n].append([self.contenders[n]() for _ in range(self.calls[n])])
                 self.wall[n] += self.clock() - t

@@ -1,8 +1,9 @@
-"""Generation with the KV cache: the fixed prompt (`GENERATION_PROMPT`) and the new tokens that fit after it
+"""Generation with the KV cache: the fixed prompt (`GENERATION_PROMPT`) and the new tokens that fit after a prompt
 (`generation_budget`), greedy decoding at any batch (`greedy_generate`, compiled with a static cache through
 `compiled_generation`), its timer in tokens per second (`generation_timer`), seeded top-k sampling (`sampled_generate`,
-`SAMPLING`), how much a text repeats itself (`repeated_fraction`) and the prompts drawn from held-out documents that
-judge speculative decoding (`heldout_prompts`)."""
+`SAMPLING`), how much a text repeats itself (`repeated_fraction`), the prompts drawn from held-out documents that
+the bench's decode workloads time (`heldout_prompts`), each round's batch of them (`prompt_batches`) and a timer
+that times the batch of its round (`by_round`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 
 from effkit.errors import EffkitError
@@ -20,11 +22,13 @@ from effkit.measure.timing import settle_time, synchronize
 GENERATION_PROMPT = "The state of the Union"
 
 
-def generation_budget(model, tokenizer, wanted: int, prompt: str = GENERATION_PROMPT) -> tuple[int, str | None]:
-    """New tokens that fit in the model's context after the prompt, and a note when `wanted` was capped."""
-    room = model.config.n_positions - len(tokenizer(prompt).input_ids)
+def generation_budget(model, tokenizer, wanted: int, prompt_tokens: int | None = None) -> tuple[int, str | None]:
+    """New tokens that fit in the model's context after a prompt of `prompt_tokens` (default: `GENERATION_PROMPT`'s),
+    and a note when `wanted` was capped."""
+    used = len(tokenizer(GENERATION_PROMPT).input_ids) if prompt_tokens is None else prompt_tokens
+    room = model.config.n_positions - used
     if room < 1:
-        raise EffkitError(f"the prompt {prompt!r} fills the model's context ({model.config.n_positions} tokens)")
+        raise EffkitError(f"a prompt of {used} tokens fills the model's context ({model.config.n_positions} tokens)")
     if wanted <= room:
         return wanted, None
     return room, f"generation capped at {room} new tokens (asked {wanted}): the model's context is " \
@@ -48,12 +52,14 @@ def compiled_generation(model) -> tuple[dict[str, Any] | None, str]:
 
 
 @torch.inference_mode()
-def greedy_generate(model, tokenizer, new_tokens: int, prompt: str = GENERATION_PROMPT,
+def greedy_generate(model, tokenizer, new_tokens: int, prompt: str | np.ndarray = GENERATION_PROMPT,
                     generate_kwargs: dict[str, Any] | None = None, batch: int = 1) -> tuple[torch.Tensor, float]:
-    """Greedy decoding of exactly `new_tokens` with the KV cache, from `batch` copies of the prompt: (the first
-    row's new token ids, seconds). `generate_kwargs`: e.g. `compiled_generation`'s."""
+    """Greedy decoding of exactly `new_tokens` with the KV cache, from `batch` copies of the prompt (text), or from
+    the prompts' token ids as they are ((batch, n) int64): (the first row's new token ids, seconds).
+    `generate_kwargs`: e.g. `compiled_generation`'s."""
     device = model_device(model)
-    ids = tokenizer(prompt, return_tensors="pt").input_ids.to(device).expand(batch, -1).contiguous()
+    ids = (torch.as_tensor(prompt).to(device) if isinstance(prompt, np.ndarray) else
+           tokenizer(prompt, return_tensors="pt").input_ids.to(device).expand(batch, -1).contiguous())
     kwargs = generate_kwargs or {}
     synchronize(device)
     t = time.perf_counter()
@@ -100,14 +106,38 @@ def heldout_prompts(texts: list[str], tokenizer, count: int, tokens: int) -> lis
     return [ids[s:s + tokens] for s in starts]
 
 
+def prompt_batches(tokenizer, batch: int, prompts: list[list[int]] | None = None) -> list[np.ndarray]:
+    """What a decode timer times, one (batch, n) int64 array of token ids per round (round r: the array r mod their
+    count): from `prompts` (the held-out ones, all of one length), rows r..r+batch-1 mod their count, so that the
+    rounds cover every prompt and each is in as many rows; without them, `batch` copies of `GENERATION_PROMPT`."""
+    if not prompts:
+        return [np.repeat(np.asarray([tokenizer(GENERATION_PROMPT).input_ids], np.int64), batch, axis=0)]
+    n = len(prompts)
+    return [np.asarray([prompts[(r + i) % n] for i in range(batch)], np.int64) for r in range(n)]
+
+
+def by_round(batches: list[np.ndarray], once: Callable[[np.ndarray], float], settle_s: float) -> Callable[[], float]:
+    """A no-argument timer of `once` on the batch of its round (`batches[r mod count]`): a measurement tells it
+    each round before its sample (`timing.start_round`), so that every contender times the same prompts in the same
+    round, whatever its calls per sample or warm-up, and the paired ratio cancels each prompt's own speed."""
+    at = [0]
+
+    def timer() -> float:
+        return once(batches[at[0] % len(batches)])
+
+    timer.at_round = lambda r: at.__setitem__(0, r)  # type: ignore[attr-defined]
+    timer.settle_s = settle_s  # type: ignore[attr-defined]
+    return timer
+
+
 def generation_timer(model, tokenizer, new_tokens: int, generate_kwargs: dict[str, Any] | None = None,
-                     batch: int = 1) -> Callable[[], float]:
-    """A function returning the new tokens per second (all rows) of one greedy decoding of `new_tokens` from a
-    batch of `batch` prompts (the caller caps `new_tokens` with `generation_budget`)."""
+                     batch: int = 1, prompts: list[np.ndarray] | None = None) -> Callable[[], float]:
+    """A function returning the new tokens per second (all rows) of one greedy decoding of `new_tokens` from the
+    prompts of its round (`prompts`: `prompt_batches`'; default: `batch` copies of the fixed prompt); the caller caps
+    `new_tokens` with `generation_budget`."""
 
-    def once() -> float:
-        new, seconds = greedy_generate(model, tokenizer, new_tokens, generate_kwargs=generate_kwargs, batch=batch)
-        return batch * len(new) / seconds
+    def once(ids: np.ndarray) -> float:
+        new, seconds = greedy_generate(model, tokenizer, new_tokens, ids, generate_kwargs)
+        return ids.shape[0] * len(new) / seconds
 
-    once.settle_s = settle_time(model)
-    return once
+    return by_round(prompts or prompt_batches(tokenizer, batch), once, settle_time(model))

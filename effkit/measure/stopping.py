@@ -215,7 +215,7 @@ def _paired(samples: dict[str, list[list[float]]], a: str, b: str, level: float,
 def _timed(fn: Callable[[], float], spent: dict[str, list[float]], name: str, clock: Callable[[], float],
            skip: int) -> Callable[[], float]:
     """`fn`, adding the seconds and count of each call after the first `skip` (the warm-up) to `spent[name]`
-    (its `settle_s` kept)."""
+    (its `settle_s` and its `at_round` kept)."""
     calls = [0]
 
     def call() -> float:
@@ -228,6 +228,7 @@ def _timed(fn: Callable[[], float], spent: dict[str, list[float]], name: str, cl
                 spent[name][0] += clock() - t
                 spent[name][1] += 1
     call.settle_s = timing.settle_time(fn)  # type: ignore[attr-defined]
+    call.at_round = getattr(fn, "at_round", None)  # type: ignore[attr-defined]
     return call
 
 

@@ -90,6 +90,13 @@ def settle_time(model) -> float:
     return float(model_attr(model, "settle_s"))
 
 
+def start_round(fn: Callable[[], float], r: int) -> None:
+    """Tell a timer that times other inputs in other rounds (its `at_round`: `generation.by_round`) that its next
+    sample is round `r`'s: every contender of a round then times the same inputs."""
+    if (at := getattr(fn, "at_round", None)) is not None:
+        at(r)
+
+
 def round_order(names: list[str], r: int, seed: int | None) -> list[str]:
     """The order of round `r`: each pair of rounds shuffles the contenders from (`seed`, `r // 2`) and runs the
     second round in the reverse order, so that no contender always runs right after the same one (carry-over from
@@ -125,6 +132,7 @@ def interleaved(contenders: dict[str, Callable[[], float]], rounds: int, repeats
     samples: dict[str, list[list[float]]] = {name: [] for name in names}
     for r in range(rounds):
         for name in round_order(names, r + offset, seed):
+            start_round(contenders[name], r + offset)
             samples[name].append([contenders[name]() for _ in range(calls[name])])
             settle(name)
     return samples

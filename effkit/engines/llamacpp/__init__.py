@@ -19,12 +19,6 @@ from effkit.engines.llamacpp.runtime import GGUF_DESC, GGUF_FILE, LlamaCppCausal
 from effkit.errors import EffkitError
 
 
-def prompt(tokenizer) -> list[int]:
-    from effkit.measure import generation
-
-    return tokenizer(generation.GENERATION_PROMPT).input_ids
-
-
 def peer_deviations() -> list[str]:
     """How effkit runs the peer other than with llama.cpp's defaults, one line each."""
     threads, default = torch.get_num_threads(), runtime.physical_cores()
@@ -114,25 +108,25 @@ class LlamaCppEngine(Engine):
         return once
 
     def decode(self, model: LlamaCppCausalLM, tokenizer, batch: int, new_tokens: int,
-               generate_kwargs: dict[str, Any] | None = None):
-        """Greedy decoding of `new_tokens` from `batch` copies of the prompt by llama.cpp's server (its own loop: the
-        rows as parallel sequences, one batch per step), new tokens per second of all rows; every call checks that
-        each row made all its tokens."""
-        rows = [prompt(tokenizer)] * batch
+               generate_kwargs: dict[str, Any] | None = None, prompts: list[Any] | None = None):
+        """Greedy decoding of `new_tokens` by llama.cpp's server from the prompts of its round (`prompts`, handed
+        over as those token ids, `generation.by_round`; default: `batch` copies of the fixed prompt), its own loop:
+        the rows as parallel sequences, one batch per step; new tokens per second of all rows; every call checks
+        that each row made all its tokens."""
+        from effkit.measure import generation
 
-        def once() -> float:
+        def once(ids) -> float:
             t = time.perf_counter()
-            r = model.complete(rows, new_tokens)
+            r = model.complete(ids.tolist(), new_tokens)
             seconds = time.perf_counter() - t
             # every row ran to its last token (llama.cpp's usage counts one row of a multi-prompt request)
             stopped = [c.get("finish_reason") for c in r["choices"] if c.get("finish_reason") != "length"]
             if stopped or r.get("usage", {}).get("completion_tokens", new_tokens) != new_tokens:
                 raise EffkitError(f"llama.cpp stopped decoding before {new_tokens} new tokens "
                                   f"({stopped or r['usage']})")
-            return batch * new_tokens / seconds
+            return len(ids) * new_tokens / seconds
 
-        once.settle_s = model.settle_s
-        return once
+        return generation.by_round(prompts or generation.prompt_batches(tokenizer, batch), once, model.settle_s)
 
     def quantized_layers(self, model, path: Path | None = None) -> int:
         where = Path(path) / GGUF_FILE if path is not None else model.gguf

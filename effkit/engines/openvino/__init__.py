@@ -123,9 +123,9 @@ class OpenVINOEngine(Engine):
         return desc
 
     def decode(self, model: OpenVINOCausalLM, tokenizer, batch: int, new_tokens: int,
-               generate_kwargs: dict[str, Any] | None = None):
+               generate_kwargs: dict[str, Any] | None = None, prompts: list[Any] | None = None):
         """Greedy decoding as OpenVINO's users run it (`tune.decode_timer`: LLMPipeline, its tokens checked)."""
-        return tune.decode_timer(model, tokenizer, batch, new_tokens, generate_kwargs)
+        return tune.decode_timer(model, tokenizer, batch, new_tokens, generate_kwargs, prompts)
 
     def quantized_layers(self, model: nn.Module, path: Path | None = None) -> int:
         desc = getattr(model, "description", {})

@@ -33,13 +33,16 @@ def prompt() -> str:
     return generation.GENERATION_PROMPT
 
 
-def pipeline_timer(model: OpenVINOCausalLM, ids: np.ndarray, new_tokens: int, attention: str | None):
-    """A no-argument timer of LLMPipeline's greedy decoding of `new_tokens` from the prompts `ids`, returning new
+def pipeline_timer(model: OpenVINOCausalLM, prompts: list[np.ndarray], new_tokens: int, attention: str | None):
+    """A no-argument timer of LLMPipeline's greedy decoding of `new_tokens` from the prompts of its round (`prompts`:
+    one (batch, n) array of token ids per round, handed over as those ids, `generation.by_round`), returning new
     tokens per second (all rows). Its first call (every caller's warm-up) also checks the tokens against effkit's
     loop over the same graph (`OpenVINOCausalLM.check_tokens`), outside the timed span."""
+    from effkit.measure import generation
+
     checked: list[bool] = []
 
-    def once() -> float:
+    def once(ids: np.ndarray) -> float:
         t = time.perf_counter()
         new = model.pipeline_generate(ids, new_tokens, attention)
         seconds = time.perf_counter() - t
@@ -48,25 +51,26 @@ def pipeline_timer(model: OpenVINOCausalLM, ids: np.ndarray, new_tokens: int, at
             checked.append(True)
         return ids.shape[0] * new_tokens / seconds
 
-    once.settle_s = model.settle_s
-    return once
+    return generation.by_round(prompts, once, model.settle_s)
+
 
 def decode_timer(model: OpenVINOCausalLM, tokenizer, batch: int, new_tokens: int,
-                 generate_kwargs: dict[str, Any] | None = None):
+                 generate_kwargs: dict[str, Any] | None = None, prompts: list[np.ndarray] | None = None):
     """Greedy decoding as OpenVINO's users run it: `openvino_genai.LLMPipeline` (its C++ loop) with the attention
-    backend the artifact records (the peer: LLMPipeline's default), from `batch` copies of the prompt, its tokens
-    checked on the first call (`pipeline_timer`). Where LLMPipeline cannot be built, effkit's Python loop over the
-    infer request, said so in the generation note; the peer is refused instead."""
+    backend the artifact records (the peer: LLMPipeline's default), from the prompts of its round (`prompts`, as
+    token ids; default: `batch` copies of the fixed prompt), its tokens checked on the first call (`pipeline_timer`).
+    Where LLMPipeline cannot be built, effkit's Python loop over the infer request, said so in the generation note;
+    the peer is refused instead."""
     from effkit.measure import generation
 
-    start = tokenizer(prompt(), return_tensors="np").input_ids
     key, _ = model.decoding()
     if model.pipeline(key) is None:
         if model.description.get("peer"):
             raise EffkitError(f"the OpenVINO peer cannot decode as its users run it: openvino_genai.LLMPipeline "
                               f"({model.why_no_pipeline(key)})")
-        return generation.generation_timer(model, tokenizer, new_tokens, generate_kwargs, batch=batch)
-    return pipeline_timer(model, np.repeat(start, batch, axis=0), new_tokens, key)
+        return generation.generation_timer(model, tokenizer, new_tokens, generate_kwargs, batch=batch,
+                                           prompts=prompts)
+    return pipeline_timer(model, prompts or generation.prompt_batches(tokenizer, batch), new_tokens, key)
 
 
 def decoders_of(models: dict[str, OpenVINOCausalLM]) -> dict[str, str]:
@@ -128,7 +132,7 @@ def choose_attention(model: OpenVINOCausalLM, tokenizer, workload: str = "decode
            f"{rule.precision}|budget {rule.budget_s}")
 
     def measure() -> dict[str, Any]:
-        timers = {a: pipeline_timer(model, ids, new, a) for a in ATTENTION}
+        timers = {a: pipeline_timer(model, [ids], new, a) for a in ATTENTION}
         return choice.choose(timers, True, rule, prefer=ATTENTION.index).to_dict()
 
     decided, cached = machine_cache.machine_cached("openvino_attention_choice", key, measure)

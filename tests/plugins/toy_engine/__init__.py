@@ -39,8 +39,9 @@ class ToyEngine(engines.Engine):
     def load(self, path: Path, device: Any):
         return runtime.load(path, device)
 
-    def decode(self, model: Any, tokenizer: Any, batch: int, new_tokens: int, generate_kwargs=None):
-        return runtime.counted(super().decode(model, tokenizer, batch, new_tokens, generate_kwargs), model, batch)
+    def decode(self, model: Any, tokenizer: Any, batch: int, new_tokens: int, generate_kwargs=None, prompts=None):
+        return runtime.counted(super().decode(model, tokenizer, batch, new_tokens, generate_kwargs, prompts), model,
+                               batch)
 
 
 ENGINE = engines.register(ToyEngine())

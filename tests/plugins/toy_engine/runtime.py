@@ -25,4 +25,5 @@ def counted(timer, model: Any, batch: int):
         return timer()
 
     call.settle_s = timer.settle_s if hasattr(timer, "settle_s") else 0.0
+    call.at_round = getattr(timer, "at_round", None)  # the round's prompts, as every other contender's
     return call
