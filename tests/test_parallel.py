@@ -187,11 +187,27 @@ def _cli_args(args, tmp_path):
             "--runs-dir", str(tmp_path / "runs"), "--reports-dir", str(tmp_path / "reports"), *args]
 
 
-def _cli(args, tmp_path, env=None, timeout=180):
-    import subprocess
+@pytest.fixture
+def cli_here(tmp_path, capsys, monkeypatch):
+    """`effkit train ARGS` through the CLI in this process (its ranks forked from this process' server, as a
+    command's are from its own): where the failure handling is what is tested, not a fresh interpreter.
+    cli_here(args, env) -> (exit code, what the command printed to stderr)."""
+    import sys
+    import tempfile
 
-    return subprocess.run(_cli_args(args, tmp_path), capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+    from effkit import cli
+
+    def run(args, env=None):
+        for k, v in (env or {}).items():
+            monkeypatch.setenv(k, v)
+        monkeypatch.setattr(tempfile, "tempdir", None)  # $TMPDIR read again
+        monkeypatch.setattr(sys, "argv", ["effkit", *_cli_args(args, tmp_path)[3:]])
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exc:
+            cli.main()
+        return exc.value.code or 0, capsys.readouterr().err
+
+    return run
 
 
 def _same_run_as(base: dict) -> list[str]:
@@ -202,10 +218,10 @@ def _same_run_as(base: dict) -> list[str]:
 
 
 @pytest.mark.slow
-def test_cli_launches_two_processes_through_accelerate(tmp_path, corpus_dir):
-    out = _cli(["--data", str(corpus_dir), "--parallel", "ddp", "--nproc", "2", "--max-steps", "3",
-                "--batch-size", "2", "--run-name", "cli"], tmp_path)
-    assert out.returncode == 0, out.stderr[-2000:]
+def test_cli_launches_two_processes(tmp_path, corpus_dir, cli_here):
+    code, err = cli_here(["--data", str(corpus_dir), "--parallel", "ddp", "--nproc", "2", "--max-steps", "3",
+                          "--batch-size", "2", "--run-name", "cli"])
+    assert code == 0, err[-2000:]
     report = json.loads((tmp_path / "reports" / "cli" / "train.json").read_text())
     assert report["what_ran"]["parallel"] == "ddp"
     assert report["what_ran"]["world_size"] == 2  # read back from the process group
@@ -214,16 +230,16 @@ def test_cli_launches_two_processes_through_accelerate(tmp_path, corpus_dir):
 
 
 @pytest.mark.slow
-def test_a_crashing_rank_stops_the_others_and_is_named(tmp_path, corpus_dir):
+def test_a_crashing_rank_stops_the_others_and_is_named(tmp_path, corpus_dir, cli_here):
     import time
 
     t0 = time.monotonic()
-    out = _cli(["--data", str(corpus_dir), "--parallel", "ddp", "--nproc", "2", "--max-steps", "50",
-                "--batch-size", "2", "--run-name", "crash"], tmp_path, env={"EFFKIT_FAULT_INJECT": "1:2"})
-    assert out.returncode == 1
-    last = out.stderr.strip().splitlines()[-1]
-    assert last.startswith("effkit: error: rank 1 failed: RuntimeError: fault injected at step 2"), out.stderr[-2000:]
-    assert "Traceback" not in out.stderr
+    code, err = cli_here(["--data", str(corpus_dir), "--parallel", "ddp", "--nproc", "2", "--max-steps", "50",
+                          "--batch-size", "2", "--run-name", "crash"], env={"EFFKIT_FAULT_INJECT": "1:2"})
+    assert code == 1
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("effkit: error: rank 1 failed: RuntimeError: fault injected at step 2"), err[-2000:]
+    assert "Traceback" not in err
     assert time.monotonic() - t0 < 150
     assert not (tmp_path / "runs" / "crash" / "train").exists()
 
@@ -265,12 +281,12 @@ def test_bad_process_layouts_fail_before_launch(args, needle, tmp_path, corpus_d
 
 
 @pytest.mark.slow
-def test_a_rank_killed_by_a_signal_is_named_and_nothing_is_left(tmp_path, corpus_dir):
-    out = _cli(["--data", str(corpus_dir), "--parallel", "ddp", "--nproc", "2", "--max-steps", "50",
-                "--batch-size", "2", "--run-name", "killed"], tmp_path, env={"EFFKIT_FAULT_INJECT": "1:2:kill"})
-    assert out.returncode == 1
-    last = out.stderr.strip().splitlines()[-1]
-    assert last.startswith("effkit: error: rank 1 was killed by SIGKILL"), out.stderr[-2000:]
+def test_a_rank_killed_by_a_signal_is_named_and_nothing_is_left(tmp_path, corpus_dir, cli_here):
+    code, err = cli_here(["--data", str(corpus_dir), "--parallel", "ddp", "--nproc", "2", "--max-steps", "50",
+                          "--batch-size", "2", "--run-name", "killed"], env={"EFFKIT_FAULT_INJECT": "1:2:kill"})
+    assert code == 1
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("effkit: error: rank 1 was killed by SIGKILL"), err[-2000:]
     assert not (tmp_path / "runs" / "killed").exists()  # the launch files lived in a temporary folder
 
 
@@ -310,28 +326,30 @@ def test_a_multi_node_run_needs_a_run_name(tmp_path, corpus_dir, capsys, monkeyp
 
 
 @pytest.mark.slow
-def test_a_bad_value_found_inside_the_ranks_exits_2_in_one_line(tmp_path, corpus_dir):
+def test_a_bad_value_found_inside_the_ranks_exits_2_in_one_line(tmp_path, corpus_dir, cli_here):
     (tmp_path / "tmp").mkdir()
-    out = _cli(["--data", str(corpus_dir), "--parallel", "ddp", "--nproc", "2", "--max-steps", "20", "--lr", "1e4",
-                "--batch-size", "2", "--run-name", "diverge"], tmp_path, env={"TMPDIR": str(tmp_path / "tmp")})
-    assert out.returncode == 2, out.stderr[-2000:]
-    errors = [line for line in out.stderr.splitlines() if line.startswith("effkit:")]
-    assert len(errors) == 1 and "training diverged" in errors[0] and "lower --lr" in errors[0], out.stderr[-2000:]
-    assert "Traceback" not in out.stderr
+    code, err = cli_here(["--data", str(corpus_dir), "--parallel", "ddp", "--nproc", "2", "--max-steps", "20",
+                          "--lr", "1e4", "--batch-size", "2", "--run-name", "diverge"],
+                         env={"TMPDIR": str(tmp_path / "tmp")})
+    assert code == 2, err[-2000:]
+    errors = [line for line in err.splitlines() if line.startswith("effkit:")]
+    assert len(errors) == 1 and "training diverged" in errors[0] and "lower --lr" in errors[0], err[-2000:]
+    assert "Traceback" not in err
     assert not (tmp_path / "runs" / "diverge").exists() and not (tmp_path / "reports" / "diverge").exists()
     assert not list((tmp_path / "tmp").glob("effkit-*"))  # nor the launch's folder, which the one line does not name
 
 
 @pytest.mark.slow
-def test_a_killed_pipeline_run_resumes_to_the_same_losses(tmp_path, parallel_runs):
+def test_a_killed_pipeline_run_resumes_to_the_same_losses(tmp_path, parallel_runs, cli_here, monkeypatch):
     base, _, _ = parallel_runs
     _, _, batch, other = MODES["pp-1f1b"]
     args = [*_same_run_as(base), "--parallel", "pp", "--nproc", "2", "--batch-size", str(batch), "--threads", "1",
             "--pp-schedule", other["pp_schedule"], "--microbatches", str(other["microbatches"]), "--run-name", "cut"]
-    cut = _cli([*args, "--checkpoint-interval", "2"], tmp_path, env={"EFFKIT_FAULT_INJECT": "1:4:kill"})
-    assert cut.returncode == 1 and "rank 1 was killed by SIGKILL" in cut.stderr
-    resumed = _cli([*args, "--resume"], tmp_path)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    code, err = cli_here([*args, "--checkpoint-interval", "2"], env={"EFFKIT_FAULT_INJECT": "1:4:kill"})
+    assert code == 1 and "rank 1 was killed by SIGKILL" in err
+    monkeypatch.delenv("EFFKIT_FAULT_INJECT")
+    code, err = cli_here([*args, "--resume"])
+    assert code == 0, err[-2000:]
     # the uninterrupted run: the module's pp-1f1b run of the same recipe
     assert _losses(str(tmp_path / "reports"), "cut") == pytest.approx(_losses(base["reports_dir"], "pp-1f1b"),
                                                                       rel=1e-6, abs=1e-6)

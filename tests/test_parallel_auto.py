@@ -191,12 +191,11 @@ def test_the_trial_times_only_fitting_layouts_in_paired_rounds_and_keeps_predict
 
 @pytest.mark.slow
 def test_auto_measures_this_machine_in_launched_processes_then_trains_with_the_winner(tmp_path, corpus_dir,
-                                                                                      monkeypatch):
+                                                                                      monkeypatch, capsys):
     """This machine's collectives and runtime probe timed in launched processes (while the simulations run here),
     then `effkit train --parallel auto` ranking on them (cached per machine), timing the best two layouts and
     training with the winner."""
-    import subprocess
-
+    from effkit import cli
     from effkit.config import TrainConfig
 
     monkeypatch.setenv("EFFKIT_REMEASURE", "1")  # measured here even where the session's cache has them
@@ -224,9 +223,10 @@ def test_auto_measures_this_machine_in_launched_processes_then_trains_with_the_w
     monkeypatch.delenv("EFFKIT_REMEASURE")  # the launch below ranks on what was just measured and cached
     args = [f"--{k.replace('_', '-')}={v}" for k, v in flags.items()]
     args += ["--runs-dir", str(tmp_path / "runs"), "--reports-dir", str(tmp_path / "reports"), "--run-name", "auto"]
-    proc = subprocess.run([sys.executable, "-m", "effkit", "train", *args], capture_output=True, text=True,
-                          timeout=1500)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    monkeypatch.setattr(sys, "argv", ["effkit", "train", *args])  # the command, in this process
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    assert exc.value.code in (0, None), capsys.readouterr().err[-3000:]
     report = json.loads((tmp_path / "reports" / "auto" / "train.json").read_text())
     choice = report["parallel_auto"]
     assert choice["chosen"]["layout"].startswith(report["config"]["parallel"]["mode"] + ":")
