@@ -768,8 +768,8 @@ class TrainStep(Step):
             p = t.parallel.replace(nproc=nproc_per_node(t.parallel))  # as resolved on this machine
             cmd, env = launch_command(p, Job(Path("<tmp>/job")))
             cpu = " ACCELERATE_USE_CPU=1" if env.get("ACCELERATE_USE_CPU") else ""
-            entry["launch"] = (f"{p.nproc} processes per node under torch's elastic agent, forked from a server that "
-                               f"imported torch once; by hand: {cpu.strip()} {shlex.join(cmd)}")
+            entry["launch"] = (f"{p.nproc} processes per node, forked from a server that imported torch once "
+                               f"(effkit.child); by hand: {cpu.strip()} {shlex.join(cmd)}")
         return entry
 
 
