@@ -97,7 +97,7 @@ def test_the_rankings_inputs_are_measured_once_per_machine_and_recorded(tiny_cfg
         return {"probe": {"bytes": 50 * 2**20, "step_s": 0.1, "step2_s": 0.15},
                 "probe2": {"bytes": 50 * 2**20, "step_s": 0.15, "step2_s": 0.2},
                 "collectives": {k: [[b, link.seconds(k, b, world)] for b in (1e4, 1e6, 1e7)] for k in machine.KINDS},
-                "optimizer": {"param_s": 1e-9, "dtensor_s": 1e-3},
+                "optimizer": {"param_s": 1e-9, "dtensor_s": 1e-3, "dtensor_param_s": 2e-9},
                 "layers": {"plain_s": 0.02, "local_s": 0.015, "tp_s": 0.05, "fsdp_s": 0.04}}
 
     monkeypatch.setattr(auto, "launch_measuring", measuring)
@@ -116,6 +116,7 @@ def test_the_rankings_inputs_are_measured_once_per_machine_and_recorded(tiny_cfg
     assert "tensor-parallel 50.0 ms" in how["layouts' blocks"] and "cached" in how["layouts' blocks"]
     assert 0 < second["hardware"]["tp_block_s"] < 0.05 - 0.02 / 2
     assert 0 < second["hardware"]["fsdp_unit_s"] < 0.04 - 0.02
+    assert second["hardware"]["dtensor_param_s"] == 2e-9 and "ns more per element" in how["collectives"]
     assert not second["simulated"] and second["layouts"][0]["fits"]
     cache = json.loads((tmp_path / "cache" / f"{machine.COLLECTIVES}.json").read_text())
     assert all(machine_id() in key for key in cache)
@@ -226,6 +227,7 @@ def test_auto_measures_this_machine_in_launched_processes_then_trains_with_the_w
     probe = measured[0]["probe"]
     assert probe["bytes"] > 0 and 0 < probe["step_s"] < probe["step2_s"] * 2
     assert measured[0]["probe2"]["step_s"] > 0 and measured[0]["optimizer"]["param_s"] > 0
+    assert measured[0]["optimizer"]["dtensor_param_s"] >= 0
     assert all(measured[0]["layers"][k] > 0 for k in ("plain_s", "local_s", "tp_s", "fsdp_s"))
 
     monkeypatch.delenv("EFFKIT_REMEASURE")  # the launch below ranks on what was just measured and cached
@@ -311,6 +313,13 @@ def test_a_tensor_parallel_block_and_a_sharded_unit_add_their_measured_cost_per_
         fsdp = [auto.predict_step(auto.Layout("fsdp", 2), mc, 32, 16, m, hw, False) for hw in (plain, extra)]
         assert fsdp[1]["comm_s"] - fsdp[0]["comm_s"] == pytest.approx(0.003 * (mc.n_layer + 1) * m)  # and the root
         assert fsdp[1]["compute_s"] == fsdp[0]["compute_s"]
+    foreach = _hardware(**base, dtensor_param_s=1e-9)  # AdamW's foreach kernels on DTensors, per element
+    whole = auto._vocab_params(mc) + mc.n_layer * auto._block_params(mc)
+    tp = [auto.predict_step(auto.Layout("tp", 1, 2), mc, 32, 16, 1, hw, False) for hw in (plain, foreach)]
+    assert tp[1]["compute_s"] - tp[0]["compute_s"] == pytest.approx(1e-9 * mc.n_layer * auto._block_params(mc) / 2)
+    fsdp = [auto.predict_step(auto.Layout("fsdp", 2), mc, 32, 16, 1, hw, False) for hw in (plain, foreach)]
+    assert fsdp[1]["compute_s"] - fsdp[0]["compute_s"] == pytest.approx(1e-9 * whole / 2)  # its shard
     for layout in (auto.Layout("ddp", 2), auto.Layout("pp", 1, 1, 2, "gpipe", 2)):  # neither a DTensor nor a shard
-        assert auto.predict_step(layout, mc, 32, 16, 1, extra, False) == auto.predict_step(layout, mc, 32, 16, 1,
-                                                                                            plain, False)
+        for hw in (extra, foreach):
+            assert auto.predict_step(layout, mc, 32, 16, 1, hw, False) == auto.predict_step(layout, mc, 32, 16, 1,
+                                                                                             plain, False)

@@ -21,8 +21,9 @@ timed. A fitting layout's step is predicted as
   and its blocks split by the tensor degree; FSDP's whole: it gathers them). The optimizer step and clipping, once
   per step, in proportion to the parameters the rank updates (FSDP's split by the data degree). And what each
   DTensor parameter adds to them (fsdp's and tp's parameters are DTensors: PyTorch's foreach AdamW, a norm
-  all-reduced per tensor). The runtime probe times a one- and a two-block model at PROBE_BATCH and twice it
-  (`memplan.runtime`, in every launched rank at once with the threads a rank gets, cached per machine and shape);
+  all-reduced per tensor), per tensor and per element (the foreach kernels against the fused one's). The runtime
+  probe times a one- and a two-block model at PROBE_BATCH and twice it (`memplan.runtime`, in every launched rank
+  at once with the threads a rank gets, cached per machine and shape);
   each batch's steps extend to the whole model (`memplan.predicted_step_seconds`), and the two whole-model steps
   give the per-sequence and the fixed seconds (a line through two points); the optimizer's seconds per parameter
   and per DTensor parameter are timed in the same launch (`machine.time_optimizer`). A tensor-parallel block
@@ -91,6 +92,7 @@ class Hardware:
     optimizer_s: float = 0.0
     dtensor_s: float = 0.0
     tp_block_s: float = 0.0
+    dtensor_param_s: float = 0.0
     fsdp_unit_s: float = 0.0
 
     def link(self, kind: str, spans_nodes: bool) -> Link:
@@ -283,8 +285,10 @@ def predict_step(layout: Layout, mc, block: int, global_batch: int, grad_accum: 
                                      for i, n in enumerate(stages)], m)
     blocks = max(stages)  # the heaviest stage's (all on one stage: the whole model)
     dtensors = 12 * blocks + 4 if layout.sharded else 8 * blocks if layout.tp > 1 else 0
-    compute = busy * grad_accum + hw.optimizer_s * held(blocks) / (layout.dp if layout.sharded else 1) \
-        + hw.dtensor_s * dtensors
+    updated = held(blocks) * whole / (layout.dp if layout.sharded else 1)  # the parameters this rank updates
+    in_dtensors = updated if layout.sharded else blocks * _block_params(mc) / layout.tp if layout.tp > 1 else 0
+    compute = busy * grad_accum + hw.optimizer_s * updated / whole + hw.dtensor_s * dtensors \
+        + hw.dtensor_param_s * in_dtensors
     act = tokens * mc.n_embd * (2 if amp else 4)
     gpn, world = hw.devices_per_node, layout.dp * layout.tp * p
     dp_spans, tp_spans = layout.dp * layout.tp > gpn, layout.tp > gpn
@@ -361,6 +365,7 @@ def this_machine(cfg, mc, world: int) -> tuple[Hardware, int | None]:
     _, avail = memplan.device_memory(torch.device("cpu"))
     hw = Hardware("this machine (CPU)", nproc, (avail or 0) // nproc, rate, 1.0, links, links, simulated=False,
                   fixed_s=fixed - optimizer_s, optimizer_s=optimizer_s, dtensor_s=optimizer["dtensor_s"], **block_s,
+                  dtensor_param_s=optimizer["dtensor_param_s"],
                   how={"compute": f"{rate / 1e9:.2f} GFLOP/s per rank for the work that grows with the batch; "
                                   f"{fixed * 1e3:.0f} ms per step that does not ({optimizer_s * 1e3:.0f} ms of it "
                                   f"the optimizer's): the runtime probe's {PROBE_ROUNDS} steps of a one- and a "

@@ -73,7 +73,8 @@ def time_optimizer(repeats: int) -> dict[str, float]:
     "param_s", the seconds per parameter of plain tensors (the fused AdamW, a local norm) large enough that only
     their size counts; "dtensor_s", what a parameter tensor adds when it is a DTensor sharded over every rank (as
     fsdp and tp hold them: PyTorch's foreach AdamW, a norm all-reduced per tensor), on tensors small enough that
-    only the per-tensor cost counts."""
+    only the per-tensor cost counts; "dtensor_param_s", what each element of large DTensor parameters adds per
+    rank (the foreach kernels against the fused one's)."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -102,9 +103,12 @@ def time_optimizer(repeats: int) -> dict[str, float]:
 
     small = 64 * n
     dtensor = seconds(True, DTENSOR_PARAMS, small) - seconds(False, DTENSOR_PARAMS, small)
-    timed = torch.tensor([seconds(False, 4, OPTIMIZER_PARAMS // 4) / OPTIMIZER_PARAMS, dtensor / DTENSOR_PARAMS])
+    plain = seconds(False, 4, OPTIMIZER_PARAMS // 4) / OPTIMIZER_PARAMS
+    large = seconds(True, 4, n * OPTIMIZER_PARAMS // 4) / OPTIMIZER_PARAMS  # each rank's shard: OPTIMIZER_PARAMS
+    timed = torch.tensor([plain, dtensor / DTENSOR_PARAMS, large - plain])
     dist.all_reduce(timed, op=dist.ReduceOp.MAX)
-    return {"param_s": timed[0].item(), "dtensor_s": max(timed[1].item(), 0.0)}
+    return {"param_s": timed[0].item(), "dtensor_s": max(timed[1].item(), 0.0),
+            "dtensor_param_s": max(timed[2].item(), 0.0)}
 
 
 def _local_width(block, n: int) -> None:
@@ -258,16 +262,16 @@ def measured_collectives(world: int, threads: int, measure: Callable[[], dict[st
 
     from effkit.measure.machine_cache import cache_note, machine_cached
 
-    key = f"gloo|world {world}|threads {threads}|torch {torch.__version__}|sizes {list(SIZES)}|optimizer"
+    key = f"gloo|world {world}|threads {threads}|torch {torch.__version__}|sizes {list(SIZES)}|optimizer per element"
     timed, cached = machine_cached(COLLECTIVES, key, lambda: {**measure()["collectives"], **measure()["optimizer"]})
     links = {kind: _fit(timed[kind], kind, world) for kind in KINDS}
-    optimizer = {k: timed[k] for k in ("param_s", "dtensor_s")}
+    optimizer = {k: timed[k] for k in ("param_s", "dtensor_s", "dtensor_param_s")}
     fitted = "; ".join(f"{k} {links[k].latency_s * 1e6:.0f} us + {links[k].bandwidth / 1e9:.2f} GB/s" for k in KINDS)
     note = cache_note(COLLECTIVES, key) if cached else "measured now, cached per machine"
     return links, optimizer, (
         f"gloo among {world} processes, timed at {len(SIZES)} sizes and fitted per ring step: {fitted}; the "
         f"optimizer step {optimizer['param_s'] * 1e9:.2f} ns per parameter, {optimizer['dtensor_s'] * 1e3:.2f} ms "
-        f"more per DTensor parameter ({note})")
+        f"more per DTensor parameter, {optimizer['dtensor_param_s'] * 1e9:.2f} ns more per element of one ({note})")
 
 
 def measured_layers(world: int, threads: int, layers: dict[str, Any], links: dict[str, Link], param_bytes: int,
