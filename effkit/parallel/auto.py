@@ -86,13 +86,13 @@ class Hardware:
     simulated: bool = True
     how: dict[str, str] = field(default_factory=dict)
     # measured machines: the whole model's forward and backward seconds that do not grow with the batch, its
-    # optimizer step's seconds, what a DTensor parameter adds to the optimizer step, and what a block's forward
-    # and backward cost beyond the model's terms when tensor-parallel and when sharded by FSDP2
+    # optimizer step's seconds, what a DTensor parameter adds to the optimizer step (per tensor, per element), and
+    # what a block's forward and backward cost beyond the model's terms when tensor-parallel and when sharded
     fixed_s: float = 0.0
     optimizer_s: float = 0.0
     dtensor_s: float = 0.0
-    tp_block_s: float = 0.0
     dtensor_param_s: float = 0.0
+    tp_block_s: float = 0.0
     fsdp_unit_s: float = 0.0
 
     def link(self, kind: str, spans_nodes: bool) -> Link:
@@ -375,7 +375,6 @@ def this_machine(cfg, mc, world: int) -> tuple[Hardware, int | None]:
                        "collectives": comm_how, "layouts' blocks": block_how,
                        "memory": f"available RAM / {nproc} processes"})
     return hw, runtime_bytes
-
 
 
 def rank(cfg, simulate: str = "") -> dict[str, Any]:
