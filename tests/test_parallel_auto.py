@@ -86,17 +86,19 @@ def test_the_rankings_inputs_are_measured_once_per_machine_and_recorded(tiny_cfg
 
     monkeypatch.setenv("EFFKIT_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(effkit.child, "run_isolated", lambda *a, **k: pytest.fail("the probe runs in the ranks"))
-    probes, timings = [], []
+    probes, timings, blocks = [], [], []
 
-    def measuring(world, threads, probe, meanwhile):
+    def measuring(world, threads, probe, meanwhile, layers):
         meanwhile()  # the simulations, made while the ranks start
         timings.append(world)
         probes.append(probe)
+        blocks.append(layers)
         link = auto.Link(1e-4, 1e9)
         return {"probe": {"bytes": 50 * 2**20, "step_s": 0.1, "step2_s": 0.15},
                 "probe2": {"bytes": 50 * 2**20, "step_s": 0.15, "step2_s": 0.2},
                 "collectives": {k: [[b, link.seconds(k, b, world)] for b in (1e4, 1e6, 1e7)] for k in machine.KINDS},
-                "optimizer": {"param_s": 1e-9, "dtensor_s": 1e-3}}
+                "optimizer": {"param_s": 1e-9, "dtensor_s": 1e-3, "dtensor_param_s": 2e-9},
+                "layers": {"plain_s": 0.02, "local_s": 0.015, "tp_s": 0.05, "fsdp_s": 0.04}}
 
     monkeypatch.setattr(auto, "launch_measuring", measuring)
     cfg = nano(tiny_cfg, nproc=2)
@@ -109,6 +111,12 @@ def test_the_rankings_inputs_are_measured_once_per_machine_and_recorded(tiny_cfg
     assert "measured now" in first["hardware"]["how"]["collectives"]
     assert f"machine {machine_id()}" in how["collectives"] and "cached" in how["collectives"]
     assert "GFLOP/s per rank" in how["compute"] and "cached" in how["compute"]
+    # the block timed plain, tensor-parallel and sharded at the probe's batch, recorded and cached with the rest
+    assert blocks[0]["batch"] == auto.PROBE_BATCH and blocks[0]["model_config"]["n_layer"] == 1
+    assert "tensor-parallel 50.0 ms" in how["layouts' blocks"] and "cached" in how["layouts' blocks"]
+    assert 0 < second["hardware"]["tp_block_s"] < 0.05 - 0.02 / 2
+    assert 0 < second["hardware"]["fsdp_unit_s"] < 0.04 - 0.02
+    assert second["hardware"]["dtensor_param_s"] == 2e-9 and "ns more per element" in how["collectives"]
     assert not second["simulated"] and second["layouts"][0]["fits"]
     cache = json.loads((tmp_path / "cache" / f"{machine.COLLECTIVES}.json").read_text())
     assert all(machine_id() in key for key in cache)
@@ -205,8 +213,8 @@ def test_auto_measures_this_machine_in_launched_processes_then_trains_with_the_w
     started, measured = [], []
     launch = auto.launch_measuring
 
-    def spy(world, threads, probe, meanwhile):
-        measured.append(launch(world, threads, probe, lambda: started.append(meanwhile())))
+    def spy(world, threads, probe, meanwhile, layers):
+        measured.append(launch(world, threads, probe, lambda: started.append(meanwhile()), layers))
         return measured[-1]
 
     monkeypatch.setattr(auto, "launch_measuring", spy)
@@ -219,6 +227,8 @@ def test_auto_measures_this_machine_in_launched_processes_then_trains_with_the_w
     probe = measured[0]["probe"]
     assert probe["bytes"] > 0 and 0 < probe["step_s"] < probe["step2_s"] * 2
     assert measured[0]["probe2"]["step_s"] > 0 and measured[0]["optimizer"]["param_s"] > 0
+    assert measured[0]["optimizer"]["dtensor_param_s"] >= 0
+    assert all(measured[0]["layers"][k] > 0 for k in ("plain_s", "local_s", "tp_s", "fsdp_s"))
 
     monkeypatch.delenv("EFFKIT_REMEASURE")  # the launch below ranks on what was just measured and cached
     args = [f"--{k.replace('_', '-')}={v}" for k, v in flags.items()]
@@ -291,3 +301,25 @@ def test_the_fixed_seconds_are_paid_per_micro_batch_the_optimizers_per_step_and_
     tp = auto.predict_step(auto.Layout("tp", 1, 2), mc, 32, 16, 1, hw, False)
     assert tp["compute_s"] == pytest.approx(0.15 * half + 0.001 * 8 * 4)  # half the blocks' parameters: two blocks'
     assert auto.predict_step(auto.Layout("ddp", 2), mc, 32, 16, 1, hw, False)["compute_s"] == pytest.approx(0.15)
+
+
+def test_a_tensor_parallel_block_and_a_sharded_unit_add_their_measured_cost_per_micro_batch():
+    mc, base = _gpt(), dict(peak=1e12, fixed_s=0.1, optimizer_s=0.05, dtensor_s=0.001)
+    plain, extra = _hardware(**base), _hardware(**base, tp_block_s=0.002, fsdp_unit_s=0.003)
+    for m in (1, 2):  # gradient accumulation: micro-batches of the same step
+        tp = [auto.predict_step(auto.Layout("tp", 1, 2), mc, 32, 16, m, hw, False) for hw in (plain, extra)]
+        assert tp[1]["compute_s"] - tp[0]["compute_s"] == pytest.approx(0.002 * mc.n_layer * m)
+        assert tp[1]["comm_s"] == tp[0]["comm_s"]
+        fsdp = [auto.predict_step(auto.Layout("fsdp", 2), mc, 32, 16, m, hw, False) for hw in (plain, extra)]
+        assert fsdp[1]["comm_s"] - fsdp[0]["comm_s"] == pytest.approx(0.003 * (mc.n_layer + 1) * m)  # and the root
+        assert fsdp[1]["compute_s"] == fsdp[0]["compute_s"]
+    foreach = _hardware(**base, dtensor_param_s=1e-9)  # AdamW's foreach kernels on DTensors, per element
+    whole = auto._vocab_params(mc) + mc.n_layer * auto._block_params(mc)
+    tp = [auto.predict_step(auto.Layout("tp", 1, 2), mc, 32, 16, 1, hw, False) for hw in (plain, foreach)]
+    assert tp[1]["compute_s"] - tp[0]["compute_s"] == pytest.approx(1e-9 * mc.n_layer * auto._block_params(mc) / 2)
+    fsdp = [auto.predict_step(auto.Layout("fsdp", 2), mc, 32, 16, 1, hw, False) for hw in (plain, foreach)]
+    assert fsdp[1]["compute_s"] - fsdp[0]["compute_s"] == pytest.approx(1e-9 * whole / 2)  # its shard
+    for layout in (auto.Layout("ddp", 2), auto.Layout("pp", 1, 1, 2, "gpipe", 2)):  # neither a DTensor nor a shard
+        for hw in (extra, foreach):
+            assert auto.predict_step(layout, mc, 32, 16, 1, hw, False) == auto.predict_step(layout, mc, 32, 16, 1,
+                                                                                             plain, False)

@@ -21,12 +21,17 @@ timed. A fitting layout's step is predicted as
   and its blocks split by the tensor degree; FSDP's whole: it gathers them). The optimizer step and clipping, once
   per step, in proportion to the parameters the rank updates (FSDP's split by the data degree). And what each
   DTensor parameter adds to them (fsdp's and tp's parameters are DTensors: PyTorch's foreach AdamW, a norm
-  all-reduced per tensor). The runtime probe times a one- and a two-block model at PROBE_BATCH and twice it
-  (`memplan.runtime`, in every launched rank at once with the threads a rank gets, cached per machine and shape);
+  all-reduced per tensor), per tensor and per element (the foreach kernels against the fused one's). The runtime
+  probe times a one- and a two-block model at PROBE_BATCH and twice it (`memplan.runtime`, in every launched rank
+  at once with the threads a rank gets, cached per machine and shape);
   each batch's steps extend to the whole model (`memplan.predicted_step_seconds`), and the two whole-model steps
   give the per-sequence and the fixed seconds (a line through two points); the optimizer's seconds per parameter
-  and per DTensor parameter are timed in the same launch (`machine.time_optimizer`). On a described machine: the
-  FLOPs at the peak times its efficiency, nothing fixed.
+  and per DTensor parameter are timed in the same launch (`machine.time_optimizer`). A tensor-parallel block
+  costs more than the plain block's work split by the degree: its kernels are as many as the plain block's (only
+  narrower) and each op on a DTensor is dispatched through its sharding rules; what a forward and backward of one
+  block tensor-parallel over the ranks take beyond the plain block's / the degree and its four all-reduces (priced
+  below) is paid per block per micro-batch (`machine.time_layers`, in the same launch at the probe's batch, cached
+  per machine and shape). On a described machine: the FLOPs at the peak times its efficiency, nothing fixed.
 - communication: each collective the layout runs in a step (DDP's gradient all-reduce; FSDP's all-gathers, forward
   and backward, and reduce-scatter per block; tensor parallelism's activation all-reduces, two per block each way;
   the pipeline's sends of activations and their gradients, and the tied head's gradient all-reduced between the
@@ -36,7 +41,11 @@ timed. A fitting layout's step is predicted as
   inter-node where the group spans nodes. DDP all-reduces its gradients in buckets while the backward runs: the
   buckets the blocks fill are hidden behind the blocks' backward (two thirds of their compute) as far as it lasts,
   and the last bucket, which holds the token embedding tied to the head (complete only once the backward ends),
-  is not hidden. FSDP's and tensor parallelism's collectives are counted whole (nothing overlapped).
+  is not hidden. FSDP's and tensor parallelism's collectives are counted whole (nothing overlapped). FSDP2 also
+  copies each unit's parameters into and out of its flat all-gather buffer, its gradients into the reduce-scatter's,
+  and runs its hooks: what a forward and backward of one sharded block take beyond the plain block's and its two
+  all-gathers and reduce-scatter on the fitted lines is paid per unit (the blocks and the root) per micro-batch
+  (`machine.time_layers`, timed with the tensor-parallel block).
 - bubble: a pipeline's busiest stage works throughout its m micro-batches; the fill and the drain wait on every
   other stage, one micro-batch's forward and backward each (the first stage, holding no head, is lighter than
   the last): sum of the other stages' work / m. With equal stages this is GPipe's idle share (p - 1) / (m + p - 1)
@@ -53,7 +62,7 @@ from pathlib import Path
 from typing import Any
 
 from effkit.errors import EffkitError
-from effkit.parallel.machine import Link, launch_measuring, measured_collectives
+from effkit.parallel.machine import Link, launch_measuring, measured_collectives, measured_layers
 
 PROBE_BATCH = 1  # blocks per step of the ranking's runtime probe: its FLOP rate carried to every layout's batch
 PROBE_ROUNDS = 3  # timed steps of its one- and two-block models each
@@ -77,10 +86,14 @@ class Hardware:
     simulated: bool = True
     how: dict[str, str] = field(default_factory=dict)
     # measured machines: the whole model's forward and backward seconds that do not grow with the batch, its
-    # optimizer step's seconds, and what a DTensor parameter adds to the optimizer step
+    # optimizer step's seconds, what a DTensor parameter adds to the optimizer step (per tensor, per element), and
+    # what a block's forward and backward cost beyond the model's terms when tensor-parallel and when sharded
     fixed_s: float = 0.0
     optimizer_s: float = 0.0
     dtensor_s: float = 0.0
+    dtensor_param_s: float = 0.0
+    tp_block_s: float = 0.0
+    fsdp_unit_s: float = 0.0
 
     def link(self, kind: str, spans_nodes: bool) -> Link:
         links = self.inter if spans_nodes else self.intra
@@ -267,12 +280,15 @@ def predict_step(layout: Layout, mc, block: int, global_batch: int, grad_accum: 
     def held(blocks: int) -> float:  # a rank's share of the parameters: every stage holds a vocabulary matrix
         return (_vocab_params(mc) + blocks * _block_params(mc) / layout.tp) / whole
 
-    busy, bubble = pipeline_seconds([m * hw.fixed_s * held(n) + n * per_block + head * (i == p - 1)
+    tp_block = hw.tp_block_s if layout.tp > 1 else 0.0
+    busy, bubble = pipeline_seconds([m * (hw.fixed_s * held(n) + n * tp_block) + n * per_block + head * (i == p - 1)
                                      for i, n in enumerate(stages)], m)
     blocks = max(stages)  # the heaviest stage's (all on one stage: the whole model)
     dtensors = 12 * blocks + 4 if layout.sharded else 8 * blocks if layout.tp > 1 else 0
-    compute = busy * grad_accum + hw.optimizer_s * held(blocks) / (layout.dp if layout.sharded else 1) \
-        + hw.dtensor_s * dtensors
+    updated = held(blocks) * whole / (layout.dp if layout.sharded else 1)  # the parameters this rank updates
+    in_dtensors = updated if layout.sharded else blocks * _block_params(mc) / layout.tp if layout.tp > 1 else 0
+    compute = busy * grad_accum + hw.optimizer_s * updated / whole + hw.dtensor_s * dtensors \
+        + hw.dtensor_param_s * in_dtensors
     act = tokens * mc.n_embd * (2 if amp else 4)
     gpn, world = hw.devices_per_node, layout.dp * layout.tp * p
     dp_spans, tp_spans = layout.dp * layout.tp > gpn, layout.tp > gpn
@@ -291,6 +307,7 @@ def predict_step(layout: Layout, mc, block: int, global_batch: int, grad_accum: 
         pbytes = 2 if amp else 4
         comm += cost("all_gather", pbytes * stage / units, layout.dp, dp_spans, gathers * units)
         comm += cost("reduce_scatter", pbytes * stage / units, layout.dp, dp_spans, units)
+        comm += hw.fsdp_unit_s * units * gathers / 2  # FSDP2's unsharding and resharding of each unit, per pass
     if layout.tp > 1:  # two all-reduces per block forward and two backward (one more forward when recomputed)
         comm += cost("all_reduce", act, layout.tp, tp_spans, blocks * (6 if recompute > 1 else 4) * grad_accum)
     if p > 1:  # each stage receives every micro-batch's activations and sends back their gradients; the tied
@@ -325,9 +342,11 @@ def this_machine(cfg, mc, world: int) -> tuple[Hardware, int | None]:
         memplan.simulate_layers(mc, o.batch_size, d.block_size, mc.n_layer, o.batch_size, **kw)
 
     measured: dict[str, Any] = {}
+    layers = {"model_config": json.loads(memplan._one_block(mc).to_json_string()), "batch": PROBE_BATCH,
+              "block": d.block_size}
 
     def measure(probe: dict[str, Any] | None) -> dict[str, Any]:
-        measured.update(measured or launch_measuring(world, threads, probe, simulations))
+        measured.update(measured or launch_measuring(world, threads, probe, simulations, layers))
         return measured
 
     runtime_bytes, how, probe_s = memplan.runtime(mc, PROBE_BATCH, d.block_size, **kw, probe=True, threads=threads,
@@ -336,6 +355,8 @@ def this_machine(cfg, mc, world: int) -> tuple[Hardware, int | None]:
                                      rounds=PROBE_ROUNDS,
                                      run_probe=lambda a: measure({**a, "batch": PROBE_BATCH})["probe2"])
     links, optimizer, comm_how = measured_collectives(world, threads, lambda: measure(None))
+    block_s, block_how = measured_layers(world, threads, layers, links, 4 * _block_params(mc),
+                                         lambda: measure(None))
     one, two = (memplan.predicted_step_seconds(mc, mc.n_layer, d.block_size, s) for s in (probe_s, probe2_s))
     per_batch = min(max(two - one, one / 20), one)  # a difference of two short timings is noisy: kept in range
     rate = memplan.step_flops(mc, mc.n_layer, PROBE_BATCH * d.block_size, d.block_size) / per_batch
@@ -343,14 +364,16 @@ def this_machine(cfg, mc, world: int) -> tuple[Hardware, int | None]:
     optimizer_s = min(optimizer["param_s"] * (_vocab_params(mc) + mc.n_layer * _block_params(mc)), fixed)
     _, avail = memplan.device_memory(torch.device("cpu"))
     hw = Hardware("this machine (CPU)", nproc, (avail or 0) // nproc, rate, 1.0, links, links, simulated=False,
-                  fixed_s=fixed - optimizer_s, optimizer_s=optimizer_s, dtensor_s=optimizer["dtensor_s"],
+                  fixed_s=fixed - optimizer_s, optimizer_s=optimizer_s, dtensor_s=optimizer["dtensor_s"], **block_s,
+                  dtensor_param_s=optimizer["dtensor_param_s"],
                   how={"compute": f"{rate / 1e9:.2f} GFLOP/s per rank for the work that grows with the batch; "
                                   f"{fixed * 1e3:.0f} ms per step that does not ({optimizer_s * 1e3:.0f} ms of it "
                                   f"the optimizer's): the runtime probe's {PROBE_ROUNDS} steps of a one- and a "
                                   f"two-block model at batches {PROBE_BATCH} and {2 * PROBE_BATCH}, {threads} "
                                   f"thread(s), in each of the {nproc} ranks at once (the slowest's), extended to "
                                   f"{mc.n_layer} blocks ({how})",
-                       "collectives": comm_how, "memory": f"available RAM / {nproc} processes"})
+                       "collectives": comm_how, "layouts' blocks": block_how,
+                       "memory": f"available RAM / {nproc} processes"})
     return hw, runtime_bytes
 
 

@@ -1,7 +1,7 @@
 """This machine's figures for `--parallel auto`'s ranking, measured in launched ranks: its collectives on the
 backend (all-reduce, all-gather, reduce-scatter at a few sizes, fitted per collective by a ring `Link`: latency +
 bytes / bandwidth), an optimizer step's seconds per parameter and what a parameter held as a DTensor adds
-(`time_optimizer`), and the
+(`time_optimizer`), a block's forward and backward plain, tensor-parallel and sharded (`time_layers`), and the
 runtime probe's steps (`memplan.probe_runtime`) at two batches, all in one launch whose ranks start while the
 parent makes its simulations and time only once it is done (they would slow each other)."""
 
@@ -73,7 +73,8 @@ def time_optimizer(repeats: int) -> dict[str, float]:
     "param_s", the seconds per parameter of plain tensors (the fused AdamW, a local norm) large enough that only
     their size counts; "dtensor_s", what a parameter tensor adds when it is a DTensor sharded over every rank (as
     fsdp and tp hold them: PyTorch's foreach AdamW, a norm all-reduced per tensor), on tensors small enough that
-    only the per-tensor cost counts."""
+    only the per-tensor cost counts; "dtensor_param_s", what each element of large DTensor parameters adds per
+    rank (the foreach kernels against the fused one's)."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -102,9 +103,72 @@ def time_optimizer(repeats: int) -> dict[str, float]:
 
     small = 64 * n
     dtensor = seconds(True, DTENSOR_PARAMS, small) - seconds(False, DTENSOR_PARAMS, small)
-    timed = torch.tensor([seconds(False, 4, OPTIMIZER_PARAMS // 4) / OPTIMIZER_PARAMS, dtensor / DTENSOR_PARAMS])
+    plain = seconds(False, 4, OPTIMIZER_PARAMS // 4) / OPTIMIZER_PARAMS
+    large = seconds(True, 4, n * OPTIMIZER_PARAMS // 4) / OPTIMIZER_PARAMS  # each rank's shard: OPTIMIZER_PARAMS
+    timed = torch.tensor([plain, dtensor / DTENSOR_PARAMS, large - plain])
     dist.all_reduce(timed, op=dist.ReduceOp.MAX)
-    return {"param_s": timed[0].item(), "dtensor_s": max(timed[1].item(), 0.0)}
+    return {"param_s": timed[0].item(), "dtensor_s": max(timed[1].item(), 0.0),
+            "dtensor_param_s": max(timed[2].item(), 0.0)}
+
+
+def _local_width(block, n: int) -> None:
+    """`block` (effkit's Linear GPT-2 block) cut to the widths one of `n` tensor-parallel ranks computes: its
+    heads and MLP columns split by n, plain tensors (what a tensor-parallel block would cost without DTensor)."""
+    from torch import nn
+
+    attn, mlp = block.attn, block.mlp
+    d, inner = attn.c_attn.in_features, mlp.c_fc.out_features
+    attn.c_attn, attn.c_proj = nn.Linear(d, 3 * d // n), nn.Linear(d // n, d)
+    mlp.c_fc, mlp.c_proj = nn.Linear(d, inner // n), nn.Linear(inner // n, d)
+    attn.split_size //= n
+    attn.num_heads //= n
+
+
+def time_layers(model_config: dict[str, Any], batch: int, block: int, repeats: int) -> dict[str, float]:
+    """In each rank of a joined process group, the slowest rank's medians of `repeats` forward and backward passes
+    of one block of `model_config` on `batch` x `block` tokens: plain ("plain_s"), cut to one tensor-parallel rank's
+    widths ("local_s"), tensor-parallel over every rank as `apply_tp` lays it out ("tp_s": DTensor's dispatch and
+    its activations' all-reduces), and sharded by FSDP2 over every rank as `apply_fsdp` wraps a block ("fsdp_s":
+    its parameters all-gathered forward and backward, their gradients reduce-scattered, as FSDP2 issues them)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from effkit.model.gpt2 import _finish
+    from effkit.parallel.parallelize import apply_tp
+
+    torch.manual_seed(0)
+    mesh, n = init_device_mesh("cpu", (dist.get_world_size(),)), dist.get_world_size()
+    mc = GPT2Config.from_dict({**model_config, "n_layer": 1})
+    mc._attn_implementation = "sdpa"
+
+    def one_block():
+        model = _finish(GPT2LMHeadModel(mc)).train()
+        return model, model.transformer.h[0]
+
+    def seconds(module) -> float:
+        times = []
+        for _ in range(repeats + 1):
+            x = torch.randn(batch, block, mc.n_embd, requires_grad=True)
+            dist.barrier()
+            t = time.perf_counter()
+            module(x).sum().backward()
+            times.append(time.perf_counter() - t)
+        return statistics.median(times[1:])
+
+    timed = {"plain_s": seconds(one_block()[1])}
+    _local_width(local := one_block()[1], n)
+    timed["local_s"] = seconds(local)
+    model, tp = one_block()
+    apply_tp(model, mesh)
+    timed["tp_s"] = seconds(tp)
+    fully_shard(fsdp := one_block()[1], mesh=mesh, reshard_after_forward=True)
+    timed["fsdp_s"] = seconds(fsdp)
+    slowest = torch.tensor(list(timed.values()), dtype=torch.float64)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return dict(zip(timed, slowest.tolist(), strict=True))
 
 
 def _fit(points: list[list[float]], kind: str, n: int) -> Link:
@@ -117,12 +181,14 @@ def _fit(points: list[list[float]], kind: str, n: int) -> Link:
     return Link(intercept / steps, 1 / (slope * n / steps))
 
 
-def measure_rank(go: str, probe: dict[str, Any] | None, sizes: list[int], repeats: int) -> dict[str, Any]:
+def measure_rank(go: str, probe: dict[str, Any] | None, sizes: list[int], repeats: int,
+                 layers: dict[str, Any] | None = None) -> dict[str, Any]:
     """One launched rank's share of this machine's measurements: its libraries imported, it waits for `go` (the
     parent's simulations done, which would slow these timings), joins the process group, runs the runtime probe
     (`memplan.probe_runtime`, every rank at once, as they train; the slowest rank's step times) at the probe's
     batch ("probe") and at twice it ("probe2": what a sequence more adds), and times the collectives
-    (`time_collectives`) and the optimizer step (`time_optimizer`)."""
+    (`time_collectives`), the optimizer step (`time_optimizer`) and, with `layers` (`time_layers`'s arguments),
+    a block plain, tensor-parallel and sharded ("layers")."""
     import torch
     import torch.distributed as dist
     from transformers import GPT2LMHeadModel  # noqa: F401  (imported before `go`: the probe's model)
@@ -141,17 +207,20 @@ def measure_rank(go: str, probe: dict[str, Any] | None, sizes: list[int], repeat
             dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
             out[name] = {**probed, "step_s": slowest[0].item(), "step2_s": slowest[1].item()}
         out["collectives"], out["optimizer"] = time_collectives(sizes, repeats), time_optimizer(repeats)
+        if layers:
+            out["layers"] = time_layers(**layers, repeats=repeats)
     finally:
         dist.destroy_process_group()
     return out
 
 
 def launch_measuring(world: int, threads: int, probe: dict[str, Any] | None,
-                     meanwhile: Callable[[], Any] = lambda: None) -> dict[str, Any]:
+                     meanwhile: Callable[[], Any] = lambda: None, layers: dict[str, Any] | None = None
+                     ) -> dict[str, Any]:
     """`measure_rank` in `world` processes of `threads` threads started here (the environment a launcher gives
     them, without one: its start-up is not needed to measure), `meanwhile()` run here while they start.
     {"probe", "probe2": `probe_runtime`'s results (with `probe`), "collectives": `time_collectives`'s,
-    "optimizer": `time_optimizer`'s}."""
+    "optimizer": `time_optimizer`'s, "layers": `time_layers`'s (with `layers`)}."""
     import os
     import tempfile
 
@@ -161,7 +230,7 @@ def launch_measuring(world: int, threads: int, probe: dict[str, Any] | None,
 
     go = Path(tempfile.mkdtemp(prefix="effkit-measure-go-")) / "go"
     job = Job.create("effkit.parallel.machine:measure_rank",
-                     {"go": str(go), "probe": probe, "sizes": list(SIZES), "repeats": REPEATS},
+                     {"go": str(go), "probe": probe, "sizes": list(SIZES), "repeats": REPEATS, "layers": layers},
                      prefix="effkit-measure-")
     env = dict(os.environ, WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
                OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
@@ -193,13 +262,47 @@ def measured_collectives(world: int, threads: int, measure: Callable[[], dict[st
 
     from effkit.measure.machine_cache import cache_note, machine_cached
 
-    key = f"gloo|world {world}|threads {threads}|torch {torch.__version__}|sizes {list(SIZES)}|optimizer"
+    key = f"gloo|world {world}|threads {threads}|torch {torch.__version__}|sizes {list(SIZES)}|optimizer per element"
     timed, cached = machine_cached(COLLECTIVES, key, lambda: {**measure()["collectives"], **measure()["optimizer"]})
     links = {kind: _fit(timed[kind], kind, world) for kind in KINDS}
-    optimizer = {k: timed[k] for k in ("param_s", "dtensor_s")}
+    optimizer = {k: timed[k] for k in ("param_s", "dtensor_s", "dtensor_param_s")}
     fitted = "; ".join(f"{k} {links[k].latency_s * 1e6:.0f} us + {links[k].bandwidth / 1e9:.2f} GB/s" for k in KINDS)
     note = cache_note(COLLECTIVES, key) if cached else "measured now, cached per machine"
     return links, optimizer, (
         f"gloo among {world} processes, timed at {len(SIZES)} sizes and fitted per ring step: {fitted}; the "
         f"optimizer step {optimizer['param_s'] * 1e9:.2f} ns per parameter, {optimizer['dtensor_s'] * 1e3:.2f} ms "
-        f"more per DTensor parameter ({note})")
+        f"more per DTensor parameter, {optimizer['dtensor_param_s'] * 1e9:.2f} ns more per element of one ({note})")
+
+
+def measured_layers(world: int, threads: int, layers: dict[str, Any], links: dict[str, Link], param_bytes: int,
+                    measure: Callable[[], dict[str, Any]]) -> tuple[dict[str, float], str]:
+    """What a block's forward and backward cost beyond `--parallel auto`'s other terms, from `time_layers`'s
+    timings among `world` ranks of the block `layers` describes (`measure()`: `launch_measuring`'s result; cached
+    per machine and shape): tensor-parallel, over the plain block's split by the degree and its activations' four
+    all-reduces ("tp_block_s"); sharded, over the plain block and its `param_bytes` all-gathered twice and
+    reduce-scattered once ("fsdp_unit_s"); each collective on the fitted `links`, none below zero. ({field:
+    seconds}, how they were obtained)."""
+    import json
+
+    import torch
+
+    from effkit.measure.machine_cache import cache_note, machine_cached
+
+    mc = layers["model_config"]
+    shape = {k: mc.get(k) for k in ("vocab_size", "n_embd", "n_head", "n_inner")}
+    key = (f"gloo|world {world}|threads {threads}|torch {torch.__version__}|{json.dumps(shape, sort_keys=True)}|"
+           f"b{layers['batch']}x{layers['block']}|layers")
+    timed, cached = machine_cached(COLLECTIVES, key, lambda: measure()["layers"])
+    act = layers["batch"] * layers["block"] * mc["n_embd"] * 4
+    tp_comm = 4 * links["all_reduce"].seconds("all_reduce", act, world)
+    fsdp_comm = (2 * links["all_gather"].seconds("all_gather", param_bytes, world)
+                 + links["reduce_scatter"].seconds("reduce_scatter", param_bytes, world))
+    tp = max(0.0, timed["tp_s"] - timed["plain_s"] / world - tp_comm)
+    fsdp = max(0.0, timed["fsdp_s"] - timed["plain_s"] - fsdp_comm)
+    ms = {k: f"{v * 1e3:.1f} ms" for k, v in timed.items()}
+    note = cache_note(COLLECTIVES, key) if cached else "measured now, cached per machine and shape"
+    return {"tp_block_s": tp, "fsdp_unit_s": fsdp}, (
+        f"a block's forward and backward at batch {layers['batch']} among {world} ranks: plain {ms['plain_s']}, "
+        f"at one rank's tensor-parallel widths {ms['local_s']}, tensor-parallel {ms['tp_s']} (its all-reduces "
+        f"{tp_comm * 1e3:.1f} ms on the fitted line), sharded {ms['fsdp_s']} (its collectives {fsdp_comm * 1e3:.1f} "
+        f"ms): {tp * 1e3:.1f} ms more per tensor-parallel block, {fsdp * 1e3:.1f} ms more per sharded unit ({note})")
