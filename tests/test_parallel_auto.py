@@ -225,7 +225,7 @@ def test_auto_measures_this_machine_in_launched_processes_then_trains_with_the_w
     assert set(timed) == set(machine.KINDS)
     assert all(len(v) == len(machine.SIZES) and all(s > 0 for _, s in v) for v in timed.values())
     probe = measured[0]["probe"]
-    assert probe["bytes"] > 0 and 0 < probe["step_s"] < probe["step2_s"] * 2
+    assert probe["bytes"] > 0 and probe["step_s"] > 0 and probe["step2_s"] > 0  # measured (no timing asserts)
     assert measured[0]["probe2"]["step_s"] > 0 and measured[0]["optimizer"]["param_s"] > 0
     assert measured[0]["optimizer"]["dtensor_param_s"] >= 0
     assert all(measured[0]["layers"][k] > 0 for k in ("plain_s", "local_s", "tp_s", "fsdp_s"))
