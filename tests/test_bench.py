@@ -581,7 +581,7 @@ def test_every_contender_of_a_bench_decodes_the_same_held_out_prompts_in_the_sam
 
     reference = Path(tiny_run[1])
     tok = AutoTokenizer.from_pretrained(reference)
-    cut, record = timing.decode_prompts(reference, BenchConfig.from_flat(quick=True), tok)
+    cut, record = generation.reference_prompts(reference, tok)
     n, length = workloads.DECODE_B1.prompts, workloads.HELDOUT_PROMPT_TOKENS
     assert workloads.DECODE_B12.prompts == n and set(cut) == {n} and len(cut[n]) == n
     assert record["count"] == n and record["tokens"] == length and "fallback" not in record
@@ -632,7 +632,6 @@ def test_without_held_out_documents_every_contender_decodes_the_fixed_prompt_and
 
     from effkit import artifacts
     from effkit.bench.stage import prompts_protocol
-    from effkit.bench.timing import decode_prompts
     from effkit.measure import generation
 
     reference = Path(tiny_run[1])
@@ -644,7 +643,7 @@ def test_without_held_out_documents_every_contender_decodes_the_fixed_prompt_and
     (moved / artifacts.META).write_text(json.dumps({**meta, "data": {**meta["data"], "source": str(tmp_path / "x")}}))
     fixed = tok(generation.GENERATION_PROMPT).input_ids
     for folder, why in ((hf, "plain Hugging Face folder"), (moved, "does not exist")):
-        cut, record = decode_prompts(folder, cfg, tok)
+        cut, record = generation.reference_prompts(folder, tok, cfg.what.data)
         assert cut == {} and record["count"] == 0 and why in record["fallback"]
         assert record["prompt"] == generation.GENERATION_PROMPT and record["tokens"] == len(fixed)
         said = prompts_protocol(record)

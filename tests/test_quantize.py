@@ -16,6 +16,7 @@ from effkit.quantize.backends import unavailable as backend_available
 from effkit.quantize.backends.dynamic import Dynamic
 from effkit.quantize.stage import AUTO_LOSS_BUDGET, run_quantize
 from effkit.train import train
+from effkit.workloads import DECODE_B1, HELDOUT_PROMPT_TOKENS
 
 
 @pytest.fixture(scope="module")
@@ -118,8 +119,8 @@ def test_auto_measures_and_names_its_choice(trained, fake_backend, monkeypatch):
 
     real = stage._timers
 
-    def scaled(w, models, engine, tokenizer, block):
-        timers, how = real(w, models, engine, tokenizer, block)
+    def scaled(w, models, engine, tokenizer, block, prompts):
+        timers, how = real(w, models, engine, tokenizer, block, prompts)
         if "fake8" in timers:
             f, k = timers["fake8"], 1e4 if w.batch == 1 else 1e-4
             timers["fake8"] = lambda: f() * k
@@ -133,6 +134,9 @@ def test_auto_measures_and_names_its_choice(trained, fake_backend, monkeypatch):
     assert auto["picked"] == report["what_ran"]["backend"] == auto["default"] == "onnxruntime"
     timed = [b for b, t in auto["table"].items() if "ratio_to_parent" in t]  # decode-b1 tokens/s by default
     assert auto["optimize_for"] == "decode-b1" and auto["picked"] in timed
+    # timed on the bench's prompts: cut from the parent's held-out documents, the same for every candidate
+    assert auto["prompts"]["count"] == DECODE_B1.prompts and "fallback" not in auto["prompts"]
+    assert f"{DECODE_B1.prompts} prompts of {HELDOUT_PROMPT_TOKENS} tokens cut from" in auto["how"]
     assert_choice_from_samples(auto["choice"])  # the pick, recomputed from every call of every sample
     assert auto["choice"]["picked"] == "fake8" and auto["choice"]["verdict"] == "decided"  # led at batch 1 ...
     guard = auto["guard"]  # ... and lost to the default at batch 12 (far slower: gone before the screen)
@@ -604,6 +608,7 @@ def test_onnxruntime_int8_takes_the_faster_form_within_its_loss_budget_and_recor
     if record["decision"]:
         assert_choice_from_samples(record["decision"])
         assert record["decision"]["picked"] == record["picked"]
+        assert f"{DECODE_B1.prompts} prompts of {HELDOUT_PROMPT_TOKENS} tokens cut from" in record["how_chosen"]
     else:
         assert "not timed" in record["how_chosen"] or "only form" in record["how_chosen"]
     desc = json.loads((Path(report["artifact"]) / "quantization.json").read_text())

@@ -67,14 +67,9 @@ def prompts(reference: Path, data: dict[str, Any], tokenizer, count: int = workl
             ) -> list[np.ndarray]:
     """The built-in decode workloads' held-out prompts (`workloads.DECODE_B1.prompts`, or `count` of them): cut from
     the held-out documents of the reference's data split, as the bench's decode rounds time them."""
-    from effkit.config import DataConfig
-    from effkit.data.corpus import load_corpus
-    from effkit.measure.generation import heldout_prompts
+    from effkit.measure.generation import heldout_cut
 
-    d = DataConfig.from_dict(data)
-    texts = [t for _, t in load_corpus(d.source, d.heldout_fraction).heldout]
-    return [np.asarray(p, np.int64) for p in heldout_prompts(texts, tokenizer, count,
-                                                             workloads.HELDOUT_PROMPT_TOKENS)]
+    return [np.asarray(p, np.int64) for p in heldout_cut(data, tokenizer, count)]
 
 
 def weight_only(paths: list[Path]) -> list[Path]:

@@ -168,7 +168,8 @@ def _bench(cfg: BenchConfig, device: torch.device, run_name: str, paths: list[Pa
 
 
 def prompts_protocol(prompts: dict[str, Any]) -> str:
-    """Which prompts the decode workloads time, in words (`timing.decode_prompts`' record, bench.json's `prompts`)."""
+    """Which prompts the decode workloads time, in words (`generation.reference_prompts`' record, bench.json's
+    `prompts`)."""
     decode = workloads.of_kind("decode")
     fixed = [w for w in decode if w.name not in prompts.get("workloads", ())]
     batches = [str(b) for b in sorted({w.batch for w in fixed})]

@@ -11,12 +11,10 @@ from typing import Any
 
 import torch
 
-import effkit.bench.speculative as speculative
 from effkit import artifacts, workloads
 from effkit.artifacts.loader import engine_of, load_any, trainable
 from effkit.bench.discover import tags
 from effkit.config import BenchConfig
-from effkit.errors import EffkitError
 from effkit.measure import choice, generation, results, stats, stopping
 from effkit.measure.timing import compile_for_inference, train_step_timers
 
@@ -59,32 +57,6 @@ def compiled_twins(models: dict[str, Any], engine: dict[str, Any], tokenizer, bl
     return forward, status, decoding, gen_status
 
 
-def decode_prompts(reference: Path, cfg: BenchConfig, tokenizer) -> tuple[dict[int, list[list[int]]], dict[str, Any]]:
-    """The prompts of the bench's decode workloads by their count (`Workload.prompts`), cut once from the held-out
-    documents of the reference's data (`speculative.prompts`) with the bench's tokenizer, the same for every
-    artifact and peer; and what they are (bench.json's `prompts`). Where the reference has none to draw from (a
-    plain Hugging Face folder, its data not found), none: every contender times the fixed prompt, and the record
-    says why (`fallback`)."""
-    counts = sorted({w.prompts for w in workloads.of_kind("decode") if w.prompts})
-    data = artifacts.data_section(reference, cfg.what.data)
-    why = None if counts else "no decode workload asks for held-out prompts"
-    if why is None and artifacts.read_meta(reference)["stage"] == "import" and not cfg.what.data:
-        why = f"the reference {reference.name} is a plain Hugging Face folder: it has no held-out documents of its own"
-    try:
-        cut = {} if why else {n: [p.tolist() for p in speculative.prompts(reference, data, tokenizer, n)]
-                              for n in counts}
-    except (EffkitError, OSError) as e:
-        cut, why = {}, f"no held-out prompts from {data.get('source')} ({e})"
-    if why:
-        return {}, {"count": 0, "tokens": len(tokenizer(generation.GENERATION_PROMPT).input_ids),
-                    "prompt": generation.GENERATION_PROMPT, "fallback": why}
-    return cut, {"count": len(cut[counts[-1]]), "tokens": workloads.HELDOUT_PROMPT_TOKENS,
-                 "from": f"the held-out documents of {reference.name} ({data.get('source')})",
-                 "workloads": [w.name for w in workloads.of_kind("decode") if w.prompts],
-                 "order": "round r times prompt r mod count (batch b: prompts r..r+b-1 mod count), for every "
-                          "contender alike"}
-
-
 def decode_fns(models: dict[str, Any], engine: dict[str, Any], tokenizer, w: workloads.Workload, new_tokens: int,
                prompts: list[Any], compiled: dict[str, tuple[dict[str, Any], Any]]) -> dict[str, Any]:
     """The timers of decode workload `w`, every one on the same `prompts` (`generation.prompt_batches`), and the
@@ -105,10 +77,10 @@ def timed_side_by_side(paths: list[Path], cfg: BenchConfig, tokenizer, block: in
                        ties: frozenset[frozenset[str]] = frozenset()) -> dict[str, dict[str, Any]]:
     """Every artifact loaded at once and timed in interleaved rounds: {measure: {tag: per-round samples}}. Measures:
     each workload's (`w.measure`: prefill seconds, or new tokens/s of greedy decoding with the KV cache, from the
-    held-out prompts of `decode_prompts`, the same for every contender in every round), and the training steps'
-    (`train_b4`, `train_b12`: tokens/s, dense and pruned artifacts only). With `compile`, each PyTorch artifact's
-    compiled twin (`<tag> (compiled)`) joins the prefill rounds, and its compiled decoding (static KV cache) the
-    decode rounds at the generation's batch (`workloads.GENERATION`); `compile_status` and
+    held-out prompts of `generation.reference_prompts`, the same for every contender in every round), and the
+    training steps' (`train_b4`, `train_b12`: tokens/s, dense and pruned artifacts only). With `compile`, each
+    PyTorch artifact's compiled twin (`<tag> (compiled)`) joins the prefill rounds, and its compiled decoding (static
+    KV cache) the decode rounds at the generation's batch (`workloads.GENERATION`); `compile_status` and
     `generation_compile_status` say, per artifact, whether they compiled. `contest`: (workload, tags) of the
     deliverable's decision: measured after them in its own rounds at that workload (`deliverable_rounds`, under
     `decision`). `ties`: pairs of tags that run the very same computation (`ties_of`): their ratio is reported, but
@@ -116,7 +88,7 @@ def timed_side_by_side(paths: list[Path], cfg: BenchConfig, tokenizer, block: in
     names = tags(paths)
     models = {tag: load_any(p, device).eval() for tag, p in zip(names, paths, strict=True)}
     engine = {tag: engine_of(p) for tag, p in zip(names, paths, strict=True)}
-    cut, prompts = decode_prompts(paths[0], cfg, tokenizer)
+    cut, prompts = generation.reference_prompts(paths[0], tokenizer, cfg.what.data)
     batches = {w.name: generation.prompt_batches(tokenizer, w.batch, cut.get(w.prompts))
                for w in workloads.of_kind("decode")}
     longest = max(b[0].shape[1] for b in batches.values())  # prompt and new tokens fit the smallest context

@@ -2,13 +2,15 @@
 (`generation_budget`), greedy decoding at any batch (`greedy_generate`, compiled with a static cache through
 `compiled_generation`), its timer in tokens per second (`generation_timer`), seeded top-k sampling (`sampled_generate`,
 `SAMPLING`), how much a text repeats itself (`repeated_fraction`), the prompts drawn from held-out documents that
-the bench's decode workloads time (`heldout_prompts`), each round's batch of them (`prompt_batches`) and a timer
-that times the batch of its round (`by_round`)."""
+every choice and comparison that times decoding uses (`heldout_prompts`, cut from an artifact's held-out documents
+by `reference_prompts`, the same for every contender), each round's batch of them (`prompt_batches`, `round_batches`)
+and a timer that times the batch of its round (`by_round`)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -104,6 +106,59 @@ def heldout_prompts(texts: list[str], tokenizer, count: int, tokens: int) -> lis
         raise EffkitError(f"the held-out documents hold {len(ids)} tokens: too few for a {tokens}-token prompt")
     starts = sorted({room * i // max(count - 1, 1) for i in range(count)} if count > 1 else {0})
     return [ids[s:s + tokens] for s in starts]
+
+
+def heldout_cut(data: dict[str, Any], tokenizer, count: int) -> list[list[int]]:
+    """`heldout_prompts`' `count` prompts of the workloads' length from the held-out documents of the data split
+    `data` (an artifact's data section)."""
+    from effkit import workloads
+    from effkit.config import DataConfig
+    from effkit.data.corpus import load_corpus
+
+    d = DataConfig.from_dict(data)
+    texts = [t for _, t in load_corpus(d.source, d.heldout_fraction).heldout]
+    return heldout_prompts(texts, tokenizer, count, workloads.HELDOUT_PROMPT_TOKENS)
+
+
+def reference_prompts(reference: Path, tokenizer, data: str = "") -> tuple[dict[int, list[list[int]]], dict[str, Any]]:
+    """The prompts of the decode workloads by their count (`Workload.prompts`), cut from the held-out documents of
+    the data split of the artifact `reference` (`data`: a stage's --data in its place) with `tokenizer`: what every
+    artifact, peer and candidate a decode timing compares decodes; and what they are (the reports' `prompts`).
+    Where the reference has none to draw from (a plain Hugging Face folder, its data not found), none: every
+    contender times the fixed prompt, and the record says why (`fallback`)."""
+    from effkit import artifacts, workloads
+
+    counts = sorted({w.prompts for w in workloads.of_kind("decode") if w.prompts})
+    section = artifacts.data_section(reference, data)
+    why = None if counts else "no decode workload asks for held-out prompts"
+    if why is None and artifacts.read_meta(reference)["stage"] == "import" and not data:
+        why = f"the reference {reference.name} is a plain Hugging Face folder: it has no held-out documents of its own"
+    try:
+        cut = {} if why else {n: heldout_cut(section, tokenizer, n) for n in counts}
+    except (EffkitError, OSError) as e:
+        cut, why = {}, f"no held-out prompts from {section.get('source')} ({e})"
+    if why:
+        return {}, {"count": 0, "tokens": len(tokenizer(GENERATION_PROMPT).input_ids), "prompt": GENERATION_PROMPT,
+                    "fallback": why}
+    return cut, {"count": len(cut[counts[-1]]), "tokens": workloads.HELDOUT_PROMPT_TOKENS,
+                 "from": f"the held-out documents of {reference.name} ({section.get('source')})",
+                 "workloads": [w.name for w in workloads.of_kind("decode") if w.prompts],
+                 "order": "round r times prompt r mod count (batch b: prompts r..r+b-1 mod count), for every "
+                          "contender alike"}
+
+
+def round_batches(tokenizer, w, cut: dict[int, list[list[int]]]) -> list[np.ndarray] | None:
+    """The batches of the decode workload `w`'s rounds from `reference_prompts`' cut (`prompt_batches`); None where
+    `w` times the fixed prompt (no held-out prompts, or it asks for none)."""
+    return prompt_batches(tokenizer, w.batch, cut[w.prompts]) if w.prompts and cut.get(w.prompts) else None
+
+
+def prompts_line(record: dict[str, Any]) -> str:
+    """`reference_prompts`' record in a few words, for a choice's `how`."""
+    if record.get("fallback"):
+        return f"the fixed prompt ({record['fallback']})"
+    return f"{record['count']} prompts of {record['tokens']} tokens cut from {record['from']}, round r prompt r mod " \
+           f"{record['count']}, the same for every contender"
 
 
 def prompt_batches(tokenizer, batch: int, prompts: list[list[int]] | None = None) -> list[np.ndarray]:

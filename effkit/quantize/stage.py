@@ -277,7 +277,8 @@ def pick_backend(cfg: QuantizeConfig, device: torch.device, parent: nn.Module, s
     rule = choice.Rule.of(cfg.measure)
     names = list(candidates)
     engine = {"parent": engine_of(source), **{b: engine_of(scratch / b) for b in candidates}}  # each times its own
-    timers, how = _timers(w, models, engine, tokenizer, block)
+    prompts = generation.reference_prompts(source, tokenizer, cfg.inputs.data)
+    timers, how = _timers(w, models, engine, tokenizer, block, prompts)
     sizes = {b: table[b]["size_bytes"] for b in names}
     default = AUTO_DEFAULT if AUTO_DEFAULT in candidates else None
     picked = choice.choose(timers, w.higher_is_better, rule, prefer=lambda b: sizes.get(b, 0), reference="parent",
@@ -295,14 +296,15 @@ def pick_backend(cfg: QuantizeConfig, device: torch.device, parent: nn.Module, s
             table[b]["status"] = f"screened: {picked.far[b]}"
     pick, verdict, guard = picked.picked, picked.label, None
     if default and pick != default and (other := workloads.other_batch(w)):
-        guard = _guard(other, {b: models[b] for b in (pick, default)}, engine, tokenizer, block, rule, pick, default)
+        guard = _guard(other, {b: models[b] for b in (pick, default)}, engine, tokenizer, block, rule, pick, default,
+                       prompts)
         if guard["choice"]["picked"] == default:
             verdict = (f"kept the default: {pick} led at {w.name} ({picked.label}) but was not shown as fast at "
                        f"{other.name}: {guard['line']}")
             pick = default
     return pick, {"picked": pick, "verdict": verdict, "table": table, "optimize_for": w.name,
                   "choice": picked.to_dict(), "tied_with": picked.ties, "default": default,
-                  "parent_block_losses": parent_blocks, "block_docs": list(docs),
+                  "parent_block_losses": parent_blocks, "block_docs": list(docs), "prompts": prompts[1],
                   **({"guard": guard} if guard else {}),
                   "how": f"{_written(cfg)} written and reloaded; those whose held-out loss is within "
                          f"{AUTO_LOSS_BUDGET:.0%} of the parent's (upper end of the paired 95% interval) timed at "
@@ -369,22 +371,25 @@ def _within_budget(cfg: QuantizeConfig, device: torch.device, parent: nn.Module,
 
 
 def _guard(other: workloads.Workload, pair: dict[str, nn.Module], engine: dict, tokenizer, block: int,
-           rule: choice.Rule, pick: str, default: str) -> dict[str, Any]:
+           rule: choice.Rule, pick: str, default: str, prompts: tuple[dict, dict]) -> dict[str, Any]:
     """The pick against the default at the other batch: it must not be slower there either (decided faster, or
     tied and preferred)."""
-    timers, how = _timers(other, pair, engine, tokenizer, block)
+    timers, how = _timers(other, pair, engine, tokenizer, block, prompts)
     g = choice.choose(timers, other.higher_is_better, rule, prefer=lambda b: b != pick, default=default)
     return {"workload": other.name, "how": how, "choice": g.to_dict(), "line": g.line()}
 
 
-def _timers(w: workloads.Workload, models: dict[str, nn.Module], engine: dict, tokenizer,
-            block: int) -> tuple[dict[str, Any], str]:
-    """One timer per model at the workload `w`, each through its own engine, and how it times."""
+def _timers(w: workloads.Workload, models: dict[str, nn.Module], engine: dict, tokenizer, block: int,
+            prompts: tuple[dict, dict]) -> tuple[dict[str, Any], str]:
+    """One timer per model at the workload `w`, each through its own engine, and how it times; a decode workload
+    on `prompts` (`generation.reference_prompts`' cut and record: the prompts the bench times)."""
     if w.kind == "decode":
-        new = min(generation.generation_budget(m, tokenizer, w.tokens or workloads.DECODE_TOKENS)[0]
-                  for m in models.values())
-        return ({n: engine[n].decode(m, tokenizer, w.batch, new) for n, m in models.items()},
-                f"greedy decoding of {new} new tokens from {w.batch} prompt(s), new tokens/s")
+        batches = generation.round_batches(tokenizer, w, prompts[0])
+        new = min(generation.generation_budget(m, tokenizer, w.tokens or workloads.DECODE_TOKENS,
+                                               batches[0].shape[1] if batches else None)[0] for m in models.values())
+        return ({n: engine[n].decode(m, tokenizer, w.batch, new, prompts=batches) for n, m in models.items()},
+                f"greedy decoding of {new} new tokens from {w.batch} prompt(s) a round, new tokens/s; prompts: "
+                f"{generation.prompts_line(prompts[1])}")
     tokens = w.tokens or block
     return ({n: engine[n].prefill(m, w.batch, tokens) for n, m in models.items()},
             f"forward of ({w.batch}, {tokens}) tokens, seconds")

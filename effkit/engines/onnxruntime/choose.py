@@ -83,11 +83,12 @@ def within_loss(models: dict[str, Any], table: dict[str, dict[str, Any]], parent
 
 
 def time_settings(within: list[str], models: dict[str, Any], table: dict[str, dict[str, Any]], tokenizer,
-                  parent: nn.Module, cfg, w, prefer, what: str,
+                  parent: nn.Module, source: Path, cfg, w, prefer, what: str,
                   default: str | None = None) -> tuple[str, dict[str, Any], str]:
     """The fastest of `within` at the workload `w` by the decision rule: the stage's own rule (its precision), its
     head-to-head budget capped at SETTING_BUDGET_S (one setting of one folder); `prefer` breaks a tie; `default`
-    stays where the leader is still undecided against it."""
+    stays where the leader is still undecided against it. Decoding is timed on the prompts the bench times
+    (`generation.reference_prompts` of the parent's folder `source`)."""
     from dataclasses import replace
 
     from effkit.measure import choice, generation, stats, timing
@@ -95,10 +96,14 @@ def time_settings(within: list[str], models: dict[str, Any], table: dict[str, di
     rule = replace(choice.Rule.of(cfg.measure), budget_s=min(cfg.measure.budget_s, SETTING_BUDGET_S))
     if w.kind == "decode":
         # the workload's own new tokens, as `auto` and the bench judge it (within every model's context)
-        new = min(generation.generation_budget(models[n], tokenizer, w.tokens or workloads.DECODE_TOKENS)[0]
-                  for n in within)
-        fns = {n: generation.generation_timer(models[n], tokenizer, new, None, batch=w.batch) for n in within}
-        timed = f"greedy decoding of {new} new tokens from {w.batch} prompt(s), new tokens/s"
+        cut, record = generation.reference_prompts(source, tokenizer, cfg.inputs.data)
+        batches = generation.round_batches(tokenizer, w, cut)
+        new = min(generation.generation_budget(models[n], tokenizer, w.tokens or workloads.DECODE_TOKENS,
+                                               batches[0].shape[1] if batches else None)[0] for n in within)
+        fns = {n: generation.generation_timer(models[n], tokenizer, new, None, batch=w.batch, prompts=batches)
+               for n in within}
+        timed = (f"greedy decoding of {new} new tokens from {w.batch} prompt(s) a round, new tokens/s; prompts: "
+                 f"{generation.prompts_line(record)}")
     else:
         tokens = w.tokens or min(128, parent.config.n_positions)
         fns = {n: timing.forward_timer(models[n], w.batch, tokens) for n in within}
@@ -134,7 +139,7 @@ def choose_form(folder: Path, parent: nn.Module, source: Path, tokenizer, cfg, f
         decision = None
         if len(within) > 1:
             picked, decision, how = time_settings(
-                within, models, table, tokenizer, parent, cfg, w, prefer=lambda n: table[n]["size_bytes"],
+                within, models, table, tokenizer, parent, source, cfg, w, prefer=lambda n: table[n]["size_bytes"],
                 what="between the int8 forms within +0.2% of the parent's loss; a tie goes to the smaller file, "
                      "an undecided leader leaves the standard form (ONNX Runtime's own) in place",
                 default="standard")
@@ -307,7 +312,7 @@ def _pick(v: _Variants, n_todo: int, share: str, w, tokenizer) -> tuple[str, str
         # a tie within the precision: the smaller file (fewer bytes per token), then fp32 compute (level 1: no
         # rounding of the activations, the more accurate of two settings that run alike)
         picked, decision, how = time_settings(
-            within, models, table, tokenizer, v.parent, v.cfg, w,
+            within, models, table, tokenizer, v.parent, v.source, v.cfg, w,
             prefer=lambda n: (table[n]["size_bytes"], table[n]["accuracy_level"]),
             what=f"among the settings within +{budget:.1%} of the parent's loss; a tie goes to the smaller file, "
                  "then to fp32 compute")
