@@ -133,6 +133,10 @@ def test_a_small_budget_share_leaves_the_speculative_artifact_out_with_a_reason(
 
     assert STAGE.with_share(small, need / 2)["speculative"].startswith("not run: budget share")
     assert STAGE.with_share(whole, 1.0)["speculative"] == "made and benched"
+    from effkit.pipeline import FEWEST_SHARE
+
+    # every share a time budget gives `effkit run`'s stages makes it: the run weighs the lossless artifact
+    assert STAGE.with_share(whole, FEWEST_SHARE)["speculative"] == "made and benched"
 
 
 @pytest.mark.slow
