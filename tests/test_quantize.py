@@ -128,7 +128,9 @@ def test_auto_measures_and_names_its_choice(trained, fake_backend, monkeypatch):
 
     monkeypatch.setattr(stage, "_timers", scaled)
     tmp, artifact, _ = trained
-    report = run_quantize(qcfg(tmp, artifact, backend="auto"))
+    # ONNX Runtime's int8 form and int4 setting as asked: their own choices have their own tests (below)
+    report = run_quantize(qcfg(tmp, artifact, backend="auto", int8_form="standard", int4_block_size="32",
+                               accuracy_level="4", int4_share="1"))
     auto = report["metrics"]["auto"]
     assert auto["table"]["fake8"]["status"] == "candidate"  # registered in this test, tried by auto like the rest
     assert auto["picked"] == report["what_ran"]["backend"] == auto["default"] == "onnxruntime"
