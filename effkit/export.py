@@ -18,7 +18,7 @@ from effkit.artifacts.loader import engine_of, is_quantized, quantized_layers, t
 from effkit.config import DataConfig, ExportConfig
 from effkit.data import prepare
 from effkit.errors import EffkitError
-from effkit.measure import evaluation, hardware, memory
+from effkit.measure import evaluation, generation, hardware, memory
 from effkit.measure.compare import bf16_not_run, compare_with_parent, generate_sample
 from effkit.model import load_model
 from effkit.registry import ENGINES
@@ -109,7 +109,9 @@ def _export(cfg: ExportConfig, source: Path, run_dir: Path,
         q["generation"] = generate_sample(model, tokenizer, cfg.measure.gen_tokens)
         q["size_bytes"] = artifacts.dir_size(tmp)
         m, verdicts, protocol = compare_with_parent(cfg.measure, device, parent, model, tokenizer, block, parent_fp32,
-                                                    parent_bf16, q, label, artifact=tmp)
+                                                    parent_bf16, q, label, artifact=tmp,
+                                                    prompts=generation.reference_prompts(source, tokenizer,
+                                                                                         cfg.what.data))
         quantized = cfg.what.int8 or cfg.what.type  # a stored type may be quantized (gguf q8_0)
         m.update(params=desc["params"], int8_layers_reloaded=quantized_layers(tmp, model) if quantized else 0,
                  portability=engine.portability)

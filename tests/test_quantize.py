@@ -77,6 +77,8 @@ def test_backend_quantizes_reloads_and_stays_close(backend, trained, request):
     assert abs(m["eval_loss_delta_vs_parent"]) < 0.02
     assert m["size_bytes"] < m["parent_fp32"]["size_bytes"]
     assert m["generation"]["new_tokens"] == 4 and m["parent_fp32"]["generation"]["text"]
+    # tokens/s against the parent on the bench's held-out prompts, the same for both
+    assert f"{DECODE_B1.prompts} prompts of {HELDOUT_PROMPT_TOKENS} tokens cut from" in report["protocol"]["generation"]
     reloaded = load_any(report["artifact"])  # from the folder alone
     # every Linear of both blocks
     assert quantized_layers(report["artifact"], reloaded) == m["int8_layers_reloaded"] >= 2 * 4

@@ -136,13 +136,15 @@ def _verdicts(comparisons: dict[str, Any], label: str, skipped: str | None) -> l
 
 
 def _protocol(measure, model: nn.Module, own, label: str, block: int, stop: stopping.Stopping, new_tokens: int,
-              skipped: str | None, compiled: bool) -> dict[str, str]:
-    """How each figure of the comparison was measured, in words (the report's protocol)."""
-    generation = (f"greedy decoding of {new_tokens} new tokens from {PROMPT!r}, fp32 parent and {label} "
-                  f"interleaved (rounds: {stop.describe()}); new tokens / wall time; each model decodes with its "
-                  f"own KV cache, through the decoder of the engine that owns it (the parent: PyTorch; {label}: "
-                  f"{own.label or own.name}), as the bench times it"
-                  + (f"; {note}" if (note := model_attr(model, "generation_note")) else ""))
+              skipped: str | None, compiled: bool, prompts: dict[str, Any] | None = None) -> dict[str, str]:
+    """How each figure of the comparison was measured, in words (the report's protocol); `prompts`: the record of
+    the held-out prompts decoded (`generation.reference_prompts`), None: the fixed prompt."""
+    source = generation.prompts_line(prompts) if prompts else repr(PROMPT)
+    generation_how = (f"greedy decoding of {new_tokens} new tokens from {source}, fp32 parent and {label} "
+                      f"interleaved (rounds: {stop.describe()}); new tokens / wall time; each model decodes with its "
+                      f"own KV cache, through the decoder of the engine that owns it (the parent: PyTorch; {label}: "
+                      f"{own.label or own.name}), as the bench times it"
+                      + (f"; {note}" if (note := model_attr(model, "generation_note")) else ""))
     bf16_how = f"parent under bf16 autocast ({skipped})" if skipped else "parent under bf16 autocast"
     return {"eval_loss": evaluation.EVAL_PROTOCOL + "; " + stats.LOSS_METHOD,
             "latency": f"forward of (batch, {block}) random tokens: fp32 parent, {bf16_how} and "
@@ -152,14 +154,15 @@ def _protocol(measure, model: nn.Module, own, label: str, block: int, stop: stop
                        + f"; {stats.RATIO_METHOD}"
                        + ("; with --compile, torch.compile twins (Inductor, freezing, static shapes) of the fp32 "
                           "parent and of the int8 model in the same rounds" if compiled else ""),
-            "generation": generation, "size": "bytes of all files in the artifact folder",
+            "generation": generation_how, "size": "bytes of all files in the artifact folder",
             "int8_layers": "counted in the model reloaded from the artifact folder (int8 modules, or int8 "
                            "operators of the ONNX graph)"}
 
 
 def compare_with_parent(measure, device: torch.device, parent: nn.Module, model: nn.Module, tokenizer, block: int,
                         parent_fp32: dict, parent_bf16: dict | None, q: dict, label: str,
-                        artifact: Path | None = None) -> tuple[dict, list[str], dict]:
+                        artifact: Path | None = None, prompts: tuple[dict, dict] | None = None
+                        ) -> tuple[dict, list[str], dict]:
     """A quantized or exported model (`label`) against its PyTorch parent (fp32 and under bf16 autocast), paired and
     interleaved: latency at every prefill workload (`effkit.workloads`), generation tokens/s, held-out loss per block
     (the `evaluate` results `parent_fp32`, `parent_bf16`, `q`, which are completed in place). `parent_bf16` is None
@@ -180,9 +183,13 @@ def compare_with_parent(measure, device: torch.device, parent: nn.Module, model:
     pairs = [("fp32", "int8"), *([] if skipped else [("bf16", "int8"), ("fp32", "bf16")]),
              *[(ref, f"{name} compiled") for name, ref in (("fp32", "fp32"), ("int8", "int8"), ("int8", "fp32"))]]
     timed = side_by_side(contenders, block, stop, measure.latency_repeats, pairs)
-    new_tokens, batch = q["generation"]["new_tokens"], workloads.get(workloads.GENERATION).batch
-    gen = stopping.measure({"fp32": pytorch.decode(parent, tokenizer, batch, new_tokens),
-                            "int8": own.decode(model, tokenizer, batch, new_tokens)}, stop, 1, warmup=1)
+    gen_w = workloads.get(workloads.GENERATION)
+    batches = generation.round_batches(tokenizer, gen_w, prompts[0]) if prompts else None
+    new_tokens = min(q["generation"]["new_tokens"], generation.generation_budget(
+        parent, tokenizer, q["generation"]["new_tokens"], batches[0].shape[1] if batches else None)[0])
+    gen = stopping.measure({"fp32": pytorch.decode(parent, tokenizer, gen_w.batch, new_tokens, prompts=batches),
+                            "int8": own.decode(model, tokenizer, gen_w.batch, new_tokens, prompts=batches)}, stop, 1,
+                           warmup=1)
     for name, r in (("fp32", parent_fp32), ("bf16", parent_bf16), ("int8", q)):
         if name in contenders:
             for w in workloads.of_kind("prefill"):
@@ -197,4 +204,4 @@ def compare_with_parent(measure, device: torch.device, parent: nn.Module, model:
          "eval_loss_delta_vs_parent": LossDelta.of(comparisons[results.EVAL_LOSS_DELTA]).delta,
          "size_ratio_vs_parent": q["size_bytes"] / parent_fp32["size_bytes"]}
     return m, verdicts, _protocol(measure, model, own, label, block, stop, new_tokens, skipped,
-                                  bool(compiled_status))
+                                  bool(compiled_status), prompts[1] if prompts else None)

@@ -447,7 +447,9 @@ def _write_and_measure(cfg: QuantizeConfig, device: torch.device, source: Path, 
         q["generation"] = generate_sample(model, tokenizer, cfg.measure.gen_tokens)
         q["size_bytes"] = artifacts.dir_size(tmp)
         m, verdicts, protocol = compare_with_parent(cfg.measure, device, parent, model, tokenizer, block, parent_fp32,
-                                                    parent_bf16, q, f"int8 ({backend})", artifact=tmp)
+                                                    parent_bf16, q, f"int8 ({backend})", artifact=tmp,
+                                                    prompts=generation.reference_prompts(source, tokenizer,
+                                                                                         cfg.inputs.data))
         m.update(params=sum(p.numel() for p in parent.parameters()), quantized_layers=len(description["layers"]),
                  int8_layers_reloaded=int8_layers, portability=backends.get(backend).portability)
         if auto_note:
