@@ -8,7 +8,9 @@ and a timer that times the batch of its round (`by_round`)."""
 
 from __future__ import annotations
 
+import json
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -108,6 +110,11 @@ def heldout_prompts(texts: list[str], tokenizer, count: int, tokens: int) -> lis
     return [ids[s:s + tokens] for s in starts]
 
 
+# the cuts made with each tokenizer (one stage asks for the same cut at each choice it times): by the data section
+# and the count; gone with the tokenizer
+_CUTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def heldout_cut(data: dict[str, Any], tokenizer, count: int) -> list[list[int]]:
     """`heldout_prompts`' `count` prompts of the workloads' length from the held-out documents of the data split
     `data` (an artifact's data section)."""
@@ -115,9 +122,13 @@ def heldout_cut(data: dict[str, Any], tokenizer, count: int) -> list[list[int]]:
     from effkit.config import DataConfig
     from effkit.data.corpus import load_corpus
 
-    d = DataConfig.from_dict(data)
-    texts = [t for _, t in load_corpus(d.source, d.heldout_fraction).heldout]
-    return heldout_prompts(texts, tokenizer, count, workloads.HELDOUT_PROMPT_TOKENS)
+    key = (json.dumps(data, sort_keys=True, default=str), count)
+    made = _CUTS.setdefault(tokenizer, {})
+    if key not in made:
+        d = DataConfig.from_dict(data)
+        texts = [t for _, t in load_corpus(d.source, d.heldout_fraction).heldout]
+        made[key] = heldout_prompts(texts, tokenizer, count, workloads.HELDOUT_PROMPT_TOKENS)
+    return [list(p) for p in made[key]]
 
 
 def reference_prompts(reference: Path, tokenizer, data: str = "") -> tuple[dict[int, list[list[int]]], dict[str, Any]]:
