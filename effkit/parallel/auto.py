@@ -25,8 +25,10 @@ timed. A fitting layout's step is predicted as
   probe times a one- and a two-block model at PROBE_BATCH and twice it (`memplan.runtime`, in every launched rank
   at once with the threads a rank gets, cached per machine and shape), the four in turns in one process, each for
   PROBE_MIN_S of steps at least (a fixed count of steps leaves a small model's step too short to time), medians;
-  each batch's steps extend to the whole model (`memplan.predicted_step_seconds`), and the two whole-model steps
-  give the per-sequence and the fixed seconds (a line through two points); the optimizer's seconds per parameter
+  each batch's steps extend to the whole model (`memplan.predicted_step_seconds`). What the second batch adds at
+  one and at two blocks, pooled over the FLOPs it adds there, is the rate of what grows with the batch (the
+  difference of the two whole-model steps would multiply the timings' noise by the blocks), and what the
+  whole-model steps leave beyond it (their mean) the seconds that do not grow; the optimizer's seconds per parameter
   and per DTensor parameter are timed in the same launch (`machine.time_optimizer`). A tensor-parallel block
   costs more than the plain block's work split by the degree: its kernels are as many as the plain block's (only
   narrower) and each op on a DTensor is dispatched through its sharding rules; what a forward and backward of one
@@ -359,9 +361,10 @@ def this_machine(cfg, mc, world: int) -> tuple[Hardware, int | None]:
     block_s, block_how = measured_layers(world, threads, layers, links, 4 * _block_params(mc),
                                          lambda: measure(None))
     one, two = (memplan.predicted_step_seconds(mc, mc.n_layer, d.block_size, s) for s in (probe_s, probe2_s))
-    per_batch = min(max(two - one, one / 20), one)  # a difference of two short timings is noisy: kept in range
-    rate = memplan.step_flops(mc, mc.n_layer, PROBE_BATCH * d.block_size, d.block_size) / per_batch
-    fixed = one - per_batch
+    flops = [memplan.step_flops(mc, n, PROBE_BATCH * d.block_size, d.block_size) for n in (1, 2, mc.n_layer)]
+    grown = sum(b - a for a, b in zip(probe_s, probe2_s, strict=True))  # the second batch's, at one and two blocks
+    per_batch = min(max(flops[2] * grown / (flops[0] + flops[1]), one / 20), one)  # kept in range: still noisy
+    rate, fixed = flops[2] / per_batch, max(0.0, (one + two) / 2 - 1.5 * per_batch)
     optimizer_s = min(optimizer["param_s"] * (_vocab_params(mc) + mc.n_layer * _block_params(mc)), fixed)
     _, avail = memplan.device_memory(torch.device("cpu"))
     hw = Hardware("this machine (CPU)", nproc, (avail or 0) // nproc, rate, 1.0, links, links, simulated=False,
