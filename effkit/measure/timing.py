@@ -140,7 +140,7 @@ def interleaved(contenders: dict[str, Callable[[], float]], rounds: int, repeats
 
 
 def medians_in_turns(contenders: dict[Any, Callable[[], float]], rounds: int, min_s: float = 0.0,
-                     warmup: int = 2, agree: Callable[[list[int]], list[int]] | None = None) -> dict[Any, float]:
+                     warmup: int = 1, agree: Callable[[list[int]], list[int]] | None = None) -> dict[Any, float]:
     """The median of each contender's timings (functions that time one call of what they run), run in turns:
     `warmup` calls each, discarded, then `rounds` rounds (`interleaved`, rotated) in which each runs enough
     consecutive calls that its timed calls add up to at least `min_s` by its fastest warm-up call (a time floor: a

@@ -68,7 +68,7 @@ from effkit.errors import EffkitError
 from effkit.parallel.machine import Link, launch_measuring, measured_collectives, measured_layers
 
 PROBE_BATCH = 1  # blocks per step of the ranking's runtime probe: its FLOP rate carried to every layout's batch
-PROBE_ROUNDS, PROBE_MIN_S = 5, 1.0  # its four models' rounds in turns, and the seconds of steps each adds up to
+PROBE_ROUNDS, PROBE_MIN_S = 4, 0.5  # its four models' rounds in turns, and the seconds of steps each adds up to
 TRICKS = ((), ("adamw8bit",), ("checkpointing",), ("adamw8bit", "checkpointing"))  # cheapest first
 TRIAL_ROUNDS = 3  # paired rounds of the trial of the best-predicted layouts
 

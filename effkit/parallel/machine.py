@@ -17,7 +17,7 @@ from typing import Any
 KINDS = ("all_reduce", "all_gather", "reduce_scatter")
 SIZES = (1 << 12, 1 << 16, 1 << 20, 1 << 22)  # bytes per rank's tensor timed for each collective
 REPEATS = 5
-LAYER_ROUNDS, LAYER_MIN_S = 5, 0.3  # `time_layers`: rounds in turns, and seconds of calls each variant adds up to
+LAYER_ROUNDS, LAYER_MIN_S = 4, 0.2  # `time_layers`: rounds in turns, and seconds of calls each variant adds up to
 DTENSOR_PARAMS = 32  # small parameter tensors of the optimizer step timed plain and as DTensors
 OPTIMIZER_PARAMS = 1 << 22  # parameters of the optimizer step timed for its cost per parameter
 GO_WAIT_S = 600  # the longest a measuring rank waits for its parent's go before timing anyway
