@@ -87,11 +87,8 @@ def autocast_copies(model_config, layers: int) -> int:
 
 
 def _opt_state_8bit(params: list[torch.Tensor]) -> int:
-    total = 0
-    for p in params:
-        n = p.numel()
-        total += 2 * n + 2 * 4 * math.ceil(n / BLOCK) if n >= BNB_MIN_8BIT else 8 * n
-    return total
+    return sum(2 * n + 2 * 4 * math.ceil(n / BLOCK) if n >= BNB_MIN_8BIT else 8 * n
+               for n in (p.numel() for p in params))
 
 
 SIMULATIONS = "memplan_simulation"  # the effkit cache's file of simulations already run (a function of the shapes)
@@ -165,19 +162,18 @@ def _simulate(model_config, batch: int, block: int, *, checkpointing: bool, opti
 
 
 def _one_block(model_config) -> Any:
-    mc = model_config.__class__.from_dict(model_config.to_dict())
-    mc.n_layer = 1
-    return mc
+    return model_config.__class__.from_dict({**model_config.to_dict(), "n_layer": 1})
 
 
 def probe_runtime(model_config: dict[str, Any], batch: int, block: int, checkpointing: bool, optim: str,
-                  amp: str | None, steps: int = RUNTIME_STEPS, threads: int = 0, rounds: int = STEP_ROUNDS) -> dict:
+                  amp: str | None, steps: int = RUNTIME_STEPS, threads: int = 0, rounds: int = STEP_ROUNDS,
+                  min_s: float = 0.0, batches: tuple[int, ...] = (1,), agree: Any = None) -> dict:
     """How much the resident set grows over `steps` real training steps of the one-block model `model_config`
-    (measured as training measures it: the model built and placed first); then, outside that measure, the
-    seconds of its steps and of a two-block model's, timed in turns (their medians: what `predicted_step_seconds`
-    extends to the whole model), on `threads` threads (0: torch's default, as training). Run in a process of its
-    own."""
-    import statistics
+    (measured as training measures it: the model built and placed first) at `batch` times each of `batches`; then,
+    outside that measure, the seconds of its steps and of a two-block model's at each, in turns (`medians_in_turns`:
+    `rounds` rounds, each model's steps adding up to `min_s` at least, `agree`d among processes; what
+    `predicted_step_seconds` extends to the whole model), on `threads` threads (0: torch's default, as training),
+    in a process of its own. {"bytes", "step_s", "step2_s"} at `batch`; "more": the same at the further ones."""
     import time
 
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -186,6 +182,7 @@ def probe_runtime(model_config: dict[str, Any], batch: int, block: int, checkpoi
     from effkit.measure.evaluation import lm_loss
     from effkit.measure.hardware import autocast_ctx
     from effkit.measure.memory import PeakMemory
+    from effkit.measure.timing import medians_in_turns
     from effkit.model import enable_activation_checkpointing
     from effkit.model.gpt2 import _finish
 
@@ -203,13 +200,12 @@ def probe_runtime(model_config: dict[str, Any], batch: int, block: int, checkpoi
         model.train()
         return model, optimizers.build_optimizer(model, optim, 1e-4, 0.1)[0]
 
-    model, opt = build(1)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp or "")
-    cpu = torch.device("cpu")
+    cpu, models = torch.device("cpu"), {1: build(1)}
 
-    def step(model, opt) -> float:
-        t = time.perf_counter()
-        x = torch.randint(0, mc.vocab_size, (batch, block))
+    def step(layers: int, rows: int) -> float:
+        (model, opt), t = models[layers], time.perf_counter()
+        x = torch.randint(0, mc.vocab_size, (rows, block))
         with autocast_ctx(cpu, dtype):
             loss = lm_loss(model(x).logits, x)
         loss.backward()
@@ -218,16 +214,17 @@ def probe_runtime(model_config: dict[str, Any], batch: int, block: int, checkpoi
         opt.zero_grad(set_to_none=True)
         return time.perf_counter() - t
 
-    with PeakMemory(cpu) as mem:
-        for _ in range(steps):
-            step(model, opt)
-    two_blocks = build(2)  # the time a block adds
-    step(*two_blocks)
-    one, two = [], []
-    for _ in range(rounds):  # in turns, outside the memory's sampling thread: a busy moment slows both alike
-        one.append(step(model, opt))
-        two.append(step(*two_blocks))
-    return {"bytes": mem.peak_bytes, "step_s": statistics.median(one), "step2_s": statistics.median(two)}
+    grown = []
+    for k in batches:
+        with PeakMemory(cpu) as mem:
+            for _ in range(steps):
+                step(1, k * batch)
+        grown.append(mem.peak_bytes)
+    models[2] = build(2)  # the time a block adds; in turns, outside the memory's sampling thread
+    timed = medians_in_turns({(n, k): lambda n=n, k=k: step(n, k * batch) for k in batches for n in (1, 2)},
+                             rounds, min_s, agree=agree)
+    out = [{"bytes": b, "step_s": timed[1, k], "step2_s": timed[2, k]} for b, k in zip(grown, batches, strict=True)]
+    return {**out[0], "more": out[1:]} if len(out) > 1 else out[0]
 
 
 CACHE = "memplan_runtime"
@@ -235,12 +232,14 @@ CACHE = "memplan_runtime"
 
 def runtime(model_config, batch: int, block: int, *, checkpointing: bool, optim: str = "adamw",
             amp_dtype: torch.dtype | None = None, probe: bool = True, env: dict[str, str] | None = None,
-            threads: int = 0, rounds: int = STEP_ROUNDS, run_probe: Any = None) -> tuple[int | None, str, Any]:
+            threads: int = 0, rounds: int = STEP_ROUNDS, min_s: float = 0.0, run_probe: Any = None
+            ) -> tuple[int | None, str, Any]:
     """The process runtime's bytes at the peak on this CPU for this shape (see the module's text), how it was
-    obtained, and the probe's step seconds of one and two blocks on `threads` threads (`probe_runtime`, `rounds`
-    each); (None, why, None) when not cached and `probe` is off. The probe runs in a fresh process (one forked from
-    a process that imported the libraries measures their code pages again: 5 MiB more on gpt2-nano), `env` on top
-    of this one's (the allocator's settings change what the resident set keeps); in `run_probe(args)` if given."""
+    obtained, and the probe's step seconds of one and two blocks on `threads` threads (`probe_runtime`: `rounds`
+    rounds, at least `min_s` of steps each); (None, why, None) when not cached and `probe` is off. The probe runs
+    in a fresh process (one forked from a process that imported the libraries measures their code pages again:
+    5 MiB more on gpt2-nano), `env` on top of this one's (the allocator's settings change what the resident set
+    keeps); in `run_probe(args)` if given."""
     import json
     import os
 
@@ -250,13 +249,14 @@ def runtime(model_config, batch: int, block: int, *, checkpointing: bool, optim:
 
     mc = _one_block(model_config)
     amp = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(amp_dtype)
-    args = {"model_config": json.loads(mc.to_json_string()), "batch": batch, "block": block,
-            "checkpointing": checkpointing, "optim": optim, "amp": amp, "threads": threads, "rounds": rounds}
+    args = dict(model_config=json.loads(mc.to_json_string()), batch=batch, block=block, checkpointing=checkpointing,
+                optim=optim, amp=amp, threads=threads, rounds=rounds, min_s=min_s)
     malloc = {k: v for k, v in {**os.environ, **(env or {})}.items() if k.startswith("MALLOC_")}
     shape = {k: args["model_config"].get(k) for k in ("vocab_size", "n_embd", "n_head", "n_inner", "n_positions")}
     key = (f"{describe_device(torch.device('cpu'))}|torch {torch.__version__}|{json.dumps(shape, sort_keys=True)}|"
            f"b{batch}x{block}|ckpt {checkpointing}|{optim}|{amp}|{json.dumps(malloc, sort_keys=True)}|"
-           f"threads {threads}|v4{'' if rounds == STEP_ROUNDS else f'|rounds {rounds}'}{'|launched' * bool(run_probe)}")
+           f"threads {threads}|v4{'' if rounds == STEP_ROUNDS else f'|rounds {rounds}'}"
+           f"{f'|floor {min_s}' * bool(min_s)}{'|launched' * bool(run_probe)}")
     measure = (lambda: run_probe(args) if run_probe else run_isolated(
         "effkit.memplan:probe_runtime", args, what="the memory plan's runtime probe", env=env)) if probe else None
     probed, cached = machine_cached(CACHE, key, measure)

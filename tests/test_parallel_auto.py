@@ -107,6 +107,7 @@ def test_the_rankings_inputs_are_measured_once_per_machine_and_recorded(tiny_cfg
     # the probe and the collectives measured in one launch, once
     assert len(probes) == 1 and probes[0]["threads"] == 1 and timings == [2]
     assert probes[0]["batch"] == auto.PROBE_BATCH and probes[0]["rounds"] == auto.PROBE_ROUNDS
+    assert probes[0]["min_s"] == auto.PROBE_MIN_S > 0 and "in turns" in first["hardware"]["how"]["compute"]
     how = second["hardware"]["how"]
     assert "measured now" in first["hardware"]["how"]["collectives"]
     assert f"machine {machine_id()}" in how["collectives"] and "cached" in how["collectives"]
@@ -124,6 +125,30 @@ def test_the_rankings_inputs_are_measured_once_per_machine_and_recorded(tiny_cfg
     (tmp_path / "cache" / f"{machine.COLLECTIVES}.json").unlink()
     auto.rank(cfg)
     assert timings == [2, 2] and probes[1] is None
+
+
+def test_steps_timed_in_turns_reach_a_time_floor_each_as_every_process_agrees_and_keep_their_median():
+    """The probe's models and the layouts' blocks: warm-up calls discarded, then rounds in turns in which a short
+    step runs as many times as its calls take to reach the floor, a long one once; the median resists outliers."""
+    from effkit.measure.timing import medians_in_turns
+
+    calls, order = {"short": 0, "long": 0}, []
+
+    def timer(name: str, seconds: float):
+        def once() -> float:
+            calls[name] += 1
+            order.append(name)
+            return 5.0 if calls[name] == 3 else seconds  # one preempted call among the short one's
+        return once
+
+    agreed = []
+    timed = medians_in_turns({"short": timer("short", 1 / 64), "long": timer("long", 0.5)}, 4, 2.0,
+                             agree=lambda c: agreed.append(c) or [c[0], c[1] + 1])
+    assert agreed == [[32, 1]]  # 2 s over 4 rounds: 32 calls of 1/64 s a round, one of 0.5 s
+    assert calls == {"short": 1 + 4 * 32, "long": 1 + 4 * 2}  # a warm-up call each; what `agree` returned
+    assert timed == {"short": 1 / 64, "long": 0.5}
+    assert order[2:34] == ["short"] * 32 and order[34:38] == ["long"] * 4 and order[38] == "short"  # in turns
+    assert medians_in_turns({"a": lambda: 0.2}, 3) == {"a": 0.2}  # no floor: one call a round
 
 
 def test_the_simulate_preset_path_ranks_on_paper(tiny_cfg, monkeypatch, capsys):

@@ -1,8 +1,9 @@
 """Timing: fixed random inputs on the model's device (`random_tokens`), timers of a forward pass (`forward_timer`,
 also of a `torch.compile` twin, `compile_for_inference`) and of training steps (`train_step_timers`), wall time per
 phase of a training step (`PhaseClock`), the interleaved-rounds protocol (`interleaved`, `round_order`,
-`INTERLEAVED_PROTOCOL`) with the idle time after a contender whose threads spin (`settle_time`, `SETTLE_S`), and
-latency percentiles (`latency_stats`). `effkit.measure.stopping` runs the rounds until comparisons are decided."""
+`INTERLEAVED_PROTOCOL`; `medians_in_turns`: steps timed in turns up to a time floor) with the idle time after a
+contender whose threads spin (`settle_time`, `SETTLE_S`), and latency percentiles (`latency_stats`).
+`effkit.measure.stopping` runs the rounds until comparisons are decided."""
 
 from __future__ import annotations
 
@@ -136,6 +137,23 @@ def interleaved(contenders: dict[str, Callable[[], float]], rounds: int, repeats
             samples[name].append([contenders[name]() for _ in range(calls[name])])
             settle(name)
     return samples
+
+
+def medians_in_turns(contenders: dict[Any, Callable[[], float]], rounds: int, min_s: float = 0.0,
+                     warmup: int = 1, agree: Callable[[list[int]], list[int]] | None = None) -> dict[Any, float]:
+    """The median of each contender's timings (functions that time one call of what they run), run in turns:
+    `warmup` calls each, discarded, then `rounds` rounds (`interleaved`, rotated) in which each runs enough
+    consecutive calls that its timed calls add up to at least `min_s` by its fastest warm-up call (a time floor: a
+    short step is timed many times, a long one `rounds` times). `agree` maps the calls per contender to the ones
+    run, the same in every process timing together (their maximum)."""
+    import math
+    import statistics
+
+    pilot = {n: min(fn() for _ in range(warmup)) if warmup else 0.0 for n, fn in contenders.items()}
+    calls = [max(1, math.ceil(min_s / rounds / t)) if t > 0 else 1 for t in pilot.values()]
+    samples = interleaved(contenders, rounds, dict(zip(contenders, agree(calls) if agree else calls, strict=True)),
+                          warmup=0)
+    return {n: statistics.median(t for r in s for t in r) for n, s in samples.items()}
 
 
 def latency_stats(rounds: list[list[float]]) -> dict[str, float]:

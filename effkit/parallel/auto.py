@@ -23,9 +23,12 @@ timed. A fitting layout's step is predicted as
   DTensor parameter adds to them (fsdp's and tp's parameters are DTensors: PyTorch's foreach AdamW, a norm
   all-reduced per tensor), per tensor and per element (the foreach kernels against the fused one's). The runtime
   probe times a one- and a two-block model at PROBE_BATCH and twice it (`memplan.runtime`, in every launched rank
-  at once with the threads a rank gets, cached per machine and shape);
-  each batch's steps extend to the whole model (`memplan.predicted_step_seconds`), and the two whole-model steps
-  give the per-sequence and the fixed seconds (a line through two points); the optimizer's seconds per parameter
+  at once with the threads a rank gets, cached per machine and shape), the four in turns in one process, each for
+  PROBE_MIN_S of steps at least (a fixed count of steps leaves a small model's step too short to time), medians;
+  each batch's steps extend to the whole model (`memplan.predicted_step_seconds`). What the second batch adds at
+  one and at two blocks, pooled over the FLOPs it adds there, is the rate of what grows with the batch (the
+  difference of the two whole-model steps would multiply the timings' noise by the blocks), and what the
+  whole-model steps leave beyond it (their mean) the seconds that do not grow; the optimizer's seconds per parameter
   and per DTensor parameter are timed in the same launch (`machine.time_optimizer`). A tensor-parallel block
   costs more than the plain block's work split by the degree: its kernels are as many as the plain block's (only
   narrower) and each op on a DTensor is dispatched through its sharding rules; what a forward and backward of one
@@ -65,7 +68,7 @@ from effkit.errors import EffkitError
 from effkit.parallel.machine import Link, launch_measuring, measured_collectives, measured_layers
 
 PROBE_BATCH = 1  # blocks per step of the ranking's runtime probe: its FLOP rate carried to every layout's batch
-PROBE_ROUNDS = 3  # timed steps of its one- and two-block models each
+PROBE_ROUNDS, PROBE_MIN_S = 4, 0.5  # its four models' rounds in turns, and the seconds of steps each adds up to
 TRICKS = ((), ("adamw8bit",), ("checkpointing",), ("adamw8bit", "checkpointing"))  # cheapest first
 TRIAL_ROUNDS = 3  # paired rounds of the trial of the best-predicted layouts
 
@@ -349,18 +352,19 @@ def this_machine(cfg, mc, world: int) -> tuple[Hardware, int | None]:
         measured.update(measured or launch_measuring(world, threads, probe, simulations, layers))
         return measured
 
-    runtime_bytes, how, probe_s = memplan.runtime(mc, PROBE_BATCH, d.block_size, **kw, probe=True, threads=threads,
-                                                  rounds=PROBE_ROUNDS, run_probe=lambda a: measure(a)["probe"])
-    _, _, probe2_s = memplan.runtime(mc, 2 * PROBE_BATCH, d.block_size, **kw, probe=True, threads=threads,
-                                     rounds=PROBE_ROUNDS,
+    probing = dict(kw, probe=True, threads=threads, rounds=PROBE_ROUNDS, min_s=PROBE_MIN_S)
+    runtime_bytes, how, probe_s = memplan.runtime(mc, PROBE_BATCH, d.block_size, **probing,
+                                                  run_probe=lambda a: measure(a)["probe"])
+    _, _, probe2_s = memplan.runtime(mc, 2 * PROBE_BATCH, d.block_size, **probing,
                                      run_probe=lambda a: measure({**a, "batch": PROBE_BATCH})["probe2"])
     links, optimizer, comm_how = measured_collectives(world, threads, lambda: measure(None))
     block_s, block_how = measured_layers(world, threads, layers, links, 4 * _block_params(mc),
                                          lambda: measure(None))
     one, two = (memplan.predicted_step_seconds(mc, mc.n_layer, d.block_size, s) for s in (probe_s, probe2_s))
-    per_batch = min(max(two - one, one / 20), one)  # a difference of two short timings is noisy: kept in range
-    rate = memplan.step_flops(mc, mc.n_layer, PROBE_BATCH * d.block_size, d.block_size) / per_batch
-    fixed = one - per_batch
+    flops = [memplan.step_flops(mc, n, PROBE_BATCH * d.block_size, d.block_size) for n in (1, 2, mc.n_layer)]
+    grown = sum(b - a for a, b in zip(probe_s, probe2_s, strict=True))  # the second batch's, at one and two blocks
+    per_batch = min(max(flops[2] * grown / (flops[0] + flops[1]), one / 20), one)  # kept in range: still noisy
+    rate, fixed = flops[2] / per_batch, max(0.0, (one + two) / 2 - 1.5 * per_batch)
     optimizer_s = min(optimizer["param_s"] * (_vocab_params(mc) + mc.n_layer * _block_params(mc)), fixed)
     _, avail = memplan.device_memory(torch.device("cpu"))
     hw = Hardware("this machine (CPU)", nproc, (avail or 0) // nproc, rate, 1.0, links, links, simulated=False,
@@ -368,10 +372,11 @@ def this_machine(cfg, mc, world: int) -> tuple[Hardware, int | None]:
                   dtensor_param_s=optimizer["dtensor_param_s"],
                   how={"compute": f"{rate / 1e9:.2f} GFLOP/s per rank for the work that grows with the batch; "
                                   f"{fixed * 1e3:.0f} ms per step that does not ({optimizer_s * 1e3:.0f} ms of it "
-                                  f"the optimizer's): the runtime probe's {PROBE_ROUNDS} steps of a one- and a "
-                                  f"two-block model at batches {PROBE_BATCH} and {2 * PROBE_BATCH}, {threads} "
-                                  f"thread(s), in each of the {nproc} ranks at once (the slowest's), extended to "
-                                  f"{mc.n_layer} blocks ({how})",
+                                  f"the optimizer's): the runtime probe's steps of a one- and a two-block model at "
+                                  f"batches {PROBE_BATCH} and {2 * PROBE_BATCH} in turns ({PROBE_ROUNDS} rounds, "
+                                  f"{PROBE_MIN_S:g} s of steps each at least; medians), {threads} thread(s), in "
+                                  f"each of the {nproc} ranks at once (the slowest's), extended to {mc.n_layer} "
+                                  f"blocks ({how})",
                        "collectives": comm_how, "layouts' blocks": block_how,
                        "memory": f"available RAM / {nproc} processes"})
     return hw, runtime_bytes

@@ -17,6 +17,7 @@ from typing import Any
 KINDS = ("all_reduce", "all_gather", "reduce_scatter")
 SIZES = (1 << 12, 1 << 16, 1 << 20, 1 << 22)  # bytes per rank's tensor timed for each collective
 REPEATS = 5
+LAYER_ROUNDS, LAYER_MIN_S = 4, 0.2  # `time_layers`: rounds in turns, and seconds of calls each variant adds up to
 DTENSOR_PARAMS = 32  # small parameter tensors of the optimizer step timed plain and as DTensors
 OPTIMIZER_PARAMS = 1 << 22  # parameters of the optimizer step timed for its cost per parameter
 GO_WAIT_S = 600  # the longest a measuring rank waits for its parent's go before timing anyway
@@ -124,18 +125,31 @@ def _local_width(block, n: int) -> None:
     attn.num_heads //= n
 
 
-def time_layers(model_config: dict[str, Any], batch: int, block: int, repeats: int) -> dict[str, float]:
-    """In each rank of a joined process group, the slowest rank's medians of `repeats` forward and backward passes
-    of one block of `model_config` on `batch` x `block` tokens: plain ("plain_s"), cut to one tensor-parallel rank's
-    widths ("local_s"), tensor-parallel over every rank as `apply_tp` lays it out ("tp_s": DTensor's dispatch and
-    its activations' all-reduces), and sharded by FSDP2 over every rank as `apply_fsdp` wraps a block ("fsdp_s":
-    its parameters all-gathered forward and backward, their gradients reduce-scattered, as FSDP2 issues them)."""
+def agreed(calls: list[int]) -> list[int]:
+    """The most calls of each contender any rank of the process group would time (`timing.medians_in_turns`): every
+    rank then runs the same ones, their collectives matched and the ranks busy together, as they train."""
+    import torch
+    import torch.distributed as dist
+
+    most = torch.tensor(calls)
+    dist.all_reduce(most, op=dist.ReduceOp.MAX)
+    return most.tolist()
+
+
+def time_layers(model_config: dict[str, Any], batch: int, block: int) -> dict[str, float]:
+    """In each rank of a joined process group, the slowest rank's medians of forward and backward passes of one
+    block of `model_config` on `batch` x `block` tokens, timed in turns (`timing.medians_in_turns`: LAYER_ROUNDS
+    rounds, at least LAYER_MIN_S of passes each): plain ("plain_s"), cut to one tensor-parallel rank's widths
+    ("local_s"), tensor-parallel over every rank as `apply_tp` lays it out ("tp_s": DTensor's dispatch and its
+    activations' all-reduces), and sharded by FSDP2 over every rank as `apply_fsdp` wraps a block ("fsdp_s": its
+    parameters all-gathered forward and backward, their gradients reduce-scattered, as FSDP2 issues them)."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from transformers import GPT2Config, GPT2LMHeadModel
 
+    from effkit.measure.timing import medians_in_turns
     from effkit.model.gpt2 import _finish
     from effkit.parallel.parallelize import apply_tp
 
@@ -148,24 +162,21 @@ def time_layers(model_config: dict[str, Any], batch: int, block: int, repeats: i
         model = _finish(GPT2LMHeadModel(mc)).train()
         return model, model.transformer.h[0]
 
-    def seconds(module) -> float:
-        times = []
-        for _ in range(repeats + 1):
+    def seconds(module) -> Callable[[], float]:
+        def once() -> float:
             x = torch.randn(batch, block, mc.n_embd, requires_grad=True)
             dist.barrier()
             t = time.perf_counter()
             module(x).sum().backward()
-            times.append(time.perf_counter() - t)
-        return statistics.median(times[1:])
+            return time.perf_counter() - t
+        return once
 
-    timed = {"plain_s": seconds(one_block()[1])}
     _local_width(local := one_block()[1], n)
-    timed["local_s"] = seconds(local)
     model, tp = one_block()
     apply_tp(model, mesh)
-    timed["tp_s"] = seconds(tp)
     fully_shard(fsdp := one_block()[1], mesh=mesh, reshard_after_forward=True)
-    timed["fsdp_s"] = seconds(fsdp)
+    blocks = {"plain_s": one_block()[1], "local_s": local, "tp_s": tp, "fsdp_s": fsdp}
+    timed = medians_in_turns({k: seconds(m) for k, m in blocks.items()}, LAYER_ROUNDS, LAYER_MIN_S, agree=agreed)
     slowest = torch.tensor(list(timed.values()), dtype=torch.float64)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     return dict(zip(timed, slowest.tolist(), strict=True))
@@ -186,9 +197,9 @@ def measure_rank(go: str, probe: dict[str, Any] | None, sizes: list[int], repeat
     """One launched rank's share of this machine's measurements: its libraries imported, it waits for `go` (the
     parent's simulations done, which would slow these timings), joins the process group, runs the runtime probe
     (`memplan.probe_runtime`, every rank at once, as they train; the slowest rank's step times) at the probe's
-    batch ("probe") and at twice it ("probe2": what a sequence more adds), and times the collectives
-    (`time_collectives`), the optimizer step (`time_optimizer`) and, with `layers` (`time_layers`'s arguments),
-    a block plain, tensor-parallel and sharded ("layers")."""
+    batch ("probe") and at twice it ("probe2": what a sequence more adds), its four models in turns in one call,
+    and times the collectives (`time_collectives`), the optimizer step (`time_optimizer`) and, with `layers`
+    (`time_layers`'s arguments), a block plain, tensor-parallel and sharded ("layers")."""
     import torch
     import torch.distributed as dist
     from transformers import GPT2LMHeadModel  # noqa: F401  (imported before `go`: the probe's model)
@@ -201,14 +212,16 @@ def measure_rank(go: str, probe: dict[str, Any] | None, sizes: list[int], repeat
     dist.init_process_group("gloo")
     try:
         out: dict[str, Any] = {}
-        for name, batch in (("probe", 1), ("probe2", 2)) if probe else ():
-            probed = probe_runtime(**{**probe, "batch": probe["batch"] * batch})
-            slowest = torch.tensor([probed["step_s"], probed["step2_s"]], dtype=torch.float64)
+        if probe:
+            probed = probe_runtime(**probe, batches=(1, 2), agree=agreed)
+            both = [probed, *probed.pop("more")]
+            slowest = torch.tensor([[p["step_s"], p["step2_s"]] for p in both], dtype=torch.float64)
             dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-            out[name] = {**probed, "step_s": slowest[0].item(), "step2_s": slowest[1].item()}
+            for name, p, (one, two) in zip(("probe", "probe2"), both, slowest.tolist(), strict=True):
+                out[name] = {**p, "step_s": one, "step2_s": two}
         out["collectives"], out["optimizer"] = time_collectives(sizes, repeats), time_optimizer(repeats)
         if layers:
-            out["layers"] = time_layers(**layers, repeats=repeats)
+            out["layers"] = time_layers(**layers)
     finally:
         dist.destroy_process_group()
     return out
@@ -218,11 +231,13 @@ def launch_measuring(world: int, threads: int, probe: dict[str, Any] | None,
                      meanwhile: Callable[[], Any] = lambda: None, layers: dict[str, Any] | None = None
                      ) -> dict[str, Any]:
     """`measure_rank` in `world` processes of `threads` threads started here (the environment a launcher gives
-    them, without one: its start-up is not needed to measure), `meanwhile()` run here while they start.
+    them, without one: its start-up is not needed to measure), `meanwhile()` run here while they start (in a
+    thread: the first start of effkit's fork server imports the libraries in a process of its own, beside it).
     {"probe", "probe2": `probe_runtime`'s results (with `probe`), "collectives": `time_collectives`'s,
     "optimizer": `time_optimizer`'s, "layers": `time_layers`'s (with `layers`)}."""
     import os
     import tempfile
+    from concurrent.futures import ThreadPoolExecutor
 
     from effkit.child import Job, start
     from effkit.errors import WorkerFailed
@@ -235,13 +250,14 @@ def launch_measuring(world: int, threads: int, probe: dict[str, Any] | None,
     env = dict(os.environ, WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
                OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
     log = job.folder / "ranks.log"
-    with log.open("w") as err:
-        procs = [start(job, dict(env, RANK=str(r), LOCAL_RANK=str(r)), stderr=err.fileno()) for r in range(world)]
+    with log.open("w") as err, ThreadPoolExecutor(1) as starting:
+        procs = starting.submit(lambda: [start(job, dict(env, RANK=str(r), LOCAL_RANK=str(r)), stderr=err.fileno())
+                                         for r in range(world)])
         try:
             meanwhile()
         finally:
             go.touch()
-            codes = [p.join() or p.exitcode for p in procs]
+            codes = [p.join() or p.exitcode for p in procs.result()]
     go.unlink()
     go.parent.rmdir()
     if any(codes):
@@ -291,7 +307,7 @@ def measured_layers(world: int, threads: int, layers: dict[str, Any], links: dic
     mc = layers["model_config"]
     shape = {k: mc.get(k) for k in ("vocab_size", "n_embd", "n_head", "n_inner")}
     key = (f"gloo|world {world}|threads {threads}|torch {torch.__version__}|{json.dumps(shape, sort_keys=True)}|"
-           f"b{layers['batch']}x{layers['block']}|layers")
+           f"b{layers['batch']}x{layers['block']}|layers|in turns {LAYER_ROUNDS}, {LAYER_MIN_S} s")
     timed, cached = machine_cached(COLLECTIVES, key, lambda: measure()["layers"])
     act = layers["batch"] * layers["block"] * mc["n_embd"] * 4
     tp_comm = 4 * links["all_reduce"].seconds("all_reduce", act, world)
