@@ -157,7 +157,7 @@ class _OwnDecoder(Engine):
     def load(self, path, device):
         raise AssertionError("not loaded here")
 
-    def decode(self, model, tokenizer, batch, new_tokens, generate_kwargs=None):
+    def decode(self, model, tokenizer, batch, new_tokens, generate_kwargs=None, prompts=None):
         self.asked.append((batch, new_tokens))
         rates = itertools.cycle([1000.0, 1010.0, 990.0])
         return lambda: next(rates)

@@ -313,6 +313,23 @@ def test_the_deliverable_is_measured_in_its_own_rounds_with_a_budget_for_each_op
 
 
 @pytest.mark.slow
+def test_loss_ships_only_where_it_buys_a_decided_speed_up(tmp_path, corpus_dir):
+    """A lossy leader (+0.8%, within the run's budget) still undecided against the best lossless artifact (within
+    +0.2%) leaves the lossless one in place; decided faster than it, the lossy one ships."""
+    plan = make_plan(str(write_recipe(tmp_path, corpus_dir, extra_run="max_loss_increase = 0.02")))
+    ref, noisy = [100.0] * 6, [130.0, 260.0, 120.0, 250.0, 125.0, 270.0]  # 1.5x by point estimate, rounds apart
+    bench = _fake_bench({"train": ref, "lossless": [150.0] * 6, "lossy": [v * 150 / 100 for v in noisy]},
+                        {"train": 0.0, "lossless": 0.0, "lossy": 0.008})
+    ship = deliverable(plan, bench)
+    assert ship["lossless"]["tag"] == "lossless" and ship["tag"] == "lossless"
+    assert ship["verdict"] == "undecided: kept the default" and "kept the default" in ship["line"]
+    assert ship["choice"]["leader"] == "lossy" and ship["choice"]["ratios"]["lossy"]["verdict"] == "same"
+    bench = _fake_bench({"train": ref, "lossless": [150.0] * 6, "lossy": [300.0] * 6},
+                        {"train": 0.0, "lossless": 0.0, "lossy": 0.008})
+    ship = deliverable(plan, bench)
+    assert ship["tag"] == "lossy" and ship["verdict"] == "decided" and ship["lossless"]["tag"] == "lossless"
+
+
 def test_the_deliverable_is_chosen_pairwise_within_the_budget_by_the_decision_rule(tmp_path, corpus_dir):
     """#42 (1): the deliverable took the largest point estimate of each artifact's ratio to the reference, with no
     comparison between the candidates, across ratios that ran 6 and 24 rounds. Here `early` looked 1.30x the

@@ -26,8 +26,9 @@ def deliverable(plan: Plan, bench: dict[str, Any]) -> dict[str, Any]:
     excluded: they are what a user has without effkit) whose held-out loss is within `max_loss_increase` of the
     dense reference's (the upper end of the paired interval), the leader (the best paired point estimate among those
     measured longest that no other is decided faster than), decided against each of the others, or tied within the
-    precision (then the smallest), or still undecided (then labelled a point estimate), Holm over the contest as in
-    every decision. Beside it: the best lossless artifact (within +0.2%) by the same rule over the same rounds, each
+    precision (then the smallest), or still undecided (then labelled a point estimate; but where it is undecided
+    against the best lossless artifact, that one ships), Holm over the contest as in every decision. Beside it: the
+    best lossless artifact (within +0.2%) by the same rule over the same rounds, each
     one's standing against every peer at that workload (a peer that beats it is named), and, for a pruned artifact,
     its dense control's attribution."""
     budget, chosen = plan.run.pipeline.max_loss_increase, workloads.get(plan.run.pipeline.optimize_for)
@@ -42,18 +43,25 @@ def deliverable(plan: Plan, bench: dict[str, Any]) -> dict[str, Any]:
     samples, record = rounds["samples"], rounds["record"]
     level, precision = record["level"], record["precision"]
 
-    def pick(limit: float, with_ref: bool) -> choice.Choice | None:
+    def pick(limit: float, with_ref: bool, default: str | None = None) -> choice.Choice | None:
         members = [r["tag"] for r in ours if not r.get("invalid") and r["tag"] in samples and (
             (r is ref and with_ref) or (r is not ref and within_budget(losses[ref["tag"]], losses[r["tag"]], docs,
                                                                        limit)))]
         if not members:
             return None
         c = choice.decide({t: samples[t] for t in members}, chosen.higher_is_better, level, precision,
-                          prefer=lambda t: (rows[t]["size_ratio"], members.index(t)), record=dict(record))
+                          prefer=lambda t: (rows[t]["size_ratio"], members.index(t)), record=dict(record),
+                          default=default)
         c.far = {t: why for t, why in rounds.get("far", {}).items() if t in members}
         return c
 
-    picked, lossless = pick(budget, True), pick(LOSSLESS, False)
+    lossless = pick(LOSSLESS, False)
+    # loss ships only where it buys a decided speed-up: a leader still undecided against the best lossless artifact
+    # leaves that one in place
+    picked = pick(budget, True)
+    if lossless and picked.verdict == choice.UNDECIDED and picked.picked not in lossless.samples \
+            and picked.picked != ref["tag"]:
+        picked = pick(budget, True, default=lossless.picked)
     best = rows[picked.picked]
     path = Path(best["artifact"])
     loss = "ref" if best is ref else stats.fmt_delta(best[results.EVAL_LOSS_DELTA]) + f" vs {ref['tag']}"
@@ -85,16 +93,23 @@ def deliverable(plan: Plan, bench: dict[str, Any]) -> dict[str, Any]:
             "aa_check": {"pairs": {f"{r['tag']} vs {p}": r["vs_peers"][p] for r in ours
                                    for p in r.get("same_computation_as", ())},
                          "failed": aa},
-            "how": (f"benched artifacts (not the peer rows) whose held-out loss is at most {budget:.1%} above "
-                    f"{ref['tag']}'s (upper end of the paired interval), and {ref['tag']} itself; at {chosen.name}, "
-                    "in their own paired, interleaved rounds (the decision rule's screen, then its head to head; "
-                    "its record and every sample under `choice`): the leader (best paired point estimate among "
-                    "those measured longest that no other is decided faster than over the rounds both ran), "
-                    "decided against each of the others, or tied (interval inside "
-                    f"[1/{1 + precision:g}, {1 + precision:g}]; then the smallest), or undecided (labelled a point "
-                    f"estimate); family-wise error {1 - level:.2%} per look under Holm over every pair of its "
-                    f"{len(picked.ratios) + 1} contenders; the lossless one the same way, over the same rounds, "
-                    f"among those within +{LOSSLESS:.1%}")}
+            "how": _how(ref["tag"], budget, chosen.name, precision, level, len(picked.ratios) + 1)}
+
+
+def _how(ref: str, budget: float, workload: str, precision: float, level: float, contenders: int) -> str:
+    """How the deliverable was chosen, in words (its record's `how`)."""
+    return (f"benched artifacts (not the peer rows) whose held-out loss is at most {budget:.1%} above "
+            f"{ref}'s (upper end of the paired interval), and {ref} itself; at {workload}, "
+            "in their own paired, interleaved rounds (the decision rule's screen, then its head to head; "
+            "its record and every sample under `choice`): the leader (best paired point estimate among "
+            "those measured longest that no other is decided faster than over the rounds both ran), "
+            "decided against each of the others, or tied (interval inside "
+            f"[1/{1 + precision:g}, {1 + precision:g}]; then the smallest), or undecided (labelled a point "
+            f"estimate; a leader undecided against the best lossless artifact, within +{LOSSLESS:.1%}, "
+            "leaves that one in place: loss ships only where it buys a decided speed-up); "
+            f"family-wise error {1 - level:.2%} per look under Holm over every pair of its "
+            f"{contenders} contenders; the lossless one the same way, over the same rounds, "
+            f"among those within +{LOSSLESS:.1%}")
 
 
 def beaten_by(row: dict[str, Any], w: workloads.Workload) -> dict[str, dict[str, Any]]:
