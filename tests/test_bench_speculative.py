@@ -40,9 +40,12 @@ def test_the_speculative_artifact_is_checked_exact_and_carries_its_draft_statist
 
     cfg = BenchConfig.from_flat(speculative=True, quick=True)
     paths, why = bs.add(cfg, tmp_path, [artifacts_path := Path(reference)], NEW)
-    assert why == {} and paths == [artifacts_path, tmp_path / bs.SPEC_TAG]
+    # the reference's own weight-only form is the target where the run has no weight-only artifact
+    assert why == {} and paths == [artifacts_path, tmp_path / bs.tag_of(bs.REF_INT4)]
     folder = paths[-1]
     what = artifacts.read_meta(folder)[bs.ROW_KEY]
+    assert what["target"].startswith("the dense reference, ONNX graph with 4-bit block-quantized weights")
+    assert "blocks of 32" in what["target"] and (folder / "quantization.json").is_file()
     assert what["k"] == 4 and what["prompts"]["count"] == workloads.DECODE_B1.prompts
     assert what["exact"].startswith(f"{workloads.DECODE_B1.prompts} prompts x {NEW} tokens")
     assert what["tokens_per_prompt"] == NEW and what["new_tokens"] == NEW * workloads.DECODE_B1.prompts
@@ -51,7 +54,7 @@ def test_the_speculative_artifact_is_checked_exact_and_carries_its_draft_statist
     model = load_any(folder)  # plain ONNX Runtime with effkit's loop and the measured k: the settings travel
     assert model.speculative == {"draft": "ngram", "k": 4} and "k=4" in load_command(folder)
     rows = [{"tag": "train", "stage": "train", "artifact": reference, "flags": []},
-            {"tag": bs.SPEC_TAG, "stage": "export", "artifact": str(folder), "flags": []}]
+            {"tag": folder.name, "stage": "quantize", "artifact": str(folder), "flags": []}]
     bs.annotate(rows)
     assert bs.ROW_KEY not in rows[0] and rows[1][bs.ROW_KEY] == what and rows[0]["flags"] == []
     assert rows[1]["flags"][0].startswith(f"speculative: ngram draft, k=4 (chosen on this CPU), exact on "
@@ -80,9 +83,12 @@ def test_a_speculative_artifact_that_diverges_is_a_failure_that_says_where(refer
     monkeypatch.setattr(spec, "speculative_loop", off_by_one)
     paths, why = bs.add(BenchConfig.from_flat(speculative=True, quick=True), tmp_path,
                         [p := Path(reference)], NEW)
-    assert paths == [p] and not (tmp_path / bs.SPEC_TAG).exists()
-    assert why[bs.SPEC_TAG].startswith("failed: ") and "held-out prompt 0" in why[bs.SPEC_TAG]
-    assert "diverged from the target's greedy tokens at new token 3" in why[bs.SPEC_TAG]
+    # the weight-only form first, then the fp32 export: each a failure that says where
+    int4 = bs.tag_of(bs.REF_INT4)
+    assert paths == [p] and not (tmp_path / bs.SPEC_TAG).exists() and not (tmp_path / int4).exists()
+    for tag in (int4, bs.SPEC_TAG):
+        assert why[tag].startswith(f"failed: {tag} (n-gram draft, k=4) on held-out prompt 0")
+        assert "diverged from the target's greedy tokens at new token 3" in why[tag]
 
 
 def test_plain_decoding_measured_faster_leaves_no_speculative_artifact(reference, monkeypatch, tmp_path):
@@ -90,18 +96,24 @@ def test_plain_decoding_measured_faster_leaves_no_speculative_artifact(reference
                                                                                     "label": "decided"}, {}))
     paths, why = bs.add(BenchConfig.from_flat(speculative=True, quick=True), tmp_path,
                         [p := Path(reference)], NEW)
-    assert paths == [p] and why[bs.SPEC_TAG].startswith("not run: plain decoding")
-    assert not (tmp_path / bs.SPEC_TAG).exists()
+    tag = bs.tag_of(bs.REF_INT4)  # and no fp32 target either: slower still
+    assert paths == [p] and list(why) == [tag] and why[tag].startswith("not run: plain decoding")
+    assert not (tmp_path / tag).exists() and not (tmp_path / bs.SPEC_TAG).exists()
 
 
 def test_the_deliverable_ships_the_speculative_artifact_only_where_it_measured_faster(tmp_path, corpus_dir):
     plan = make_plan(str(write_recipe(tmp_path, corpus_dir, extra_run="max_loss_increase = 0.02")))
-    ref, stages = [100.0] * 24, {bs.SPEC_TAG: "export"}
-    faster = _fake_bench({"train": ref, "q": [130.0] * 24, bs.SPEC_TAG: [180.0] * 24},
-                         {"train": 0.0, "q": 0.005, bs.SPEC_TAG: 0.0}, stages=stages, sizes={bs.SPEC_TAG: 1.0})
+    ref, stages = [100.0] * 24, {bs.SPEC_TAG: "export", "peer-a": "peer", "peer-b": "peer"}
+    faster = _fake_bench({"train": ref, "q": [130.0] * 24, bs.SPEC_TAG: [180.0] * 24, "peer-a": [120.0] * 24,
+                          "peer-b": [110.0] * 24}, {"train": 0.0, "q": 0.005, bs.SPEC_TAG: 0.0, "peer-a": 0.0,
+                                                    "peer-b": 0.0}, stages=stages, sizes={bs.SPEC_TAG: 1.0})
     ship = deliverable(plan, faster)
     assert ship["tag"] == bs.SPEC_TAG and ship["verdict"] == "decided"
     assert ship["lossless"]["tag"] == bs.SPEC_TAG  # the best lossless artifact too
+    # judged against the fastest peer in the deliverable's own rounds: 1.5x, decided
+    against = ship["vs_fastest_peer"]
+    assert against["peer"] == "peer-a" and against["ratio"]["verdict"] == "faster"
+    assert against["ratio"]["ratio"] == pytest.approx(1.5, rel=0.02) and "peer-a: 1.5" in ship["line"]
     slower = _fake_bench({"train": ref, "q": [130.0] * 24, bs.SPEC_TAG: [90.0] * 24},
                          {"train": 0.0, "q": 0.005, bs.SPEC_TAG: 0.0}, stages=stages, sizes={bs.SPEC_TAG: 1.0})
     ship = deliverable(plan, slower)
@@ -150,12 +162,12 @@ def test_the_bench_times_the_speculative_artifact_beside_the_others(reference, p
                                              train_steps=0, runs_dir=str(runs),
                                              reports_dir=str(runs.parent / "reports")), progress=False)
     rows = {r["tag"]: r for r in report["artifacts"]}
-    assert list(rows) == [Path(reference).name, bs.SPEC_TAG]
-    row = rows[bs.SPEC_TAG]
+    assert list(rows) == [Path(reference).name, bs.tag_of(bs.REF_INT4)]
+    row = rows[bs.tag_of(bs.REF_INT4)]
     assert row["speculative"]["k"] == 4 and {"acceptance_rate", "tokens_per_target_forward",
                                              "draft_share_of_time"} <= set(row["speculative"])
     for w in workloads.of_kind("decode"):
-        assert row[w.figure] > 0 and len(report["samples"][w.measure][bs.SPEC_TAG]) >= 2
+        assert row[w.figure] > 0 and len(report["samples"][w.measure][row["tag"]]) >= 2
     assert "speculative" not in rows[Path(reference).name] and report["not_run"] == {}
     assert report["prompts"]["count"] == workloads.DECODE_B1.prompts  # every contender on the held-out prompts
 
@@ -200,9 +212,12 @@ def test_a_weight_only_target_gets_its_own_speculative_artifact_on_the_same_prom
     assert bs.weight_only([ref, int8, int4]) == [int4]  # dynamic int8 is no target
     paths, why = bs.add(BenchConfig.from_flat(speculative=True, quick=True), tmp_path, [ref, int8, int4], NEW)
     tag = bs.tag_of(int4)
-    assert why == {} and paths == [ref, int8, int4, tmp_path / bs.SPEC_TAG, tmp_path / tag]
+    assert why == {} and paths == [ref, int8, int4, tmp_path / tag]  # the run's own target: no other written
     n = workloads.DECODE_B1.prompts
-    assert len(seen) == 2 and seen[0] == seen[1] and len(seen[0]) == n  # every target, the same held-out prompts
+    from transformers import AutoTokenizer
+
+    held_out = bs.prompts(ref, artifacts.data_section(ref), AutoTokenizer.from_pretrained(ref))
+    assert len(seen) == 1 and seen[0] == [q.tolist() for q in held_out] and len(seen[0]) == n
     what = artifacts.read_meta(tmp_path / tag)[bs.ROW_KEY]
     assert what["target"].startswith("quantize-onnxruntime-int4: ONNX Runtime int4 (weight-only")
     assert what["exact"] == f"{n} prompts x {NEW} tokens equal to the target's" and what["k"] == 4
@@ -225,9 +240,9 @@ def test_a_weight_only_target_that_diverges_is_refused_and_says_where(reference,
     int4, _ = weight_only_targets
     real_loop, real_write, current = spec.speculative_loop, bs.write_target, {}
 
-    def recording(folder, reference, tokenizer, target):
+    def recording(cfg, folder, reference, tokenizer, target):
         current["target"] = target
-        return real_write(folder, reference, tokenizer, target)
+        return real_write(cfg, folder, reference, tokenizer, target)
 
     def off_by_one_on_int4(new_verifier, ids, max_new_tokens, *a, **k):
         out, stats = real_loop(new_verifier, ids, max_new_tokens, *a, **k)

@@ -102,8 +102,11 @@ def test_tiny_recipe_end_to_end_then_skips(tmp_path, corpus_dir):
                              "report"]
     tags = [r["tag"] for r in first["bench"]["artifacts"]]
     # effkit run makes the speculative artifact: benched where its k measured faster than plain decoding, else listed
-    assert ("speculative-ngram" in tags) != ("speculative-ngram" in first["bench"]["not_run"])
-    tags = [t for t in tags if t != "speculative-ngram"]
+    from effkit.bench.speculative import REF_INT4, tag_of
+
+    spec = tag_of(REF_INT4)  # the reference's weight-only form: the run has no weight-only artifact
+    assert (spec in tags) != (spec in first["bench"]["not_run"])
+    tags = [t for t in tags if t != spec]
     assert tags == ["train", "prune-row-distill-r1", "quantize-dynamic", "prune-row-distill-r1+quantize-dynamic",
                     "peer-ctranslate2-int8", "peer-onnxruntime-int8", "peer-openvino",
                     "peer-llamacpp"]  # effkit run benches the peers
@@ -149,7 +152,7 @@ def test_tiny_recipe_end_to_end_then_skips(tmp_path, corpus_dir):
             paths = [p for p in paths if "bf16" not in p and ".amp_probe." not in p]
         assert set(paths) <= now, (name, sorted(set(paths) - now)[:5])
     ship = first["deliverable"]
-    assert ship["tag"] in tags + ["speculative-ngram"]
+    assert ship["tag"] in tags + [spec]
     assert ship["line"].startswith(f"deliver {ship['tag']} (chosen for decode-b1: ")
     assert_choice_from_samples(ship["choice"])  # #42 (1): the deliverable recomputed from the bench's rounds
     assert ship["best_pruned"]["picked"] == "prune-row-distill-r1"
@@ -262,11 +265,15 @@ def _fake_bench(speeds: dict[str, list[float]], losses: dict[str, float], stages
                      "eval_loss_delta": stats.paired_delta(blocks[ref], blocks[t], docs),
                      "decode_ratio_b1": ratio(ref, t),
                      "vs_peers": {p: {"decode_b1": ratio(p, t)} for p in peers}})
-    ours = {t: s for t, s in samples.items() if stages.get(t) != "peer"}  # the deliverable's own rounds
+    # the deliverable's own rounds: its contenders, and the fastest peer as their reference
+    fastest = max(peers, key=lambda p: sorted(speeds[p])[len(speeds[p]) // 2], default=None)
+    ours = {t: s for t, s in samples.items() if stages.get(t) != "peer" or t == fastest}
+    against = {"peer": fastest, "reference": {t: ratio(fastest, t) for t in ours if t != fastest}} if fastest else {}
     return {"artifacts": rows, "samples": {"decode_b1": samples}, "block_losses": blocks, "block_docs": docs,
             "stopping": {"decode_b1": {"level": level, "precision": 0.03, "rounds": 24}},
             "deliverable_rounds": {"workload": "decode-b1", "samples": ours,
-                                   "record": {"level": level, "precision": 0.03, "looks": 3, "stopped": "decided"}}}
+                                   "record": {"level": level, "precision": 0.03, "looks": 3, "stopped": "decided"},
+                                   **against}}
 
 
 def test_the_deliverable_is_measured_in_its_own_rounds_with_a_budget_for_each_open_contender():
@@ -279,7 +286,7 @@ def test_the_deliverable_is_measured_in_its_own_rounds_with_a_budget_for_each_op
 
     from effkit.bench.timing import deliverable_rounds
     from effkit.config import BenchMeasure
-    from effkit.measure import stopping
+    from effkit.measure import stats, stopping
 
     now, rng = [0.0], random.Random(5)
 
@@ -290,10 +297,12 @@ def test_the_deliverable_is_measured_in_its_own_rounds_with_a_budget_for_each_op
             return 8 / took  # tokens/s of a decode of 8 new tokens
         return call
     stop = stopping.Stopping(rounds=6, budget_s=1.0, looks=3)
-    rounds = deliverable_rounds({n: contender() for n in ("train", "a", "b", "peer-x")},
-                                ("decode-b1", ["train", "a", "b"]),
-                                stop, BenchMeasure().contest_budget_s, clock=lambda: now[0], sleep=lambda s: None)
-    assert set(rounds["samples"]) == {"train", "a", "b"} and rounds["workload"] == "decode-b1"
+    rounds = deliverable_rounds({n: contender() for n in ("train", "a", "b", "peer-x", "peer-y")},
+                                ("decode-b1", ["train", "a", "b"]), stop, BenchMeasure().contest_budget_s,
+                                peer="peer-x", clock=lambda: now[0], sleep=lambda s: None)
+    # the fastest peer is timed in the screen's rounds as the reference, every contender set against it; no other
+    assert set(rounds["samples"]) == {"train", "a", "b", "peer-x"} and rounds["workload"] == "decode-b1"
+    assert rounds["peer"] == "peer-x" and set(rounds["reference"]) == {"train", "a", "b"}
     assert rounds["record"]["looks"] > 1, rounds["record"]  # the head to head ran on its budget per open contender
     assert max(len(s) for s in rounds["samples"].values()) > 6
     alone = stopping.measure({n: contender() for n in "abc"}, stop, 1, pairs=[("a", "b")], clock=lambda: now[0])
@@ -303,10 +312,16 @@ def test_the_deliverable_is_measured_in_its_own_rounds_with_a_budget_for_each_op
     plan = SimpleNamespace(run=SimpleNamespace(pipeline=SimpleNamespace(max_loss_increase=0.02,
                                                                         optimize_for="decode-b1")))
     ship = deliverable(plan, bench)
-    assert ship["choice"]["samples"] == rounds["samples"]
+    ours = {t: s for t, s in rounds["samples"].items() if t != "peer-x"}  # the peer is never a candidate
+    assert ship["choice"]["samples"] == ours and ship["tag"] != "peer-x"
     assert ship["choice"]["record"]["looks"] == rounds["record"]["looks"]
-    assert ship["choice"]["record"]["rounds"] == {t: len(s) for t, s in rounds["samples"].items()}
+    assert ship["choice"]["record"]["rounds"] == {t: len(s) for t, s in ours.items()}
     assert_choice_from_samples(ship["choice"])
+    against = ship["vs_fastest_peer"]  # what ships against the fastest peer, over the screen's rounds
+    n = len(rounds["samples"]["peer-x"])
+    assert against["peer"] == "peer-x" and against["ratio"] == rounds["reference"][ship["tag"]] == stats.paired_ratio(
+        rounds["samples"]["peer-x"], rounds["samples"][ship["tag"]][:n], True, level=against["ratio"]["ci_level"])
+    assert "vs the fastest peer peer-x: " in ship["line"]
     del bench["deliverable_rounds"]  # a bench report without them: bench again, never the bench's own samples
     with pytest.raises(EffkitError, match="no rounds of the deliverable's own"):
         deliverable(plan, bench)

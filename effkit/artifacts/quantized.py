@@ -25,3 +25,18 @@ def description(folder: str | Path) -> dict[str, Any]:
 
 def is_quantized(path: str | Path) -> bool:
     return (Path(path) / QUANT_FILE).is_file()
+
+
+def write(folder: Path, backend: Any, parent: Any, source: Path, tokenizer, cfg: Any, device: Any) -> dict[str, Any]:
+    """`backend` (a quantization backend, `effkit.quantize.backends.Backend`) writes its artifact of `parent`
+    (loaded from the artifact `source`) into `folder` with the options of `cfg` (a `QuantizeConfig`); its
+    description, every backend's options as resolved (each reads its own, so the folder says how it was made), is
+    written to `quantization.json` and returned."""
+    desc: dict[str, Any] = {"backend": backend.name, "include_head": cfg.method.include_head,
+                            **cfg.options.to_dict(), "portability": backend.portability}
+    written = backend.write(folder, parent, source, tokenizer, cfg, device)
+    layers = written.pop("layers")
+    desc.update(written)
+    desc["layers"] = layers
+    (Path(folder) / QUANT_FILE).write_text(json.dumps(desc, indent=2))
+    return desc

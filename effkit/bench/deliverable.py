@@ -74,6 +74,9 @@ def deliverable(plan: Plan, bench: dict[str, Any]) -> dict[str, Any]:
     same = best.get("same_computation_as", ())
     vs_peers = "; ".join(f"vs {p}" + (" (the same computation: the protocol's A/A check)" if p in same else "")
                          + ": " + ", ".join(f"{w} {stats.fmt_ratio(r[w])}" for w in r) for p, r in peers.items())
+    against = against_peer(rounds, best["tag"], chosen)
+    vs_peers += (("; " if vs_peers else "") + f"in the deliverable's own rounds vs the fastest peer {against['peer']}: "
+                 f"{stats.fmt_ratio(against['ratio'])}") if against else ""
     aa = [f for r in ours for f in r.get("flags", ()) if f.startswith(AA_FAILED)]
     judged = {"delivered": best["tag"], "lossless": lossless.picked if lossless else None}
     beaten = {name: beaten_by(rows[tag], chosen) for name, tag in judged.items() if tag}
@@ -90,6 +93,7 @@ def deliverable(plan: Plan, bench: dict[str, Any]) -> dict[str, Any]:
                          "limit": LOSSLESS} if lossless else None,
             "beaten_by_peers": beaten,
             "vs_peers": {p: r[chosen.key] for p, r in peers.items() if chosen.key in r},
+            "vs_fastest_peer": against,
             "aa_check": {"pairs": {f"{r['tag']} vs {p}": r["vs_peers"][p] for r in ours
                                    for p in r.get("same_computation_as", ())},
                          "failed": aa},
@@ -110,6 +114,17 @@ def _how(ref: str, budget: float, workload: str, precision: float, level: float,
             f"family-wise error {1 - level:.2%} per look under Holm over every pair of its "
             f"{contenders} contenders; the lossless one the same way, over the same rounds, "
             f"among those within +{LOSSLESS:.1%}")
+
+
+def against_peer(rounds: dict[str, Any], tag: str, w: workloads.Workload) -> dict[str, Any] | None:
+    """The artifact `tag` against the fastest peer the deliverable's own rounds timed beside it (`peer`, the
+    decision's reference): its paired ratio to that peer over the screen's rounds, at the contest's level, or None
+    (no peer in those rounds, or `tag` not timed in its screen)."""
+    peer, ratio = rounds.get("peer"), rounds.get("reference", {}).get(tag)
+    if peer is None or ratio is None:
+        return None
+    return {"peer": peer, "ratio": ratio, "how": f"{tag} over {peer} at {w.name}, paired over the "
+                                                 f"{ratio.get('rounds', '?')} rounds of the deliverable's screen"}
 
 
 def beaten_by(row: dict[str, Any], w: workloads.Workload) -> dict[str, dict[str, Any]]:

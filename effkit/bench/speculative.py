@@ -1,7 +1,10 @@
-"""The speculative artifacts of a bench: each target paired with the n-gram draft (prompt lookup). The targets: the
-dense reference exported to ONNX Runtime fp32 (with past), and every weight-only ONNX Runtime artifact of the run
-(MatMulNBits, 4 or 8 bits, any accuracy level: `weight_only`), whose logits for a token should not depend on the
-other tokens of a run (their activations, where quantized, are quantized per row), which ONNX Runtime's dynamic int8
+"""The speculative artifacts of a bench: each target paired with the n-gram draft (prompt lookup). The targets: every
+weight-only ONNX Runtime artifact of the run (MatMulNBits, 4 or 8 bits, any accuracy level: `weight_only`), or,
+where the run has none, the dense reference's own weight-only form (`REF_INT4`, `reference_int4`: fewer weight
+bytes per token than fp32, which batch-1 decoding reads in full for every token; its loss is the bench's to
+measure, as every artifact's), or its ONNX Runtime fp32 export (with past) where those fail here; targets
+whose logits for a token should not depend on the other tokens of a run (their activations, where quantized, are
+quantized per row), which ONNX Runtime's dynamic int8
 (one activation scale over every token of a run) does not promise and is not made a target. Before any timing, for
 each target: its k chosen on this CPU by `speculative.choose_k` over the prompts the bench's decode workloads time
 (`prompts`: cut from the held-out documents, the same for every contender, every one in each sample: k is never
@@ -34,6 +37,9 @@ from effkit.errors import EffkitError
 from effkit.stage import costs
 
 SPEC_TAG = "speculative-ngram"  # its folder in the run (the reference's target; a weight-only target's: suffixed)
+# the target the bench writes itself where the run has no weight-only artifact: the reference through this backend
+# (fewer weight bytes per token than fp32, and its activations quantized per row, which keeps verification exact)
+REF_INT4 = "onnxruntime-int4"
 COST_KEY = "bench_speculative"  # its entry in effkit/stage_costs.json: weights in training steps, and its share
 ROW_KEY = "speculative"  # the row's (and the artifact's record's) key
 BATCH_12 = ("at batch 12 it runs its target's plain batched decoding (the draft and k apply at batch 1, where they "
@@ -81,10 +87,11 @@ def weight_only(paths: list[Path]) -> list[Path]:
             and getattr(engine_of(p), "weight_only", lambda _: False)(p)]
 
 
-def tag_of(target: Path | None) -> str:
+def tag_of(target: Path | str | None) -> str:
     """The speculative artifact's folder (and row tag) in the run: `SPEC_TAG` for the reference's fp32 target,
-    suffixed with the target's own tag for a weight-only one."""
-    return SPEC_TAG if target is None else f"{SPEC_TAG}-{target.name}"
+    suffixed with the target's own tag for a weight-only artifact of the run, or with `REF_INT4` for the reference's
+    weight-only form the bench writes."""
+    return SPEC_TAG if target is None else f"{SPEC_TAG}-{target if isinstance(target, str) else target.name}"
 
 
 def exactness(model, ids: list[np.ndarray], new_tokens: int, k: int, tag: str = SPEC_TAG) -> dict[str, Any]:
@@ -112,9 +119,9 @@ def rule_of(cfg: BenchConfig):
     return Rule(rounds=ms.rounds, looks=1) if ms.fixed_rounds else Rule(rounds=ms.rounds, budget_s=ms.budget_s / 3)
 
 
-def write_target(folder: Path, reference: Path, tokenizer, target: Path | None) -> str:
-    """The target's graph in `folder` (the reference exported to ONNX Runtime fp32, or a copy of the weight-only
-    artifact `target`); what it is, in words."""
+def write_target(cfg: BenchConfig, folder: Path, reference: Path, tokenizer, target: Path | str | None) -> str:
+    """The target's graph in `folder` (the reference exported to ONNX Runtime fp32, or in its weight-only form,
+    `REF_INT4`, or a copy of the weight-only artifact `target`); what it is, in words."""
     from effkit.model import load_model
     from effkit.registry import ENGINES
 
@@ -122,15 +129,40 @@ def write_target(folder: Path, reference: Path, tokenizer, target: Path | None) 
         ENGINES.get("onnxruntime").convert(folder, reference, copy.deepcopy(load_model(str(reference)).eval()),
                                            tokenizer)
         return "the dense reference, ONNX Runtime fp32 with past"
+    if target == REF_INT4:
+        return reference_int4(cfg, folder, reference, tokenizer)
     shutil.copytree(target, folder, dirs_exist_ok=True)
     precision = json.loads((folder / "onnx.json").read_text()).get("precision", "weight-only")
     return f"{target.name}: ONNX Runtime {precision}, with past"
 
 
-def make(cfg: BenchConfig, reference: Path, folder: Path, new_tokens: int, target: Path | None = None) -> str | None:
-    """The speculative artifact of `target` (None: the reference, a PyTorch artifact, exported to fp32; else a
-    weight-only ONNX Runtime artifact of the run) written to `folder`; None, or why there is none (a failure:
-    "failed: ..."; plain decoding faster: "not run: ..."), the folder then removed."""
+def reference_int4(cfg: BenchConfig, folder: Path, reference: Path, tokenizer) -> str:
+    """The reference's weight-only form in `folder`, as `effkit quantize --from <reference> --backend
+    onnxruntime-int4 --int4-block-size 32 --accuracy-level 4 --int4-share 1` writes it (level 1 where the backend
+    refuses 4: no int8 kernels for it on this CPU): the smallest block its int8 kernels take, the most accurate;
+    measuring the settings, as that backend does by default, would cost the run more than the artifact's own
+    rounds. What it is, in words."""
+    from effkit.artifacts import quantized
+    from effkit.config import QuantizeConfig
+    from effkit.model import load_model
+    from effkit.parallel import resolve_device
+    from effkit.registry import BACKENDS
+
+    backend = BACKENDS.get(REF_INT4)
+    q = QuantizeConfig.from_flat(source=str(reference), backend=REF_INT4, data=cfg.what.data, device="cpu",
+                                 int4_block_size="32", int4_share="1", accuracy_level="4")
+    q = q.with_flat(accuracy_level="1") if backend.refuses(q) else q
+    desc = quantized.write(folder, backend, load_model(str(reference)).eval(), reference, tokenizer, q.validate(),
+                           resolve_device(q.inputs.device))
+    return f"the dense reference, {desc['storage']}"
+
+
+def make(cfg: BenchConfig, reference: Path, folder: Path, new_tokens: int, target: Path | str | None = None
+         ) -> str | None:
+    """The speculative artifact of `target` (None: the reference, a PyTorch artifact, exported to fp32; `REF_INT4`:
+    the reference in its weight-only form; else a weight-only ONNX Runtime artifact of the run) written to
+    `folder`; None, or why there is none (a failure: "failed: ..."; plain decoding faster: "not run: ..."), the
+    folder then removed."""
     import torch
     from transformers import AutoTokenizer
 
@@ -143,7 +175,7 @@ def make(cfg: BenchConfig, reference: Path, folder: Path, new_tokens: int, targe
     ids = prompts(reference, data, tokenizer)
     folder.mkdir(parents=True)
     try:
-        described = write_target(folder, reference, tokenizer, target)
+        described = write_target(cfg, folder, reference, tokenizer, target)
         model = ENGINES.get("onnxruntime").load(folder, torch.device("cpu"))
         chosen = speculative.choose_k(model, ids, new_tokens, rule=rule_of(cfg))
         if chosen.k == 0:
@@ -163,9 +195,10 @@ def make(cfg: BenchConfig, reference: Path, folder: Path, new_tokens: int, targe
                         "from": "held-out documents (the decode workloads' prompts), the same for every k"},
             "tokens_per_prompt": new_tokens, "exact": f"{len(ids)} prompts x {new_tokens} tokens equal to the target's",
             **draft, "batch_12": BATCH_12, "choice": record["choice"]}
-    if target is None:
-        artifacts.write_meta(folder, "export", {"speculative": {"draft": "ngram", "k": chosen.k}}, {}, data=data,
-                             parent=str(reference), extra={ROW_KEY: what})
+    if not isinstance(target, Path):  # made here from the reference: exported, or quantized weight-only
+        artifacts.write_meta(folder, "export" if target is None else "quantize",
+                             {"speculative": {"draft": "ngram", "k": chosen.k}, "target": target or "fp32"}, {},
+                             data=data, parent=str(reference), extra={ROW_KEY: what})
     else:  # the target's own record (its stage, parent and settings), the draft's beside it
         (folder / artifacts.META).write_text(json.dumps({**artifacts.read_meta(target), ROW_KEY: what,
                                                          "speculative_of": str(target)}, indent=2, default=str))
@@ -177,27 +210,34 @@ class _NoArtifact(EffkitError):
 
 
 def add(cfg: BenchConfig, run_dir: Path, paths: list[Path], new_tokens: int) -> tuple[list[Path], dict[str, str]]:
-    """The bench's paths with the speculative artifacts of their reference (the first) and of every weight-only
-    target among them (`weight_only`) made and put after the run's own artifacts (those of an earlier bench
-    replaced), and why any is not there (by tag: a target that diverged says where). A bench not asked for them
-    benches the ones it finds as any other artifact."""
+    """The bench's paths with the speculative artifacts of every weight-only target among them (`weight_only`), or,
+    where there is none, of their reference's (the first's) weight-only form (`REF_INT4`; its fp32 export where
+    every one of those failed), made and put after the run's own artifacts (those of an earlier bench removed), and
+    why any is not there (by tag: a target that diverged says where). A bench not asked for them benches the ones it
+    finds as any other artifact."""
     if not cfg.what.speculative:
         return paths, {}
     earlier = {p.resolve() for p in run_dir.glob(f"{SPEC_TAG}*")}
     paths = [p for p in paths if p.resolve() not in earlier]
+    for p in earlier:  # those of an earlier bench are of a reference maybe since retrained: made again below
+        shutil.rmtree(p, ignore_errors=True)
     if why := left_out(cfg):
-        for p in earlier:  # those of an earlier bench are of a reference maybe since retrained
-            shutil.rmtree(p, ignore_errors=True)
         return paths, {SPEC_TAG: why}
     if not trainable(paths[0]):
         return paths, {SPEC_TAG: f"not run: the reference {paths[0].name} is not a PyTorch artifact"}
     made, why_not = [], {}
-    for target in [None, *weight_only(paths)]:
+    # the run's weight-only artifacts, else the reference's own weight-only form: fewer weight bytes per token than
+    # fp32, which batch-1 decoding reads in full for every token; the fp32 export where no such form is written
+    targets = weight_only(paths) or [REF_INT4]
+    for target in targets:
         folder = run_dir / tag_of(target)
         if why := make(cfg, paths[0], folder, new_tokens, target):
             why_not[folder.name] = why
         else:
             made.append(folder)
+        # none written or exact here (never where plain decoding measured faster): the fp32 export's then
+        if not made and target is targets[-1] is not None and all(w.startswith("failed: ") for w in why_not.values()):
+            targets.append(None)
     return paths + made, why_not
 
 

@@ -6,6 +6,7 @@ artifacts, `within_budget`)."""
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -121,25 +122,38 @@ def timed_side_by_side(paths: list[Path], cfg: BenchConfig, tokenizer, block: in
                                        tables=(tables, name))
         tables.done(name, timed[name])
     skipped = {} if cfg.measure.train_steps else {TRAIN_SKIPPED: "not run: --train-steps 0 (no training measure)"}
+    judged = None if contest is None else workloads.get(contest[0])
     decision = {} if contest is None else {"decision": deliverable_rounds(
-        plan[workloads.get(contest[0]).measure][0], contest, stop,
-        cfg.measure.contest_budget_s * cfg.what.peer_share)}
+        plan[judged.measure][0], contest, stop, cfg.measure.contest_budget_s * cfg.what.peer_share,
+        peer=fastest(timed.get(judged.measure, {}), peers, judged.higher_is_better))}
     return {**timed, **skipped, "compile_status": status, "generation_compile_status": gen_status,
             "new_tokens": new_tokens, "prompts": prompts, **decision,
             "stopping": {name: m.record for name, m in timed.items()}}
 
 
 def deliverable_rounds(fns: dict[str, Any], contest: tuple[str, list[str]], stop: stopping.Stopping,
-                       budget_s: float, **clocks: Any) -> dict[str, Any]:
+                       budget_s: float, peer: str | None = None, **clocks: Any) -> dict[str, Any]:
     """The deliverable's own evidence: its contenders (`contest_of`) in their own paired, interleaved rounds at the
     judged workload, by the decision rule (`choice.choose`: screen, then head to head), as every other decision of
     effkit's; `budget_s` seconds for each contender still open against the leader (the bench's `contest_budget_s`
-    times its share of its time budget), so that its evidence scales with what is at stake. Every sample kept
-    (`Choice.to_dict`). `clocks`: `choose`'s clock and sleep."""
+    times its share of its time budget), so that its evidence scales with what is at stake. `peer`: the fastest
+    peer at that workload (`fastest`), timed in the screen's rounds as the decision's `reference` (never picked,
+    never the measure of how far behind a contender is), so that each contender is set against what a user has
+    without effkit in the same rounds (`reference` of the record). Every sample kept (`Choice.to_dict`). `clocks`:
+    `choose`'s clock and sleep."""
     w = workloads.get(contest[0])
     rule = choice.Rule(rounds=stop.rounds, precision=stop.precision, budget_s=budget_s, seed=stop.seed)
-    c = choice.choose({t: fns[t] for t in contest[1] if t in fns}, w.higher_is_better, rule, **clocks)
-    return {"workload": w.name, "measure": w.measure, **c.to_dict()}
+    timed = [t for t in contest[1] if t in fns] + ([peer] if peer in fns and peer not in contest[1] else [])
+    c = choice.choose({t: fns[t] for t in timed}, w.higher_is_better, rule, reference=peer if peer in timed else None,
+                      **clocks)
+    return {"workload": w.name, "measure": w.measure, **c.to_dict(), **({"peer": peer} if peer in timed else {})}
+
+
+def fastest(samples: dict[str, list[list[float]]], among: list[str], higher_is_better: bool) -> str | None:
+    """The one of `among` with the best median of its per-round medians in `samples` (a measure's rounds), or
+    None."""
+    medians = {t: statistics.median(statistics.median(r) for r in samples[t]) for t in among if samples.get(t)}
+    return (max if higher_is_better else min)(medians, key=medians.get) if medians else None
 
 
 def table_cells(names: list[str], peers: list[str], ties: frozenset[frozenset[str]],

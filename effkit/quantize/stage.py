@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from effkit import artifacts, engines, stageplan, workloads
+from effkit.artifacts import quantized
 from effkit.artifacts.loader import engine_of, is_quantized, load_any, newest_artifact, quantized_layers, trainable
 from effkit.config import DataConfig, QuantizeConfig, build_config
 from effkit.data import prepare
@@ -59,19 +60,9 @@ AUTO_DEFAULT = "onnxruntime"  # what a user has without effkit (ONNX Runtime's i
 
 def write_quantized(folder: Path, backend: str, parent: nn.Module, source: Path, tokenizer, cfg: QuantizeConfig,
                     device: torch.device) -> dict[str, Any]:
-    """Write the `backend` int8 artifact of `parent` (loaded from the artifact `source`) into `folder`; returns
-    its description, also written to `quantization.json`."""
-    b = backends.get(backend)
-    m = cfg.method
-    # every backend's options as resolved (each reads its own), so the folder says how it was made
-    desc: dict[str, Any] = {"backend": backend, "include_head": m.include_head, **cfg.options.to_dict(),
-                            "portability": b.portability}
-    written = b.write(folder, parent, source, tokenizer, cfg, device)
-    layers = written.pop("layers")
-    desc.update(written)
-    desc["layers"] = layers
-    (folder / QUANT_FILE).write_text(json.dumps(desc, indent=2))
-    return desc
+    """Write the `backend` artifact of `parent` (loaded from the artifact `source`) into `folder`; returns its
+    description, also written to `quantization.json` (`effkit.artifacts.quantized.write`)."""
+    return quantized.write(folder, backends.get(backend), parent, source, tokenizer, cfg, device)
 
 
 def _checked_source(cfg: QuantizeConfig, device: torch.device) -> Path:
