@@ -209,7 +209,7 @@ def test_a_weight_only_target_gets_its_own_speculative_artifact_on_the_same_prom
 
     monkeypatch.setattr(spec, "choose_k", recording)
     ref = Path(reference)
-    assert bs.weight_only([ref, int8, int4]) == [int4]  # dynamic int8 is no target
+    assert bs.targets([ref, int8, int4]) == [int4]  # dynamic int8 is no target
     paths, why = bs.add(BenchConfig.from_flat(speculative=True, quick=True), tmp_path, [ref, int8, int4], NEW)
     tag = bs.tag_of(int4)
     assert why == {} and paths == [ref, int8, int4, tmp_path / tag]  # the run's own target: no other written
@@ -224,7 +224,7 @@ def test_a_weight_only_target_gets_its_own_speculative_artifact_on_the_same_prom
     assert "plain batched decoding" in what["batch_12"]
     assert artifacts.read_meta(tmp_path / tag)["speculative_of"] == str(int4)
     assert (tmp_path / tag / "quantization.json").exists() == (int4 / "quantization.json").exists()
-    assert bs.weight_only(paths) == [int4]  # a speculative artifact is never a target again
+    assert bs.targets(paths) == [int4]  # a speculative artifact is never a target again
     rows = [{"tag": tag, "stage": "quantize", "artifact": str(tmp_path / tag), "flags": [],
              workloads.DECODE_B12.figure: 321.0}]
     bs.annotate(rows)

@@ -369,6 +369,73 @@ def test_llmpipelines_tokens_are_checked_against_effkits_loop_and_the_samples_ar
         ENGINE.decode(model, tok, 2, 6)()
 
 
+def test_llmpipelines_prompt_lookup_is_exact_and_a_measured_k_travels_with_the_artifact(exported, tmp_path):
+    """Speculative decoding in OpenVINO is LLMPipeline's own prompt lookup: at each k its greedy tokens equal the
+    artifact's plain ones (and effkit's loop's, checked inside), its target forwards counted; an artifact that records
+    a k decodes with it at batch 1 (generate and the bench's decode timer), its load line says how; a draft model,
+    or lookup at a batch, is refused in one line."""
+    from transformers import AutoTokenizer
+
+    from effkit.engines import speculative as spec
+    from effkit.engines.openvino import ENGINE
+    from effkit.engines.openvino.runtime import LOOKUP, OpenVINOCausalLM
+
+    folder = Path(exported[1]["artifact"])
+    model = OpenVINOCausalLM(folder, precision="f32")
+    if model.pipeline(LOOKUP) is None:
+        pytest.skip(f"not run: LLMPipeline with prompt lookup cannot be built here ({model.why_no_pipeline(LOOKUP)})")
+    ids, kw = torch.tensor([[11, 12, 13, 14, 15, 16] * 4]), {"max_new_tokens": 24, "min_new_tokens": 24}
+    plain = model.generate(ids, prompt_lookup_num_tokens=0, **kw)
+    for k in (2, 4):
+        assert model.generate(ids, prompt_lookup_num_tokens=k, **kw).tolist() == plain.tolist()
+        stats = model.speculative_stats.to_dict()
+        assert stats["new_tokens"] == 24 and 1 <= stats["tokens_per_target_forward"] <= k + 1
+        assert stats["acceptance_rate"] is None  # LLMPipeline does not say what its lookup proposed
+        assert model.decoder_checks[-1] == {**model.decoder_checks[-1], "attention": LOOKUP, "equal": True}
+    desc = json.loads((folder / "openvino.json").read_text())
+    assert ENGINE.speculative_target(folder) == (desc["inference_precision"] == "f32")
+    shutil.copytree(folder, measured := tmp_path / "speculative")
+    spec.write_settings(measured, spec.KChoice("ngram", 4, {"picked": "k4", "label": "decided"}, {}), "by hand")
+    model = OpenVINOCausalLM(measured, precision="f32")
+    assert model.generate(ids, **kw).tolist() == plain.tolist() and model.speculative_stats.new_tokens == 24
+    assert ENGINE.decode(model, AutoTokenizer.from_pretrained(measured), 1, 6)() > 0
+    assert model.decoder_checks[-1]["attention"] == LOOKUP  # the bench times it with its k at batch 1
+    line = ENGINE.load_command(measured)
+    assert "prompt_lookup=True" in line and "ATTENTION_BACKEND='PA'" in line and "num_assistant_tokens=4" in line
+    with pytest.raises(EffkitError, match="draft model"):
+        model.generate(ids, assistant_model=object(), **kw)
+    with pytest.raises(EffkitError, match="one prompt at a time"):
+        model.generate(torch.cat([ids, ids]), prompt_lookup_num_tokens=2, **kw)
+
+
+def test_the_bench_makes_an_openvino_artifacts_speculative_twin_checked_exact(exported, tmp_path, monkeypatch):
+    """An OpenVINO artifact of the run compiled for f32 is a speculative target in its own engine: the bench makes
+    its twin with the n-gram draft (k here monkeypatched: no timing decides a test), exact on the held-out prompts,
+    and no weight-only form of the reference beside it."""
+    from effkit import artifacts
+    from effkit.bench import speculative as bs
+    from effkit.config import BenchConfig
+    from effkit.engines import speculative as spec
+    from effkit.engines.openvino.runtime import LOOKUP, OpenVINOCausalLM
+
+    reference, folder = Path(exported[0]), Path(exported[1]["artifact"])
+    if json.loads((folder / "openvino.json").read_text())["inference_precision"] != "f32":
+        pytest.skip("not run: this CPU's OpenVINO artifact infers in bf16, no speculative target")
+    if OpenVINOCausalLM(folder).pipeline(LOOKUP) is None:
+        pytest.skip("not run: LLMPipeline with prompt lookup cannot be built here")
+    monkeypatch.setattr(spec, "choose_k", lambda *a, **k: spec.KChoice("ngram", 4, {"picked": "k4"}, {}))
+    assert bs.targets([reference, folder]) == [folder]
+    paths, why = bs.add(BenchConfig.from_flat(speculative=True, quick=True), tmp_path, [reference, folder], 8)
+    twin = tmp_path / bs.tag_of(folder)
+    assert why == {} and paths == [reference, folder, twin]
+    what = artifacts.read_meta(twin)[bs.ROW_KEY]
+    assert what["target"] == f"{folder.name}: an OpenVINO artifact" and what["k"] == 4
+    assert what["tokens_per_target_forward"] >= 1 and what["acceptance_rate"] is None
+    rows = [{"tag": twin.name, "stage": "export", "artifact": str(twin), "flags": []}]
+    bs.annotate(rows)
+    assert "proposals and time not reported by the engine's own loop" in rows[0]["flags"][0]
+
+
 def test_the_peer_names_its_deviations_and_is_not_run_where_llmpipeline_cannot_run_it(exported, tmp_path,
                                                                                       monkeypatch):
     """#42 (5): the peer row's description lists each way it runs other than with the defaults (the threads set to

@@ -206,7 +206,7 @@ def test_a_weight_only_target_is_exact_under_speculation(models, tmp_path, bits,
     _, _, fp32 = models
     shutil.copytree(fp32, folder := tmp_path / "target")
     quantize_int4(fp32 / "model.onnx", folder / "model.onnx", block_size=32, accuracy_level=level, bits=bits)
-    assert ENGINE.weight_only(folder) and not ENGINE.weight_only(fp32)
+    assert ENGINE.speculative_target(folder) and not ENGINE.speculative_target(fp32)
     target = OnnxCausalLM(folder)
     seq = np.asarray(NON_REPETITIVE + REPETITIVE, np.int64)
     _, past = step(target.session, seq[None, :30], empty_past(target.config, 1), 0)

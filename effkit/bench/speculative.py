@@ -1,17 +1,16 @@
 """The speculative artifacts of a bench: each target paired with the n-gram draft (prompt lookup). The targets: every
-weight-only ONNX Runtime artifact of the run (MatMulNBits, 4 or 8 bits, any accuracy level: `weight_only`), or,
-where the run has none, the dense reference's own weight-only form (`REF_INT4`, `reference_int4`: fewer weight
-bytes per token than fp32, which batch-1 decoding reads in full for every token; its loss is the bench's to
-measure, as every artifact's), or its ONNX Runtime fp32 export (with past) where those fail here; targets
-whose logits for a token should not depend on the other tokens of a run (their activations, where quantized, are
-quantized per row), which ONNX Runtime's dynamic int8
-(one activation scale over every token of a run) does not promise and is not made a target. Before any timing, for
-each target: its k chosen on this CPU by `speculative.choose_k` over the prompts the bench's decode workloads time
-(`prompts`: cut from the held-out documents, the same for every contender, every one in each sample: k is never
-chosen on one prompt), its greedy tokens checked against the
-plain target's on those prompts (a mismatch is a failure, listed with where it diverged, and no artifact: exactness
-is checked per target, never assumed), and its settings written beside it (`speculative.SETTINGS`, which the ONNX
-Runtime loader reads: plain ONNX Runtime with effkit's loop and the measured k at batch 1; at batch 12 the artifact
+artifact of the run its engine can verify exactly (`targets`, `Engine.speculative_target`: ONNX Runtime's
+weight-only graphs, MatMulNBits at 4 or 8 bits, run by effkit's loop, whose activations, where quantized, are
+quantized per row, unlike dynamic int8's one scale over every token of a run; OpenVINO's f32-inference artifacts, run
+by LLMPipeline's own prompt lookup); where the run has none, the dense reference's own weight-only form (`REF_INT4`,
+`reference_int4`: fewer weight bytes per token than fp32, which batch-1 decoding reads in full for every token; its
+loss is the bench's to measure, as every artifact's), or its ONNX Runtime fp32 export (with past) where that fails.
+Before any timing, for each target: its k chosen on this CPU by `speculative.choose_k` over the prompts the bench's
+decode workloads time (`prompts`: cut from the held-out documents, the same for every contender, every one in each
+sample: k is never chosen on one prompt), its greedy tokens checked against the plain target's on those prompts (a
+mismatch is a failure, listed with where it diverged, and no artifact: exactness is checked per target, never
+assumed), and its settings written beside it (`speculative.SETTINGS`, which the engine's loader reads: the measured
+k at batch 1, in effkit's loop for ONNX Runtime, in LLMPipeline's prompt lookup for OpenVINO; at batch 12 the artifact
 runs its target's plain batched decoding, which the bench's decode b12 times and the row says). Where plain decoding
 measured faster, no artifact either. The artifact lives in the run's folder (what `effkit run` ships must outlive the
 bench) and is then benched as every other artifact, in the same rounds, and judged as a candidate of the deliverable
@@ -78,13 +77,14 @@ def prompts(reference: Path, data: dict[str, Any], tokenizer, count: int = workl
     return [np.asarray(p, np.int64) for p in heldout_cut(data, tokenizer, count)]
 
 
-def weight_only(paths: list[Path]) -> list[Path]:
-    """The run's weight-only artifacts among `paths` (past the reference) that effkit's speculative loop runs: those
-    whose engine says so (ONNX Runtime's: MatMulNBits, no dynamic int8 operator), not themselves speculative."""
+def targets(paths: list[Path]) -> list[Path]:
+    """The run's artifacts among `paths` (past the reference) that can be speculative targets in their own engine
+    (`Engine.speculative_target`: ONNX Runtime's weight-only graphs, MatMulNBits without dynamic int8; OpenVINO's
+    f32-inference artifacts), not themselves speculative."""
     from effkit.artifacts.loader import engine_of
 
     return [p for p in paths[1:] if not p.name.startswith(SPEC_TAG) and not (p / speculative.SETTINGS).is_file()
-            and getattr(engine_of(p), "weight_only", lambda _: False)(p)]
+            and engine_of(p).speculative_target(p)]
 
 
 def tag_of(target: Path | str | None) -> str:
@@ -121,7 +121,7 @@ def rule_of(cfg: BenchConfig):
 
 def write_target(cfg: BenchConfig, folder: Path, reference: Path, tokenizer, target: Path | str | None) -> str:
     """The target's graph in `folder` (the reference exported to ONNX Runtime fp32, or in its weight-only form,
-    `REF_INT4`, or a copy of the weight-only artifact `target`); what it is, in words."""
+    `REF_INT4`, or a copy of the run's artifact `target`); what it is, in words."""
     from effkit.model import load_model
     from effkit.registry import ENGINES
 
@@ -132,8 +132,12 @@ def write_target(cfg: BenchConfig, folder: Path, reference: Path, tokenizer, tar
     if target == REF_INT4:
         return reference_int4(cfg, folder, reference, tokenizer)
     shutil.copytree(target, folder, dirs_exist_ok=True)
-    precision = json.loads((folder / "onnx.json").read_text()).get("precision", "weight-only")
-    return f"{target.name}: ONNX Runtime {precision}, with past"
+    if (folder / "onnx.json").is_file():
+        precision = json.loads((folder / "onnx.json").read_text()).get("precision", "weight-only")
+        return f"{target.name}: ONNX Runtime {precision}, with past"
+    from effkit.artifacts.loader import engine_of
+
+    return f"{target.name}: {engine_of(folder).noun} artifact"
 
 
 def reference_int4(cfg: BenchConfig, folder: Path, reference: Path, tokenizer) -> str:
@@ -166,7 +170,7 @@ def make(cfg: BenchConfig, reference: Path, folder: Path, new_tokens: int, targe
     import torch
     from transformers import AutoTokenizer
 
-    from effkit.registry import ENGINES
+    from effkit.artifacts.loader import engine_of
 
     shutil.rmtree(folder, ignore_errors=True)
     context = int(json.loads((reference / "config.json").read_text()).get("n_positions", 1 << 30))
@@ -176,7 +180,7 @@ def make(cfg: BenchConfig, reference: Path, folder: Path, new_tokens: int, targe
     folder.mkdir(parents=True)
     try:
         described = write_target(cfg, folder, reference, tokenizer, target)
-        model = ENGINES.get("onnxruntime").load(folder, torch.device("cpu"))
+        model = engine_of(folder).load(folder, torch.device("cpu"))
         chosen = speculative.choose_k(model, ids, new_tokens, rule=rule_of(cfg))
         if chosen.k == 0:
             invalid = chosen.choice.get("invalid") or {}
@@ -210,7 +214,7 @@ class _NoArtifact(EffkitError):
 
 
 def add(cfg: BenchConfig, run_dir: Path, paths: list[Path], new_tokens: int) -> tuple[list[Path], dict[str, str]]:
-    """The bench's paths with the speculative artifacts of every weight-only target among them (`weight_only`), or,
+    """The bench's paths with the speculative artifacts of every target among them (`targets`), or,
     where there is none, of their reference's (the first's) weight-only form (`REF_INT4`; its fp32 export where
     every one of those failed), made and put after the run's own artifacts (those of an earlier bench removed), and
     why any is not there (by tag: a target that diverged says where). A bench not asked for them benches the ones it
@@ -228,16 +232,16 @@ def add(cfg: BenchConfig, run_dir: Path, paths: list[Path], new_tokens: int) -> 
     made, why_not = [], {}
     # the run's weight-only artifacts, else the reference's own weight-only form: fewer weight bytes per token than
     # fp32, which batch-1 decoding reads in full for every token; the fp32 export where no such form is written
-    targets = weight_only(paths) or [REF_INT4]
-    for target in targets:
+    kept = targets(paths) or [REF_INT4]
+    for target in kept:
         folder = run_dir / tag_of(target)
         if why := make(cfg, paths[0], folder, new_tokens, target):
             why_not[folder.name] = why
         else:
             made.append(folder)
         # none written or exact here (never where plain decoding measured faster): the fp32 export's then
-        if not made and target is targets[-1] is not None and all(w.startswith("failed: ") for w in why_not.values()):
-            targets.append(None)
+        if not made and target is kept[-1] is not None and all(w.startswith("failed: ") for w in why_not.values()):
+            kept.append(None)
     return paths + made, why_not
 
 
@@ -251,7 +255,16 @@ def annotate(rows: list[dict[str, Any]]) -> None:
             r[ROW_KEY] = what = {**what, **({"batch_12_tokens_per_s": b12} if isinstance(b12, int | float) else {})}
             r["flags"].append(f"speculative: {what['draft']} draft, k={what['k']} (chosen on this CPU), exact on "
                               f"{what['prompts']['count']} held-out prompts x {what['tokens_per_prompt']} tokens; "
-                              f"acceptance {what['acceptance_rate']:.2f}, {what['tokens_per_target_forward']:.2f} "
-                              f"tokens per target forward, the draft {what['draft_share_of_time']:.0%} of the time; "
+                              f"{_figures(what)}; "
                               f"decode b1 runs it; {what.get('batch_12', BATCH_12)}"
                               + (f" ({b12:.1f} tokens/s)" if isinstance(b12, int | float) else ""))
+
+
+def _figures(what: dict[str, Any]) -> str:
+    """`acceptance 0.78, 5.54 tokens per target forward, the draft 8% of the time`, each figure the loop counted."""
+    acc, share = what.get("acceptance_rate"), what.get("draft_share_of_time")
+    return ", ".join(
+        [*([f"acceptance {acc:.2f}"] if acc is not None else []),
+         f"{what['tokens_per_target_forward']:.2f} tokens per target forward",
+         *([f"the draft {share:.0%} of the time"] if share is not None else
+           ["the draft's proposals and time not reported by the engine's own loop"])])

@@ -178,6 +178,12 @@ class Engine:
         """The quantized layers a loaded model (of the artifact at `path`) really holds."""
         return 0
 
+    def speculative_target(self, path: Path) -> bool:
+        """Whether the artifact at `path` can be the target of speculative decoding in this engine: its logits for a
+        token do not depend on the other tokens verified in the same step (the bench still checks its greedy tokens
+        against its plain decoding). None by default."""
+        return False
+
     def computation(self, path: Path) -> str | None:
         """A digest of what this engine computes for the artifact at `path` (its operators, their order and
         attributes, and its weights' bytes; the run settings are this engine's own, the same for every artifact it

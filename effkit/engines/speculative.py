@@ -87,11 +87,13 @@ class SpecStats:
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
     def to_dict(self) -> dict[str, Any]:
+        """Its figures; None for what the loop did not count (an engine's own loop reports its forwards and the
+        tokens each gave, not what its draft proposed or took: `proposed` and `total_s` left at 0)."""
         return {"new_tokens": self.new_tokens, "target_forwards": self.forwards, "proposed": self.proposed,
                 "accepted": self.accepted,
-                "acceptance_rate": self.accepted / self.proposed if self.proposed else 0.0,
+                "acceptance_rate": self.accepted / self.proposed if self.proposed else None,
                 "tokens_per_target_forward": self.new_tokens / self.forwards if self.forwards else 0.0,
-                "draft_share_of_time": self.draft_s / self.total_s if self.total_s else 0.0}
+                "draft_share_of_time": self.draft_s / self.total_s if self.total_s else None}
 
 
 def _targets(logits: np.ndarray, first: int, min_new_tokens: int, eos: int | None) -> np.ndarray:

@@ -97,9 +97,10 @@ class OnnxRuntimeEngine(Engine):
     def write_peer(self, folder: Path, reference: Path, model: Any, tokenizer) -> dict[str, Any]:
         return self.write_int8(folder, model, tokenizer, form="standard")
 
-    def weight_only(self, path: Path) -> bool:
+    def speculative_target(self, path: Path) -> bool:
         """Whether the graph at `path` holds weight-only block-quantized matmuls (MatMulNBits) and no dynamic int8
-        operator: a speculative decoding target (the bench checks its exactness)."""
+        operator, whose one activation scale over every token of a run would make a token's logits depend on the
+        others verified beside it."""
         counts = graph.int8_counts(Path(path) / graph.ONNX_FILE) if (Path(path) / graph.ONNX_FILE).is_file() else {}
         return "MatMulNBits" in counts and not set(counts) & set(graph.INT8_OPS)
 

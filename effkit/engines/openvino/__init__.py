@@ -127,6 +127,13 @@ class OpenVINOEngine(Engine):
         """Greedy decoding as OpenVINO's users run it (`tune.decode_timer`: LLMPipeline, its tokens checked)."""
         return tune.decode_timer(model, tokenizer, batch, new_tokens, generate_kwargs, prompts)
 
+    def speculative_target(self, path: Path) -> bool:
+        """An artifact of effkit's (not a peer) compiled for f32 inference: its weights, compressed or not, are read
+        back per weight, and f32 activations keep a token's logits apart from the other tokens verified beside it
+        (bf16's rounding differs between a step of one token and of several)."""
+        desc = settings.read_description(path)
+        return not desc.get("peer") and desc.get("inference_precision") == "f32"
+
     def quantized_layers(self, model: nn.Module, path: Path | None = None) -> int:
         desc = getattr(model, "description", {})
         return sum(v for k, v in desc.get("weight_types", {}).items() if k in ("u8", "i8", "u4", "i4"))
@@ -140,7 +147,15 @@ class OpenVINOEngine(Engine):
             plain = {k: v for k, v in props.items() if k != "ATTENTION_BACKEND"}
             return f"openvino.Core().compile_model('{Path(path) / settings.OV_MODEL}', 'CPU'" + \
                 (f", {plain!r}" if plain else "") + ")"
-        return f"openvino_genai.LLMPipeline('{path}', 'CPU'" + "".join(f", {k}={v!r}" for k, v in props.items()) + ")"
+        from effkit.engines import speculative
+
+        if spec := speculative.read_settings(Path(path)):  # LLMPipeline's own prompt lookup, on paged attention
+            props = {**props, "ATTENTION_BACKEND": "PA", "prompt_lookup": True}
+        line = f"openvino_genai.LLMPipeline('{path}', 'CPU'" + "".join(f", {k}={v!r}" for k, v in props.items()) + ")"
+        if spec:
+            line += (f"; greedy at batch 1 with GenerationConfig num_assistant_tokens={spec['k']}, max_ngram_size="
+                     f"{speculative.NGRAM_MAX} (the n-gram draft, k measured)")
+        return line
 
 
 ENGINE = OpenVINOEngine()

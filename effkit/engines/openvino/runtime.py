@@ -10,7 +10,12 @@ design) is flagged in the generation note. The held-out loss comes from a forwar
 back to SDPA silently when PA cannot be built, and exposes neither which one it built nor the error; built with an
 explicit `ATTENTION_BACKEND="PA"` it raises instead (openvino.genai `llm/pipeline.cpp`, 2026.x). So effkit always
 builds its own artifacts' pipelines with an explicit backend, and learns what the default ran (the peer's) by
-building an explicit PA beside it."""
+building an explicit PA beside it.
+
+Speculative decoding is LLMPipeline's own prompt lookup (`prompt_lookup=True`, which runs on paged attention only;
+`num_assistant_tokens` = k, `max_ngram_size` the n-gram draft's), asked with transformers' keyword
+`prompt_lookup_num_tokens=k`, or at batch 1 where the artifact records a measured k (`speculative.SETTINGS`, as the
+ONNX Runtime artifact's); its greedy tokens checked against effkit's plain loop like every other."""
 
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from effkit.engines import speculative
 from effkit.engines.openvino.settings import (
     OV_MODEL,
     REWRITE,
@@ -32,6 +38,8 @@ from effkit.engines.openvino.settings import (
 from effkit.engines.shared import check_length, decode_loop, load_or_fail, one_line, stream_after
 from effkit.errors import EffkitError
 from effkit.measure.engine_model import EngineModel
+
+LOOKUP = "PA, prompt lookup"  # the pipeline key of LLMPipeline's speculative decoding (prompt lookup on PA)
 
 
 def genai_version() -> str:
@@ -72,8 +80,11 @@ class OpenVINOCausalLM(EngineModel):
             self.compiled = ov.Core().compile_model(str(path / OV_MODEL), "CPU",
                                                     compile_config(self.precision, kv_cache))
         self.request = self.compiled.create_infer_request()
-        self._pipelines: dict[str | None, Any] = {}  # by ATTENTION_BACKEND (None: LLMPipeline's default)
+        # by ATTENTION_BACKEND (None: LLMPipeline's default; LOOKUP: paged attention with prompt lookup)
+        self._pipelines: dict[str | None, Any] = {}
         self._pipeline_errors: dict[str | None, str] = {}
+        self.speculative = speculative.read_settings(path)  # a measured draft and k, or None
+        self.speculative_stats: speculative.SpecStats | None = None  # of the last prompt-lookup generate
         self._decoding: tuple[str | None, str] | None = None
         self.decoder_checks: list[dict[str, Any]] = []  # LLMPipeline's greedy tokens against effkit's loop
         # no idle time after it is timed: its threads do not spin-wait after a call (measured; docs/benchmarks.md)
@@ -113,7 +124,8 @@ class OpenVINOCausalLM(EngineModel):
 
                 if not (self.path / "openvino_tokenizer.xml").is_file():
                     raise EffkitError("the folder has no openvino_tokenizer.xml")
-                extra = {"ATTENTION_BACKEND": attention} if attention else {}
+                extra = ({"ATTENTION_BACKEND": "PA", "prompt_lookup": True} if attention == LOOKUP else
+                         {"ATTENTION_BACKEND": attention} if attention else {})
                 self._pipelines[attention] = openvino_genai.LLMPipeline(
                     str(self.path), "CPU", **compile_config(self.precision, self.kv_cache), **extra)
             except Exception as e:  # noqa: BLE001 - the reason is reported; the caller decides
@@ -153,9 +165,11 @@ class OpenVINOCausalLM(EngineModel):
 
     def pipeline_generate(self, ids: np.ndarray, new_tokens: int, attention: str | None = None,
                           min_new_tokens: int | None = None,
-                          sampling: tuple[int | None, float, int] | None = None) -> np.ndarray:
+                          sampling: tuple[int | None, float, int] | None = None, lookup: int = 0) -> np.ndarray:
         """`new_tokens` new tokens by LLMPipeline (end-of-text never ends it, and is never picked among the first
-        `min_new_tokens`, default all): greedy, or `sampling` = (top_k, temperature, seed) by its sampler."""
+        `min_new_tokens`, default all): greedy, or `sampling` = (top_k, temperature, seed) by its sampler; `lookup`
+        = k > 0: greedy with its prompt lookup proposing k tokens a step (the pipeline `LOOKUP`; `attention` then
+        unused), its forwards and the tokens each gave in `speculative_stats`."""
         import openvino as ov
         import openvino_genai
 
@@ -170,10 +184,16 @@ class OpenVINOCausalLM(EngineModel):
             cfg.rng_seed = int(seed) % 2**32
             if top_k:
                 cfg.top_k = int(top_k)
+        if lookup:
+            cfg.num_assistant_tokens, cfg.max_ngram_size = int(lookup), speculative.NGRAM_MAX
         ids = np.ascontiguousarray(ids, dtype=np.int64)
-        out = self.pipeline(attention).generate(
+        out = self.pipeline(LOOKUP if lookup else attention).generate(
             openvino_genai.TokenizedInputs(ov.Tensor(ids), ov.Tensor(np.ones_like(ids))), cfg)
         new = np.array(out.tokens, dtype=np.int64)
+        if lookup:  # each forward's tokens: its own and the drafts it accepted
+            made = list(out.perf_metrics.raw_metrics.m_batch_sizes)
+            self.speculative_stats = speculative.SpecStats(new_tokens=int(sum(made)), forwards=len(made),
+                                                           accepted=int(sum(made)) - len(made))
         if new.shape != (ids.shape[0], new_tokens):
             raise EffkitError(f"LLMPipeline returned {new.shape} tokens, not ({ids.shape[0]}, {new_tokens})")
         return new
@@ -197,6 +217,21 @@ class OpenVINOCausalLM(EngineModel):
                               f"{entry['first_difference']} of {n}, batch {entry['batch']}); its speed would not be "
                               "this model's decoding")
         return entry
+
+    def lookup_k(self, batch: int, do_sample: bool, kwargs: dict[str, Any]) -> int:
+        """The k of LLMPipeline's prompt lookup for a `generate` call: transformers' `prompt_lookup_num_tokens` where
+        asked (0: plain), else the artifact's measured k at batch 1, greedy; a draft model is refused in one line
+        (effkit writes none for OpenVINO)."""
+        if kwargs.get("assistant_model") is not None:
+            raise EffkitError("an OpenVINO artifact decodes speculatively with LLMPipeline's prompt lookup "
+                              "(prompt_lookup_num_tokens=k); a draft model (assistant_model) is not supported here")
+        asked = kwargs.get("prompt_lookup_num_tokens")
+        if asked is None:
+            asked = self.speculative["k"] if self.speculative and batch == 1 and not do_sample else 0
+        if asked and (do_sample or batch != 1):
+            raise EffkitError("LLMPipeline's prompt lookup decodes greedily, one prompt at a time: drop "
+                              "prompt_lookup_num_tokens, or decode greedily at batch 1")
+        return int(asked or 0)
 
     def _step(self, ids: np.ndarray, done: int) -> np.ndarray:
         b, n = ids.shape
@@ -225,7 +260,7 @@ class OpenVINOCausalLM(EngineModel):
 
     @torch.inference_mode()
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, do_sample: bool = False, top_k: int | None = None,
-                 temperature: float = 1.0, streamer=None, min_new_tokens: int = 0, **_: Any) -> torch.Tensor:
+                 temperature: float = 1.0, streamer=None, min_new_tokens: int = 0, **kwargs: Any) -> torch.Tensor:
         """Prompts and exactly `max_new_tokens` new tokens by the decoder the artifact's users run: LLMPipeline with
         its recorded attention backend (end-of-text never picked among the first `min_new_tokens`; sampling by its
         sampler, seeded from torch's initial seed). Greedy tokens are checked against effkit's loop
@@ -233,13 +268,17 @@ class OpenVINOCausalLM(EngineModel):
         ids = input_ids.cpu().long().numpy()
         check_length(ids.shape[1], self.config.n_positions, max_new_tokens)
         key, _ = self.decoding()
-        if self.pipeline(key) is None:
+        lookup = self.lookup_k(ids.shape[0], do_sample, kwargs)
+        if self.pipeline(LOOKUP if lookup else key) is None:
+            if lookup:
+                raise EffkitError(f"openvino_genai.LLMPipeline with prompt lookup cannot be built for {self.path} "
+                                  f"({self.why_no_pipeline(LOOKUP)}); decode without it (prompt_lookup_num_tokens=0)")
             return torch.from_numpy(self.loop_generate(ids, max_new_tokens, min_new_tokens, do_sample, top_k,
                                                        temperature, streamer))
         sampling = (top_k, temperature, torch.initial_seed()) if do_sample else None
-        new = self.pipeline_generate(ids, max_new_tokens, key, min_new_tokens, sampling)
+        new = self.pipeline_generate(ids, max_new_tokens, key, min_new_tokens, sampling, lookup)
         if not do_sample:
-            self.check_tokens(ids, new, key, min_new_tokens)
+            self.check_tokens(ids, new, LOOKUP if lookup else key, min_new_tokens)
         stream_after(streamer, torch.from_numpy(ids), torch.from_numpy(new))  # LLMPipeline streams text, one row only
         return torch.from_numpy(np.concatenate([ids, new], axis=1))
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from effkit.engines.openvino.runtime import OpenVINOCausalLM, genai_version
+from effkit.engines.openvino.runtime import LOOKUP, OpenVINOCausalLM, genai_version
 from effkit.engines.openvino.settings import bf16_unavailable, read_description, record
 from effkit.errors import EffkitError
 
@@ -33,21 +33,23 @@ def prompt() -> str:
     return generation.GENERATION_PROMPT
 
 
-def pipeline_timer(model: OpenVINOCausalLM, prompts: list[np.ndarray], new_tokens: int, attention: str | None):
+def pipeline_timer(model: OpenVINOCausalLM, prompts: list[np.ndarray], new_tokens: int, attention: str | None,
+                   lookup: int = 0):
     """A no-argument timer of LLMPipeline's greedy decoding of `new_tokens` from the prompts of its round (`prompts`:
     one (batch, n) array of token ids per round, handed over as those ids, `generation.by_round`), returning new
-    tokens per second (all rows). Its first call (every caller's warm-up) also checks the tokens against effkit's
-    loop over the same graph (`OpenVINOCausalLM.check_tokens`), outside the timed span."""
+    tokens per second (all rows); `lookup` = k > 0: with its prompt lookup of k tokens. Its first call (every
+    caller's warm-up) also checks the tokens against effkit's loop over the same graph
+    (`OpenVINOCausalLM.check_tokens`), outside the timed span."""
     from effkit.measure import generation
 
     checked: list[bool] = []
 
     def once(ids: np.ndarray) -> float:
         t = time.perf_counter()
-        new = model.pipeline_generate(ids, new_tokens, attention)
+        new = model.pipeline_generate(ids, new_tokens, attention, lookup=lookup)
         seconds = time.perf_counter() - t
         if not checked:
-            model.check_tokens(ids, new, attention)
+            model.check_tokens(ids, new, LOOKUP if lookup else attention)
             checked.append(True)
         return ids.shape[0] * new_tokens / seconds
 
@@ -64,6 +66,12 @@ def decode_timer(model: OpenVINOCausalLM, tokenizer, batch: int, new_tokens: int
     from effkit.measure import generation
 
     key, _ = model.decoding()
+    lookup = model.lookup_k(batch, False, generate_kwargs or {})  # the artifact's measured k at batch 1
+    if lookup:  # never timed plainly under the speculative artifact's name
+        if model.pipeline(LOOKUP) is None:
+            raise EffkitError(f"{model.path}: openvino_genai.LLMPipeline with prompt lookup cannot be built here "
+                              f"({model.why_no_pipeline(LOOKUP)})")
+        return pipeline_timer(model, prompts or generation.prompt_batches(tokenizer, batch), new_tokens, key, lookup)
     if model.pipeline(key) is None:
         if model.description.get("peer"):
             raise EffkitError(f"the OpenVINO peer cannot decode as its users run it: openvino_genai.LLMPipeline "
