@@ -731,11 +731,12 @@ class BenchWhat(_Section):
     # before first, effkit.stage.by_share), the rest listed as not run
     peer_share: float = opt(1.0, "with --peers: bench this share of the peers (at least 2, those measured fastest "
                             "before first: effkit/stage_costs.json); the rest are listed as not run", gt=0, le=1)
-    # the dense reference as ONNX Runtime fp32 with the n-gram draft, its k measured here, benched beside the rest
+    # each exact target with the n-gram draft, its k measured here, benched beside the rest
     # (effkit.bench.speculative); None = on in `effkit run`, off otherwise
-    speculative: bool | None = opt(None, "also the speculative artifact: the dense reference in ONNX Runtime fp32 "
-                                   "with the n-gram draft, k chosen on this CPU, exactness checked on held-out "
-                                   "prompts (default: on in effkit run)")
+    speculative: bool | None = opt(None, "also the speculative artifacts: each target an engine verifies exactly "
+                                   "(the run's weight-only ONNX Runtime and f32 OpenVINO artifacts, else the dense "
+                                   "reference's own 4-bit form) with the n-gram draft, k chosen on this CPU, "
+                                   "exactness checked on held-out prompts (default: on in effkit run)")
     device: str = opt("auto", DEVICE_HELP)
     force: bool = opt(False, "run even where the memory plan (--plan) predicts a peak above the machine's memory")
 
