@@ -35,9 +35,9 @@ from effkit.engines import speculative
 from effkit.errors import EffkitError
 from effkit.stage import costs
 
-SPEC_TAG = "speculative-ngram"  # its folder in the run (the reference's target; a weight-only target's: suffixed)
-# the target the bench writes itself where the run has no weight-only artifact: the reference through this backend
-# (fewer weight bytes per token than fp32, and its activations quantized per row, which keeps verification exact)
+SPEC_TAG = "speculative-ngram"  # its folder in the run (the reference's fp32 target; any other target's: suffixed)
+# the target the bench writes itself where the run has none: the reference through this backend (fewer weight bytes
+# per token than fp32, and its activations quantized per row, which keeps verification exact)
 REF_INT4 = "onnxruntime-int4"
 COST_KEY = "bench_speculative"  # its entry in effkit/stage_costs.json: weights in training steps, and its share
 ROW_KEY = "speculative"  # the row's (and the artifact's record's) key
@@ -89,8 +89,8 @@ def targets(paths: list[Path]) -> list[Path]:
 
 def tag_of(target: Path | str | None) -> str:
     """The speculative artifact's folder (and row tag) in the run: `SPEC_TAG` for the reference's fp32 target,
-    suffixed with the target's own tag for a weight-only artifact of the run, or with `REF_INT4` for the reference's
-    weight-only form the bench writes."""
+    suffixed with the target's own tag for an artifact of the run (`targets`), or with `REF_INT4` for the
+    reference's weight-only form the bench writes."""
     return SPEC_TAG if target is None else f"{SPEC_TAG}-{target if isinstance(target, str) else target.name}"
 
 
@@ -164,7 +164,7 @@ def reference_int4(cfg: BenchConfig, folder: Path, reference: Path, tokenizer) -
 def make(cfg: BenchConfig, reference: Path, folder: Path, new_tokens: int, target: Path | str | None = None
          ) -> str | None:
     """The speculative artifact of `target` (None: the reference, a PyTorch artifact, exported to fp32; `REF_INT4`:
-    the reference in its weight-only form; else a weight-only ONNX Runtime artifact of the run) written to
+    the reference in its weight-only form; else an artifact of the run, `targets`) written to
     `folder`; None, or why there is none (a failure: "failed: ..."; plain decoding faster: "not run: ..."), the
     folder then removed."""
     import torch
@@ -230,8 +230,8 @@ def add(cfg: BenchConfig, run_dir: Path, paths: list[Path], new_tokens: int) -> 
     if not trainable(paths[0]):
         return paths, {SPEC_TAG: f"not run: the reference {paths[0].name} is not a PyTorch artifact"}
     made, why_not = [], {}
-    # the run's weight-only artifacts, else the reference's own weight-only form: fewer weight bytes per token than
-    # fp32, which batch-1 decoding reads in full for every token; the fp32 export where no such form is written
+    # the run's targets, else the reference's own weight-only form: fewer weight bytes per token than fp32, which
+    # batch-1 decoding reads in full for every token; the fp32 export where none was written or exact
     kept = targets(paths) or [REF_INT4]
     for target in kept:
         folder = run_dir / tag_of(target)

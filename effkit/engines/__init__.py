@@ -181,7 +181,7 @@ class Engine:
     def speculative_target(self, path: Path) -> bool:
         """Whether the artifact at `path` can be the target of speculative decoding in this engine: its logits for a
         token do not depend on the other tokens verified in the same step (the bench still checks its greedy tokens
-        against its plain decoding). None by default."""
+        against its plain decoding). No engine's by default."""
         return False
 
     def computation(self, path: Path) -> str | None:
