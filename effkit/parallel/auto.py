@@ -194,17 +194,13 @@ class Layout:
         return " ".join(f)
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def enumerate_layouts(world: int, n_head: int, n_layer: int, global_batch: int) -> tuple[list[Layout], list[str]]:
     """Every layout effkit runs on `world` processes for a model of `n_head` heads and `n_layer` blocks and a global
     batch of `global_batch` blocks (pipelines: 1, 2 and 4 micro-batches per stage where the batch divides), and
     the ones it cannot run, each with why."""
     degrees = [("ddp", world, 1, 1), ("fsdp", world, 1, 1), ("tp", 1, world, 1), ("pp", 1, 1, world)]
-    degrees += [("fsdp+tp", world // t, t, 1) for t in _divisors(world) if 1 < t < world]
-    degrees += [("pp+fsdp", world // s, 1, s) for s in _divisors(world) if 1 < s < world]
+    degrees += [("fsdp+tp", world // t, t, 1) for t in range(2, world) if world % t == 0]
+    degrees += [("pp+fsdp", world // s, 1, s) for s in range(2, world) if world % s == 0]
     out, skipped = [], []
     for mode, dp, tp, pp in degrees:
         layout = Layout(mode, dp, tp, pp)
@@ -340,8 +336,7 @@ def this_machine(cfg, mc, world: int) -> tuple[Hardware, int | None]:
     kw = dict(checkpointing=cfg.model.activation_checkpointing, optim=o.optim, amp_dtype=amp)
 
     def simulations() -> None:  # what the probe's runtime bytes and the layouts' plans read, made as ranks start
-        for batch in (PROBE_BATCH, 2 * PROBE_BATCH):
-            memplan.simulate(memplan._one_block(mc), batch, d.block_size, **kw)
+        memplan.simulate(memplan._one_block(mc), PROBE_BATCH, d.block_size, **kw)
         memplan.simulate_layers(mc, o.batch_size, d.block_size, mc.n_layer, o.batch_size, **kw)
 
     measured: dict[str, Any] = {}
@@ -355,7 +350,7 @@ def this_machine(cfg, mc, world: int) -> tuple[Hardware, int | None]:
     probing = dict(kw, probe=True, threads=threads, rounds=PROBE_ROUNDS, min_s=PROBE_MIN_S)
     runtime_bytes, how, probe_s = memplan.runtime(mc, PROBE_BATCH, d.block_size, **probing,
                                                   run_probe=lambda a: measure(a)["probe"])
-    _, _, probe2_s = memplan.runtime(mc, 2 * PROBE_BATCH, d.block_size, **probing,
+    _, _, probe2_s = memplan.runtime(mc, 2 * PROBE_BATCH, d.block_size, **probing, memory=False,
                                      run_probe=lambda a: measure({**a, "batch": PROBE_BATCH})["probe2"])
     links, optimizer, comm_how = measured_collectives(world, threads, lambda: measure(None))
     block_s, block_how = measured_layers(world, threads, layers, links, 4 * _block_params(mc),
@@ -400,8 +395,7 @@ def rank(cfg, simulate: str = "") -> dict[str, Any]:
         world, device, runtime_bytes = (p.nproc or hw.devices_per_node) * p.nnodes, torch.device("meta"), None
     else:
         world = nproc_per_node(p) * p.nnodes
-        hw, runtime_bytes = this_machine(cfg, mc, world)
-        device = torch.device("cpu")
+        (hw, runtime_bytes), device = this_machine(cfg, mc, world), torch.device("cpu")
     global_batch = o.batch_size * world
     layouts, skipped = enumerate_layouts(world, mc.n_head, mc.n_layer, global_batch)
 
