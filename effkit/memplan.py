@@ -115,7 +115,8 @@ def simulate(model_config, batch: int, block: int, *, checkpointing: bool, optim
     key = json.dumps({"config": config, "layers": layers, "batch": batch, "block": block, "ckpt": checkpointing,
                       "optim": optim, "amp": str(amp_dtype), "torch": torch.__version__}, sort_keys=True)
     run = dict(checkpointing=checkpointing, optim=optim, amp_dtype=amp_dtype, layers=layers)
-    return dict(machine_cached(SIMULATIONS, key, lambda: _simulate(model_config, batch, block, **run))[0])
+    value, _ = machine_cached(SIMULATIONS, key, lambda: _simulate(model_config, batch, block, **run))
+    return dict(value)
 
 
 def _simulate(model_config, batch: int, block: int, *, checkpointing: bool, optim: str = "adamw",
@@ -165,13 +166,13 @@ def _one_block(model_config) -> Any:
 
 def probe_runtime(model_config: dict[str, Any], batch: int, block: int, checkpointing: bool, optim: str,
                   amp: str | None, steps: int = RUNTIME_STEPS, threads: int = 0, rounds: int = STEP_ROUNDS,
-                  min_s: float = 0.0, batches: tuple[int, ...] = (1,), agree: Any = None, ready: Any = None) -> dict:
+                  min_s: float = 0.0, batches: tuple[int, ...] = (1,), agree: Any = None) -> dict:
     """How much the resident set grows over `steps` real training steps of the one-block model `model_config`
     (measured as training measures it: the model built and placed first) at `batch` times each of `batches`; then,
-    outside that measure (after `ready()`), the seconds of its steps and of a two-block model's at each, in turns
-    (`medians_in_turns`: `rounds` rounds, each model's steps adding up to `min_s` at least, `agree`d among processes;
-    what `predicted_step_seconds` extends to the whole model), on `threads` threads (0: torch's default, as
-    training), in a process of its own. {"bytes", "step_s", "step2_s"} at `batch`; "more": the same further on."""
+    outside that measure, the seconds of its steps and of a two-block model's at each, in turns (`medians_in_turns`:
+    `rounds` rounds, each model's steps adding up to `min_s` at least, `agree`d among processes; what
+    `predicted_step_seconds` extends to the whole model), on `threads` threads (0: torch's default, as training),
+    in a process of its own. {"bytes", "step_s", "step2_s"} at `batch`; "more": the same at the further ones."""
     import time
 
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -219,7 +220,6 @@ def probe_runtime(model_config: dict[str, Any], batch: int, block: int, checkpoi
                 step(1, k * batch)
         grown.append(mem.peak_bytes)
     models[2] = build(2)  # the time a block adds; in turns, outside the memory's sampling thread
-    (ready or (lambda: None))()  # the caller's go: what follows is timed
     timed = medians_in_turns({(n, k): lambda n=n, k=k: step(n, k * batch) for k in batches for n in (1, 2)},
                              rounds, min_s, agree=agree)
     out = [{"bytes": b, "step_s": timed[1, k], "step2_s": timed[2, k]} for b, k in zip(grown, batches, strict=True)]

@@ -136,16 +136,20 @@ def agreed(calls: list[int]) -> list[int]:
     return most.tolist()
 
 
-def layer_blocks(model_config: dict[str, Any]) -> dict[str, Any]:
-    """In each rank of a joined process group, one block of `model_config` as `time_layers` times it: plain
-    ("plain_s"), cut to one tensor-parallel rank's widths ("local_s"), tensor-parallel over every rank as `apply_tp`
-    lays it out ("tp_s") and sharded by FSDP2 over every rank as `apply_fsdp` wraps a block ("fsdp_s")."""
+def time_layers(model_config: dict[str, Any], batch: int, block: int) -> dict[str, float]:
+    """In each rank of a joined process group, the slowest rank's medians of forward and backward passes of one
+    block of `model_config` on `batch` x `block` tokens, timed in turns (`timing.medians_in_turns`: LAYER_ROUNDS
+    rounds, at least LAYER_MIN_S of passes each): plain ("plain_s"), cut to one tensor-parallel rank's widths
+    ("local_s"), tensor-parallel over every rank as `apply_tp` lays it out ("tp_s": DTensor's dispatch and its
+    activations' all-reduces), and sharded by FSDP2 over every rank as `apply_fsdp` wraps a block ("fsdp_s": its
+    parameters all-gathered forward and backward, their gradients reduce-scattered, as FSDP2 issues them)."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from transformers import GPT2Config, GPT2LMHeadModel
 
+    from effkit.measure.timing import medians_in_turns
     from effkit.model.gpt2 import _finish
     from effkit.parallel.parallelize import apply_tp
 
@@ -158,36 +162,20 @@ def layer_blocks(model_config: dict[str, Any]) -> dict[str, Any]:
         model = _finish(GPT2LMHeadModel(mc)).train()
         return model, model.transformer.h[0]
 
-    _local_width(local := one_block()[1], n)
-    model, tp = one_block()
-    apply_tp(model, mesh)
-    fully_shard(fsdp := one_block()[1], mesh=mesh, reshard_after_forward=True)
-    return {"plain_s": one_block()[1], "local_s": local, "tp_s": tp, "fsdp_s": fsdp}
-
-
-def time_layers(model_config: dict[str, Any], batch: int, block: int, blocks: dict[str, Any] | None = None
-                ) -> dict[str, float]:
-    """In each rank of a joined process group, the slowest rank's medians of forward and backward passes of one
-    block of `model_config` on `batch` x `block` tokens, four ways (`layer_blocks`, built here unless `blocks` are
-    given), timed in turns (`timing.medians_in_turns`: LAYER_ROUNDS rounds, at least LAYER_MIN_S of passes each):
-    plain, cut to one tensor-parallel rank's widths, tensor-parallel ("tp_s": DTensor's dispatch and its
-    activations' all-reduces) and sharded ("fsdp_s": its parameters all-gathered forward and backward, their
-    gradients reduce-scattered, as FSDP2 issues them)."""
-    import torch
-    import torch.distributed as dist
-
-    from effkit.measure.timing import medians_in_turns
-
     def seconds(module) -> Callable[[], float]:
         def once() -> float:
-            x = torch.randn(batch, block, model_config["n_embd"], requires_grad=True)
+            x = torch.randn(batch, block, mc.n_embd, requires_grad=True)
             dist.barrier()
             t = time.perf_counter()
             module(x).sum().backward()
             return time.perf_counter() - t
         return once
 
-    blocks = blocks or layer_blocks(model_config)
+    _local_width(local := one_block()[1], n)
+    model, tp = one_block()
+    apply_tp(model, mesh)
+    fully_shard(fsdp := one_block()[1], mesh=mesh, reshard_after_forward=True)
+    blocks = {"plain_s": one_block()[1], "local_s": local, "tp_s": tp, "fsdp_s": fsdp}
     timed = medians_in_turns({k: seconds(m) for k, m in blocks.items()}, LAYER_ROUNDS, LAYER_MIN_S, agree=agreed)
     slowest = torch.tensor(list(timed.values()), dtype=torch.float64)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
@@ -206,33 +194,26 @@ def _fit(points: list[list[float]], kind: str, n: int) -> Link:
 
 def measure_rank(go: str, probe: dict[str, Any] | None, sizes: list[int], repeats: int,
                  layers: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One launched rank's share of this machine's measurements: it joins the process group and builds what it
-    times (the runtime probe's models, its memory measured; the blocks of `layers`) while the parent makes its
-    simulations, then waits for `go` (those done: they would slow these timings) and runs the runtime probe
+    """One launched rank's share of this machine's measurements: its libraries imported, it waits for `go` (the
+    parent's simulations done, which would slow these timings), joins the process group, runs the runtime probe
     (`memplan.probe_runtime`, every rank at once, as they train; the slowest rank's step times) at the probe's
     batch ("probe") and at twice it ("probe2": what a sequence more adds), its four models in turns in one call,
     and times the collectives (`time_collectives`), the optimizer step (`time_optimizer`) and, with `layers`
     (`time_layers`'s arguments), a block plain, tensor-parallel and sharded ("layers")."""
     import torch
     import torch.distributed as dist
+    from transformers import GPT2LMHeadModel  # noqa: F401  (imported before `go`: the probe's model)
 
     from effkit.memplan import probe_runtime
 
+    deadline = time.monotonic() + GO_WAIT_S
+    while not Path(go).exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
     dist.init_process_group("gloo")
-    built: dict[str, Any] = {}
-
-    def built_then_go() -> None:  # nothing before this is timed; everything after it is
-        built.update(layer_blocks(layers["model_config"]) if layers else {})
-        deadline = time.monotonic() + GO_WAIT_S
-        while not Path(go).exists() and time.monotonic() < deadline:
-            time.sleep(0.02)
-
     try:
         out: dict[str, Any] = {}
-        if not probe:
-            built_then_go()
-        else:
-            probed = probe_runtime(**probe, batches=(1, 2), agree=agreed, ready=built_then_go)
+        if probe:
+            probed = probe_runtime(**probe, batches=(1, 2), agree=agreed)
             both = [probed, *probed.pop("more")]
             slowest = torch.tensor([[p["step_s"], p["step2_s"]] for p in both], dtype=torch.float64)
             dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
@@ -240,7 +221,7 @@ def measure_rank(go: str, probe: dict[str, Any] | None, sizes: list[int], repeat
                 out[name] = {**p, "step_s": one, "step2_s": two}
         out["collectives"], out["optimizer"] = time_collectives(sizes, repeats), time_optimizer(repeats)
         if layers:
-            out["layers"] = time_layers(**layers, blocks=built)
+            out["layers"] = time_layers(**layers)
     finally:
         dist.destroy_process_group()
     return out
