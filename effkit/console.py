@@ -71,7 +71,8 @@ def show_layouts(r: dict) -> None:
         print(f"  -  {line}")
     for k, v in hw["how"].items():
         print(f"{k}: {v}")
-    print(f"ranked in {r['elapsed_s']:.1f} s; step = compute + communication + pipeline bubble, no overlap counted"
+    hidden = "only DDP's all-reduce overlapping the backward" if hw.get("overlaps", True) else "nothing overlapped"
+    print(f"ranked in {r['elapsed_s']:.1f} s; step = compute + communication + pipeline bubble, {hidden}"
           + ("; a simulation: nothing was run" if r["simulated"] else ""))
 
 

@@ -42,7 +42,6 @@ from effkit.stageplan import StagePlan, what_fits
 BNB_MIN_8BIT = 4096  # bitsandbytes keeps fp32 moments for smaller tensors
 BLOCK = 256  # 8-bit block size: one fp32 scale per block and moment
 
-
 METHOD = ("two training steps of one rank's share simulated under FakeTensorMode with PyTorch's MemTracker "
           "(no storage allocated; 2- and 4-block models, extrapolated per block); FSDP and TP shards applied by "
           "their degrees; 8-bit moments counted at 2 B per element plus a 4 B scale per 256; on a CPU the process "
@@ -232,14 +231,14 @@ CACHE = "memplan_runtime"
 
 def runtime(model_config, batch: int, block: int, *, checkpointing: bool, optim: str = "adamw",
             amp_dtype: torch.dtype | None = None, probe: bool = True, env: dict[str, str] | None = None,
-            threads: int = 0, rounds: int = STEP_ROUNDS, min_s: float = 0.0, run_probe: Any = None
-            ) -> tuple[int | None, str, Any]:
-    """The process runtime's bytes at the peak on this CPU for this shape (see the module's text), how it was
-    obtained, and the probe's step seconds of one and two blocks on `threads` threads (`probe_runtime`: `rounds`
-    rounds, at least `min_s` of steps each); (None, why, None) when not cached and `probe` is off. The probe runs
-    in a fresh process (one forked from a process that imported the libraries measures their code pages again:
-    5 MiB more on gpt2-nano), `env` on top of this one's (the allocator's settings change what the resident set
-    keeps); in `run_probe(args)` if given."""
+            threads: int = 0, rounds: int = STEP_ROUNDS, min_s: float = 0.0, run_probe: Any = None,
+            memory: bool = True) -> tuple[int | None, str, Any]:
+    """The process runtime's bytes at the peak on this CPU for this shape (see the module's text; None without `memory`:
+    no simulation), how it was obtained, and the probe's step seconds of one and two blocks on `threads` threads
+    (`probe_runtime`: `rounds` rounds, at least `min_s` of steps each); (None, why, None) when not cached and `probe` is
+    off. The probe runs in a fresh process (one forked from a process that imported the libraries measures their code
+    pages again: 5 MiB more on gpt2-nano), `env` on top of this one's (the allocator's settings change what the resident
+    set keeps); in `run_probe(args)` if given."""
     import json
     import os
 
@@ -262,6 +261,8 @@ def runtime(model_config, batch: int, block: int, *, checkpointing: bool, optim:
     probed, cached = machine_cached(CACHE, key, measure)
     if probed is None:
         return None, "not measured on this machine for this shape yet (effkit train --plan measures it)", None
+    if not memory:
+        return None, "the probe's steps only", (probed["step_s"], probed["step2_s"])
     measured = probed["bytes"]
     sim = simulate(mc, batch, block, checkpointing=checkpointing, optim=optim, amp_dtype=amp_dtype)
     sim_steps = sum(v for k, v in sim.items() if k not in ("params_count", "parameters", "buffers"))
@@ -463,8 +464,7 @@ def fit(cfg, device: torch.device | None = None,
     if o.optim != "adamw8bit":
         candidates.append((["--optim adamw8bit"], cfg.replace(optim=o.replace(optim="adamw8bit"))))
     if not m.activation_checkpointing:
-        candidates.append((["--activation-checkpointing"],
-                           cfg.replace(model=m.replace(activation_checkpointing=True))))
+        candidates.append((["--activation-checkpointing"], cfg.replace(model=m.replace(activation_checkpointing=True))))
         if o.optim != "adamw8bit":
             candidates.append((["--optim adamw8bit", "--activation-checkpointing"],
                                cfg.replace(optim=o.replace(optim="adamw8bit"),

@@ -310,6 +310,31 @@ def test_ddp_hides_the_buckets_the_blocks_fill_behind_their_backward_but_not_the
     assert slow["comm_s"] == pytest.approx(cost[-1])
     fast = auto.predict_step(auto.Layout("ddp", 2), mc, 32, 16, 1, _hardware(peak=1e18), False)  # none to hide in
     assert fast["comm_s"] == pytest.approx(sum(cost), rel=1e-3)
+    # ranks with no core to spare for the backend's threads: the long backward hides nothing
+    busy = auto.predict_step(auto.Layout("ddp", 2), mc, 32, 16, 1, _hardware(peak=1e9, overlaps=False), False)
+    assert busy["comm_s"] == pytest.approx(sum(cost)) and busy["compute_s"] == slow["compute_s"]
+
+
+def test_ddp_hides_its_all_reduces_on_this_machine_only_with_a_core_to_spare_per_rank(tiny_cfg, monkeypatch,
+                                                                                      tmp_path):
+    import os
+
+    from effkit.memplan import _model_config
+
+    monkeypatch.setenv("EFFKIT_CACHE", str(tmp_path / "cache"))
+    link = auto.Link(1e-4, 1e9)
+    measured = {"probe": {"bytes": 50 * 2**20, "step_s": 0.1, "step2_s": 0.15},
+                "probe2": {"bytes": 50 * 2**20, "step_s": 0.15, "step2_s": 0.2},
+                "collectives": {k: [[b, link.seconds(k, b, 2)] for b in (1e4, 1e6, 1e7)] for k in machine.KINDS},
+                "optimizer": {"param_s": 1e-9, "dtensor_s": 1e-3, "dtensor_param_s": 2e-9},
+                "layers": {"plain_s": 0.02, "local_s": 0.015, "tp_s": 0.05, "fsdp_s": 0.04}}
+    monkeypatch.setattr(auto, "launch_measuring", lambda world, threads, probe, meanwhile, layers: measured)
+    for cores, threads, overlaps in ((2, 0, False), (8, 0, False), (8, 1, True), (4, 2, False), (5, 2, True)):
+        monkeypatch.setattr(os, "cpu_count", lambda cores=cores: cores)
+        cfg = nano(tiny_cfg, nproc=2, threads=threads)
+        hw, _ = auto.this_machine(cfg, _model_config(cfg), 2)
+        assert hw.overlaps is overlaps, (cores, threads)
+        assert ("a core to spare" if overlaps else "none to spare") in hw.how["collectives"]
 
 
 def test_the_fixed_seconds_are_paid_per_micro_batch_the_optimizers_per_step_and_dtensors_per_parameter():

@@ -44,10 +44,12 @@ timed. A fitting layout's step is predicted as
   inter-node where the group spans nodes. DDP all-reduces its gradients in buckets while the backward runs: the
   buckets the blocks fill are hidden behind the blocks' backward (two thirds of their compute) as far as it lasts,
   and the last bucket, which holds the token embedding tied to the head (complete only once the backward ends),
-  is not hidden. FSDP's and tensor parallelism's collectives are counted whole (nothing overlapped). FSDP2 also
-  copies each unit's parameters into and out of its flat all-gather buffer, its gradients into the reduce-scatter's,
-  and runs its hooks: what a forward and backward of one sharded block take beyond the plain block's and its two
-  all-gathers and reduce-scatter on the fitted lines is paid per unit (the blocks and the root) per micro-batch
+  is not hidden; where the ranks' threads take every CPU core, none is (gloo's all-reduce runs on the rank's core,
+  taking it from the backward: it hides only beside a device's own stream or a spare core). FSDP's and tensor
+  parallelism's collectives are counted whole (nothing overlapped). FSDP2 also copies each unit's parameters into
+  and out of its flat all-gather buffer, its gradients into the reduce-scatter's, and runs its hooks: what a
+  forward and backward of one sharded block take beyond the plain block's and its two all-gathers and
+  reduce-scatter on the fitted lines is paid per unit (the blocks and the root) per micro-batch
   (`machine.time_layers`, timed with the tensor-parallel block).
 - bubble: a pipeline's busiest stage works throughout its m micro-batches; the fill and the drain wait on every
   other stage, one micro-batch's forward and backward each (the first stage, holding no head, is lighter than
@@ -57,6 +59,7 @@ timed. A fitting layout's step is predicted as
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -97,6 +100,7 @@ class Hardware:
     dtensor_param_s: float = 0.0
     tp_block_s: float = 0.0
     fsdp_unit_s: float = 0.0
+    overlaps: bool = True  # whether a rank's collectives run beside its compute (a device's stream, a spare core)
 
     def link(self, kind: str, spans_nodes: bool) -> Link:
         links = self.inter if spans_nodes else self.intra
@@ -194,17 +198,13 @@ class Layout:
         return " ".join(f)
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def enumerate_layouts(world: int, n_head: int, n_layer: int, global_batch: int) -> tuple[list[Layout], list[str]]:
     """Every layout effkit runs on `world` processes for a model of `n_head` heads and `n_layer` blocks and a global
     batch of `global_batch` blocks (pipelines: 1, 2 and 4 micro-batches per stage where the batch divides), and
     the ones it cannot run, each with why."""
     degrees = [("ddp", world, 1, 1), ("fsdp", world, 1, 1), ("tp", 1, world, 1), ("pp", 1, 1, world)]
-    degrees += [("fsdp+tp", world // t, t, 1) for t in _divisors(world) if 1 < t < world]
-    degrees += [("pp+fsdp", world // s, 1, s) for s in _divisors(world) if 1 < s < world]
+    degrees += [("fsdp+tp", world // t, t, 1) for t in range(2, world) if world % t == 0]
+    degrees += [("pp+fsdp", world // s, 1, s) for s in range(2, world) if world % s == 0]
     out, skipped = [], []
     for mode, dp, tp, pp in degrees:
         layout = Layout(mode, dp, tp, pp)
@@ -304,7 +304,7 @@ def predict_step(layout: Layout, mc, block: int, global_batch: int, grad_accum: 
     comm = 0.0
     if layout.mode == "ddp":  # the last bucket after the backward; the others while the blocks' backward runs
         *others, last = [cost("all_reduce", b, layout.dp, dp_spans) for b in ddp_buckets(mc)]
-        comm += last + max(0.0, sum(others) - 2 / 3 * L * per_block)
+        comm += last + max(0.0, sum(others) - (2 / 3 * L * per_block if hw.overlaps else 0.0))
     if layout.sharded:  # per block and the root: gathered forward and backward each micro-step, reduced once
         units, gathers = blocks + 1, 2 * grad_accum * (layout.microbatches if p > 1 else 1)
         pbytes = 2 if amp else 4
@@ -340,8 +340,7 @@ def this_machine(cfg, mc, world: int) -> tuple[Hardware, int | None]:
     kw = dict(checkpointing=cfg.model.activation_checkpointing, optim=o.optim, amp_dtype=amp)
 
     def simulations() -> None:  # what the probe's runtime bytes and the layouts' plans read, made as ranks start
-        for batch in (PROBE_BATCH, 2 * PROBE_BATCH):
-            memplan.simulate(memplan._one_block(mc), batch, d.block_size, **kw)
+        memplan.simulate(memplan._one_block(mc), PROBE_BATCH, d.block_size, **kw)
         memplan.simulate_layers(mc, o.batch_size, d.block_size, mc.n_layer, o.batch_size, **kw)
 
     measured: dict[str, Any] = {}
@@ -355,7 +354,7 @@ def this_machine(cfg, mc, world: int) -> tuple[Hardware, int | None]:
     probing = dict(kw, probe=True, threads=threads, rounds=PROBE_ROUNDS, min_s=PROBE_MIN_S)
     runtime_bytes, how, probe_s = memplan.runtime(mc, PROBE_BATCH, d.block_size, **probing,
                                                   run_probe=lambda a: measure(a)["probe"])
-    _, _, probe2_s = memplan.runtime(mc, 2 * PROBE_BATCH, d.block_size, **probing,
+    _, _, probe2_s = memplan.runtime(mc, 2 * PROBE_BATCH, d.block_size, **probing, memory=False,
                                      run_probe=lambda a: measure({**a, "batch": PROBE_BATCH})["probe2"])
     links, optimizer, comm_how = measured_collectives(world, threads, lambda: measure(None))
     block_s, block_how = measured_layers(world, threads, layers, links, 4 * _block_params(mc),
@@ -367,9 +366,11 @@ def this_machine(cfg, mc, world: int) -> tuple[Hardware, int | None]:
     rate, fixed = flops[2] / per_batch, max(0.0, (one + two) / 2 - 1.5 * per_batch)
     optimizer_s = min(optimizer["param_s"] * (_vocab_params(mc) + mc.n_layer * _block_params(mc)), fixed)
     _, avail = memplan.device_memory(torch.device("cpu"))
+    cores = os.cpu_count() or 1
+    busy = nproc * (p.threads or max(1, cores // nproc))  # the threads training gives each rank (`train_in_processes`)
     hw = Hardware("this machine (CPU)", nproc, (avail or 0) // nproc, rate, 1.0, links, links, simulated=False,
                   fixed_s=fixed - optimizer_s, optimizer_s=optimizer_s, dtensor_s=optimizer["dtensor_s"], **block_s,
-                  dtensor_param_s=optimizer["dtensor_param_s"],
+                  dtensor_param_s=optimizer["dtensor_param_s"], overlaps=cores > busy,
                   how={"compute": f"{rate / 1e9:.2f} GFLOP/s per rank for the work that grows with the batch; "
                                   f"{fixed * 1e3:.0f} ms per step that does not ({optimizer_s * 1e3:.0f} ms of it "
                                   f"the optimizer's): the runtime probe's steps of a one- and a two-block model at "
@@ -377,7 +378,9 @@ def this_machine(cfg, mc, world: int) -> tuple[Hardware, int | None]:
                                   f"{PROBE_MIN_S:g} s of steps each at least; medians), {threads} thread(s), in "
                                   f"each of the {nproc} ranks at once (the slowest's), extended to {mc.n_layer} "
                                   f"blocks ({how})",
-                       "collectives": comm_how, "layouts' blocks": block_how,
+                       "collectives": f"{comm_how}; {nproc} ranks x {busy // nproc} thread(s) on {cores} cores: "
+                                      f"{'a core' if cores > busy else 'none'} to spare for gloo's threads",
+                       "layouts' blocks": block_how,
                        "memory": f"available RAM / {nproc} processes"})
     return hw, runtime_bytes
 
@@ -400,8 +403,7 @@ def rank(cfg, simulate: str = "") -> dict[str, Any]:
         world, device, runtime_bytes = (p.nproc or hw.devices_per_node) * p.nnodes, torch.device("meta"), None
     else:
         world = nproc_per_node(p) * p.nnodes
-        hw, runtime_bytes = this_machine(cfg, mc, world)
-        device = torch.device("cpu")
+        (hw, runtime_bytes), device = this_machine(cfg, mc, world), torch.device("cpu")
     global_batch = o.batch_size * world
     layouts, skipped = enumerate_layouts(world, mc.n_head, mc.n_layer, global_batch)
 

@@ -155,7 +155,7 @@ def time_layers(model_config: dict[str, Any], batch: int, block: int) -> dict[st
 
     torch.manual_seed(0)
     mesh, n = init_device_mesh("cpu", (dist.get_world_size(),)), dist.get_world_size()
-    mc = GPT2Config.from_dict({**model_config, "n_layer": 1})
+    mc = GPT2Config.from_dict({**model_config, "n_layer": 1, "vocab_size": n})  # the block alone runs: no vocabulary
     mc._attn_implementation = "sdpa"
 
     def one_block():
