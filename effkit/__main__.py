@@ -19,7 +19,32 @@ def main() -> None:
         if interrupt_received():  # Ctrl-C inside a C extension's import surfaces as its own error
             exit_interrupted()
         raise
-    cli_main()
+    try:
+        cli_main()
+    except SystemExit as e:
+        leave(e.code)
+    leave(0)
+
+
+def leave(code: int | str | None) -> None:
+    """End the command as CPython would, less the finalization of every module it loaded (torch's and
+    transformers' take over a second after the work is done and said): non-daemon threads joined, the atexit
+    handlers run (multiprocessing's among them), the streams flushed, then `os._exit` with `code`."""
+    import atexit
+    import os
+    import sys
+    import threading
+
+    if code is not None and not isinstance(code, int):
+        print(code, file=sys.stderr)
+    threading._shutdown()  # what interpreter shutdown does first (and concurrent.futures' exit hooks)
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (BrokenPipeError, ValueError):  # a reader gone, or a stream closed: nothing left to say
+            pass
+    os._exit(code if isinstance(code, int) else int(code is not None))
 
 
 if __name__ == "__main__":

@@ -168,11 +168,12 @@ def probe_runtime(model_config: dict[str, Any], batch: int, block: int, checkpoi
                   amp: str | None, steps: int = RUNTIME_STEPS, threads: int = 0, rounds: int = STEP_ROUNDS,
                   min_s: float = 0.0, batches: tuple[int, ...] = (1,), agree: Any = None) -> dict:
     """How much the resident set grows over `steps` real training steps of the one-block model `model_config`
-    (measured as training measures it: the model built and placed first) at `batch` times each of `batches`; then,
-    outside that measure, the seconds of its steps and of a two-block model's at each, in turns (`medians_in_turns`:
-    `rounds` rounds, each model's steps adding up to `min_s` at least, `agree`d among processes; what
-    `predicted_step_seconds` extends to the whole model), on `threads` threads (0: torch's default, as training),
-    in a process of its own. {"bytes", "step_s", "step2_s"} at `batch`; "more": the same at the further ones."""
+    (measured as training measures it: the model built and placed first) at `batch` times the first of `batches`;
+    then, outside that measure, the seconds of its steps and of a two-block model's at each of `batches`, in turns
+    (`medians_in_turns`: `rounds` rounds, each model's steps adding up to `min_s` at least, `agree`d among
+    processes; what `predicted_step_seconds` extends to the whole model), on `threads` threads (0: torch's default,
+    as training), in a process of its own. {"bytes", "step_s", "step2_s"} at `batch`; "more": the step seconds at
+    the further batches ("bytes" None: the memory plan reads the first batch's, the ranking only their seconds)."""
     import time
 
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -213,12 +214,10 @@ def probe_runtime(model_config: dict[str, Any], batch: int, block: int, checkpoi
         opt.zero_grad(set_to_none=True)
         return time.perf_counter() - t
 
-    grown = []
-    for k in batches:
-        with PeakMemory(cpu) as mem:
-            for _ in range(steps):
-                step(1, k * batch)
-        grown.append(mem.peak_bytes)
+    with PeakMemory(cpu) as mem:
+        for _ in range(steps):
+            step(1, batches[0] * batch)
+    grown = [mem.peak_bytes] + [None] * (len(batches) - 1)
     models[2] = build(2)  # the time a block adds; in turns, outside the memory's sampling thread
     timed = medians_in_turns({(n, k): lambda n=n, k=k: step(n, k * batch) for k in batches for n in (1, 2)},
                              rounds, min_s, agree=agree)
