@@ -179,8 +179,6 @@ def probe_runtime(model_config: dict[str, Any], batch: int, block: int, checkpoi
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from effkit import optim as optimizers
-    from effkit.measure.evaluation import lm_loss
-    from effkit.measure.hardware import autocast_ctx
     from effkit.measure.memory import PeakMemory
     from effkit.measure.timing import medians_in_turns
     from effkit.model import enable_activation_checkpointing
@@ -205,13 +203,7 @@ def probe_runtime(model_config: dict[str, Any], batch: int, block: int, checkpoi
 
     def step(layers: int, rows: int) -> float:
         (model, opt), t = models[layers], time.perf_counter()
-        x = torch.randint(0, mc.vocab_size, (rows, block))
-        with autocast_ctx(cpu, dtype):
-            loss = lm_loss(model(x).logits, x)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        training_step(model, opt, torch.randint(0, mc.vocab_size, (rows, block)), dtype)
         return time.perf_counter() - t
 
     with PeakMemory(cpu) as mem:
@@ -226,6 +218,20 @@ def probe_runtime(model_config: dict[str, Any], batch: int, block: int, checkpoi
 
 
 CACHE = "memplan_runtime"
+
+
+def training_step(model, opt, x: torch.Tensor, dtype: torch.dtype | None = None) -> None:
+    """One step of the probes' models as training runs it: forward and loss (under autocast to `dtype`),
+    backward, gradients clipped, the optimizer's step, the gradients freed."""
+    from effkit.measure.evaluation import lm_loss
+    from effkit.measure.hardware import autocast_ctx
+
+    with autocast_ctx(torch.device("cpu"), dtype):
+        loss = lm_loss(model(x).logits, x)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
 
 
 def runtime(model_config, batch: int, block: int, *, checkpointing: bool, optim: str = "adamw",

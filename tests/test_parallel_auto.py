@@ -4,6 +4,7 @@ pipeline's bubble; `--simulate` on paper; one process: nothing to choose."""
 
 import json
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -98,7 +99,8 @@ def test_the_rankings_inputs_are_measured_once_per_machine_and_recorded(tiny_cfg
                 "probe2": {"bytes": 50 * 2**20, "step_s": 0.15, "step2_s": 0.2},
                 "collectives": {k: [[b, link.seconds(k, b, world)] for b in (1e4, 1e6, 1e7)] for k in machine.KINDS},
                 "optimizer": {"param_s": 1e-9, "dtensor_s": 1e-3, "dtensor_param_s": 2e-9},
-                "layers": {"plain_s": 0.02, "local_s": 0.015, "tp_s": 0.05, "fsdp_s": 0.04}}
+                "layers": {"plain_s": 0.02, "local_s": 0.015, "tp_s": 0.05, "fsdp_s": 0.04, "step_s": 0.1,
+                           "alone_s": 0.08}}
 
     monkeypatch.setattr(auto, "launch_measuring", measuring)
     cfg = nano(tiny_cfg, nproc=2)
@@ -118,6 +120,7 @@ def test_the_rankings_inputs_are_measured_once_per_machine_and_recorded(tiny_cfg
     assert 0 < second["hardware"]["tp_block_s"] < 0.05 - 0.02 / 2
     assert 0 < second["hardware"]["fsdp_unit_s"] < 0.04 - 0.02
     assert second["hardware"]["dtensor_param_s"] == 2e-9 and "ns more per element" in how["collectives"]
+    assert second["hardware"]["solo_speedup"] == pytest.approx(0.1 / 0.08) and "1.25x" in how["layouts' blocks"]
     assert not second["simulated"] and second["layouts"][0]["fits"]
     cache = json.loads((tmp_path / "cache" / f"{machine.COLLECTIVES}.json").read_text())
     assert all(machine_id() in key for key in cache)
@@ -253,7 +256,7 @@ def test_auto_measures_this_machine_in_launched_processes_then_trains_with_the_w
     assert probe["bytes"] > 0 and probe["step_s"] > 0 and probe["step2_s"] > 0  # measured (no timing asserts)
     assert measured[0]["probe2"]["step_s"] > 0 and measured[0]["optimizer"]["param_s"] > 0
     assert measured[0]["optimizer"]["dtensor_param_s"] >= 0
-    assert all(measured[0]["layers"][k] > 0 for k in ("plain_s", "local_s", "tp_s", "fsdp_s"))
+    assert all(measured[0]["layers"][k] > 0 for k in ("plain_s", "local_s", "tp_s", "fsdp_s", "step_s", "alone_s"))
 
     monkeypatch.delenv("EFFKIT_REMEASURE")  # the launch below ranks on what was just measured and cached
     args = [f"--{k.replace('_', '-')}={v}" for k, v in flags.items()]
@@ -327,7 +330,8 @@ def test_ddp_hides_its_all_reduces_on_this_machine_only_with_a_core_to_spare_per
                 "probe2": {"bytes": 50 * 2**20, "step_s": 0.15, "step2_s": 0.2},
                 "collectives": {k: [[b, link.seconds(k, b, 2)] for b in (1e4, 1e6, 1e7)] for k in machine.KINDS},
                 "optimizer": {"param_s": 1e-9, "dtensor_s": 1e-3, "dtensor_param_s": 2e-9},
-                "layers": {"plain_s": 0.02, "local_s": 0.015, "tp_s": 0.05, "fsdp_s": 0.04}}
+                "layers": {"plain_s": 0.02, "local_s": 0.015, "tp_s": 0.05, "fsdp_s": 0.04, "step_s": 0.1,
+                           "alone_s": 0.08}}
     monkeypatch.setattr(auto, "launch_measuring", lambda world, threads, probe, meanwhile, layers: measured)
     for cores, threads, overlaps in ((2, 0, False), (8, 0, False), (8, 1, True), (4, 2, False), (5, 2, True)):
         monkeypatch.setattr(os, "cpu_count", lambda cores=cores: cores)
@@ -335,6 +339,21 @@ def test_ddp_hides_its_all_reduces_on_this_machine_only_with_a_core_to_spare_per
         hw, _ = auto.this_machine(cfg, _model_config(cfg), 2)
         assert hw.overlaps is overlaps, (cores, threads)
         assert ("a core to spare" if overlaps else "none to spare") in hw.how["collectives"]
+
+
+def test_a_pipelines_fill_and_drain_go_at_the_pace_of_a_rank_alone_and_nothing_else_does():
+    mc, together = _gpt(), _hardware(fixed_s=0.1, optimizer_s=0.05)
+    alone = replace(together, solo_speedup=1.25)
+    for m in (2, 4):  # 2 stages: the busiest stage's first micro-batch and the bubble while the other rank waits
+        layout = auto.Layout("pp", 1, 1, 2, "1f1b", m)
+        t, s = (auto.predict_step(layout, mc, 32, 16, 1, hw, False) for hw in (together, alone))
+        busy = t["compute_s"] - 0.05 * (auto._vocab_params(mc) + 2 * auto._block_params(mc)) / (
+            auto._vocab_params(mc) + mc.n_layer * auto._block_params(mc))  # the optimizer's share: once, together
+        assert s["bubble_s"] == pytest.approx(t["bubble_s"] / 1.25)
+        assert t["compute_s"] - s["compute_s"] == pytest.approx(busy / m * (1 - 1 / 1.25))
+    for layout in (auto.Layout("ddp", 2), auto.Layout("fsdp", 2), auto.Layout("tp", 1, 2)):  # every rank at once
+        assert auto.predict_step(layout, mc, 32, 16, 1, alone, False) == auto.predict_step(layout, mc, 32, 16, 1,
+                                                                                            together, False)
 
 
 def test_the_fixed_seconds_are_paid_per_micro_batch_the_optimizers_per_step_and_dtensors_per_parameter():

@@ -54,7 +54,12 @@ timed. A fitting layout's step is predicted as
 - bubble: a pipeline's busiest stage works throughout its m micro-batches; the fill and the drain wait on every
   other stage, one micro-batch's forward and backward each (the first stage, holding no head, is lighter than
   the last): sum of the other stages' work / m. With equal stages this is GPipe's idle share (p - 1) / (m + p - 1)
-  of the step (1F1B alike; it keeps fewer micro-batches in flight, which the memory plan counts)."""
+  of the step (1F1B alike; it keeps fewer micro-batches in flight, which the memory plan counts). The fill and the
+  drain run while ranks wait: the busiest stage's first (or last) micro-batch and the others' work in the bubble
+  go at the pace of a rank alone, which on a CPU, whose ranks share memory bandwidth and caches, is faster than
+  the probe's (every rank at once): by how much faster a one-block model's training step runs in one rank alone
+  than in all at once (`machine.time_layers`; with 2 stages one rank works alone there; beyond, fewer ranks than
+  all: an upper bound on what it saves). A described machine's devices share nothing: 1."""
 
 from __future__ import annotations
 
@@ -100,6 +105,7 @@ class Hardware:
     dtensor_param_s: float = 0.0
     tp_block_s: float = 0.0
     fsdp_unit_s: float = 0.0
+    solo_speedup: float = 1.0  # a rank's pace alone over all ranks' at once (sharing memory and caches: a CPU)
     overlaps: bool = True  # whether a rank's collectives run beside its compute (a device's stream, a spare core)
 
     def link(self, kind: str, spans_nodes: bool) -> Link:
@@ -286,6 +292,8 @@ def predict_step(layout: Layout, mc, block: int, global_batch: int, grad_accum: 
     tp_block = hw.tp_block_s if layout.tp > 1 else 0.0
     busy, bubble = pipeline_seconds([m * (hw.fixed_s * held(n) + n * tp_block) + n * per_block + head * (i == p - 1)
                                      for i, n in enumerate(stages)], m)
+    if p > 1:  # the fill and the drain (a micro-batch of the busiest stage, the bubble) run while ranks wait
+        busy, bubble = busy - busy / m * (1 - 1 / hw.solo_speedup), bubble / hw.solo_speedup
     blocks = max(stages)  # the heaviest stage's (all on one stage: the whole model)
     dtensors = 12 * blocks + 4 if layout.sharded else 8 * blocks if layout.tp > 1 else 0
     updated = held(blocks) * whole / (layout.dp if layout.sharded else 1)  # the parameters this rank updates

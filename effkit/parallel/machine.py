@@ -141,8 +141,12 @@ def time_layers(model_config: dict[str, Any], batch: int, block: int) -> dict[st
     block of `model_config` on `batch` x `block` tokens, timed in turns (`timing.medians_in_turns`: LAYER_ROUNDS
     rounds, at least LAYER_MIN_S of passes each): plain ("plain_s"), cut to one tensor-parallel rank's widths
     ("local_s"), tensor-parallel over every rank as `apply_tp` lays it out ("tp_s": DTensor's dispatch and its
-    activations' all-reduces), and sharded by FSDP2 over every rank as `apply_fsdp` wraps a block ("fsdp_s": its
-    parameters all-gathered forward and backward, their gradients reduce-scattered, as FSDP2 issues them)."""
+    activations' all-reduces), sharded by FSDP2 over every rank as `apply_fsdp` wraps a block ("fsdp_s": its
+    parameters all-gathered forward and backward, their gradients reduce-scattered, as FSDP2 issues them); and a
+    training step of the one-block model (its vocabulary too, `memplan.training_step`) in every rank at once
+    ("step_s") and in rank 0 alone while the others wait at a barrier ("alone_s": the pace of a pipeline's fill
+    and drain, where ranks wait on a stage; everything else here runs in all ranks at once, sharing the machine's
+    memory bandwidth and caches)."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -150,7 +154,9 @@ def time_layers(model_config: dict[str, Any], batch: int, block: int) -> dict[st
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from effkit.measure.timing import medians_in_turns
+    from effkit.memplan import training_step
     from effkit.model.gpt2 import _finish
+    from effkit.optim import build_optimizer
     from effkit.parallel.parallelize import apply_tp
 
     torch.manual_seed(0)
@@ -171,12 +177,31 @@ def time_layers(model_config: dict[str, Any], batch: int, block: int) -> dict[st
             return time.perf_counter() - t
         return once
 
+    whole = GPT2Config.from_dict({**model_config, "n_layer": 1})
+    whole._attn_implementation = "sdpa"
+    stepped = _finish(GPT2LMHeadModel(whole)).train()
+    opt = build_optimizer(stepped, "adamw", 1e-4, 0.1)[0]
+
+    def training(ranks: int) -> Callable[[], float]:  # a step in the first `ranks` ranks, the others waiting
+        def once() -> float:
+            x = torch.randint(0, whole.vocab_size, (batch, block))
+            dist.barrier()
+            t = time.perf_counter()
+            if (mine := dist.get_rank() < ranks):
+                training_step(stepped, opt, x)
+            seconds = time.perf_counter() - t
+            if ranks < n:
+                dist.barrier()
+            return seconds if mine else 0.0  # the maximum over the ranks below: the stepping ranks'
+        return once
+
     _local_width(local := one_block()[1], n)
     model, tp = one_block()
     apply_tp(model, mesh)
     fully_shard(fsdp := one_block()[1], mesh=mesh, reshard_after_forward=True)
     blocks = {"plain_s": one_block()[1], "local_s": local, "tp_s": tp, "fsdp_s": fsdp}
-    timed = medians_in_turns({k: seconds(m) for k, m in blocks.items()}, LAYER_ROUNDS, LAYER_MIN_S, agree=agreed)
+    passes = {**{k: seconds(m) for k, m in blocks.items()}, "step_s": training(n), "alone_s": training(1)}
+    timed = medians_in_turns(passes, LAYER_ROUNDS, LAYER_MIN_S, agree=agreed)
     slowest = torch.tensor(list(timed.values()), dtype=torch.float64)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     return dict(zip(timed, slowest.tolist(), strict=True))
@@ -296,8 +321,9 @@ def measured_layers(world: int, threads: int, layers: dict[str, Any], links: dic
     timings among `world` ranks of the block `layers` describes (`measure()`: `launch_measuring`'s result; cached
     per machine and shape): tensor-parallel, over the plain block's split by the degree and its activations' four
     all-reduces ("tp_block_s"); sharded, over the plain block and its `param_bytes` all-gathered twice and
-    reduce-scattered once ("fsdp_unit_s"); each collective on the fitted `links`, none below zero. ({field:
-    seconds}, how they were obtained)."""
+    reduce-scattered once ("fsdp_unit_s"); each collective on the fitted `links`, none below zero; and how much
+    faster the one-block model's training step runs in one rank alone than in all at once ("solo_speedup", 1 at
+    least). ({field: value}, how they were obtained)."""
     import json
 
     import torch
@@ -307,7 +333,7 @@ def measured_layers(world: int, threads: int, layers: dict[str, Any], links: dic
     mc = layers["model_config"]
     shape = {k: mc.get(k) for k in ("vocab_size", "n_embd", "n_head", "n_inner")}
     key = (f"gloo|world {world}|threads {threads}|torch {torch.__version__}|{json.dumps(shape, sort_keys=True)}|"
-           f"b{layers['batch']}x{layers['block']}|layers|in turns {LAYER_ROUNDS}, {LAYER_MIN_S} s")
+           f"b{layers['batch']}x{layers['block']}|layers|in turns {LAYER_ROUNDS}, {LAYER_MIN_S} s|alone")
     timed, cached = machine_cached(COLLECTIVES, key, lambda: measure()["layers"])
     act = layers["batch"] * layers["block"] * mc["n_embd"] * 4
     tp_comm = 4 * links["all_reduce"].seconds("all_reduce", act, world)
@@ -315,10 +341,13 @@ def measured_layers(world: int, threads: int, layers: dict[str, Any], links: dic
                  + links["reduce_scatter"].seconds("reduce_scatter", param_bytes, world))
     tp = max(0.0, timed["tp_s"] - timed["plain_s"] / world - tp_comm)
     fsdp = max(0.0, timed["fsdp_s"] - timed["plain_s"] - fsdp_comm)
+    solo = max(1.0, timed["step_s"] / timed["alone_s"])
     ms = {k: f"{v * 1e3:.1f} ms" for k, v in timed.items()}
     note = cache_note(COLLECTIVES, key) if cached else "measured now, cached per machine and shape"
-    return {"tp_block_s": tp, "fsdp_unit_s": fsdp}, (
+    return {"tp_block_s": tp, "fsdp_unit_s": fsdp, "solo_speedup": solo}, (
         f"a block's forward and backward at batch {layers['batch']} among {world} ranks: plain {ms['plain_s']}, "
         f"at one rank's tensor-parallel widths {ms['local_s']}, tensor-parallel {ms['tp_s']} (its all-reduces "
         f"{tp_comm * 1e3:.1f} ms on the fitted line), sharded {ms['fsdp_s']} (its collectives {fsdp_comm * 1e3:.1f} "
-        f"ms): {tp * 1e3:.1f} ms more per tensor-parallel block, {fsdp * 1e3:.1f} ms more per sharded unit ({note})")
+        f"ms): {tp * 1e3:.1f} ms more per tensor-parallel block, {fsdp * 1e3:.1f} ms more per sharded unit; the "
+        f"one-block model's training step {ms['step_s']} in every rank at once, {ms['alone_s']} in one while the "
+        f"others wait: {solo:.2f}x the pace alone ({note})")
