@@ -166,14 +166,15 @@ def _one_block(model_config) -> Any:
 
 def probe_runtime(model_config: dict[str, Any], batch: int, block: int, checkpointing: bool, optim: str,
                   amp: str | None, steps: int = RUNTIME_STEPS, threads: int = 0, rounds: int = STEP_ROUNDS,
-                  min_s: float = 0.0, batches: tuple[int, ...] = (1,), agree: Any = None) -> dict:
+                  min_s: float = 0.0, batches: tuple[int, ...] = (1,), agree: Any = None, blocks: int = 2) -> dict:
     """How much the resident set grows over `steps` real training steps of the one-block model `model_config`
     (measured as training measures it: the model built and placed first) at `batch` times the first of `batches`;
-    then, outside that measure, the seconds of its steps and of a two-block model's at each of `batches`, in turns
-    (`medians_in_turns`: `rounds` rounds, each model's steps adding up to `min_s` at least, `agree`d among
-    processes; what `predicted_step_seconds` extends to the whole model), on `threads` threads (0: torch's default,
-    as training), in a process of its own. {"bytes", "step_s", "step2_s"} at `batch`; "more": the step seconds at
-    the further batches ("bytes" None: the memory plan reads the first batch's, the ranking only their seconds)."""
+    then, outside that measure, the seconds of its steps and (with `blocks` 2) of a two-block model's at each of
+    `batches`, in turns (`medians_in_turns`: `rounds` rounds, each model's steps adding up to `min_s` at least,
+    `agree`d among processes; what `predicted_step_seconds` extends to the whole model), on `threads` threads (0:
+    torch's default, as training), in a process of its own. {"bytes", "step_s", "step2_s" (None with `blocks` 1)}
+    at `batch`; "more": the step seconds at the further batches ("bytes" None: the memory plan reads the first
+    batch's, the ranking only their seconds)."""
     import time
 
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -203,44 +204,33 @@ def probe_runtime(model_config: dict[str, Any], batch: int, block: int, checkpoi
 
     def step(layers: int, rows: int) -> float:
         (model, opt), t = models[layers], time.perf_counter()
-        training_step(model, opt, torch.randint(0, mc.vocab_size, (rows, block)), dtype)
+        optimizers.training_step(model, opt, torch.randint(0, mc.vocab_size, (rows, block)), dtype)
         return time.perf_counter() - t
 
     with PeakMemory(cpu) as mem:
         for _ in range(steps):
             step(1, batches[0] * batch)
     grown = [mem.peak_bytes] + [None] * (len(batches) - 1)
-    models[2] = build(2)  # the time a block adds; in turns, outside the memory's sampling thread
-    timed = medians_in_turns({(n, k): lambda n=n, k=k: step(n, k * batch) for k in batches for n in (1, 2)},
+    if blocks == 2:
+        models[2] = build(2)  # the time a block adds; in turns, outside the memory's sampling thread
+    timed = medians_in_turns({(n, k): lambda n=n, k=k: step(n, k * batch) for k in batches for n in models},
                              rounds, min_s, agree=agree)
-    out = [{"bytes": b, "step_s": timed[1, k], "step2_s": timed[2, k]} for b, k in zip(grown, batches, strict=True)]
+    out = [{"bytes": b, "step_s": timed[1, k], "step2_s": timed.get((2, k))} for b, k in zip(grown, batches,
+                                                                                            strict=True)]
     return {**out[0], "more": out[1:]} if len(out) > 1 else out[0]
 
 
 CACHE = "memplan_runtime"
 
 
-def training_step(model, opt, x: torch.Tensor, dtype: torch.dtype | None = None) -> None:
-    """One step of the probes' models as training runs it: forward and loss (under autocast to `dtype`),
-    backward, gradients clipped, the optimizer's step, the gradients freed."""
-    from effkit.measure.evaluation import lm_loss
-    from effkit.measure.hardware import autocast_ctx
-
-    with autocast_ctx(torch.device("cpu"), dtype):
-        loss = lm_loss(model(x).logits, x)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-
-
 def runtime(model_config, batch: int, block: int, *, checkpointing: bool, optim: str = "adamw",
             amp_dtype: torch.dtype | None = None, probe: bool = True, env: dict[str, str] | None = None,
             threads: int = 0, rounds: int = STEP_ROUNDS, min_s: float = 0.0, run_probe: Any = None,
-            memory: bool = True) -> tuple[int | None, str, Any]:
+            memory: bool = True, blocks: int = 2) -> tuple[int | None, str, Any]:
     """The process runtime's bytes at the peak on this CPU for this shape (see the module's text; None without `memory`:
     no simulation), how it was obtained, and the probe's step seconds of one and two blocks on `threads` threads
-    (`probe_runtime`: `rounds` rounds, at least `min_s` of steps each); (None, why, None) when not cached and `probe` is
+    (`probe_runtime`: `rounds` rounds, at least `min_s` of steps each; the two-block step None with `blocks` 1: a
+    caller that times a block otherwise); (None, why, None) when not cached and `probe` is
     off. The probe runs in a fresh process (one forked from a process that imported the libraries measures their code
     pages again: 5 MiB more on gpt2-nano), `env` on top of this one's (the allocator's settings change what the resident
     set keeps); in `run_probe(args)` if given."""
@@ -254,13 +244,13 @@ def runtime(model_config, batch: int, block: int, *, checkpointing: bool, optim:
     mc = _one_block(model_config)
     amp = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(amp_dtype)
     args = dict(model_config=json.loads(mc.to_json_string()), batch=batch, block=block, checkpointing=checkpointing,
-                optim=optim, amp=amp, threads=threads, rounds=rounds, min_s=min_s)
+                optim=optim, amp=amp, threads=threads, rounds=rounds, min_s=min_s, blocks=blocks)
     malloc = {k: v for k, v in {**os.environ, **(env or {})}.items() if k.startswith("MALLOC_")}
     shape = {k: args["model_config"].get(k) for k in ("vocab_size", "n_embd", "n_head", "n_inner", "n_positions")}
     key = (f"{describe_device(torch.device('cpu'))}|torch {torch.__version__}|{json.dumps(shape, sort_keys=True)}|"
            f"b{batch}x{block}|ckpt {checkpointing}|{optim}|{amp}|{json.dumps(malloc, sort_keys=True)}|"
            f"threads {threads}|v4{'' if rounds == STEP_ROUNDS else f'|rounds {rounds}'}"
-           f"{f'|floor {min_s}' * bool(min_s)}{'|launched' * bool(run_probe)}")
+           f"{f'|floor {min_s}' * bool(min_s)}{'|launched' * bool(run_probe)}{'|one block' * (blocks == 1)}")
     measure = (lambda: run_probe(args) if run_probe else run_isolated(
         "effkit.memplan:probe_runtime", args, what="the memory plan's runtime probe", env=env)) if probe else None
     probed, cached = machine_cached(CACHE, key, measure)

@@ -93,3 +93,20 @@ def build_optimizer(model, name: str, lr: float, weight_decay: float) -> tuple[A
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     sharded = any(type(p).__name__ == "DTensor" for p in decay)
     return get(name).build(groups, lr, sharded)
+
+
+def training_step(model, opt, x: Any, dtype: Any = None) -> None:
+    """One step of a GPT-2 on the CPU as training runs it, for the probes that time one (`memplan.probe_runtime`,
+    `parallel.machine.time_layers`): forward and loss (under autocast to `dtype`), backward, the gradients clipped,
+    the optimizer's step, the gradients freed."""
+    import torch
+
+    from effkit.measure.evaluation import lm_loss
+    from effkit.measure.hardware import autocast_ctx
+
+    with autocast_ctx(torch.device("cpu"), dtype):
+        loss = lm_loss(model(x).logits, x)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)

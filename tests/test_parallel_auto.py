@@ -95,14 +95,14 @@ def test_the_rankings_inputs_are_measured_once_per_machine_and_recorded(tiny_cfg
         probes.append(probe)
         blocks.append(layers)
         link = auto.Link(1e-4, 1e9)
-        return {"probe": {"bytes": 50 * 2**20, "step_s": 0.1, "step2_s": 0.15},
-                "probe2": {"bytes": 50 * 2**20, "step_s": 0.15, "step2_s": 0.2},
+        return {"probe": {"bytes": 50 * 2**20, "step_s": 0.1, "step2_s": None},
+                "probe2": {"bytes": None, "step_s": 0.15, "step2_s": None},
                 "collectives": {k: [[b, link.seconds(k, b, world)] for b in (1e4, 1e6, 1e7)] for k in machine.KINDS},
                 "optimizer": {"param_s": 1e-9, "dtensor_s": 1e-3, "dtensor_param_s": 2e-9},
-                "layers": {"plain_s": 0.02, "local_s": 0.015, "tp_s": 0.05, "fsdp_s": 0.04, "step_s": 0.1,
-                           "alone_s": 0.08}}
+                "layers": {"plain_s": 0.02, "plain2_s": 0.03, "local_s": 0.015, "tp_s": 0.05, "fsdp_s": 0.04,
+                           "step_s": 0.1, "alone_s": 0.08}}
 
-    monkeypatch.setattr(auto, "launch_measuring", measuring)
+    monkeypatch.setattr(machine, "launch_measuring", measuring)
     cfg = nano(tiny_cfg, nproc=2)
     first = auto.rank(cfg)
     second = auto.rank(cfg)
@@ -110,6 +110,15 @@ def test_the_rankings_inputs_are_measured_once_per_machine_and_recorded(tiny_cfg
     assert len(probes) == 1 and probes[0]["threads"] == 1 and timings == [2]
     assert probes[0]["batch"] == auto.PROBE_BATCH and probes[0]["rounds"] == auto.PROBE_ROUNDS
     assert probes[0]["min_s"] == auto.PROBE_MIN_S > 0 and "in turns" in first["hardware"]["how"]["compute"]
+    assert probes[0]["blocks"] == 1  # the whole model is the one-block step and, per block more, a block's pass
+    from effkit.memplan import _model_config, step_flops
+
+    mc, hw = _model_config(cfg), first["hardware"]
+    more = (mc.n_layer - 1) * 1e-9 * auto._block_params(mc)  # the further blocks' optimizer steps
+    one, two = 0.1 + (mc.n_layer - 1) * 0.02 + more, 0.15 + (mc.n_layer - 1) * 0.03 + more
+    tokens = auto.PROBE_BATCH * cfg.data.block_size
+    assert hw["peak_flops"] == pytest.approx(step_flops(mc, mc.n_layer, tokens, cfg.data.block_size) / (two - one))
+    assert hw["fixed_s"] + hw["optimizer_s"] == pytest.approx((one + two) / 2 - 1.5 * (two - one))
     how = second["hardware"]["how"]
     assert "measured now" in first["hardware"]["how"]["collectives"]
     assert f"machine {machine_id()}" in how["collectives"] and "cached" in how["collectives"]
@@ -158,7 +167,7 @@ def test_the_simulate_preset_path_ranks_on_paper(tiny_cfg, monkeypatch, capsys):
     import effkit.child
 
     monkeypatch.setattr(effkit.child, "run_isolated", lambda *a, **k: pytest.fail("a simulation runs nothing"))
-    monkeypatch.setattr(auto, "launch_measuring", lambda *a: pytest.fail("a simulation times nothing"))
+    monkeypatch.setattr(machine, "launch_measuring", lambda *a: pytest.fail("a simulation times nothing"))
     r = auto.rank(nano(tiny_cfg, nproc=8, simulate="h100-nvlink"), "h100-nvlink")
     assert r["simulated"] and r["world"] == 8 and r["hardware"]["name"] == "h100-nvlink"
     assert r["hardware"]["memory_bytes"] == 80 * 2**30 and all(x["fits"] for x in r["layouts"])
@@ -239,13 +248,13 @@ def test_auto_measures_this_machine_in_launched_processes_then_trains_with_the_w
                  max_steps=2, parallel="auto", nproc=2, auto_top=2, auto_steps=2, eval_interval=0,
                  checkpoint_interval=0)
     started, measured = [], []
-    launch = auto.launch_measuring
+    launch = machine.launch_measuring
 
     def spy(world, threads, probe, meanwhile, layers):
         measured.append(launch(world, threads, probe, lambda: started.append(meanwhile()), layers))
         return measured[-1]
 
-    monkeypatch.setattr(auto, "launch_measuring", spy)
+    monkeypatch.setattr(machine, "launch_measuring", spy)
     auto.rank(TrainConfig.from_flat(**flags, run_name="auto", runs_dir=str(tmp_path / "runs"),
                                     reports_dir=str(tmp_path / "reports")))
     assert len(started) == 1 and len(measured) == 1
@@ -253,10 +262,11 @@ def test_auto_measures_this_machine_in_launched_processes_then_trains_with_the_w
     assert set(timed) == set(machine.KINDS)
     assert all(len(v) == len(machine.SIZES) and all(s > 0 for _, s in v) for v in timed.values())
     probe = measured[0]["probe"]
-    assert probe["bytes"] > 0 and probe["step_s"] > 0 and probe["step2_s"] > 0  # measured (no timing asserts)
+    assert probe["bytes"] > 0 and probe["step_s"] > 0 and probe["step2_s"] is None  # measured (no timing asserts)
     assert measured[0]["probe2"]["step_s"] > 0 and measured[0]["optimizer"]["param_s"] > 0
     assert measured[0]["optimizer"]["dtensor_param_s"] >= 0
-    assert all(measured[0]["layers"][k] > 0 for k in ("plain_s", "local_s", "tp_s", "fsdp_s", "step_s", "alone_s"))
+    assert all(measured[0]["layers"][k] > 0 for k in ("plain_s", "plain2_s", "local_s", "tp_s", "fsdp_s", "step_s",
+                                                      "alone_s"))
 
     monkeypatch.delenv("EFFKIT_REMEASURE")  # the launch below ranks on what was just measured and cached
     args = [f"--{k.replace('_', '-')}={v}" for k, v in flags.items()]
@@ -326,17 +336,17 @@ def test_ddp_hides_its_all_reduces_on_this_machine_only_with_a_core_to_spare_per
 
     monkeypatch.setenv("EFFKIT_CACHE", str(tmp_path / "cache"))
     link = auto.Link(1e-4, 1e9)
-    measured = {"probe": {"bytes": 50 * 2**20, "step_s": 0.1, "step2_s": 0.15},
-                "probe2": {"bytes": 50 * 2**20, "step_s": 0.15, "step2_s": 0.2},
+    measured = {"probe": {"bytes": 50 * 2**20, "step_s": 0.1, "step2_s": None},
+                "probe2": {"bytes": None, "step_s": 0.15, "step2_s": None},
                 "collectives": {k: [[b, link.seconds(k, b, 2)] for b in (1e4, 1e6, 1e7)] for k in machine.KINDS},
                 "optimizer": {"param_s": 1e-9, "dtensor_s": 1e-3, "dtensor_param_s": 2e-9},
-                "layers": {"plain_s": 0.02, "local_s": 0.015, "tp_s": 0.05, "fsdp_s": 0.04, "step_s": 0.1,
-                           "alone_s": 0.08}}
-    monkeypatch.setattr(auto, "launch_measuring", lambda world, threads, probe, meanwhile, layers: measured)
+                "layers": {"plain_s": 0.02, "plain2_s": 0.03, "local_s": 0.015, "tp_s": 0.05, "fsdp_s": 0.04,
+                           "step_s": 0.1, "alone_s": 0.08}}
+    monkeypatch.setattr(machine, "launch_measuring", lambda world, threads, probe, meanwhile, layers: measured)
     for cores, threads, overlaps in ((2, 0, False), (8, 0, False), (8, 1, True), (4, 2, False), (5, 2, True)):
         monkeypatch.setattr(os, "cpu_count", lambda cores=cores: cores)
         cfg = nano(tiny_cfg, nproc=2, threads=threads)
-        hw, _ = auto.this_machine(cfg, _model_config(cfg), 2)
+        hw, _ = machine.this_machine(cfg, _model_config(cfg), 2)
         assert hw.overlaps is overlaps, (cores, threads)
         assert ("a core to spare" if overlaps else "none to spare") in hw.how["collectives"]
 

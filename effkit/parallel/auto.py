@@ -22,19 +22,20 @@ timed. A fitting layout's step is predicted as
   per step, in proportion to the parameters the rank updates (FSDP's split by the data degree). And what each
   DTensor parameter adds to them (fsdp's and tp's parameters are DTensors: PyTorch's foreach AdamW, a norm
   all-reduced per tensor), per tensor and per element (the foreach kernels against the fused one's). The runtime
-  probe times a one- and a two-block model at PROBE_BATCH and twice it (`memplan.runtime`, in every launched rank
-  at once with the threads a rank gets, cached per machine and shape), the four in turns in one process, each for
-  PROBE_MIN_S of steps at least (a fixed count of steps leaves a small model's step too short to time), medians;
-  each batch's steps extend to the whole model (`memplan.predicted_step_seconds`). What the second batch adds at
-  one and at two blocks, pooled over the FLOPs it adds there, is the rate of what grows with the batch (the
-  difference of the two whole-model steps would multiply the timings' noise by the blocks), and what the
-  whole-model steps leave beyond it (their mean) the seconds that do not grow; the optimizer's seconds per parameter
-  and per DTensor parameter are timed in the same launch (`machine.time_optimizer`). A tensor-parallel block
-  costs more than the plain block's work split by the degree: its kernels are as many as the plain block's (only
-  narrower) and each op on a DTensor is dispatched through its sharding rules; what a forward and backward of one
-  block tensor-parallel over the ranks take beyond the plain block's / the degree and its four all-reduces (priced
-  below) is paid per block per micro-batch (`machine.time_layers`, in the same launch at the probe's batch, cached
-  per machine and shape). On a described machine: the FLOPs at the peak times its efficiency, nothing fixed.
+  probe times the one-block model's training step at PROBE_BATCH and twice it (`memplan.runtime`, in every
+  launched rank at once with the threads a rank gets, in turns, PROBE_MIN_S of steps each at least, medians; cached
+  per machine and shape); each extends to the whole model by a block's forward and backward at that batch
+  (`machine.time_layers`, in turns in the same launch) and its optimizer step, per further block (not by a
+  two-block step less the one-block's, as `train --plan` does: a difference of two whole steps, whose noise the
+  blocks multiply; docs/benchmarks.md). What the second batch adds is the rate of what grows with the batch; what
+  the two whole-model steps leave beyond it (their mean), the seconds that do not grow; the optimizer's seconds
+  per parameter and per DTensor parameter are timed in the same launch (`machine.time_optimizer`). A
+  tensor-parallel block costs more than the plain block's work split by the degree: its kernels are as many as the
+  plain block's (only narrower) and each op on a DTensor is dispatched through its sharding rules; what a forward
+  and backward of one block tensor-parallel over the ranks take beyond the plain block's / the degree and its four
+  all-reduces (priced below) is paid per block per micro-batch (`machine.time_layers`, in the same launch at the
+  probe's batch, cached per machine and shape). On a described machine: the FLOPs at the peak times its
+  efficiency, nothing fixed.
 - communication: each collective the layout runs in a step (DDP's gradient all-reduce; FSDP's all-gathers, forward
   and backward, and reduce-scatter per block; tensor parallelism's activation all-reduces, two per block each way;
   the pipeline's sends of activations and their gradients, and the tied head's gradient all-reduced between the
@@ -55,65 +56,34 @@ timed. A fitting layout's step is predicted as
   other stage, one micro-batch's forward and backward each (the first stage, holding no head, is lighter than
   the last): sum of the other stages' work / m. With equal stages this is GPipe's idle share (p - 1) / (m + p - 1)
   of the step (1F1B alike; it keeps fewer micro-batches in flight, which the memory plan counts). The fill and the
-  drain run while ranks wait: the busiest stage's first (or last) micro-batch and the others' work in the bubble
-  go at the pace of a rank alone, which on a CPU, whose ranks share memory bandwidth and caches, is faster than
-  the probe's (every rank at once): by how much faster a one-block model's training step runs in one rank alone
-  than in all at once (`machine.time_layers`; with 2 stages one rank works alone there; beyond, fewer ranks than
-  all: an upper bound on what it saves). A described machine's devices share nothing: 1."""
+  drain (the busiest stage's first or last micro-batch, the bubble) run while ranks wait, at a rank's pace alone:
+  on a CPU, whose ranks share memory bandwidth and caches, a one-block training step's time in all ranks at once
+  over its time in one alone faster (`machine.time_layers`; past 2 stages an upper bound); 1 on a described machine."""
 
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from effkit.errors import EffkitError
-from effkit.parallel.machine import Link, launch_measuring, measured_collectives, measured_layers
+from effkit.parallel.machine import (  # noqa: F401  (the probe's settings: read where the ranking is)
+    PROBE_BATCH,
+    PROBE_MIN_S,
+    PROBE_ROUNDS,
+    Hardware,
+    Link,
+    _block_params,
+    _vocab_params,
+    this_machine,
+)
 
-PROBE_BATCH = 1  # blocks per step of the ranking's runtime probe: its FLOP rate carried to every layout's batch
-PROBE_ROUNDS, PROBE_MIN_S = 4, 0.5  # its four models' rounds in turns, and the seconds of steps each adds up to
 TRICKS = ((), ("adamw8bit",), ("checkpointing",), ("adamw8bit", "checkpointing"))  # cheapest first
 TRIAL_ROUNDS = 3  # paired rounds of the trial of the best-predicted layouts
-
-
-@dataclass(frozen=True)
-class Hardware:
-    """The machine layouts are ranked for: devices per node, each device's memory and peak FLOP/s, the fraction of
-    the peak a training step's matrices reach, and the links within a node and between nodes (one `Link` for
-    every collective; a measured machine has one per collective, fitted)."""
-
-    name: str
-    devices_per_node: int
-    memory_bytes: int
-    peak_flops: float
-    efficiency: float
-    intra: dict[str, Link]
-    inter: dict[str, Link]
-    simulated: bool = True
-    how: dict[str, str] = field(default_factory=dict)
-    # measured machines: the whole model's forward and backward seconds that do not grow with the batch, its
-    # optimizer step's seconds, what a DTensor parameter adds to the optimizer step (per tensor, per element), and
-    # what a block's forward and backward cost beyond the model's terms when tensor-parallel and when sharded
-    fixed_s: float = 0.0
-    optimizer_s: float = 0.0
-    dtensor_s: float = 0.0
-    dtensor_param_s: float = 0.0
-    tp_block_s: float = 0.0
-    fsdp_unit_s: float = 0.0
-    solo_speedup: float = 1.0  # a rank's pace alone over all ranks' at once (sharing memory and caches: a CPU)
-    overlaps: bool = True  # whether a rank's collectives run beside its compute (a device's stream, a spare core)
-
-    def link(self, kind: str, spans_nodes: bool) -> Link:
-        links = self.inter if spans_nodes else self.intra
-        return links.get(kind) or links.get("all_gather") or next(iter(links.values()))
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 # presets: vendor figures (peak dense bf16, memory, NVLink per direction, one InfiniBand NIC per GPU)
@@ -244,15 +214,6 @@ def pipeline_seconds(stage_s: list[float], microbatches: int) -> tuple[float, fl
     return busiest, (sum(stage_s) - busiest) / microbatches
 
 
-def _block_params(mc) -> int:
-    d, inner = mc.n_embd, mc.n_inner or 4 * mc.n_embd
-    return 4 * d * d + 2 * d * inner + 9 * d + inner  # attention and MLP matrices, their biases, two LayerNorms
-
-
-def _vocab_params(mc) -> int:
-    return (mc.vocab_size + mc.n_positions + 2) * mc.n_embd  # both embeddings (the head tied to one) and ln_f
-
-
 DDP_BUCKET_BYTES = (1 << 20, 25 << 20)  # DistributedDataParallel's first gradient bucket and the others (its caps)
 
 
@@ -330,67 +291,6 @@ def predict_step(layout: Layout, mc, block: int, global_batch: int, grad_accum: 
 
 
 # ----------------------------------------------------------------------------- the ranking
-
-
-def this_machine(cfg, mc, world: int) -> tuple[Hardware, int | None]:
-    """This machine as the ranking prices it: the runtime probe's steps (PROBE_BATCH blocks and twice it, in every
-    launched rank at once with the threads a rank gets) extended to the whole model, as the FLOP rate of what a
-    sequence adds and the seconds that do not grow with the batch, its memory shared by the processes on it, and
-    its collectives and DTensor step measured (`measured_collectives`); all measured in one launch
-    (`launch_measuring`) and cached per machine. Also the process runtime's bytes."""
-    import torch
-
-    from effkit import memplan
-
-    p, o, d = cfg.parallel, cfg.optim, cfg.data
-    nproc, threads = world // p.nnodes, p.threads or 1
-    amp = {"bf16": torch.bfloat16, "fp16": torch.float16}[o.amp_dtype] if o.amp else None
-    kw = dict(checkpointing=cfg.model.activation_checkpointing, optim=o.optim, amp_dtype=amp)
-
-    def simulations() -> None:  # what the probe's runtime bytes and the layouts' plans read, made as ranks start
-        memplan.simulate(memplan._one_block(mc), PROBE_BATCH, d.block_size, **kw)
-        memplan.simulate_layers(mc, o.batch_size, d.block_size, mc.n_layer, o.batch_size, **kw)
-
-    measured: dict[str, Any] = {}
-    layers = {"model_config": json.loads(memplan._one_block(mc).to_json_string()), "batch": PROBE_BATCH,
-              "block": d.block_size}
-
-    def measure(probe: dict[str, Any] | None) -> dict[str, Any]:
-        measured.update(measured or launch_measuring(world, threads, probe, simulations, layers))
-        return measured
-
-    probing = dict(kw, probe=True, threads=threads, rounds=PROBE_ROUNDS, min_s=PROBE_MIN_S)
-    runtime_bytes, how, probe_s = memplan.runtime(mc, PROBE_BATCH, d.block_size, **probing,
-                                                  run_probe=lambda a: measure(a)["probe"])
-    _, _, probe2_s = memplan.runtime(mc, 2 * PROBE_BATCH, d.block_size, **probing, memory=False,
-                                     run_probe=lambda a: measure({**a, "batch": PROBE_BATCH})["probe2"])
-    links, optimizer, comm_how = measured_collectives(world, threads, lambda: measure(None))
-    block_s, block_how = measured_layers(world, threads, layers, links, 4 * _block_params(mc),
-                                         lambda: measure(None))
-    one, two = (memplan.predicted_step_seconds(mc, mc.n_layer, d.block_size, s) for s in (probe_s, probe2_s))
-    flops = [memplan.step_flops(mc, n, PROBE_BATCH * d.block_size, d.block_size) for n in (1, 2, mc.n_layer)]
-    grown = sum(b - a for a, b in zip(probe_s, probe2_s, strict=True))  # the second batch's, at one and two blocks
-    per_batch = min(max(flops[2] * grown / (flops[0] + flops[1]), one / 20), one)  # kept in range: still noisy
-    rate, fixed = flops[2] / per_batch, max(0.0, (one + two) / 2 - 1.5 * per_batch)
-    optimizer_s = min(optimizer["param_s"] * (_vocab_params(mc) + mc.n_layer * _block_params(mc)), fixed)
-    _, avail = memplan.device_memory(torch.device("cpu"))
-    cores = os.cpu_count() or 1
-    busy = nproc * (p.threads or max(1, cores // nproc))  # the threads training gives each rank (`train_in_processes`)
-    hw = Hardware("this machine (CPU)", nproc, (avail or 0) // nproc, rate, 1.0, links, links, simulated=False,
-                  fixed_s=fixed - optimizer_s, optimizer_s=optimizer_s, dtensor_s=optimizer["dtensor_s"], **block_s,
-                  dtensor_param_s=optimizer["dtensor_param_s"], overlaps=cores > busy,
-                  how={"compute": f"{rate / 1e9:.2f} GFLOP/s per rank for the work that grows with the batch; "
-                                  f"{fixed * 1e3:.0f} ms per step that does not ({optimizer_s * 1e3:.0f} ms of it "
-                                  f"the optimizer's): the runtime probe's steps of a one- and a two-block model at "
-                                  f"batches {PROBE_BATCH} and {2 * PROBE_BATCH} in turns ({PROBE_ROUNDS} rounds, "
-                                  f"{PROBE_MIN_S:g} s of steps each at least; medians), {threads} thread(s), in "
-                                  f"each of the {nproc} ranks at once (the slowest's), extended to {mc.n_layer} "
-                                  f"blocks ({how})",
-                       "collectives": f"{comm_how}; {nproc} ranks x {busy // nproc} thread(s) on {cores} cores: "
-                                      f"{'a core' if cores > busy else 'none'} to spare for gloo's threads",
-                       "layouts' blocks": block_how,
-                       "memory": f"available RAM / {nproc} processes"})
-    return hw, runtime_bytes
 
 
 def rank(cfg, simulate: str = "") -> dict[str, Any]:

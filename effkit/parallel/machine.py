@@ -1,16 +1,17 @@
-"""This machine's figures for `--parallel auto`'s ranking, measured in launched ranks: its collectives on the
-backend (all-reduce, all-gather, reduce-scatter at a few sizes, fitted per collective by a ring `Link`: latency +
-bytes / bandwidth), an optimizer step's seconds per parameter and what a parameter held as a DTensor adds
-(`time_optimizer`), a block's forward and backward plain, tensor-parallel and sharded (`time_layers`), and the
-runtime probe's steps (`memplan.probe_runtime`) at two batches, all in one launch whose ranks start while the
-parent makes its simulations and time only once it is done (they would slow each other)."""
+"""The machine `--parallel auto` ranks layouts for (`Hardware`), and this one's (`this_machine`), measured in
+launched ranks: its collectives on the backend (all-reduce, all-gather, reduce-scatter at a few sizes, fitted per
+collective by a ring `Link`: latency + bytes / bandwidth), an optimizer step's seconds per parameter and what a
+parameter held as a DTensor adds (`time_optimizer`), a block's forward and backward plain, tensor-parallel and
+sharded and a one-block training step in every rank and in one alone (`time_layers`), and the runtime probe's
+steps (`memplan.probe_runtime`) at two batches, all in one launch whose ranks start while the parent makes its
+simulations and time only once it is done (they would slow each other)."""
 
 from __future__ import annotations
 
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,8 @@ DTENSOR_PARAMS = 32  # small parameter tensors of the optimizer step timed plain
 OPTIMIZER_PARAMS = 1 << 22  # parameters of the optimizer step timed for its cost per parameter
 GO_WAIT_S = 600  # the longest a measuring rank waits for its parent's go before timing anyway
 COLLECTIVES = "parallel_collectives"  # the machine cache's file of measured collectives
+PROBE_BATCH = 1  # blocks per step of the ranking's runtime probe: its FLOP rate carried to every layout's batch
+PROBE_ROUNDS, PROBE_MIN_S = 4, 0.5  # its steps' rounds in turns (two batches), and the seconds they add up to each
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,50 @@ class Link:
         steps = {"all_reduce": 2 * (n - 1), "all_gather": n - 1, "reduce_scatter": n - 1, "send": 1}[kind]
         share = nbytes if kind == "send" else nbytes / n
         return steps * (self.latency_s + share / self.bandwidth)
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """The machine layouts are ranked for: devices per node, each device's memory and peak FLOP/s, the fraction of
+    the peak a training step's matrices reach, and the links within a node and between nodes (one `Link` for
+    every collective; a measured machine has one per collective, fitted)."""
+
+    name: str
+    devices_per_node: int
+    memory_bytes: int
+    peak_flops: float
+    efficiency: float
+    intra: dict[str, Link]
+    inter: dict[str, Link]
+    simulated: bool = True
+    how: dict[str, str] = field(default_factory=dict)
+    # measured machines: the whole model's forward and backward seconds that do not grow with the batch, its
+    # optimizer step's seconds, what a DTensor parameter adds to the optimizer step (per tensor, per element), and
+    # what a block's forward and backward cost beyond the model's terms when tensor-parallel and when sharded
+    fixed_s: float = 0.0
+    optimizer_s: float = 0.0
+    dtensor_s: float = 0.0
+    dtensor_param_s: float = 0.0
+    tp_block_s: float = 0.0
+    fsdp_unit_s: float = 0.0
+    solo_speedup: float = 1.0  # a rank's pace alone over all ranks' at once (sharing memory and caches: a CPU)
+    overlaps: bool = True  # whether a rank's collectives run beside its compute (a device's stream, a spare core)
+
+    def link(self, kind: str, spans_nodes: bool) -> Link:
+        links = self.inter if spans_nodes else self.intra
+        return links.get(kind) or links.get("all_gather") or next(iter(links.values()))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _block_params(mc) -> int:
+    d, inner = mc.n_embd, mc.n_inner or 4 * mc.n_embd
+    return 4 * d * d + 2 * d * inner + 9 * d + inner  # attention and MLP matrices, their biases, two LayerNorms
+
+
+def _vocab_params(mc) -> int:
+    return (mc.vocab_size + mc.n_positions + 2) * mc.n_embd  # both embeddings (the head tied to one) and ln_f
 
 
 def time_collectives(sizes: list[int], repeats: int) -> dict[str, list[list[float]]]:
@@ -139,11 +186,12 @@ def agreed(calls: list[int]) -> list[int]:
 def time_layers(model_config: dict[str, Any], batch: int, block: int) -> dict[str, float]:
     """In each rank of a joined process group, the slowest rank's medians of forward and backward passes of one
     block of `model_config` on `batch` x `block` tokens, timed in turns (`timing.medians_in_turns`: LAYER_ROUNDS
-    rounds, at least LAYER_MIN_S of passes each): plain ("plain_s"), cut to one tensor-parallel rank's widths
+    rounds, at least LAYER_MIN_S of passes each): plain ("plain_s"; "plain2_s" at twice the batch: what a block
+    adds to the runtime probe's one-block step at its two batches), cut to one tensor-parallel rank's widths
     ("local_s"), tensor-parallel over every rank as `apply_tp` lays it out ("tp_s": DTensor's dispatch and its
     activations' all-reduces), sharded by FSDP2 over every rank as `apply_fsdp` wraps a block ("fsdp_s": its
     parameters all-gathered forward and backward, their gradients reduce-scattered, as FSDP2 issues them); and a
-    training step of the one-block model (its vocabulary too, `memplan.training_step`) in every rank at once
+    training step of the one-block model (its vocabulary too, `optim.training_step`) in every rank at once
     ("step_s") and in rank 0 alone while the others wait at a barrier ("alone_s": the pace of a pipeline's fill
     and drain, where ranks wait on a stage; everything else here runs in all ranks at once, sharing the machine's
     memory bandwidth and caches)."""
@@ -154,9 +202,8 @@ def time_layers(model_config: dict[str, Any], batch: int, block: int) -> dict[st
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from effkit.measure.timing import medians_in_turns
-    from effkit.memplan import training_step
     from effkit.model.gpt2 import _finish
-    from effkit.optim import build_optimizer
+    from effkit.optim import build_optimizer, training_step
     from effkit.parallel.parallelize import apply_tp
 
     torch.manual_seed(0)
@@ -168,9 +215,9 @@ def time_layers(model_config: dict[str, Any], batch: int, block: int) -> dict[st
         model = _finish(GPT2LMHeadModel(mc)).train()
         return model, model.transformer.h[0]
 
-    def seconds(module) -> Callable[[], float]:
+    def seconds(module, rows: int = batch) -> Callable[[], float]:
         def once() -> float:
-            x = torch.randn(batch, block, mc.n_embd, requires_grad=True)
+            x = torch.randn(rows, block, mc.n_embd, requires_grad=True)
             dist.barrier()
             t = time.perf_counter()
             module(x).sum().backward()
@@ -200,7 +247,8 @@ def time_layers(model_config: dict[str, Any], batch: int, block: int) -> dict[st
     apply_tp(model, mesh)
     fully_shard(fsdp := one_block()[1], mesh=mesh, reshard_after_forward=True)
     blocks = {"plain_s": one_block()[1], "local_s": local, "tp_s": tp, "fsdp_s": fsdp}
-    passes = {**{k: seconds(m) for k, m in blocks.items()}, "step_s": training(n), "alone_s": training(1)}
+    passes = {**{k: seconds(m) for k, m in blocks.items()}, "plain2_s": seconds(blocks["plain_s"], 2 * batch),
+              "step_s": training(n), "alone_s": training(1)}
     timed = medians_in_turns(passes, LAYER_ROUNDS, LAYER_MIN_S, agree=agreed)
     slowest = torch.tensor(list(timed.values()), dtype=torch.float64)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
@@ -240,10 +288,10 @@ def measure_rank(go: str, probe: dict[str, Any] | None, sizes: list[int], repeat
         if probe:
             probed = probe_runtime(**probe, batches=(1, 2), agree=agreed)
             both = [probed, *probed.pop("more")]
-            slowest = torch.tensor([[p["step_s"], p["step2_s"]] for p in both], dtype=torch.float64)
+            slowest = torch.tensor([[p["step_s"], p["step2_s"] or 0.0] for p in both], dtype=torch.float64)
             dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
             for name, p, (one, two) in zip(("probe", "probe2"), both, slowest.tolist(), strict=True):
-                out[name] = {**p, "step_s": one, "step2_s": two}
+                out[name] = {**p, "step_s": one, "step2_s": two if p["step2_s"] is not None else None}
         out["collectives"], out["optimizer"] = time_collectives(sizes, repeats), time_optimizer(repeats)
         if layers:
             out["layers"] = time_layers(**layers)
@@ -316,14 +364,14 @@ def measured_collectives(world: int, threads: int, measure: Callable[[], dict[st
 
 
 def measured_layers(world: int, threads: int, layers: dict[str, Any], links: dict[str, Link], param_bytes: int,
-                    measure: Callable[[], dict[str, Any]]) -> tuple[dict[str, float], str]:
+                    measure: Callable[[], dict[str, Any]]) -> tuple[dict[str, float], str, dict[str, float]]:
     """What a block's forward and backward cost beyond `--parallel auto`'s other terms, from `time_layers`'s
     timings among `world` ranks of the block `layers` describes (`measure()`: `launch_measuring`'s result; cached
     per machine and shape): tensor-parallel, over the plain block's split by the degree and its activations' four
     all-reduces ("tp_block_s"); sharded, over the plain block and its `param_bytes` all-gathered twice and
     reduce-scattered once ("fsdp_unit_s"); each collective on the fitted `links`, none below zero; and how much
     faster the one-block model's training step runs in one rank alone than in all at once ("solo_speedup", 1 at
-    least). ({field: value}, how they were obtained)."""
+    least). ({field: value}, how they were obtained, the timings)."""
     import json
 
     import torch
@@ -333,7 +381,7 @@ def measured_layers(world: int, threads: int, layers: dict[str, Any], links: dic
     mc = layers["model_config"]
     shape = {k: mc.get(k) for k in ("vocab_size", "n_embd", "n_head", "n_inner")}
     key = (f"gloo|world {world}|threads {threads}|torch {torch.__version__}|{json.dumps(shape, sort_keys=True)}|"
-           f"b{layers['batch']}x{layers['block']}|layers|in turns {LAYER_ROUNDS}, {LAYER_MIN_S} s|alone")
+           f"b{layers['batch']}x{layers['block']}|layers|in turns {LAYER_ROUNDS}, {LAYER_MIN_S} s|alone|plain x2")
     timed, cached = machine_cached(COLLECTIVES, key, lambda: measure()["layers"])
     act = layers["batch"] * layers["block"] * mc["n_embd"] * 4
     tp_comm = 4 * links["all_reduce"].seconds("all_reduce", act, world)
@@ -345,9 +393,75 @@ def measured_layers(world: int, threads: int, layers: dict[str, Any], links: dic
     ms = {k: f"{v * 1e3:.1f} ms" for k, v in timed.items()}
     note = cache_note(COLLECTIVES, key) if cached else "measured now, cached per machine and shape"
     return {"tp_block_s": tp, "fsdp_unit_s": fsdp, "solo_speedup": solo}, (
-        f"a block's forward and backward at batch {layers['batch']} among {world} ranks: plain {ms['plain_s']}, "
+        f"a block's forward and backward at batch {layers['batch']} among {world} ranks: plain {ms['plain_s']} "
+        f"({ms['plain2_s']} at twice the batch), "
         f"at one rank's tensor-parallel widths {ms['local_s']}, tensor-parallel {ms['tp_s']} (its all-reduces "
         f"{tp_comm * 1e3:.1f} ms on the fitted line), sharded {ms['fsdp_s']} (its collectives {fsdp_comm * 1e3:.1f} "
         f"ms): {tp * 1e3:.1f} ms more per tensor-parallel block, {fsdp * 1e3:.1f} ms more per sharded unit; the "
         f"one-block model's training step {ms['step_s']} in every rank at once, {ms['alone_s']} in one while the "
-        f"others wait: {solo:.2f}x the pace alone ({note})")
+        f"others wait: {solo:.2f}x the pace alone ({note})"), timed
+
+
+def this_machine(cfg, mc, world: int) -> tuple[Hardware, int | None]:
+    """This machine as the ranking prices it: the runtime probe's one-block steps (PROBE_BATCH sequences and twice
+    it, in every launched rank at once with the threads a rank gets) extended to the whole model by a block's
+    measured pass at each batch and its optimizer step, as the FLOP rate of what a sequence adds and the seconds
+    that do not grow with the batch, its memory shared by the processes on it, and
+    its collectives and DTensor step measured (`measured_collectives`); all measured in one launch
+    (`launch_measuring`) and cached per machine. Also the process runtime's bytes."""
+    import json
+    import os
+
+    import torch
+
+    from effkit import memplan
+
+    p, o, d = cfg.parallel, cfg.optim, cfg.data
+    nproc, threads = world // p.nnodes, p.threads or 1
+    amp = {"bf16": torch.bfloat16, "fp16": torch.float16}[o.amp_dtype] if o.amp else None
+    kw = dict(checkpointing=cfg.model.activation_checkpointing, optim=o.optim, amp_dtype=amp)
+
+    def simulations() -> None:  # what the probe's runtime bytes and the layouts' plans read, made as ranks start
+        memplan.simulate(memplan._one_block(mc), PROBE_BATCH, d.block_size, **kw)
+        memplan.simulate_layers(mc, o.batch_size, d.block_size, mc.n_layer, o.batch_size, **kw)
+
+    measured: dict[str, Any] = {}
+    layers = {"model_config": json.loads(memplan._one_block(mc).to_json_string()), "batch": PROBE_BATCH,
+              "block": d.block_size}
+
+    def measure(probe: dict[str, Any] | None) -> dict[str, Any]:
+        measured.update(measured or launch_measuring(world, threads, probe, simulations, layers))
+        return measured
+
+    probing = dict(kw, probe=True, threads=threads, rounds=PROBE_ROUNDS, min_s=PROBE_MIN_S, blocks=1)
+    runtime_bytes, how, (one_s, _) = memplan.runtime(mc, PROBE_BATCH, d.block_size, **probing,
+                                                     run_probe=lambda a: measure(a)["probe"])
+    _, _, (one2_s, _) = memplan.runtime(mc, 2 * PROBE_BATCH, d.block_size, **probing, memory=False,
+                                        run_probe=lambda a: measure({**a, "batch": PROBE_BATCH})["probe2"])
+    links, optimizer, comm_how = measured_collectives(world, threads, lambda: measure(None))
+    block_s, block_how, passes = measured_layers(world, threads, layers, links, 4 * _block_params(mc),
+                                                 lambda: measure(None))
+    a_block = optimizer["param_s"] * _block_params(mc)  # each block more: its pass and its optimizer step
+    one, two = (s + (mc.n_layer - 1) * (passes[k] + a_block) for s, k in ((one_s, "plain_s"), (one2_s, "plain2_s")))
+    flops = memplan.step_flops(mc, mc.n_layer, PROBE_BATCH * d.block_size, d.block_size)
+    per_batch = min(max(two - one, one / 20), one)  # what the second batch adds, kept in range: still two timings
+    rate, fixed = flops / per_batch, max(0.0, (one + two) / 2 - 1.5 * per_batch)
+    optimizer_s = min(optimizer["param_s"] * (_vocab_params(mc) + mc.n_layer * _block_params(mc)), fixed)
+    _, avail = memplan.device_memory(torch.device("cpu"))
+    cores = os.cpu_count() or 1
+    busy = nproc * (p.threads or max(1, cores // nproc))  # the threads training gives each rank (`train_in_processes`)
+    hw = Hardware("this machine (CPU)", nproc, (avail or 0) // nproc, rate, 1.0, links, links, simulated=False,
+                  fixed_s=fixed - optimizer_s, optimizer_s=optimizer_s, dtensor_s=optimizer["dtensor_s"], **block_s,
+                  dtensor_param_s=optimizer["dtensor_param_s"], overlaps=cores > busy,
+                  how={"compute": f"{rate / 1e9:.2f} GFLOP/s per rank for the work that grows with the batch; "
+                                  f"{fixed * 1e3:.0f} ms per step that does not ({optimizer_s * 1e3:.0f} ms of it "
+                                  f"the optimizer's): the runtime probe's steps of the one-block model at batches "
+                                  f"{PROBE_BATCH} and {2 * PROBE_BATCH} in turns ({PROBE_ROUNDS} rounds, "
+                                  f"{PROBE_MIN_S:g} s of steps each at least; medians), {threads} thread(s), in "
+                                  f"each of the {nproc} ranks at once (the slowest's), extended to {mc.n_layer} "
+                                  f"blocks by a block's pass at each batch and its optimizer step ({how})",
+                       "collectives": f"{comm_how}; {nproc} ranks x {busy // nproc} thread(s) on {cores} cores: "
+                                      f"{'a core' if cores > busy else 'none'} to spare for gloo's threads",
+                       "layouts' blocks": block_how,
+                       "memory": f"available RAM / {nproc} processes"})
+    return hw, runtime_bytes
