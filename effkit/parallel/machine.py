@@ -406,9 +406,9 @@ def this_machine(cfg, mc, world: int) -> tuple[Hardware, int | None]:
     """This machine as the ranking prices it: the runtime probe's one-block steps (PROBE_BATCH sequences and twice
     it, in every launched rank at once with the threads a rank gets) extended to the whole model by a block's
     measured pass at each batch and its optimizer step, as the FLOP rate of what a sequence adds and the seconds
-    that do not grow with the batch, its memory shared by the processes on it, and
-    its collectives and DTensor step measured (`measured_collectives`); all measured in one launch
-    (`launch_measuring`) and cached per machine. Also the process runtime's bytes."""
+    that do not grow with the batch, its memory shared by the processes on it, and its collectives and DTensor
+    step measured (`measured_collectives`); all measured in one launch (`launch_measuring`) and cached per
+    machine. Also the process runtime's bytes."""
     import json
     import os
 
