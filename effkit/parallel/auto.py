@@ -56,9 +56,10 @@ timed. A fitting layout's step is predicted as
   other stage, one micro-batch's forward and backward each (the first stage, holding no head, is lighter than
   the last): sum of the other stages' work / m. With equal stages this is GPipe's idle share (p - 1) / (m + p - 1)
   of the step (1F1B alike; it keeps fewer micro-batches in flight, which the memory plan counts). The fill and the
-  drain (the busiest stage's first or last micro-batch, the bubble) run while ranks wait, at a rank's pace alone:
-  on a CPU, whose ranks share memory bandwidth and caches, a one-block training step's time in all ranks at once
-  over its time in one alone faster (`machine.time_layers`; past 2 stages an upper bound); 1 on a described machine."""
+  drain (the busiest stage's first or last micro-batch, the bubble) run while ranks wait, at a rank's pace alone,
+  faster on a CPU, whose ranks share memory bandwidth and caches: by a one-block training step's time in all ranks
+  at once over its time in one alone (`machine.time_layers`; past 2 stages an upper bound); 1 on a described
+  machine."""
 
 from __future__ import annotations
 
