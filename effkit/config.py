@@ -426,7 +426,8 @@ class ParallelConfig(_Section):
                         "intra/inter_latency_us)", show_default=False)
     auto_top: int = opt(3, "--parallel auto: how many of the best-predicted layouts are timed side by side before "
                         "training (1: the prediction's first, untimed)", ge=1)
-    auto_steps: int = opt(6, "--parallel auto: training steps of each layout per round of that timing", ge=2)
+    auto_steps: int = opt(6, "--parallel auto: training steps of each layout per round of that timing (the first "
+                          "two not timed)", ge=3)
 
     @property
     def launched(self) -> bool:

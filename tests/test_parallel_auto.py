@@ -219,7 +219,8 @@ def test_the_trial_times_only_fitting_layouts_in_paired_rounds_and_keeps_predict
                       and auto._layout_of(r).config(cfg, 16).optim.batch_size == c.optim.batch_size)
         timed.append(layout)
         assert c.optim.max_steps == cfg.parallel.auto_steps
-        return [9.0] + [1.0 + 0.01 * i if layout == second else 2.0 + 0.01 * i for i in range(5)]
+        warmup = [9.0, 5.0]  # the optimizer's state built, then DDP's buckets rebuilt: not in the sample
+        return warmup + [1.0 + 0.01 * i if layout == second else 2.0 + 0.01 * i for i in range(4)]
 
     cfg = cfg.with_flat(auto_top=3)
     chosen, ranking = auto.choose(cfg, plan=False, time_steps=lambda cs: [time_steps(c) for c in cs])
@@ -229,7 +230,7 @@ def test_the_trial_times_only_fitting_layouts_in_paired_rounds_and_keeps_predict
     assert ranking["chosen"]["layout"] == second and "decided" in ranking["chosen"]["why"]
     assert chosen.parallel.mode == auto._layout_of(ranked[1]).mode and chosen.parallel.mode != "auto"
     for r in top:
-        assert r["measured_step_s"] in (pytest.approx(1.02), pytest.approx(2.02))
+        assert r["measured_step_s"] in (pytest.approx(1.015), pytest.approx(2.015))
         assert r["predicted_over_measured"] == pytest.approx(r["step_s"] / r["measured_step_s"])
     assert "--parallel auto: " + second in capsys.readouterr().out
 
@@ -245,7 +246,7 @@ def test_auto_measures_this_machine_in_launched_processes_then_trains_with_the_w
 
     monkeypatch.setenv("EFFKIT_REMEASURE", "1")  # measured here even where the session's cache has them
     flags = dict(model="gpt2-nano", data=str(corpus_dir), vocab_size=512, block_size=32, eval_blocks=4, batch_size=4,
-                 max_steps=2, parallel="auto", nproc=2, auto_top=2, auto_steps=2, eval_interval=0,
+                 max_steps=2, parallel="auto", nproc=2, auto_top=2, auto_steps=3, eval_interval=0,
                  checkpoint_interval=0)
     started, measured = [], []
     launch = machine.launch_measuring

@@ -85,6 +85,9 @@ from effkit.parallel.machine import (  # noqa: F401  (the probe's settings: read
 
 TRICKS = ((), ("adamw8bit",), ("checkpointing",), ("adamw8bit", "checkpointing"))  # cheapest first
 TRIAL_ROUNDS = 3  # paired rounds of the trial of the best-predicted layouts
+# a trial run's first steps, not in its sample: the first builds the optimizer's state, the second rebuilds DDP's
+# buckets in the order the gradients arrived; the ranking predicts the steps of a training run after them
+TRIAL_WARMUP_STEPS = 2
 
 
 # presets: vendor figures (peak dense bf16, memory, NVLink per direction, one InfiniBand NIC per GPU)
@@ -379,9 +382,9 @@ def _layout_of(row: dict[str, Any]) -> Layout:
 def trial(cfg, rows: list[dict[str, Any]], global_batch: int,
           time_steps: Callable[[list[Any]], list[list[float]]]) -> tuple[dict[str, Any], str]:
     """The layouts of `rows` timed side by side: TRIAL_ROUNDS paired rounds (each runs every layout once for
-    `--auto-steps` steps, in an order shuffled from a seed; its steps after the first are the round's sample),
-    decided by the decision rule (`effkit.measure.choice.decide`: Holm's intervals over the pairs; a tie or an
-    undecided leader goes to the better prediction). Each row gets its measured step beside its prediction;
+    `--auto-steps` steps, in an order shuffled from a seed; its steps after the first TRIAL_WARMUP_STEPS are the
+    round's sample), decided by the decision rule (`effkit.measure.choice.decide`: Holm's intervals over the pairs;
+    a tie or an undecided leader goes to the better prediction). Each row gets its measured step beside its prediction;
     returns (the winner's row, why it won)."""
     import random
 
@@ -397,7 +400,7 @@ def trial(cfg, rows: list[dict[str, Any]], global_batch: int,
             c = _layout_of(r).config(cfg, global_batch)
             runs.append((r, c.replace(optim=c.optim.replace(max_steps=steps, max_tokens=0, time_budget=0))))
     for (r, _), times in zip(runs, time_steps([c for _, c in runs]), strict=True):
-        samples[r["layout"]].append(times[1:])
+        samples[r["layout"]].append(times[TRIAL_WARMUP_STEPS:])
     rule = Rule()
     choice = decide(samples, False, rule.level, rule.precision, prefer=[r["layout"] for r in rows].index)
     for r in rows:
