@@ -16,9 +16,12 @@ from pathlib import Path
 from typing import Any
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter")
-SIZES = (1 << 12, 1 << 16, 1 << 20, 1 << 22)  # bytes per rank's tensor timed for each collective
+# bytes per rank's tensor timed for each collective: the sizes the layouts send (a tensor-parallel block's
+# activations, DDP's buckets (`auto.DDP_BUCKET_BYTES`), a sharded block's parameters), so that the fitted line's
+# slope is set where their seconds are; the smallest messages' times swing by several times between launches
+SIZES = (1 << 16, 1 << 20, 1 << 22, 1 << 24)
 REPEATS = 5
-LAYER_ROUNDS, LAYER_MIN_S = 4, 0.2  # `time_layers`: rounds in turns, and seconds of calls each variant adds up to
+LAYER_ROUNDS, LAYER_MIN_S = 6, 0.2  # `time_layers`: rounds in turns, and seconds of calls each variant adds up to
 DTENSOR_PARAMS = 32  # small parameter tensors of the optimizer step timed plain and as DTensors
 OPTIMIZER_PARAMS = 1 << 22  # parameters of the optimizer step timed for its cost per parameter
 GO_WAIT_S = 600  # the longest a measuring rank waits for its parent's go before timing anyway
