@@ -297,8 +297,9 @@ def measuring_entry(runs: list[dict], reference: float | None) -> dict:
     return {"how": "seconds per unit of a measuring step's work (the weights in this file) on the machine the runs "
                    "fitted ran on, by run name and step (the mean of the runs' own: its seconds less its time budget's "
                    "part and the cold caches it filled, over its work); default: their mean, for any other step; "
-                   "reference_s: that machine's `pipeline.reference_s` (thread CPU seconds), which a run on another CPU "
-                   "(cpu: `hardware.cpu_identity` of the machine measured) divides its own by; fitted by benchmarks/stage_costs.py --units",
+                   "reference_s: that machine's `pipeline.reference_s` (thread CPU seconds), which a run on another "
+                   "CPU (cpu: `hardware.cpu_identity` of the machine measured) divides its own by; fitted by "
+                   "benchmarks/stage_costs.py --units",
             "fitted_from": [r["folder"] for r in runs], "steps": units,
             "default": round(statistics.mean(units.values()), 4),
             "reference_s": reference if reference is not None else COSTS_NOW.get("measuring_s", {}).get("reference_s"),
