@@ -22,6 +22,9 @@ KINDS = ("all_reduce", "all_gather", "reduce_scatter")
 SIZES = (1 << 16, 1 << 20, 1 << 22, 1 << 24)
 REPEATS = 5
 LAYER_ROUNDS, LAYER_MIN_S = 6, 0.2  # `time_layers`: rounds in turns, and seconds of calls each variant adds up to
+# its warm-up calls, untimed: a tensor-parallel block's first calls run slower (DTensor's sharding propagation is
+# cached per op and shape), and the fastest of them sets how many calls a round makes
+LAYER_WARMUP = 3
 DTENSOR_PARAMS = 32  # small parameter tensors of the optimizer step timed plain and as DTensors
 OPTIMIZER_PARAMS = 1 << 22  # parameters of the optimizer step timed for its cost per parameter
 GO_WAIT_S = 600  # the longest a measuring rank waits for its parent's go before timing anyway
@@ -252,7 +255,7 @@ def time_layers(model_config: dict[str, Any], batch: int, block: int) -> dict[st
     blocks = {"plain_s": one_block()[1], "local_s": local, "tp_s": tp, "fsdp_s": fsdp}
     passes = {**{k: seconds(m) for k, m in blocks.items()}, "plain2_s": seconds(blocks["plain_s"], 2 * batch),
               "step_s": training(n), "alone_s": training(1)}
-    timed = medians_in_turns(passes, LAYER_ROUNDS, LAYER_MIN_S, agree=agreed)
+    timed = medians_in_turns(passes, LAYER_ROUNDS, LAYER_MIN_S, warmup=LAYER_WARMUP, agree=agreed)
     slowest = torch.tensor(list(timed.values()), dtype=torch.float64)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     return dict(zip(timed, slowest.tolist(), strict=True))
@@ -384,7 +387,8 @@ def measured_layers(world: int, threads: int, layers: dict[str, Any], links: dic
     mc = layers["model_config"]
     shape = {k: mc.get(k) for k in ("vocab_size", "n_embd", "n_head", "n_inner")}
     key = (f"gloo|world {world}|threads {threads}|torch {torch.__version__}|{json.dumps(shape, sort_keys=True)}|"
-           f"b{layers['batch']}x{layers['block']}|layers|in turns {LAYER_ROUNDS}, {LAYER_MIN_S} s|alone|plain x2")
+           f"b{layers['batch']}x{layers['block']}|layers|in turns {LAYER_ROUNDS}, {LAYER_MIN_S} s, "
+           f"warm-up {LAYER_WARMUP}|alone|plain x2")
     timed, cached = machine_cached(COLLECTIVES, key, lambda: measure()["layers"])
     act = layers["batch"] * layers["block"] * mc["n_embd"] * 4
     tp_comm = 4 * links["all_reduce"].seconds("all_reduce", act, world)
