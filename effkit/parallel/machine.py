@@ -190,17 +190,16 @@ def agreed(calls: list[int]) -> list[int]:
 
 
 def time_layers(model_config: dict[str, Any], batch: int, block: int) -> dict[str, float]:
-    """In each rank of a joined process group, the slowest rank's medians of forward and backward passes of one
-    block of `model_config` on `batch` x `block` tokens, timed in turns (`timing.medians_in_turns`: LAYER_ROUNDS
-    rounds, at least LAYER_MIN_S of passes each): plain ("plain_s"; "plain2_s" at twice the batch: what a block
-    adds to the runtime probe's one-block step at its two batches), cut to one tensor-parallel rank's widths
+    """In each rank of a joined process group, the slowest rank's medians of forward and backward passes of one block of
+    `model_config` on `batch` x `block` tokens, timed in turns after LAYER_WARMUP calls each (`timing.medians_in_turns`:
+    LAYER_ROUNDS rounds, at least LAYER_MIN_S of passes each): plain ("plain_s"; "plain2_s" at twice the batch: what a
+    block adds to the runtime probe's one-block step at its two batches), cut to one tensor-parallel rank's widths
     ("local_s"), tensor-parallel over every rank as `apply_tp` lays it out ("tp_s": DTensor's dispatch and its
-    activations' all-reduces), sharded by FSDP2 over every rank as `apply_fsdp` wraps a block ("fsdp_s": its
-    parameters all-gathered forward and backward, their gradients reduce-scattered, as FSDP2 issues them); and a
-    training step of the one-block model (its vocabulary too, `optim.training_step`) in every rank at once
-    ("step_s") and in rank 0 alone while the others wait at a barrier ("alone_s": the pace of a pipeline's fill
-    and drain, where ranks wait on a stage; everything else here runs in all ranks at once, sharing the machine's
-    memory bandwidth and caches)."""
+    activations' all-reduces), sharded by FSDP2 over every rank as `apply_fsdp` wraps a block ("fsdp_s": its parameters
+    all-gathered forward and backward, their gradients reduce-scattered, as FSDP2 issues them); and a training step of
+    the one-block model (its vocabulary too, `optim.training_step`) in every rank at once ("step_s") and in rank 0 alone
+    while the others wait at a barrier ("alone_s": the pace of a pipeline's fill and drain, where ranks wait on a stage;
+    everything else here runs in all ranks at once, sharing the machine's memory bandwidth and caches)."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
