@@ -290,14 +290,16 @@ def predicted_step_seconds(model_config, layers: int, block: int, probe_s: tuple
 def step_time(cfg) -> tuple[float | None, str]:
     """One training step of `cfg` (a TrainConfig) on this machine, before training: the step `effkit train --plan`
     prints (`predict`'s: the runtime probe's steps of one and two blocks extended to the model by
-    `predicted_step_seconds`, times the accumulation), which `effkit run`'s time budget is also fitted with;
-    (None, why) where none is predicted."""
+    `predicted_step_seconds`, times the accumulation; `--amp auto` resolved first, as training resolves it), which
+    `effkit run`'s time budget is fitted with; (None, why) where none is predicted."""
     if cfg.parallel.launched:
         return None, "a launched (multi-process) training is not predicted before it starts"
-    seconds = predict(cfg, probe=True).step_s
+    from effkit.measure.precision import amp_as_trained
+
+    optim, amp = amp_as_trained(cfg.optim, lambda: _model_config(cfg), cfg.data.block_size, cfg.parallel)
+    seconds = predict(cfg.replace(optim=optim), probe=True).step_s
     if seconds is None:
         return None, "no step time predicted here (the runtime probe times one process on a CPU)"
-    amp = cfg.optim.amp_dtype if cfg.optim.amp else "fp32" + (" for --amp auto" if cfg.optim.amp is None else "")
     return seconds, (f"predicted from {STEP_ROUNDS} steps of a one- and a two-block model of its shape, {amp}, "
                      "as `effkit train --plan` predicts it (cached per machine and shape)")
 

@@ -810,6 +810,28 @@ def test_the_budget_and_train_plan_share_one_step_time_predictor(tiny_cfg, tmp_p
     assert TrainStage().probe_step_time(plan) == memplan.step_time(plan.train)  # what the time budget is fitted with
 
 
+def test_the_step_time_for_amp_auto_is_priced_in_the_precision_auto_trains_in(tiny_cfg, monkeypatch):
+    """A CPU where `--amp auto` picks bf16 autocast (its own paired measurement, cached) trains in bf16: the budget's
+    step is probed in bf16 there, and in fp32 where auto keeps fp32; the choice is read as training reads it."""
+    from types import SimpleNamespace
+
+    from effkit import memplan
+    from effkit.measure import precision
+
+    probed, asked = [], []
+    monkeypatch.setattr(memplan, "predict", lambda cfg, probe: probed.append(cfg.optim) or SimpleNamespace(step_s=0.1))
+    for picked in ("bf16", "fp32"):
+        monkeypatch.setattr(precision, "cpu_choice", lambda config, batch, block, p=picked: asked.append(
+            (config.n_layer, batch, block)) or {"picked": p})
+        seconds, how = memplan.step_time(tiny_cfg(amp=None))
+        assert seconds == 0.1 and f", {picked} (--amp auto's choice on this CPU)," in how
+    assert (probed[0].amp, probed[0].amp_dtype) == (True, "bf16") and probed[1].amp is False
+    cfg = tiny_cfg(amp=None)
+    assert asked == [(memplan._model_config(cfg).n_layer, cfg.optim.batch_size, cfg.data.block_size)] * 2
+    memplan.step_time(tiny_cfg(amp=False))
+    assert probed[-1].amp is False and len(asked) == 2  # asked for fp32: nothing to choose
+
+
 def test_run_plan_plans_every_stage_from_shapes_and_prices_the_run_as_the_run_does(tmp_path, corpus_dir, capsys,
                                                                                     monkeypatch):
     """#47: `effkit run --plan` gives each stage's memory plan before anything runs (the later stages' from

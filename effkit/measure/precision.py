@@ -98,3 +98,22 @@ def cpu_choice(config, batch: int, block: int,
              if probed.n_layer < config.n_layer else "the model's shape (random weights)")
     return {**choice, "key": key, "cached": cached, "probed": depth,
             "measured": machine_cache.cache_note("amp_probe", key) if cached else "measured now"}
+
+
+def amp_as_trained(o, config: Callable[[], Any], block: int, p) -> tuple[Any, str]:
+    """`o` (an OptimConfig) with `--amp auto` resolved on a CPU as training resolves it (`cpu_choice` on the model's
+    `config()`, with the threads a process of `p`, a ParallelConfig, trains with; measured once per machine and
+    shape and cached, so training reads the same choice): a step priced in fp32 where auto trains in bf16 autocast
+    would be another run's step. (the OptimConfig, its precision in words)."""
+    import os
+
+    if o.amp is not None or torch.cuda.is_available():
+        return o, (o.amp_dtype if o.amp else "fp32") if o.amp is not None else "fp32 for --amp auto"
+    before = torch.get_num_threads()
+    torch.set_num_threads(p.threads or max(1, (os.cpu_count() or 1) // max(1, p.nproc)))
+    try:
+        picked = cpu_choice(config(), o.batch_size, block)["picked"]
+    finally:
+        torch.set_num_threads(before)
+    return (o.replace(amp=True, amp_dtype="bf16") if picked == "bf16" else o.replace(amp=False),
+            f"{picked} (--amp auto's choice on this CPU)")
